@@ -1,0 +1,39 @@
+# eagledata — `make test` and `make demo` set everything up themselves (idempotent, fast when unchanged).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+KERNEL := eagledata
+PYTEST_ARGS ?=
+
+# Real Kimi tokenizer files for tests and the demo, when the shared assets are present.
+TOKENIZER_ASSETS := $(abspath ../shared/assets/kimi-k2.5)
+ifneq ($(wildcard $(TOKENIZER_ASSETS)/tiktoken.model),)
+export EAGLEDATA_TOKENIZER_DIR ?= $(TOKENIZER_ASSETS)
+endif
+
+.PHONY: setup test demo lab bench clean
+setup: $(STAMP)
+
+# torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
+# so pip takes the CPU build instead of a multi-GB CUDA one.
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -e .
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python (eagledata)" >/dev/null
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m eagledata.demo --output-dir outputs
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
+
+bench: $(STAMP)
+	$(PY) bench/tokenize_bench.py
+
+clean:
+	rm -rf $(VENV) outputs/runs

@@ -1,0 +1,20 @@
+"""One error type for bad input, so callers and notebooks can show a single clear message."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class InputError(ValueError):
+    """Bad user input: a file, a line in it, or a field. The message names where."""
+
+    def __init__(self, message: str, path: str | Path | None = None, line: int | None = None,
+                 field: str | None = None):
+        self.path = str(path) if path is not None else None
+        self.line = line
+        self.field = field
+        where = ""
+        if self.path is not None:
+            where = self.path + (f":{line}" if line is not None else "")
+        if field is not None:
+            where = f"{where} field '{field}'" if where else f"field '{field}'"
+        super().__init__(f"{where}: {message}" if where else message)

@@ -1,0 +1,128 @@
+"""The one record schema every stage shares (DESIGN.md), and JSONL reading that names bad lines."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterator
+
+from .errors import InputError
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0  # includes reasoning tokens, as OpenRouter counts
+    reasoning_tokens: int = 0
+    cost: float | None = None  # USD, from usage.cost; None when the server did not say
+
+
+@dataclass
+class Record:
+    """One finished prompt: the conversation, the answer as text, and its exact token ids."""
+
+    id: str
+    dataset: str
+    messages: list[dict]
+    reasoning: str
+    content: str
+    finish_reason: str
+    model: str = ""
+    provider: str = ""
+    generation_id: str = ""
+    usage: Usage = field(default_factory=Usage)
+    prompt_ids: list[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    # Beyond the contract: where the ids came from ("retokenized" or "server"), agreement figures, …
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def loss_mask(self) -> list[int]:
+        return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if not d["meta"]:
+            del d["meta"]
+        return d
+
+    def to_json(self) -> str:
+        """One line; non-ASCII kept as is (never normalized), so the text survives byte for byte."""
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Record":
+        if not isinstance(d, dict):
+            raise InputError("a record must be a JSON object")
+        missing = [f for f in _REQUIRED if f not in d]
+        if missing:
+            raise InputError("record lacks required fields", field=", ".join(missing))
+        unknown = set(d) - _FIELDS
+        if unknown:
+            raise InputError("record has unknown fields", field=", ".join(sorted(unknown)))
+        for name in ("prompt_ids", "output_ids"):
+            ids = d.get(name, [])
+            if not isinstance(ids, list) or not all(type(i) is int for i in ids):
+                raise InputError("must be a list of integers", field=name)
+        for name in ("reasoning", "content"):
+            if d[name] is not None and not isinstance(d[name], str):
+                raise InputError("must be a string", field=name)
+        usage = d.get("usage") or {}
+        if not isinstance(usage, dict) or set(usage) - _USAGE_FIELDS:
+            raise InputError("must be an object with prompt_tokens, completion_tokens, reasoning_tokens, cost",
+                             field="usage")
+        kwargs = dict(d)
+        kwargs["reasoning"] = d["reasoning"] or ""
+        kwargs["content"] = d["content"] or ""
+        kwargs["usage"] = Usage(**usage)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, line: str) -> "Record":
+        return cls.from_dict(json.loads(line))
+
+
+_FIELDS = {f.name for f in fields(Record)}
+_REQUIRED = ("id", "dataset", "messages", "reasoning", "content", "finish_reason")
+_USAGE_FIELDS = {f.name for f in fields(Usage)}
+
+
+def iter_jsonl(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) for each non-blank line; a bad line raises naming file:line.
+
+    `tolerate_torn_tail`: a last line without its newline that does not parse is what a kill
+    mid-write leaves; it is dropped instead of failing (checkpoint resume).
+    """
+    path = Path(path)
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise InputError(f"cannot open: {e.strerror}", path) from None
+    with f:
+        lineno = 0
+        for lineno, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                yield lineno, json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                if tolerate_torn_tail and not raw.endswith(b"\n"):
+                    return
+                raise InputError(f"not valid JSON: {getattr(e, 'msg', e)}", path, lineno) from None
+
+
+def read_records(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[Record]:
+    """Records from a records.jsonl; a line that is not a valid record raises naming file:line."""
+    for lineno, obj in iter_jsonl(path, tolerate_torn_tail=tolerate_torn_tail):
+        try:
+            yield Record.from_dict(obj)
+        except (InputError, TypeError) as e:
+            raise InputError(f"not a valid record: {e}", path, lineno) from None
+
+
+def load_records(path: str | Path, **kwargs: Any) -> list[Record]:
+    return list(read_records(path, **kwargs))

@@ -1,0 +1,289 @@
+"""Tokenizer round-trip validation: does every record's ids say exactly what its text says?
+
+Checks per record, each failure a named mismatch class so a report can count and show them:
+text round-trip (ids → text equals the answer), prompt ids equal the template render, prompt ids
+are a prefix of the full conversation rendered with `preserve_thinking`, special tokens only where
+the structure puts them, and, where the true ids are known, agreement with them.
+"""
+from __future__ import annotations
+
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .errors import InputError
+from .records import Record, iter_jsonl
+from .sequences import (conversation_ids, output_ids, parse_output_ids, prompt_ids,
+                        split_inline_reasoning)
+from .tokenizer import END_THINK, IM_END, NUM_RANKS, KimiTokenizer
+
+# Classes that fail the verdict; the others explain a disagreement with true ids or flag a hazard.
+FATAL = {"text round-trip", "prompt ids differ from template", "prompt not a prefix of full render",
+         "special token outside structure", "output ids differ from recipe"}
+EXPLAINED = {
+    "non-canonical tokenization": "same bytes, other split: the model chose a non-BPE path; text-based ids cannot know",
+    "partial character at cut": "max_tokens fell inside a multi-byte character; the API text carries U+FFFD",
+    "text differs from true ids": "the served text is not what the true ids decode to",
+    "literal special string in text": "a special-token string typed as text; rendering the finished conversation "
+                                      "would turn it into a control token, the recipe keeps it text",
+    "literal special string in prompt": "user text holds a special-token string; the server tokenizes it as a "
+                                        "control token (recorded ids follow the server)",
+}
+
+
+@dataclass
+class Case:
+    """A record-like item to validate; `true_output_ids` when the model's own ids are known."""
+
+    id: str
+    messages: list[dict]
+    reasoning: str
+    content: str
+    finish_reason: str
+    prompt_ids: list[int] | None = None
+    output_ids: list[int] | None = None
+    true_output_ids: list[int] | None = None
+    note: str = ""
+
+    @classmethod
+    def from_record(cls, r: Record, truth: dict[str, list[int]] | None = None) -> "Case":
+        true = None
+        if truth:
+            true = truth.get(r.id, truth.get(r.generation_id)) if r.generation_id else truth.get(r.id)
+        return cls(r.id, r.messages, r.reasoning, r.content, r.finish_reason,
+                   r.prompt_ids or None, r.output_ids or None, true)
+
+
+@dataclass
+class Result:
+    id: str
+    classes: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_chars: int = 0
+    content_chars: int = 0
+    agreement: float | None = None
+
+    def flag(self, cls: str, detail: str) -> None:
+        self.classes.append(cls)
+        self.details.append(detail)
+
+
+def _show(s: str, limit: int = 60) -> str:
+    return repr(s if len(s) <= limit else s[:limit] + "…")
+
+
+def _first_diff(a: Sequence, b: Sequence) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def agreement(ours: Sequence[int], true: Sequence[int]) -> float:
+    """Share of positions covered by the common prefix and suffix (1.0 when identical)."""
+    if list(ours) == list(true):
+        return 1.0
+    n = max(len(ours), len(true))
+    pre = _first_diff(ours, true)
+    suf = _first_diff(list(reversed(ours[pre:])), list(reversed(true[pre:])))
+    return (pre + suf) / n
+
+
+def check_case(tok: KimiTokenizer, case: Case) -> Result:
+    res = Result(case.id)
+    reasoning, content = split_inline_reasoning(case.reasoning, case.content)
+    res.reasoning_chars, res.content_chars = len(reasoning), len(content)
+
+    expected_prompt = prompt_ids(tok, case.messages)
+    p_ids = case.prompt_ids if case.prompt_ids is not None else expected_prompt
+    if p_ids != expected_prompt:
+        k = _first_diff(p_ids, expected_prompt)
+        res.flag("prompt ids differ from template", f"first difference at token {k} of {len(expected_prompt)}")
+    o_ids = case.output_ids if case.output_ids is not None else output_ids(tok, reasoning, content, case.finish_reason)
+    if case.output_ids is not None:
+        recipe = output_ids(tok, reasoning, content, case.finish_reason)
+        if recipe != o_ids and case.true_output_ids is None:
+            res.flag("output ids differ from recipe", f"first difference at token {_first_diff(o_ids, recipe)}")
+    res.prompt_tokens, res.output_tokens = len(p_ids), len(o_ids)
+
+    back = parse_output_ids(tok, o_ids)
+    if (back.reasoning, back.content) != (reasoning, content):
+        which = "reasoning" if back.reasoning != reasoning else "content"
+        want, got = (reasoning, back.reasoning) if which == "reasoning" else (content, back.content)
+        k = _first_diff(want, got)
+        res.flag("text round-trip", f"{which} differs at char {k}: {_show(want[k:k+20])} vs {_show(got[k:k+20])}")
+
+    specials = [i for i, t in enumerate(o_ids) if t >= NUM_RANKS]
+    allowed = set()
+    if END_THINK in o_ids:
+        allowed.add(o_ids.index(END_THINK))
+    if o_ids and o_ids[-1] == IM_END:
+        allowed.add(len(o_ids) - 1)
+    stray = [i for i in specials if i not in allowed]
+    if stray:
+        res.flag("special token outside structure", f"at {stray[:5]}: {tok.token_strings([o_ids[i] for i in stray[:5]])}")
+
+    literal = tok.special_strings_re.search(reasoning + "\0" + content)
+    if literal:
+        res.flag("literal special string in text", f"{literal.group()!r} kept as text")
+    elif case.finish_reason != "length":
+        full = conversation_ids(tok, case.messages, reasoning, content)
+        if full[:len(p_ids)] != p_ids:
+            res.flag("prompt not a prefix of full render", f"first difference at token {_first_diff(full, p_ids)}")
+        elif full[len(p_ids):] != o_ids:
+            res.flag("output ids differ from recipe", "full render's tail is not the output ids")
+    if any(tok.special_strings_re.search(m["content"]) for m in case.messages if isinstance(m.get("content"), str)):
+        res.flag("literal special string in prompt", "user text holds a special-token string")
+
+    if case.true_output_ids is not None:
+        true = list(case.true_output_ids)
+        res.agreement = agreement(o_ids, true)
+        if res.agreement < 1.0:
+            true_bytes = tok.decode_bytes(true)
+            if true_bytes == tok.decode_bytes(o_ids):
+                cls = "non-canonical tokenization"
+            else:
+                try:
+                    true_bytes.decode("utf-8")
+                    cls = "text differs from true ids"
+                except UnicodeDecodeError:
+                    cls = "partial character at cut"
+            k = _first_diff(o_ids, true)
+            res.flag(cls, f"agreement {res.agreement:.4f}; first difference at token {k}: "
+                          f"{tok.token_strings(o_ids[k:k+3])} vs {tok.token_strings(true[k:k+3])}")
+    return res
+
+
+@dataclass
+class Report:
+    results: list[Result]
+
+    @property
+    def fatal(self) -> list[Result]:
+        return [r for r in self.results if FATAL.intersection(r.classes)]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and not self.fatal
+
+    def per_record(self):
+        import pandas as pd
+
+        return pd.DataFrame([{"id": r.id, "prompt_tokens": r.prompt_tokens, "output_tokens": r.output_tokens,
+                              "reasoning_chars": r.reasoning_chars, "content_chars": r.content_chars,
+                              "agreement": r.agreement, "classes": ", ".join(r.classes)} for r in self.results])
+
+    def mismatches(self):
+        """One row per mismatch class: count, whether it fails the verdict, meaning, examples."""
+        import pandas as pd
+
+        rows: dict[str, dict] = {}
+        for r in self.results:
+            for cls, detail in zip(r.classes, r.details):
+                row = rows.setdefault(cls, {"class": cls, "records": 0, "fatal": cls in FATAL,
+                                            "meaning": EXPLAINED.get(cls, "a defect in the id reconstruction"),
+                                            "examples": []})
+                row["records"] += 1
+                if len(row["examples"]) < 3:
+                    row["examples"].append(f"{r.id}: {detail}")
+        df = pd.DataFrame(list(rows.values()), columns=["class", "records", "fatal", "meaning", "examples"])
+        return df.sort_values(["fatal", "records"], ascending=False, ignore_index=True)
+
+    def token_agreement(self) -> float | None:
+        """Token-weighted agreement over records whose true ids are known."""
+        known = [r for r in self.results if r.agreement is not None]
+        if not known:
+            return None
+        return sum(r.agreement * r.output_tokens for r in known) / max(1, sum(r.output_tokens for r in known))
+
+    def verdict(self) -> str:
+        n, bad = len(self.results), len(self.fatal)
+        agree = self.token_agreement()
+        tail = f"; token agreement with true ids {agree:.4%}" if agree is not None else ""
+        if not n:
+            return "FAIL: nothing to validate"
+        if bad:
+            return f"FAIL: {bad} of {n} records have reconstruction defects{tail}"
+        return f"PASS: {n} records round-trip exactly (text, prompt prefix, structural specials){tail}"
+
+
+def validate(tok: KimiTokenizer, cases: Iterable[Case]) -> Report:
+    return Report([check_case(tok, c) for c in cases])
+
+
+def load_truth(path: str | Path) -> dict[str, list[int]]:
+    """True output ids by record id or generation id: JSONL lines with `output_ids` and an id."""
+    truth: dict[str, list[int]] = {}
+    for lineno, obj in iter_jsonl(path):
+        key = obj.get("generation_id") or obj.get("id") if isinstance(obj, dict) else None
+        ids = obj.get("output_ids") if isinstance(obj, dict) else None
+        if not key or not isinstance(ids, list):
+            raise InputError("needs 'id' or 'generation_id' and 'output_ids'", path, lineno)
+        truth[str(key)] = ids
+    return truth
+
+
+# -- the built-in sample set --------------------------------------------------------------------
+def _user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+def sample_cases(tok: KimiTokenizer) -> list[Case]:
+    """The hard cases a real run meets; some carry true ids built the way a model would emit them."""
+    cases = [
+        Case("newlines-around-think", _user("Why is the sky blue?"), "\nRayleigh scattering.\n\n",
+             "\n\nBecause shorter wavelengths scatter more.\n", "stop"),
+        Case("literal-specials-in-content", _user("Show me the chat markup."), "They want the raw tags.",
+             "Kimi wraps reasoning in <think>...</think> and ends turns with <|im_end|>.", "stop"),
+        Case("cjk", _user("用中文解释量子纠缠。"), "用户想要中文解释。我先想一想……", "量子纠缠是两个粒子状态相互关联的现象。日本語も：量子もつれ。", "stop"),
+        Case("emoji", _user("Reply with emoji 🎉"), "Family emoji uses ZWJ: 👨‍👩‍👧‍👦", "Sure! 🎉👍🏽🇯🇵 ✨", "stop"),
+        Case("nfc-vs-nfd", _user("Spell café both ways."), "NFC é vs NFD e+◌́",
+             "NFC: " + unicodedata.normalize("NFC", "café") + " / NFD: " + unicodedata.normalize("NFD", "café"), "stop"),
+        Case("30000-spaces", _user("Print many spaces."), "A long run of spaces.", "start" + " " * 30000 + "end", "stop"),
+        Case("empty-reasoning", _user("Say hi."), "", "Hi!", "stop"),
+        Case("tool-markup-as-text", _user("How do tool calls look?"), "Describe the format literally.",
+             'A call looks like <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
+             '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>', "stop"),
+        Case("multi-turn-history", [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4."},
+            {"role": "user", "content": "And times 3?"},
+        ], "Previous answer 4, times 3 is 12.", "12.", "stop"),
+        Case("cut-inside-reasoning", _user("Prove Fermat's last theorem."), "Let us begin with elliptic curves and",
+             "", "length"),
+        Case("cut-inside-content", _user("Count to ten."), "Simple.", "1, 2, 3, 4", "length"),
+        Case("inline-think-in-content", _user("What is 3*7?"), "", "<think>3*7=21.</think>21", "stop"),
+        Case("literal-special-in-prompt", _user("What does <|im_end|> mean?"), "It is a control token.",
+             "It ends a turn.", "stop"),
+    ]
+    # A model may emit a non-canonical split of the same bytes (here "Hello" as "Hel" + "lo").
+    canon = output_ids(tok, "Greeting.", "Hello world", "stop")
+    hel, lo = tok.encode_ordinary("Hel"), tok.encode_ordinary("lo")
+    hello = tok.encode_ordinary("Hello")
+    k = canon.index(hello[0])
+    true_split = canon[:k] + hel + lo + canon[k + len(hello):]
+    cases.append(Case("non-canonical-split", _user("Greet me."), "Greeting.", "Hello world", "stop",
+                      true_output_ids=true_split, note="true ids split 'Hello' differently"))
+    # max_tokens inside a multi-byte character: the true ids end mid-character, the text shows U+FFFD.
+    full = output_ids(tok, "Pick a rare character.", "Here: 𓀀", "length")
+    cut = full[:-1]
+    answer = parse_output_ids(tok, cut)
+    cases.append(Case("multibyte-cut-at-max-tokens", _user("Show a hieroglyph."), answer.reasoning, answer.content,
+                      "length", true_output_ids=cut, note="the last character lost its final bytes"))
+    return cases
+
+
+def plot_lengths(report: Report):
+    """Histograms of prompt and output lengths (tokens) over the validated records."""
+    import matplotlib.pyplot as plt
+
+    df = report.per_record()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for ax, col in zip(axes, ["prompt_tokens", "output_tokens"]):
+        ax.hist(df[col], bins=min(40, max(5, len(df) // 2)), color="tab:blue" if col == "prompt_tokens" else "tab:orange")
+        ax.set_xlabel(col.replace("_", " "))
+        ax.set_ylabel("records")
+    fig.tight_layout()
+    return fig
