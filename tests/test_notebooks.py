@@ -1,0 +1,56 @@
+"""Notebook hygiene for every committed notebook, and a papermill smoke run of each."""
+import json
+from pathlib import Path
+
+import pytest
+from papermill.exceptions import PapermillExecutionError
+
+from eagledata.notebooks import NOTEBOOK_DIR, cell_outputs_text
+
+NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+
+
+def test_there_are_notebooks():
+    assert {p.name for p in NOTEBOOKS} >= {"tokenizer.ipynb"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_notebook_is_clean(path):
+    nb = json.loads(path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in code), "commit without outputs"
+    tagged = [c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", [])]
+    assert len(tagged) == 1 and tagged[0]["cell_type"] == "code", "exactly one code cell tagged 'parameters'"
+    assert nb["metadata"]["kernelspec"]["name"] == "eagledata", "kernelspec so papermill needs no -k"
+    assert "nest_asyncio" not in path.read_text()
+
+
+def test_kernel_is_registered():
+    import sys
+
+    spec = Path(sys.prefix) / "share/jupyter/kernels/eagledata/kernel.json"
+    assert spec.is_file(), "run `make setup` (registers the eagledata kernel in the venv)"
+
+
+def test_tokenizer_notebook_on_samples(tokenizer_dir, execute_notebook):
+    out = execute_notebook("tokenizer", tokenizer=str(tokenizer_dir))
+    text = cell_outputs_text(out)
+    assert "PASS: 15 records round-trip exactly" in text
+    assert "partial character at cut" in text and "non-canonical tokenization" in text
+
+
+def test_tokenizer_notebook_on_records_file(tok, tokenizer_dir, execute_notebook, tmp_path):
+    from eagledata.records import Record
+    from eagledata.sequences import output_ids, prompt_ids
+
+    messages = [{"role": "user", "content": "hi"}]
+    lines = [Record(f"r{i}", "B1", messages, "hmm", f"hello {i}", "stop", prompt_ids=prompt_ids(tok, messages),
+                    output_ids=output_ids(tok, "hmm", f"hello {i}", "stop")).to_json() for i in range(3)]
+    good = tmp_path / "records.jsonl"
+    good.write_text("\n".join(lines) + "\n")
+    assert "PASS: 3 records" in cell_outputs_text(execute_notebook("tokenizer", tokenizer=str(tokenizer_dir),
+                                                                   records=str(good)))
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(lines[0] + "\n{oops\n")
+    with pytest.raises(PapermillExecutionError, match=r"bad\.jsonl:2: not valid JSON"):
+        execute_notebook("tokenizer", tokenizer=str(tokenizer_dir), records=str(bad))
