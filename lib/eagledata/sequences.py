@@ -8,6 +8,7 @@ structure. A literal `<think>` typed inside an answer therefore stays text, as t
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -20,6 +21,7 @@ from .errors import InputError
 from .tokenizer import END_THINK, IM_END, KimiTokenizer
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_INLINE_OPEN = re.compile(r"\s*<think>")
 
 
 # -- chat template ------------------------------------------------------------------------------
@@ -99,13 +101,10 @@ def split_inline_reasoning(reasoning: str | None, content: str | None) -> tuple[
     An unclosed leading `<think>` means the answer was cut inside the reasoning.
     """
     reasoning, content = reasoning or "", content or ""
-    if reasoning or not content.lstrip().startswith(THINK_OPEN):
+    if reasoning or not (m := _INLINE_OPEN.match(content)):
         return reasoning, content
-    body = content.lstrip()[len(THINK_OPEN):]
-    inner, sep, rest = body.partition(THINK_CLOSE)
-    if not sep:
-        return body, ""
-    return inner, rest
+    inner, sep, rest = content[m.end():].partition(THINK_CLOSE)
+    return (inner, rest) if sep else (inner, "")
 
 
 def output_ids(tok: KimiTokenizer, reasoning: str | None, content: str | None, finish_reason: str | None,
@@ -123,14 +122,18 @@ def output_ids(tok: KimiTokenizer, reasoning: str | None, content: str | None, f
 
 def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thinking: bool,
               reasoning: str) -> list[int]:
+    """Join encoded parts in place (`r_ids` is ours to extend): this runs once per output token."""
     cut = finish_reason == "length"
     if not thinking:
         if reasoning:
             raise InputError("reasoning present but thinking is off", field="reasoning")
-        return c_ids if cut else [*c_ids, IM_END]
-    if cut and not c_ids:
+        ids = c_ids
+    elif cut and not c_ids:
         return r_ids
-    ids = [*r_ids, END_THINK, *c_ids]
+    else:
+        ids = r_ids
+        ids.append(END_THINK)
+        ids.extend(c_ids)
     if not cut:
         ids.append(IM_END)
     return ids
