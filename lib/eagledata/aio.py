@@ -1,0 +1,20 @@
+"""Sync wrappers for the library's async entry points, without touching a running loop."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Coroutine, TypeVar
+
+T = TypeVar("T")
+
+
+def run_sync(coro: Coroutine[Any, Any, T], async_name: str) -> T:
+    """`asyncio.run` when no loop runs; inside Jupyter (a loop runs) ask for top-level `await` instead.
+
+    We never nest loops (`nest_asyncio`): it breaks httpx pools and hides ordering bugs.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError(f"an event loop is running (Jupyter?): use `await {async_name}(...)` instead")

@@ -1,0 +1,114 @@
+import pytest
+import yaml
+
+from eagledata.errors import InputError
+from eagledata.providers import (Catalog, PrecisionPolicy, RoutingDecision, decide, normalize_endpoint,
+                                 precision_rank, price_summary, routing_path, workload_costs)
+
+REASONING = ["reasoning", "include_reasoning", "max_tokens", "temperature"]
+
+
+def ep(name, quant, prompt, completion, status=0, params=REASONING, tag=None, uptime=99.0, tps=40.0):
+    return {"provider_name": name, "tag": tag or name.lower().replace(" ", ""), "quantization": quant,
+            "pricing": {"prompt": None if prompt is None else str(prompt / 1e6),
+                        "completion": None if completion is None else str(completion / 1e6)},
+            "context_length": 262144, "max_completion_tokens": 65536, "status": status,
+            "uptime_last_30m": uptime, "throughput_last_30m": {"p50": tps}, "latency_last_30m": {"p50": 1.2},
+            "supported_parameters": params}
+
+
+def catalog(*extra):
+    eps = [ep("DeepInfra", "int4", 0.45, 2.20), ep("Moonshot AI", "int4", 0.60, 2.50),
+           ep("Venice", "unknown", 0.80, 3.00), ep("Fireworks", "nvfp4", 0.40, 2.00),
+           ep("BaseTen", "fp4", 0.45, 2.10, status=-2), *extra]
+    return Catalog("moonshotai/kimi-k2.5", "test", "now", eps)
+
+
+def decision_for(cat, **kw):
+    return decide(cat.model, cat.table().to_dict("records"), PrecisionPolicy.for_model(cat.model, **kw))
+
+
+def test_default_picture_excludes_only_below_native_and_down():
+    d = decision_for(catalog())
+    assert {(e.provider, e.reason) for e in d.excluded} == {
+        ("Fireworks", "quantized below native int4 (nvfp4)"), ("BaseTen", "down (status -2)")}
+    assert d.provider["ignore"] == ["baseten", "fireworks"]
+    assert d.provider["sort"] == "price"
+    assert "nvfp4" not in d.provider["quantizations"] and "fp4" not in d.provider["quantizations"]
+    assert {"int4", "fp8", "bf16", "unknown"} <= set(d.provider["quantizations"])
+    assert d.eligible_providers == ["DeepInfra", "Moonshot AI", "Venice"]
+    assert any(f["provider"] == "Venice" and "unknown" in f["note"] for f in d.flagged)
+
+
+def test_new_fp4_provider_is_excluded_by_its_listing():
+    d = decision_for(catalog(ep("NewCloud", "fp4", 0.1, 0.5), ep("OddCloud", "mxfp4", 0.1, 0.5),
+                             ep("WeirdCloud", "fp4_e2m1", 0.1, 0.5)))
+    assert {"NewCloud", "OddCloud", "WeirdCloud"} <= {e.provider for e in d.excluded}
+
+
+def test_unknown_policy_exclude_and_no_reasoning():
+    d = decision_for(catalog(ep("NoThink", "fp8", 0.3, 1.0, params=["max_tokens"])), unknown="exclude")
+    reasons = {e.provider: e.reason for e in d.excluded}
+    assert reasons["Venice"].startswith("quantization 'unknown' unknown")
+    assert reasons["NoThink"] == "does not support reasoning"
+    assert "unknown" not in d.provider["quantizations"]
+
+
+def test_precision_rank_orders_formats():
+    assert precision_rank("fp4") < precision_rank("int4") < precision_rank("fp8") < precision_rank("bf16")
+    assert precision_rank("int3") < precision_rank("int4")
+    assert precision_rank("weird") is None
+
+
+def test_bad_policy_inputs():
+    with pytest.raises(InputError, match="field 'native_precision'"):
+        PrecisionPolicy.for_model("someone/unknown-model")
+    with pytest.raises(InputError, match="field 'native_precision'"):
+        PrecisionPolicy(native="int5")
+    with pytest.raises(InputError, match="field 'unknown_policy'"):
+        PrecisionPolicy(unknown="maybe")
+
+
+def test_missing_price_is_flagged_not_fatal():
+    cat = catalog(ep("Cheapskate", "int8", None, None))
+    row = normalize_endpoint(cat.endpoints[-1])
+    assert row["prompt_per_m"] is None and row["notes"] == "price missing"
+    d = decision_for(cat)
+    assert {"provider": "Cheapskate", "note": "price missing"} in d.flagged
+    costs = workload_costs(cat.table(), d, 1e6, 1e6)
+    assert "Cheapskate" not in set(costs["provider"])
+
+
+def test_pricing_premium():
+    cat = catalog()
+    d = decision_for(cat)
+    costs = workload_costs(cat.table(), d, prompt_tokens=10e6, output_tokens=7e6)
+    s = price_summary(costs)
+    assert s.cheapest_eligible == "DeepInfra" and s.cheapest_eligible_completion_per_m == pytest.approx(2.20)
+    assert s.cheapest_eligible_usd == pytest.approx(0.45 * 10 + 2.20 * 7)
+    assert s.cheapest_any == "Fireworks" and s.premium_usd == pytest.approx(19.9 - (0.40 * 10 + 2.00 * 7))
+    assert d.max_price_per_m() == (0.80, 3.00)
+
+
+def test_decision_roundtrips_through_yaml(tmp_path):
+    d = decision_for(catalog())
+    path = d.save(tmp_path)
+    assert path == routing_path("moonshotai/kimi-k2.5", tmp_path) and path.name == "kimi-k2.5.yaml"
+    raw = yaml.safe_load(path.read_text())
+    assert raw["provider"] == d.provider
+    assert {"provider": "Fireworks", "tag": "fireworks", "quantization": "nvfp4",
+            "reason": "quantized below native int4 (nvfp4)"} in raw["excluded"]
+    assert RoutingDecision.load(path) == d
+
+
+def test_snapshot_roundtrip_and_errors(tmp_path):
+    cat = catalog()
+    path = cat.save(tmp_path / "snap.json")
+    loaded = Catalog.load(path, "moonshotai/kimi-k2.5")
+    assert (loaded.endpoints, loaded.fetched_at) == (cat.endpoints, cat.fetched_at)
+    assert loaded.source == f"snapshot {path} (from test)"
+    with pytest.raises(InputError, match="field 'model'"):
+        Catalog.load(path, "moonshotai/kimi-k2.6")
+    (tmp_path / "bad.json").write_text('{"model": "x"}')
+    with pytest.raises(InputError, match=r"bad\.json.*field 'endpoints'"):
+        Catalog.load(tmp_path / "bad.json")
