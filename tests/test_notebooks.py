@@ -54,3 +54,16 @@ def test_tokenizer_notebook_on_records_file(tok, tokenizer_dir, execute_notebook
     bad.write_text(lines[0] + "\n{oops\n")
     with pytest.raises(PapermillExecutionError, match=r"bad\.jsonl:2: not valid JSON"):
         execute_notebook("tokenizer", tokenizer=str(tokenizer_dir), records=str(bad))
+
+
+def test_providers_notebook_from_snapshot_without_server(execute_notebook, tmp_path):
+    from test_providers import catalog
+
+    from eagledata.providers import RoutingDecision
+
+    snap = catalog().save(tmp_path / "snap.json")
+    out = execute_notebook("providers", snapshot=str(snap), params_dir=str(tmp_path / "params"),
+                           base_url="http://127.0.0.1:9/unreachable")
+    decision = RoutingDecision.load(tmp_path / "params" / "routing" / "kimi-k2.5.yaml")
+    assert {e.provider for e in decision.excluded} == {"Fireworks", "BaseTen"}
+    assert "cheapest eligible: DeepInfra at $2.20/M output" in cell_outputs_text(out)

@@ -31,13 +31,13 @@ def decision_for(cat, **kw):
 def test_default_picture_excludes_only_below_native_and_down():
     d = decision_for(catalog())
     assert {(e.provider, e.reason) for e in d.excluded} == {
-        ("Fireworks", "quantized below native int4 (nvfp4)"), ("BaseTen", "down (status -2)")}
+        ("Fireworks", "quantized below native int4 (nvfp4)"), ("BaseTen", "down (status -2); quantized below native int4 (fp4)")}
     assert d.provider["ignore"] == ["baseten", "fireworks"]
     assert d.provider["sort"] == "price"
     assert "nvfp4" not in d.provider["quantizations"] and "fp4" not in d.provider["quantizations"]
     assert {"int4", "fp8", "bf16", "unknown"} <= set(d.provider["quantizations"])
     assert d.eligible_providers == ["DeepInfra", "Moonshot AI", "Venice"]
-    assert any(f["provider"] == "Venice" and "unknown" in f["note"] for f in d.flagged)
+    assert any(f["provider"] == "Venice" and "not known, kept" in f["note"] for f in d.flagged)
 
 
 def test_new_fp4_provider_is_excluded_by_its_listing():
@@ -49,7 +49,7 @@ def test_new_fp4_provider_is_excluded_by_its_listing():
 def test_unknown_policy_exclude_and_no_reasoning():
     d = decision_for(catalog(ep("NoThink", "fp8", 0.3, 1.0, params=["max_tokens"])), unknown="exclude")
     reasons = {e.provider: e.reason for e in d.excluded}
-    assert reasons["Venice"].startswith("quantization 'unknown' unknown")
+    assert reasons["Venice"] == "quantization 'unknown' not known (unknown_policy=exclude)"
     assert reasons["NoThink"] == "does not support reasoning"
     assert "unknown" not in d.provider["quantizations"]
 
@@ -98,6 +98,7 @@ def test_decision_roundtrips_through_yaml(tmp_path):
     assert raw["provider"] == d.provider
     assert {"provider": "Fireworks", "tag": "fireworks", "quantization": "nvfp4",
             "reason": "quantized below native int4 (nvfp4)"} in raw["excluded"]
+    assert raw["flagged"] == [{"provider": "Venice", "note": "quantization 'unknown' not known, kept by unknown_policy=keep"}]
     assert RoutingDecision.load(path) == d
 
 

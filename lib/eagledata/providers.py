@@ -181,22 +181,23 @@ class PrecisionPolicy:
         return allowed + (["unknown"] if self.unknown == "keep" else [])
 
     def judge(self, row: dict) -> tuple[str | None, str | None]:
-        """(exclusion reason or None, flag or None) for one normalized endpoint row."""
+        """(exclusion reasons or None, flag or None) for one normalized endpoint row."""
         q = row["quantization"]
         rank = None if q == "unknown" else precision_rank(q, self.ranks)
+        reasons, flag = [], None
         if row["status"] <= DOWN_STATUS:
-            return f"down (status {row['status']})", None
+            reasons.append(f"down (status {row['status']})")
+        elif row["status"] < 0:
+            flag = f"degraded (status {row['status']})"
         if self.require_reasoning and not row["supports_reasoning"]:
-            return "does not support reasoning", None
-        if rank is None:
-            if self.unknown == "exclude":
-                return f"quantization {q!r} unknown (unknown_policy=exclude)", None
-            flag = f"quantization {q!r} unknown, kept by unknown_policy=keep"
-            return None, flag
-        floor = self.ranks[self.native.lower()]
-        if rank < floor:
-            return f"quantized below native {self.native} ({q})", None
-        return None, ("degraded (status %d)" % row["status"]) if row["status"] < 0 else None
+            reasons.append("does not support reasoning")
+        if rank is None and self.unknown == "exclude":
+            reasons.append(f"quantization {q!r} not known (unknown_policy=exclude)")
+        elif rank is None:
+            flag = f"quantization {q!r} not known, kept by unknown_policy=keep"
+        elif rank < self.ranks[self.native.lower()]:
+            reasons.append(f"quantized below native {self.native} ({q})")
+        return ("; ".join(reasons) or None), flag
 
 
 @dataclass
