@@ -1,0 +1,321 @@
+"""Budget model: how many output tokens each dataset can have for the money (pure arithmetic).
+
+Cost of a dataset with output target T: T × price.completion + (T / mean output per request) ×
+mean prompt tokens × price.prompt. Targets are chosen so the expected cost of the whole plan stays
+within balance − reserve; the band (P50/P90) comes from the spread of output lengths and the requests
+still in flight when a run stops issuing.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Literal, Sequence
+
+import numpy as np
+
+from .errors import InputError
+from .prompts import iter_prompts
+from .providers import RoutingDecision
+from .records import iter_jsonl
+from .sequences import prompt_ids
+from .tokenizer import KimiTokenizer
+
+Z90 = 1.2815515655446004  # standard normal 90th percentile
+Policy = Literal["equal", "proportional", "weights"]
+
+
+@dataclass(frozen=True)
+class DatasetStats:
+    """Prompt-side facts of one dataset, measured with the real tokenizer and chat template."""
+
+    name: str
+    prompts: int
+    prompt_tokens_mean: float
+    prompt_tokens_sd: float
+    prompt_tokens_p50: float
+    prompt_tokens_p90: float
+    prompt_tokens_total: int
+
+    @classmethod
+    def from_lengths(cls, name: str, lengths: Sequence[int]) -> "DatasetStats":
+        if len(lengths) == 0:
+            raise InputError("dataset has no prompts", field=name)
+        a = np.asarray(lengths, dtype=float)
+        return cls(name, len(a), float(a.mean()), float(a.std()), float(np.percentile(a, 50)),
+                   float(np.percentile(a, 90)), int(a.sum()))
+
+
+def measure_prompts(tok: KimiTokenizer, name: str, path: str | Path) -> tuple[DatasetStats, np.ndarray]:
+    """Prompt token counts exactly as generation will send them (template + generation prompt)."""
+    lengths = np.fromiter((len(prompt_ids(tok, p.messages)) for p in iter_prompts(path)), dtype=np.int64)
+    if lengths.size == 0:
+        raise InputError("no prompts in file", path, field=name)
+    return DatasetStats.from_lengths(name, lengths), lengths
+
+
+@dataclass(frozen=True)
+class OutputLengths:
+    """Output tokens per request (reasoning included), capped at max_tokens."""
+
+    mean: float
+    sd: float
+    p50: float
+    p90: float
+    source: str
+    samples: tuple[int, ...] = field(default=(), repr=False)
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[int], source: str) -> "OutputLengths":
+        a = np.asarray(list(samples), dtype=float)
+        if a.size == 0:
+            raise InputError("no output lengths to model from", field="output_lengths")
+        return cls(float(a.mean()), float(a.std()), float(np.percentile(a, 50)), float(np.percentile(a, 90)),
+                   source, tuple(int(x) for x in a[:200_000]))
+
+    @classmethod
+    def lognormal(cls, median: float, sigma: float, max_tokens: int, n: int = 200_000,
+                  seed: int = 0) -> "OutputLengths":
+        """A parametric guess before any run: reasoning lengths are roughly log-normal."""
+        if median <= 0 or sigma < 0 or max_tokens <= 0:
+            raise InputError("median and max_tokens must be > 0, sigma >= 0", field="output_lengths")
+        a = np.minimum(np.random.default_rng(seed).lognormal(math.log(median), sigma, n), max_tokens).round()
+        return cls.from_samples(a.astype(int), f"lognormal(median={median:g}, sigma={sigma:g}, cap={max_tokens})")
+
+    @classmethod
+    def from_records(cls, paths: Iterable[str | Path]) -> "OutputLengths | None":
+        """Completion tokens of earlier runs (usage, else output ids); None when there are none."""
+        lengths, used = [], []
+        for p in paths:
+            p = Path(p)
+            if not p.is_file():
+                continue
+            used.append(p.parent.name)
+            for _, rec in iter_jsonl(p, tolerate_torn_tail=True):
+                n = (rec.get("usage") or {}).get("completion_tokens") or len(rec.get("output_ids") or [])
+                if n:
+                    lengths.append(n)
+        if not lengths:
+            return None
+        return cls.from_samples(lengths, f"{len(lengths):,} records of earlier runs ({', '.join(used)})")
+
+
+@dataclass(frozen=True)
+class Prices:
+    prompt_per_m: float
+    completion_per_m: float
+    source: str
+
+    @classmethod
+    def from_routing(cls, decision: RoutingDecision, mode: Literal["cheapest", "worst", "mix"] = "cheapest",
+                     mix: dict[str, float] | None = None) -> "Prices":
+        """Prices to plan with: the cheapest eligible endpoint (sort=price routes there), the most
+        expensive eligible one (a safe bound), or a weighted mix of providers (e.g. observed shares)."""
+        priced = [e for e in decision.eligible if e.get("prompt_per_m") is not None and e.get("completion_per_m") is not None]
+        if not priced:
+            raise InputError("the routing decision has no priced eligible endpoint", field="routing")
+        if mode == "cheapest":
+            e = min(priced, key=lambda e: (e["completion_per_m"], e["prompt_per_m"]))
+            return cls(e["prompt_per_m"], e["completion_per_m"], f"cheapest eligible ({e['provider']})")
+        if mode == "worst":
+            return cls(max(e["prompt_per_m"] for e in priced), max(e["completion_per_m"] for e in priced),
+                       "most expensive eligible")
+        if mode == "mix":
+            by_name = {e["provider"]: e for e in priced}
+            if not mix or set(mix) - set(by_name) or sum(mix.values()) <= 0:
+                raise InputError(f"mix must weight eligible priced providers {sorted(by_name)}", field="mix")
+            total = sum(mix.values())
+            return cls(sum(by_name[p]["prompt_per_m"] * w for p, w in mix.items()) / total,
+                       sum(by_name[p]["completion_per_m"] * w for p, w in mix.items()) / total, f"mix {mix}")
+        raise InputError("must be cheapest, worst or mix", field="price_mode")
+
+
+def cost_usd(output_tokens: float, stats: DatasetStats, lengths: OutputLengths, prices: Prices) -> tuple[float, float]:
+    """(input $, output $) expected for an output-token target."""
+    requests = output_tokens / lengths.mean
+    return (requests * stats.prompt_tokens_mean * prices.prompt_per_m / 1e6,
+            output_tokens * prices.completion_per_m / 1e6)
+
+
+def cost_band(output_tokens: float, stats: DatasetStats, lengths: OutputLengths, prices: Prices,
+              concurrency: int) -> tuple[float, float]:
+    """(P50, P90) of the total cost. Requests needed to reach T vary (renewal: var N ≈ T·σ²/μ³), prompts
+    vary, and the `concurrency` requests in flight at the stop add a zero-mean spread of √c·σ tokens."""
+    mu, sd = lengths.mean, lengths.sd
+    n = output_tokens / mu
+    var_n = output_tokens * sd ** 2 / mu ** 3
+    p_in, p_out = prices.prompt_per_m / 1e6, prices.completion_per_m / 1e6
+    var_in = (var_n * stats.prompt_tokens_mean ** 2 + n * stats.prompt_tokens_sd ** 2) * p_in ** 2
+    var_out = concurrency * sd ** 2 * p_out ** 2
+    p50 = sum(cost_usd(output_tokens, stats, lengths, prices))
+    return p50, p50 + Z90 * math.sqrt(var_in + var_out)
+
+
+@dataclass
+class DatasetPlan:
+    name: str
+    prompts: int
+    target_output_tokens: int
+    requests: int
+    input_usd: float
+    output_usd: float
+    total_usd: float
+    p50_usd: float
+    p90_usd: float
+    limited_by_prompts: bool
+
+
+@dataclass
+class Plan:
+    datasets: list[DatasetPlan]
+    balance_usd: float
+    reserve_usd: float
+    prices: Prices
+    lengths_source: str
+    policy: str
+
+    @property
+    def usable_usd(self) -> float:
+        return self.balance_usd - self.reserve_usd
+
+    @property
+    def total_usd(self) -> float:
+        return sum(d.total_usd for d in self.datasets)
+
+    @property
+    def targets(self) -> dict[str, int]:
+        return {d.name: d.target_output_tokens for d in self.datasets}
+
+    def frame(self):
+        import pandas as pd
+
+        df = pd.DataFrame([asdict(d) for d in self.datasets])
+        total = df.sum(numeric_only=True)
+        total["name"], total["limited_by_prompts"] = "TOTAL", df["limited_by_prompts"].any()
+        # P90s do not add up; the plan's P90 is the root-sum-square of the per-dataset spreads.
+        total["p90_usd"] = total["p50_usd"] + math.sqrt(sum((d.p90_usd - d.p50_usd) ** 2 for d in self.datasets))
+        return pd.concat([df, total.to_frame().T], ignore_index=True)
+
+
+def _check_money(balance_usd: float | None, reserve_usd: float) -> None:
+    if balance_usd is None or not isinstance(balance_usd, (int, float)) or not math.isfinite(balance_usd) \
+            or balance_usd <= 0:
+        raise InputError(f"must be a positive number of USD, got {balance_usd!r}", field="budget_usd")
+    if not isinstance(reserve_usd, (int, float)) or reserve_usd < 0 or reserve_usd >= balance_usd:
+        raise InputError(f"must be >= 0 and below the budget ({balance_usd}), got {reserve_usd!r}",
+                         field="reserve_usd")
+
+
+def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: Prices, *, balance_usd: float,
+                reserve_usd: float = 0.0, policy: Policy = "equal", weights: dict[str, float] | None = None,
+                round_to: int = 100_000, concurrency: int = 2000) -> Plan:
+    """Output-token targets whose expected total cost fits balance − reserve.
+
+    Weights per dataset (equal, by prompt count, or the user's) share the money; a dataset that would
+    need more requests than it has prompts is capped at what its prompts can give and the rest is
+    shared among the others. Targets are rounded down to `round_to` tokens.
+    """
+    _check_money(balance_usd, reserve_usd)
+    if not stats:
+        raise InputError("no datasets to plan", field="datasets")
+    for s in stats:
+        if s.prompts <= 0:
+            raise InputError("dataset has no prompts", field=s.name)
+    if policy == "equal":
+        w = {s.name: 1.0 for s in stats}
+    elif policy == "proportional":
+        w = {s.name: float(s.prompts) for s in stats}
+    elif policy == "weights":
+        if not weights or set(weights) != {s.name for s in stats} or any(v < 0 for v in weights.values()):
+            raise InputError("give a non-negative weight for every dataset", field="weights")
+        w = {k: float(v) for k, v in weights.items()}
+    else:
+        raise InputError("must be equal, proportional or weights", field="policy")
+
+    per_token = {s.name: sum(cost_usd(1.0, s, lengths, prices)) for s in stats}
+    cap = {s.name: s.prompts * lengths.mean for s in stats}
+    targets: dict[str, float] = {}
+    money = balance_usd - reserve_usd
+    active = [s.name for s in stats if w[s.name] > 0]
+    while active:  # water-filling: fix the datasets whose prompts run out, share the rest again
+        scale = money / sum(per_token[n] * w[n] for n in active)
+        over = [n for n in active if w[n] * scale >= cap[n]]
+        if not over:
+            targets.update({n: w[n] * scale for n in active})
+            break
+        for n in over:
+            targets[n] = cap[n]
+            money -= cap[n] * per_token[n]
+            active.remove(n)
+
+    plans = []
+    for s in stats:
+        t = int(targets.get(s.name, 0) // round_to * round_to) if round_to > 1 else int(targets.get(s.name, 0))
+        inp, out = cost_usd(t, s, lengths, prices)
+        p50, p90 = cost_band(t, s, lengths, prices, concurrency)
+        plans.append(DatasetPlan(s.name, s.prompts, t, math.ceil(t / lengths.mean), inp, out, inp + out, p50, p90,
+                                 s.name in targets and targets[s.name] >= cap[s.name]))
+    return Plan(plans, balance_usd, reserve_usd, prices, lengths.source, policy)
+
+
+def scenario_table(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: Prices,
+                   per_dataset_targets: Sequence[int], balance_usd: float, reserve_usd: float = 0.0):
+    """Cost of giving every dataset the same target, for several targets: does it fit?"""
+    import pandas as pd
+
+    _check_money(balance_usd, reserve_usd)
+    rows = []
+    for t in per_dataset_targets:
+        inp = sum(cost_usd(t, s, lengths, prices)[0] for s in stats)
+        out = sum(cost_usd(t, s, lengths, prices)[1] for s in stats)
+        rows.append({"per_dataset_output_tokens": t, "datasets": len(stats), "output_tokens": t * len(stats),
+                     "input_usd": inp, "output_usd": out, "total_usd": inp + out,
+                     "fits_balance": inp + out <= balance_usd, "fits_usable": inp + out <= balance_usd - reserve_usd})
+    return pd.DataFrame(rows)
+
+
+def planned_vs_actual(plan: Plan, output_dir: str | Path):
+    """Per dataset: planned tokens and $ against what each run's summary.json says it did."""
+    import pandas as pd
+
+    rows = []
+    for d in plan.datasets:
+        path = Path(output_dir) / "datasets" / d.name / "summary.json"
+        if not path.is_file():
+            continue
+        try:
+            s = json.loads(path.read_text())
+            actual_tokens, actual_usd = int(s["output_tokens"]), float(s["spend_usd"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"not a run summary ({e})", path) from None
+        rows.append({"dataset": d.name, "planned_tokens": d.target_output_tokens, "actual_tokens": actual_tokens,
+                     "planned_usd": d.total_usd, "actual_usd": actual_usd,
+                     "planned_usd_per_m": 1e6 * d.total_usd / max(1, d.target_output_tokens),
+                     "actual_usd_per_m": 1e6 * actual_usd / max(1, actual_tokens)})
+    return pd.DataFrame(rows, columns=["dataset", "planned_tokens", "actual_tokens", "planned_usd", "actual_usd",
+                                       "planned_usd_per_m", "actual_usd_per_m"])
+
+
+def plot_plan(plan: Plan, stats: Sequence[DatasetStats], lengths: OutputLengths):
+    """Cost vs per-dataset target with the budget lines; the chosen allocation per dataset."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    top = max(d.target_output_tokens for d in plan.datasets) * 1.6 or 1e6
+    xs = np.linspace(0, top, 50)
+    ys = [sum(sum(cost_usd(x, s, lengths, plan.prices)) for s in stats) for x in xs]
+    ax1.plot(xs / 1e6, ys, label="every dataset at this target")
+    ax1.axhline(plan.balance_usd, color="tab:red", label=f"balance ${plan.balance_usd:g}")
+    ax1.axhline(plan.usable_usd, color="tab:orange", ls="--", label=f"usable ${plan.usable_usd:g}")
+    ax1.set_xlabel("output tokens per dataset (M)")
+    ax1.set_ylabel("expected cost ($)")
+    ax1.legend(fontsize=8)
+    names = [d.name for d in plan.datasets]
+    ax2.bar(names, [d.target_output_tokens / 1e6 for d in plan.datasets], color="tab:blue")
+    for i, d in enumerate(plan.datasets):
+        ax2.annotate(f"${d.total_usd:.2f}", (i, d.target_output_tokens / 1e6), ha="center", va="bottom", fontsize=8)
+    ax2.set_ylabel("target output tokens (M)")
+    ax2.set_title(f"allocation ({plan.policy})")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,82 @@
+"""The datasets file (`params/datasets.yaml`): `<name>: {prompts: <path>, target_output_tokens: <int>}`."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import InputError
+
+
+def use_project_root() -> Path:
+    """In JupyterLab the kernel starts in notebooks/; move to the project root so relative paths
+    (params/, outputs/) mean the same as under `papermill` run from the root."""
+    cwd = Path.cwd()
+    if cwd.name == "notebooks" and (cwd.parent / "lib" / "eagledata").is_dir():
+        os.chdir(cwd.parent)
+        return cwd.parent
+    return cwd
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    name: str
+    prompts: Path
+    target_output_tokens: int | None
+
+
+def _resolve(base: Path, p: str) -> Path:
+    path = Path(p).expanduser()
+    if path.is_absolute() or path.exists():
+        return path
+    return base / path  # relative to the datasets file
+
+
+def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:
+    """Parse and check the datasets file; prompt paths resolve against the cwd, else the file's folder."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise InputError(f"cannot read datasets file: {e.strerror}", path) from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise InputError(f"not valid YAML: {getattr(e, 'problem', e)}", path,
+                         mark.line + 1 if mark else None) from None
+    if not isinstance(raw, dict) or not raw:
+        raise InputError("expected a mapping of dataset name -> {prompts, target_output_tokens}", path)
+    specs = {}
+    for name, entry in raw.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("prompts"), str):
+            raise InputError("needs 'prompts: <path>'", path, field=f"{name}.prompts")
+        target = entry.get("target_output_tokens")
+        if target is not None and (not isinstance(target, int) or isinstance(target, bool) or target <= 0):
+            raise InputError("must be a positive integer", path, field=f"{name}.target_output_tokens")
+        specs[str(name)] = DatasetSpec(str(name), _resolve(path.parent, entry["prompts"]), target)
+    return specs
+
+
+def get_dataset(path: str | Path, name: str) -> DatasetSpec:
+    specs = load_datasets(path)
+    if name not in specs:
+        raise InputError(f"unknown dataset {name!r}; the file has {', '.join(specs)}", path, field="dataset")
+    return specs[name]
+
+
+def write_targets(path: str | Path, targets: dict[str, int], note: str = "") -> Path:
+    """Set `target_output_tokens` per dataset, keeping every other entry and field as it was."""
+    path = Path(path)
+    raw: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
+    unknown = set(targets) - set(raw)
+    if unknown:
+        raise InputError(f"datasets not in the file: {sorted(unknown)}", path)
+    for name, tokens in targets.items():
+        raw[name]["target_output_tokens"] = int(tokens)
+    header = f"# target_output_tokens last set by budget.ipynb{': ' + note if note else ''}\n"
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    tmp.replace(path)
+    return path
