@@ -67,3 +67,24 @@ def test_providers_notebook_from_snapshot_without_server(execute_notebook, tmp_p
     decision = RoutingDecision.load(tmp_path / "params" / "routing" / "kimi-k2.5.yaml")
     assert {e.provider for e in decision.excluded} == {"Fireworks", "BaseTen"}
     assert "cheapest eligible: DeepInfra at $2.20/M output" in cell_outputs_text(out)
+
+
+def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_path):
+    import shutil
+
+    from test_providers import catalog, decision_for
+
+    from eagledata.datasets import load_datasets
+    from eagledata.notebooks import NOTEBOOK_DIR
+
+    examples = NOTEBOOK_DIR.parent / "examples" / "prompts"
+    for name in ("demo-a", "demo-b"):
+        shutil.copy(examples / f"{name}.jsonl", tmp_path)
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text("demo-a: {prompts: demo-a.jsonl}\ndemo-b: {prompts: demo-b.jsonl}\n")
+    routing = decision_for(catalog()).save(tmp_path / "params")
+    out = execute_notebook("budget", tokenizer=str(tokenizer_dir), datasets_file=str(datasets), routing=str(routing),
+                           budget_usd=0.2, reserve_usd=0.05, round_to=1000, output_dir=str(tmp_path))
+    targets = {n: s.target_output_tokens for n, s in load_datasets(datasets).items()}
+    assert targets["demo-a"] == targets["demo-b"] and 0 < targets["demo-a"] <= 0.15 / 2 / 2.2e-6
+    assert "plan: $" in cell_outputs_text(out)

@@ -141,13 +141,13 @@ def cost_usd(output_tokens: float, stats: DatasetStats, lengths: OutputLengths, 
 def cost_band(output_tokens: float, stats: DatasetStats, lengths: OutputLengths, prices: Prices,
               concurrency: int) -> tuple[float, float]:
     """(P50, P90) of the total cost. Requests needed to reach T vary (renewal: var N ≈ T·σ²/μ³), prompts
-    vary, and the `concurrency` requests in flight at the stop add a zero-mean spread of √c·σ tokens."""
+    vary, and the requests in flight at the stop (at most `concurrency`) add a zero-mean spread of √c·σ tokens."""
     mu, sd = lengths.mean, lengths.sd
     n = output_tokens / mu
     var_n = output_tokens * sd ** 2 / mu ** 3
     p_in, p_out = prices.prompt_per_m / 1e6, prices.completion_per_m / 1e6
     var_in = (var_n * stats.prompt_tokens_mean ** 2 + n * stats.prompt_tokens_sd ** 2) * p_in ** 2
-    var_out = concurrency * sd ** 2 * p_out ** 2
+    var_out = min(concurrency, n) * sd ** 2 * p_out ** 2
     p50 = sum(cost_usd(output_tokens, stats, lengths, prices))
     return p50, p50 + Z90 * math.sqrt(var_in + var_out)
 
