@@ -37,6 +37,7 @@ def test_default_picture_excludes_only_below_native_and_down():
     assert "nvfp4" not in d.provider["quantizations"] and "fp4" not in d.provider["quantizations"]
     assert {"int4", "fp8", "bf16", "unknown"} <= set(d.provider["quantizations"])
     assert d.eligible_providers == ["DeepInfra", "Moonshot AI", "Venice"]
+    assert d.provider["max_price"] == {"prompt": 0.80, "completion": 3.00}
     assert any(f["provider"] == "Venice" and "not known, kept" in f["note"] for f in d.flagged)
 
 
@@ -77,6 +78,7 @@ def test_missing_price_is_flagged_not_fatal():
     assert {"provider": "Cheapskate", "note": "price missing"} in d.flagged
     costs = workload_costs(cat.table(), d, 1e6, 1e6)
     assert "Cheapskate" not in set(costs["provider"])
+    assert "max_price" not in d.provider  # an unpriced eligible endpoint: no server-side price cap
 
 
 def test_pricing_premium():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -43,9 +44,10 @@ def _num(x: Any) -> float | None:
     if isinstance(x, dict):
         x = x.get("p50")
     try:
-        return None if x is None or x == "" else float(x)
+        value = None if x is None or x == "" else float(x)
     except (TypeError, ValueError):
         return None
+    return None if value is None or math.isnan(value) else value
 
 
 def normalize_endpoint(raw: dict) -> dict[str, Any]:
@@ -227,7 +229,10 @@ class RoutingDecision:
         return [e["provider"] for e in self.eligible]
 
     def max_price_per_m(self) -> tuple[float, float] | None:
-        """Worst-case ($/M prompt, $/M completion) over eligible endpoints: what a budget must reserve."""
+        """Worst-case ($/M prompt, $/M completion) a request can cost: what a budget must reserve."""
+        cap = self.provider.get("max_price")
+        if cap:
+            return float(cap["prompt"]), float(cap["completion"])
         priced = [e for e in self.eligible if e.get("prompt_per_m") is not None and e.get("completion_per_m") is not None]
         if not priced:
             return None
@@ -280,13 +285,19 @@ def decide(model: str, rows: Iterable[dict], policy: PrecisionPolicy, *, source:
             flagged.append({"provider": row["provider"], "note": flag})
         if row.get("notes"):
             flagged.append({"provider": row["provider"], "note": row["notes"]})
-        eligible.append({k: row[k] for k in ("provider", "tag", "quantization", "prompt_per_m", "completion_per_m")})
+        eligible.append({"provider": row["provider"], "tag": row["tag"], "quantization": row["quantization"],
+                         "prompt_per_m": _num(row["prompt_per_m"]), "completion_per_m": _num(row["completion_per_m"])})
     provider: dict[str, Any] = {}
     if excluded:
         provider["ignore"] = sorted({e.tag for e in excluded})
     provider["quantizations"] = policy.allowed_quantizations()
     provider["sort"] = "price"
     provider["allow_fallbacks"] = True
+    priced = [e for e in eligible if e["prompt_per_m"] is not None and e["completion_per_m"] is not None]
+    if priced and len(priced) == len(eligible):
+        # Server-side guarantee that no pricier endpoint serves us: the budget reserves at these prices.
+        provider["max_price"] = {"prompt": max(e["prompt_per_m"] for e in priced),
+                                 "completion": max(e["completion_per_m"] for e in priced)}
     return RoutingDecision(model, provider, excluded, flagged, eligible, policy.native, policy.unknown, source,
                            datetime.now(timezone.utc).isoformat(timespec="seconds"))
 

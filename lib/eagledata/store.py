@@ -1,0 +1,196 @@
+"""Checkpoint store of one dataset: records.jsonl and failures.jsonl, crash-safe, one writer at a time.
+
+Each finished prompt is one line written by a single `write` on an O_APPEND descriptor, so a SIGKILL
+leaves whole lines plus at most one torn tail, which the next open cuts off (kept aside in
+`records.jsonl.torn`). An index of finished ids (`done.idx`, id + byte offset) makes resume start-up
+independent of record size; it is only a cache: lines past its last offset are re-read from the file.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+from .records import Record
+
+RECORDS, FAILURES, INDEX, LOCK, SUMMARY = "records.jsonl", "failures.jsonl", "done.idx", ".lock", "summary.json"
+
+
+class StoreLocked(InputError):
+    """Another run holds this dataset's lock."""
+
+
+def _repair_tail(path: Path) -> int:
+    """Cut a torn last line (no newline) off `path`; return the bytes removed (saved to .torn)."""
+    if not path.exists():
+        return 0
+    with path.open("rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        pos = size
+        chunk = 1 << 16
+        while pos > 0:  # find the last newline
+            start = max(0, pos - chunk)
+            f.seek(start)
+            buf = f.read(pos - start)
+            nl = buf.rfind(b"\n")
+            if nl >= 0:
+                cut = start + nl + 1
+                break
+            pos = start
+        else:
+            cut = 0
+        f.seek(cut)
+        torn = f.read()
+        with open(str(path) + ".torn", "ab") as t:
+            t.write(torn + b"\n")
+        f.truncate(cut)
+        os.fsync(f.fileno())
+        return len(torn)
+
+
+def _ids_of_lines(path: Path, start: int = 0) -> tuple[list[tuple[str, int]], int]:
+    """(id, end offset) of every line from byte `start`; a line that is not JSON is an error (file:line)."""
+    out: list[tuple[str, int]] = []
+    with path.open("rb") as f:
+        f.seek(start)
+        offset = start
+        for lineno, line in enumerate(f, 1):
+            offset += len(line)
+            if not line.strip():
+                continue
+            try:
+                rid = json.loads(line)["id"]
+            except (ValueError, KeyError, TypeError):
+                raise InputError("not a valid record line (after byte %d)" % start, path, lineno) from None
+            out.append((str(rid), offset))
+    return out, offset
+
+
+@dataclass
+class Store:
+    """Append-only record and failure files of `directory`; `done` holds the ids finished either way."""
+
+    directory: Path
+    done: set[str] = field(default_factory=set)
+    recorded: int = 0
+    failed: int = 0
+    torn_bytes: int = 0
+    _fds: dict[str, int] = field(default_factory=dict, repr=False)
+    _lock_fd: int | None = field(default=None, repr=False)
+
+    @classmethod
+    def open(cls, directory: str | Path) -> "Store":
+        store = cls(Path(directory))
+        store.directory.mkdir(parents=True, exist_ok=True)
+        store._lock()
+        try:
+            store._load()
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _lock(self) -> None:
+        path = self.directory / LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise StoreLocked(f"another run (pid {holder}) is writing this dataset; refusing to interleave",
+                              self.directory) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def _load(self) -> None:
+        records, failures, index = (self.directory / n for n in (RECORDS, FAILURES, INDEX))
+        self.torn_bytes = _repair_tail(records) + _repair_tail(failures)
+        _repair_tail(index)
+        indexed: list[tuple[str, int]] = []
+        if index.exists() and records.exists():
+            size = records.stat().st_size
+            for line in index.read_text().splitlines():
+                rid, _, off = line.rpartition("\t")
+                if rid and off.isdigit() and int(off) <= size:
+                    indexed.append((rid, int(off)))
+                else:
+                    indexed = []  # an index that does not fit the file is rebuilt from it
+                    break
+        start = indexed[-1][1] if indexed else 0
+        tail: list[tuple[str, int]] = []
+        if records.exists():
+            tail, _ = _ids_of_lines(records, start)
+        if tail or not indexed:
+            with index.open("w" if not indexed else "a") as f:
+                f.writelines(f"{rid}\t{off}\n" for rid, off in tail)
+        record_ids = [rid for rid, _ in indexed] + [rid for rid, _ in tail]
+        self.recorded = len(record_ids)
+        self.done.update(record_ids)
+        if len(self.done) != self.recorded:
+            raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
+                             records)
+        if failures.exists():
+            failed, _ = _ids_of_lines(failures)
+            self.failed = len(failed)
+            self.done.update(rid for rid, _ in failed)
+        for name in (RECORDS, FAILURES, INDEX):
+            self._fds[name] = os.open(self.directory / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def _append(self, name: str, data: bytes) -> int:
+        fd = self._fds[name]
+        n = os.write(fd, data)
+        while n < len(data):  # a short write (full disk, …) is finished, never left torn
+            n += os.write(fd, data[n:])
+        return os.lseek(fd, 0, os.SEEK_END)
+
+    def add_record(self, record: Record) -> None:
+        if record.id in self.done:
+            raise ValueError(f"record {record.id!r} is already finished")
+        end = self._append(RECORDS, (record.to_json() + "\n").encode())
+        self._append(INDEX, f"{record.id}\t{end}\n".encode())
+        self.done.add(record.id)
+        self.recorded += 1
+
+    def add_failure(self, prompt_id: str, error: dict[str, Any], attempts: int) -> None:
+        if prompt_id in self.done:
+            raise ValueError(f"prompt {prompt_id!r} is already finished")
+        line = json.dumps({"id": prompt_id, "error": error, "attempts": attempts}, ensure_ascii=False)
+        self._append(FAILURES, (line + "\n").encode())
+        self.done.add(prompt_id)
+        self.failed += 1
+
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        path = self.directory / SUMMARY
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
+        os.replace(tmp, path)
+        return path
+
+    def sync(self) -> None:
+        for fd in self._fds.values():
+            os.fsync(fd)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

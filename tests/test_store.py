@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from eagledata.records import Record, load_records
+from eagledata.store import INDEX, RECORDS, Store, StoreLocked
+
+
+def rec(i: int) -> Record:
+    return Record(f"p{i}", "B1", [{"role": "user", "content": "q"}], "r", f"c{i}", "stop",
+                  prompt_ids=[1, 2], output_ids=[3, 163607, 4, 163586])
+
+
+def test_append_resume_and_failures(tmp_path):
+    with Store.open(tmp_path) as s:
+        for i in range(5):
+            s.add_record(rec(i))
+        s.add_failure("p9", {"status": 400, "message": "context too long"}, attempts=1)
+        with pytest.raises(ValueError, match="already finished"):
+            s.add_record(rec(2))
+    with Store.open(tmp_path) as s:
+        assert s.done == {"p0", "p1", "p2", "p3", "p4", "p9"} and (s.recorded, s.failed) == (5, 1)
+    assert [r.id for r in load_records(tmp_path / RECORDS)] == [f"p{i}" for i in range(5)]
+
+
+def test_torn_tail_is_cut_and_kept_aside(tmp_path):
+    with Store.open(tmp_path) as s:
+        s.add_record(rec(0))
+        s.add_record(rec(1))
+    whole = (tmp_path / RECORDS).read_bytes()
+    (tmp_path / RECORDS).write_bytes(whole + rec(2).to_json().encode()[:25])  # killed mid-write
+    with Store.open(tmp_path) as s:
+        assert s.done == {"p0", "p1"} and s.torn_bytes == 25
+        s.add_record(rec(2))
+    assert [r.id for r in load_records(tmp_path / RECORDS)] == ["p0", "p1", "p2"]
+    assert (tmp_path / (RECORDS + ".torn")).read_bytes().startswith(b'{"id":"p2"')
+
+
+def test_index_missing_or_behind_is_rebuilt(tmp_path):
+    with Store.open(tmp_path) as s:
+        for i in range(3):
+            s.add_record(rec(i))
+    lines = (tmp_path / INDEX).read_text().splitlines()
+    (tmp_path / INDEX).write_text(lines[0] + "\n")  # killed between record and index writes
+    with Store.open(tmp_path) as s:
+        assert s.done == {"p0", "p1", "p2"}
+    assert len((tmp_path / INDEX).read_text().splitlines()) == 3
+    (tmp_path / INDEX).unlink()
+    with Store.open(tmp_path) as s:
+        assert s.recorded == 3
+
+
+def test_second_writer_is_refused(tmp_path):
+    with Store.open(tmp_path):
+        with pytest.raises(StoreLocked, match="another run .* refusing to interleave"):
+            Store.open(tmp_path)
+    Store.open(tmp_path).close()  # released on close
+
+
+def test_summary_is_replaced_atomically(tmp_path):
+    with Store.open(tmp_path) as s:
+        s.write_summary({"stop_reason": "done"})
+        s.write_summary({"stop_reason": "budget"})
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"stop_reason": "budget"}
