@@ -1,0 +1,207 @@
+"""OpenRouter chat completions: the request we send and a pure classification of every answer.
+
+Every outcome the service can produce maps to one of five kinds, so the engine's policy is a table:
+OK (record it), RETRY (after Retry-After or a jittered backoff), OUT_OF_MONEY (stop issuing),
+FAILED (this prompt can never succeed: failures.jsonl), FATAL (no prompt can: stop the run).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping
+
+import httpx
+
+from .records import Usage
+from .sequences import split_inline_reasoning
+
+
+class Kind(Enum):
+    OK = "ok"
+    RETRY = "retry"
+    OUT_OF_MONEY = "out_of_money"
+    FAILED = "failed"
+    FATAL = "fatal"
+
+
+@dataclass
+class Answer:
+    """A successful completion as the service returned it (inline `<think>` already split out)."""
+
+    reasoning: str
+    content: str
+    finish_reason: str
+    provider: str
+    model: str
+    generation_id: str
+    usage: Usage
+    reasoning_inline: bool = False
+    prompt_token_ids: list[int] | None = None  # local backends (vLLM/SGLang) that return ids
+    output_token_ids: list[int] | None = None
+
+
+@dataclass
+class Outcome:
+    kind: Kind
+    error_class: str = ""  # e.g. rate_limit, upstream_rate_limit, budget_inflight, bad_gateway, …
+    status: int | None = None
+    message: str = ""
+    retry_after: float | None = None
+    answer: Answer | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def error_dict(self) -> dict[str, Any]:
+        return {"class": self.error_class, "status": self.status, "message": self.message[:500]}
+
+
+def build_request(model: str, messages: list[dict], *, max_tokens: int, temperature: float | None,
+                  provider: Mapping[str, Any] | None, backend: str = "openrouter",
+                  extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The chat-completions body: reasoning on, our routing, our max_tokens."""
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": False}
+    if temperature is not None:
+        body["temperature"] = temperature
+    if backend == "openrouter":
+        body["reasoning"] = {"enabled": True}
+        body["usage"] = {"include": True}
+        if provider:
+            body["provider"] = dict(provider)
+    else:  # an OpenAI-compatible server that returns token ids (vLLM, SGLang)
+        body["return_token_ids"] = True
+        body["skip_special_tokens"] = False
+    body.update(extra or {})
+    return body
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("retry-after")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _error_outcome(status: int, err: Mapping[str, Any], headers: Mapping[str, str]) -> Outcome:
+    """An error answer (HTTP status or the code inside a 200 body) → what to do about it."""
+    message = str(err.get("message") or "")
+    metadata = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
+    code = err.get("code")
+    code = code if isinstance(code, int) else status
+    ra = _retry_after(headers)
+    base = dict(status=code, message=message, retry_after=ra, metadata=metadata)
+    if code in (401, 403):
+        return Outcome(Kind.FATAL, "auth", **base)
+    if code == 402:
+        if ra is not None:  # in-flight budget of the key: wait and retry
+            return Outcome(Kind.RETRY, "budget_inflight", **base)
+        return Outcome(Kind.OUT_OF_MONEY, "no_credits", **base)
+    if code == 429:
+        upstream = bool(metadata.get("provider_name")) or "provider returned error" in message.lower()
+        return Outcome(Kind.RETRY, "upstream_rate_limit" if upstream else "rate_limit", **base)
+    if code == 404:
+        return Outcome(Kind.RETRY, "no_endpoint", **base)
+    if code == 408:
+        return Outcome(Kind.RETRY, "timeout", **base)
+    if code in (400, 413, 422):
+        return Outcome(Kind.FAILED, "bad_request", **base)
+    if code == 502:
+        return Outcome(Kind.RETRY, "bad_gateway", **base)
+    if code == 503:
+        return Outcome(Kind.RETRY, "unavailable", **base)
+    if isinstance(code, int) and code >= 500:
+        return Outcome(Kind.RETRY, "server_error", **base)
+    if isinstance(code, int) and 400 <= code < 500:
+        return Outcome(Kind.FAILED, "client_error", **base)
+    return Outcome(Kind.RETRY, "error_in_body", **base)
+
+
+_FINISH_ALIASES = {"max_tokens": "length", "eos": "stop", "end_turn": "stop", "stop_sequence": "stop"}
+
+
+def _text(x: Any) -> str:
+    return x if isinstance(x, str) else ""
+
+
+def parse_answer(body: Mapping[str, Any]) -> Answer | Outcome:
+    """A 200 body → Answer, or the Outcome explaining why it is not one."""
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return Outcome(Kind.RETRY, "malformed", 200, "no choices in the answer")
+    choice = choices[0]
+    if choice.get("error"):
+        err = choice["error"] if isinstance(choice["error"], dict) else {"message": str(choice["error"])}
+        out = _error_outcome(200, err, {})
+        out.error_class = out.error_class if out.kind is not Kind.RETRY else "error_in_choice"
+        return out
+    message = choice.get("message") or {}
+    finish = choice.get("finish_reason") or choice.get("native_finish_reason")
+    finish = _FINISH_ALIASES.get(finish, finish)
+    if finish == "error":
+        return Outcome(Kind.RETRY, "error_in_choice", 200, "finish_reason error")
+    reasoning = _text(message.get("reasoning"))
+    if not reasoning and isinstance(message.get("reasoning_details"), list):
+        reasoning = "".join(_text(d.get("text")) for d in message["reasoning_details"]
+                            if isinstance(d, dict) and d.get("type") in (None, "reasoning.text"))
+    if not reasoning:
+        reasoning = _text(message.get("reasoning_content"))  # vLLM / SGLang naming
+    raw_content = _text(message.get("content"))
+    reasoning_split, content = split_inline_reasoning(reasoning, raw_content)
+    inline = not reasoning and bool(reasoning_split)
+    if not content and not reasoning_split:
+        return Outcome(Kind.RETRY, "empty", 200, "empty answer (cold start?)")
+    if finish not in ("stop", "length"):
+        if finish == "content_filter":
+            return Outcome(Kind.FAILED, "content_filter", 200, "content filtered")
+        if finish is None and not content:
+            return Outcome(Kind.RETRY, "malformed", 200, "no finish_reason")
+        finish = finish or "stop"
+    if finish == "stop" and not content:
+        return Outcome(Kind.RETRY, "empty", 200, "reasoning without an answer")
+    u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    details = u.get("completion_tokens_details") if isinstance(u.get("completion_tokens_details"), dict) else {}
+    cost = u.get("cost")
+    usage = Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
+                  int(details.get("reasoning_tokens") or 0), float(cost) if isinstance(cost, (int, float)) else None)
+    ids = choice.get("token_ids")
+    return Answer(reasoning_split, content, finish, _text(body.get("provider")), _text(body.get("model")),
+                  _text(body.get("id")), usage, inline, body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
+                  ids if isinstance(ids, list) else None)
+
+
+def classify_response(status: int, headers: Mapping[str, str], content: bytes) -> Outcome:
+    """Any HTTP answer → Outcome (pure: tests feed it every shape the service produces)."""
+    try:
+        body = json.loads(content) if content.strip() else None
+    except (ValueError, UnicodeDecodeError):
+        body = None
+    if status != 200:
+        err = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
+        return _error_outcome(status, err or {"message": content[:200].decode(errors="replace")}, headers)
+    if not isinstance(body, dict):
+        return Outcome(Kind.RETRY, "malformed", 200, "answer is not JSON (truncated?)")
+    if isinstance(body.get("error"), dict):
+        out = _error_outcome(200, body["error"], headers)
+        out.error_class = out.error_class if out.kind is not Kind.RETRY else "error_in_body"
+        return out
+    parsed = parse_answer(body)
+    if isinstance(parsed, Outcome):
+        return parsed
+    return Outcome(Kind.OK, "ok", 200, answer=parsed)
+
+
+def classify_exception(exc: httpx.HTTPError) -> Outcome:
+    if isinstance(exc, httpx.TimeoutException):
+        return Outcome(Kind.RETRY, "timeout", None, type(exc).__name__)
+    if isinstance(exc, httpx.TransportError):
+        return Outcome(Kind.RETRY, "connection", None, f"{type(exc).__name__}: {exc}"[:200])
+    return Outcome(Kind.RETRY, "malformed", None, f"{type(exc).__name__}: {exc}"[:200])
+
+
+async def complete(client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
+    """POST chat/completions once and classify what came back (or what broke)."""
+    try:
+        resp = await client.post("chat/completions", json=body)
+        return classify_response(resp.status_code, resp.headers, resp.content)
+    except httpx.HTTPError as exc:
+        return classify_exception(exc)

@@ -1,0 +1,92 @@
+import json
+
+import httpx
+import pytest
+
+from eagledata.openrouter import Kind, build_request, classify_exception, classify_response
+
+
+def ok_body(**message):
+    msg = {"role": "assistant", "content": "Answer.", "reasoning": "Think."}
+    msg.update(message)
+    return {"id": "gen-1", "provider": "DeepInfra", "model": "moonshotai/kimi-k2.5-0127",
+            "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18,
+                      "completion_tokens_details": {"reasoning_tokens": 3}, "cost": 2.5e-5}}
+
+
+def classify(status, body, headers=None):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return classify_response(status, httpx.Headers(headers or {}), raw)
+
+
+def err(code, message="x", **metadata):
+    return {"error": {"code": code, "message": message, "metadata": metadata or None}}
+
+
+def test_success_fields():
+    out = classify(200, ok_body())
+    a = out.answer
+    assert out.kind is Kind.OK
+    assert (a.reasoning, a.content, a.finish_reason, a.provider, a.model, a.generation_id) == \
+        ("Think.", "Answer.", "stop", "DeepInfra", "moonshotai/kimi-k2.5-0127", "gen-1")
+    assert (a.usage.prompt_tokens, a.usage.completion_tokens, a.usage.reasoning_tokens, a.usage.cost) == (10, 8, 3, 2.5e-5)
+
+
+def test_reasoning_details_only_and_inline_think():
+    details = [{"type": "reasoning.text", "text": "Step 1. "}, {"type": "reasoning.encrypted", "data": "xx"},
+               {"type": "reasoning.text", "text": "Step 2."}]
+    a = classify(200, ok_body(reasoning=None, reasoning_details=details)).answer
+    assert a.reasoning == "Step 1. Step 2."
+    a = classify(200, ok_body(reasoning=None, content="<think>inline</think>\\nAnswer.")).answer
+    assert (a.reasoning, a.content, a.reasoning_inline) == ("inline", "\\nAnswer.", True)
+
+
+@pytest.mark.parametrize("status, body, headers, kind, cls", [
+    (429, err(429, "Rate limit exceeded"), {"Retry-After": "3"}, Kind.RETRY, "rate_limit"),
+    (429, err(429, "Provider returned error", provider_name="Chutes", raw="busy"), {}, Kind.RETRY,
+     "upstream_rate_limit"),
+    (402, err(402, "in-flight budget exceeded"), {"Retry-After": "2"}, Kind.RETRY, "budget_inflight"),
+    (402, err(402, "This request requires more credits, or fewer max_tokens"), {}, Kind.OUT_OF_MONEY, "no_credits"),
+    (502, err(502), {}, Kind.RETRY, "bad_gateway"),
+    (503, err(503), {}, Kind.RETRY, "unavailable"),
+    (408, err(408), {}, Kind.RETRY, "timeout"),
+    (404, err(404, "No endpoints found matching your data policy"), {}, Kind.RETRY, "no_endpoint"),
+    (400, err(400, "This endpoint's maximum context length is 262144 tokens"), {}, Kind.FAILED, "bad_request"),
+    (401, err(401, "No auth credentials found"), {}, Kind.FATAL, "auth"),
+    (200, err(502, "upstream died"), {}, Kind.RETRY, "error_in_body"),
+    (200, {**ok_body(), "choices": [{"message": {"content": ""}, "finish_reason": "error",
+                                     "error": {"code": 502, "message": "boom"}}]}, {}, Kind.RETRY, "error_in_choice"),
+    (200, ok_body(content="", reasoning=""), {}, Kind.RETRY, "empty"),
+    (200, ok_body(content=None, reasoning="only thinking"), {}, Kind.RETRY, "empty"),
+    (200, b'{"id": "gen-1", "choices": [{"mess', {}, Kind.RETRY, "malformed"),
+    (200, b"", {}, Kind.RETRY, "malformed"),
+    (500, b"<html>oops</html>", {}, Kind.RETRY, "server_error"),
+])
+def test_error_classes(status, body, headers, kind, cls):
+    out = classify(status, body, headers)
+    assert (out.kind, out.error_class) == (kind, cls)
+    if "Retry-After" in headers:
+        assert out.retry_after == float(headers["Retry-After"])
+
+
+def test_cut_inside_reasoning_is_an_answer():
+    body = ok_body(content="", reasoning="long thought")
+    body["choices"][0]["finish_reason"] = "length"
+    out = classify(200, body)
+    assert out.kind is Kind.OK and out.answer.finish_reason == "length"
+
+
+def test_exceptions():
+    assert classify_exception(httpx.ReadTimeout("t")).error_class == "timeout"
+    assert classify_exception(httpx.RemoteProtocolError("reset")).error_class == "connection"
+    assert classify_exception(httpx.DecodingError("bad gzip")).kind is Kind.RETRY
+
+
+def test_request_body():
+    body = build_request("moonshotai/kimi-k2.5", [{"role": "user", "content": "q"}], max_tokens=100,
+                         temperature=0.6, provider={"ignore": ["fireworks"], "sort": "price"})
+    assert body["reasoning"] == {"enabled": True} and body["provider"]["ignore"] == ["fireworks"]
+    assert body["max_tokens"] == 100 and body["stream"] is False
+    local = build_request("kimi", [], max_tokens=5, temperature=None, provider=None, backend="local")
+    assert local["return_token_ids"] is True and "provider" not in local and "temperature" not in local
