@@ -57,9 +57,12 @@ def _repair_tail(path: Path) -> int:
         return len(torn)
 
 
-def _ids_of_lines(path: Path, start: int = 0) -> tuple[list[tuple[str, int]], int]:
-    """(id, end offset) of every line from byte `start`; a line that is not JSON is an error (file:line)."""
-    out: list[tuple[str, int]] = []
+Entry = tuple[str, int, int, float]  # id, end offset in records.jsonl, output tokens, cost USD
+
+
+def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
+    """Index entries of every line from byte `start`; a line that is not JSON is an error (file:line)."""
+    out: list[Entry] = []
     with path.open("rb") as f:
         f.seek(start)
         offset = start
@@ -68,11 +71,30 @@ def _ids_of_lines(path: Path, start: int = 0) -> tuple[list[tuple[str, int]], in
             if not line.strip():
                 continue
             try:
-                rid = json.loads(line)["id"]
-            except (ValueError, KeyError, TypeError):
+                d = json.loads(line)
+                usage = d.get("usage") or {}
+                tokens = int(usage.get("completion_tokens") or len(d.get("output_ids") or []))
+                entry = (str(d["id"]), offset, tokens, float(usage.get("cost") or 0.0))
+            except (ValueError, KeyError, TypeError, AttributeError):
                 raise InputError("not a valid record line (after byte %d)" % start, path, lineno) from None
-            out.append((str(rid), offset))
-    return out, offset
+            out.append(entry)
+    return out
+
+
+def _index_line(rid: str, end: int, tokens: int, cost: float) -> str:
+    return f"{rid}\t{end}\t{tokens}\t{cost!r}\n"
+
+
+def _failure_ids(path: Path) -> list[tuple[int, str]]:
+    out = []
+    with path.open("rb") as f:
+        for lineno, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append((lineno, str(json.loads(line)["id"])))
+                except (ValueError, KeyError, TypeError):
+                    raise InputError("not a valid failure line", path, lineno) from None
+    return out
 
 
 @dataclass
@@ -83,6 +105,8 @@ class Store:
     done: set[str] = field(default_factory=set)
     recorded: int = 0
     failed: int = 0
+    output_tokens: int = 0   # over every record of the dataset, all runs
+    spend_usd: float = 0.0
     torn_bytes: int = 0
     _fds: dict[str, int] = field(default_factory=dict, repr=False)
     _lock_fd: int | None = field(default=None, repr=False)
@@ -117,33 +141,35 @@ class Store:
         records, failures, index = (self.directory / n for n in (RECORDS, FAILURES, INDEX))
         self.torn_bytes = _repair_tail(records) + _repair_tail(failures)
         _repair_tail(index)
-        indexed: list[tuple[str, int]] = []
+        indexed: list[Entry] = []
         if index.exists() and records.exists():
             size = records.stat().st_size
             for line in index.read_text().splitlines():
-                rid, _, off = line.rpartition("\t")
-                if rid and off.isdigit() and int(off) <= size:
-                    indexed.append((rid, int(off)))
-                else:
+                parts = line.split("\t")
+                try:
+                    entry = (parts[0], int(parts[1]), int(parts[2]), float(parts[3]))
+                except (IndexError, ValueError):
+                    entry = None
+                if entry is None or entry[1] > size:
                     indexed = []  # an index that does not fit the file is rebuilt from it
                     break
-        start = indexed[-1][1] if indexed else 0
-        tail: list[tuple[str, int]] = []
-        if records.exists():
-            tail, _ = _ids_of_lines(records, start)
+                indexed.append(entry)
+        tail = _entries_of_lines(records, indexed[-1][1] if indexed else 0) if records.exists() else []
         if tail or not indexed:
-            with index.open("w" if not indexed else "a") as f:
-                f.writelines(f"{rid}\t{off}\n" for rid, off in tail)
-        record_ids = [rid for rid, _ in indexed] + [rid for rid, _ in tail]
-        self.recorded = len(record_ids)
-        self.done.update(record_ids)
+            with index.open("a" if indexed else "w") as f:
+                f.writelines(_index_line(*e) for e in tail)
+        entries = indexed + tail
+        self.recorded = len(entries)
+        self.done.update(e[0] for e in entries)
+        self.output_tokens = sum(e[2] for e in entries)
+        self.spend_usd = sum(e[3] for e in entries)
         if len(self.done) != self.recorded:
             raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
                              records)
         if failures.exists():
-            failed, _ = _ids_of_lines(failures)
+            failed = [rid for _, rid in _failure_ids(failures)]
             self.failed = len(failed)
-            self.done.update(rid for rid, _ in failed)
+            self.done.update(failed)
         for name in (RECORDS, FAILURES, INDEX):
             self._fds[name] = os.open(self.directory / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -154,13 +180,18 @@ class Store:
             n += os.write(fd, data[n:])
         return os.lseek(fd, 0, os.SEEK_END)
 
-    def add_record(self, record: Record) -> None:
+    def add_record(self, record: Record, output_tokens: int | None = None, cost: float | None = None) -> None:
+        """Append one record; `output_tokens`/`cost` default to its usage (they feed the dataset totals)."""
         if record.id in self.done:
             raise ValueError(f"record {record.id!r} is already finished")
+        tokens = output_tokens if output_tokens is not None else (record.usage.completion_tokens or len(record.output_ids))
+        cost = cost if cost is not None else (record.usage.cost or 0.0)
         end = self._append(RECORDS, (record.to_json() + "\n").encode())
-        self._append(INDEX, f"{record.id}\t{end}\n".encode())
+        self._append(INDEX, _index_line(record.id, end, tokens, cost).encode())
         self.done.add(record.id)
         self.recorded += 1
+        self.output_tokens += tokens
+        self.spend_usd += cost
 
     def add_failure(self, prompt_id: str, error: dict[str, Any], attempts: int) -> None:
         if prompt_id in self.done:

@@ -1,0 +1,608 @@
+"""The generation engine: a dataset's prompts → records, 2000 in flight, resumable, never over budget.
+
+Workers (one coroutine per concurrency slot, none per prompt) pull the next prompt from the file as
+they free up, so memory stays flat however many prompts wait. A request starts only when the spend
+guard admits its worst case; retries wait in a heap until due so a Retry-After never blocks a slot;
+a 429 lowers the number of requests allowed in flight (AIMD) instead of stalling everyone. Every
+finished prompt is appended once to the checkpoint store; a kill at any instant loses at most the
+requests in flight, which the next run issues again.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import heapq
+import itertools
+import random
+import signal
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from .aio import run_sync
+from .api import OPENROUTER_URL, APIError, get_json, make_client, resolve_api_key
+from .datasets import get_dataset
+from .errors import InputError
+from .openrouter import Answer, Kind, Outcome, build_request, complete
+from .prompts import Prompt, iter_prompts
+from .providers import (Catalog, PrecisionPolicy, RoutingDecision, decide, fetch_catalog_async, routing_path)
+from .records import Record
+from .roundtrip import agreement
+from .sequences import output_ids, prompt_ids
+from .spend import Admit, SpendGuard
+from .store import Store
+from .tokenizer import KimiTokenizer, load_tokenizer
+
+# Outcomes whose cost we cannot know: the server may have finished (and billed) the work.
+UNKNOWN_COST = {"malformed", "connection", "timeout_local"}
+NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
+
+
+@dataclass
+class GenerateConfig:
+    """The parameters of generate.ipynb (names fixed by DESIGN.md) plus engine knobs."""
+
+    dataset: str
+    datasets_file: str = "params/datasets.yaml"
+    base_url: str = OPENROUTER_URL
+    api_key_env: str = "OPENROUTER_API_KEY"
+    model: str = "moonshotai/kimi-k2.5"
+    tokenizer: str | None = None
+    concurrency: int = 2000
+    max_tokens: int = 32768
+    temperature: float | None = 1.0
+    target_output_tokens: int | None = None
+    max_spend_usd: float | None = None
+    reserve_usd: float = 1.0
+    output_dir: str = "outputs"
+    limit: int | None = None
+    params_dir: str = "params"
+    backend: str = "openrouter"        # or "local": an OpenAI-compatible server returning token ids
+    max_attempts: int = 8              # per prompt, then failures.jsonl
+    retry_base_s: float = 1.0          # backoff: base · 2^attempt, full jitter, capped
+    retry_cap_s: float = 60.0
+    request_timeout_s: float = 900.0
+    drain_timeout_s: float = 60.0      # after a stop signal, in-flight requests get this long
+    balance_refresh_s: float = 30.0
+    progress: bool = True
+
+    def check(self) -> None:
+        for name in ("concurrency", "max_tokens", "max_attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise InputError(f"must be a positive integer, got {value!r}", field=name)
+        for name in ("target_output_tokens", "limit"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise InputError(f"must be a positive integer or None, got {value!r}", field=name)
+        if self.max_spend_usd is not None and not self.max_spend_usd > 0:
+            raise InputError(f"must be > 0 or None, got {self.max_spend_usd!r}", field="max_spend_usd")
+        if not self.reserve_usd >= 0:
+            raise InputError(f"must be >= 0, got {self.reserve_usd!r}", field="reserve_usd")
+        if self.backend not in ("openrouter", "local"):
+            raise InputError("must be 'openrouter' or 'local'", field="backend")
+
+
+@dataclass(order=True)
+class _Item:
+    due: float
+    seq: int
+    prompt: Prompt = field(compare=False)
+    attempts: int = field(default=0, compare=False)
+    prompt_ids: list[int] | None = field(default=None, compare=False)
+    last_error: dict | None = field(default=None, compare=False)
+
+
+class _Stop(Exception):
+    pass
+
+
+async def load_routing(cfg: GenerateConfig) -> RoutingDecision:
+    """params/routing/<model>.yaml, else a decision derived now from the endpoint listing."""
+    path = routing_path(cfg.model, cfg.params_dir)
+    if path.is_file():
+        return RoutingDecision.load(path)
+    catalog = await fetch_catalog_async(cfg.base_url, cfg.model, cfg.api_key_env)
+    return decide(cfg.model, catalog.table().to_dict("records"), PrecisionPolicy.for_model(cfg.model),
+                  source=f"derived at run time from {catalog.source}")
+
+
+async def read_balance(client) -> float | None:
+    """Account balance: /credits (total − used), else /key's limit_remaining (403 without a management key)."""
+    try:
+        d = (await get_json(client, "credits"))["data"]
+        return float(d["total_credits"]) - float(d["total_usage"])
+    except APIError as e:
+        if e.status not in (401, 403, 404):
+            raise
+    d = (await get_json(client, "key"))["data"]
+    remaining = d.get("limit_remaining")
+    return None if remaining is None else float(remaining)
+
+
+def _count_prompts(path: Path, limit: int | None) -> int:
+    """Validate every line before the first request (a bad line names file:line) and count."""
+    n = 0
+    for n, _ in enumerate(iter_prompts(path), 1):
+        if limit is not None and n >= limit:
+            return limit
+    if n == 0:
+        raise InputError("no prompts in file", path)
+    return n
+
+
+class Run:
+    """One generation run over one dataset. Use `await Run.start(cfg)` then `await run.execute()`."""
+
+    def __init__(self, cfg: GenerateConfig, tok: KimiTokenizer, store: Store, routing: RoutingDecision,
+                 total_prompts: int, target: int | None, prompts_path: Path):
+        self.cfg, self.tok, self.store, self.routing = cfg, tok, store, routing
+        self.total_prompts, self.target, self.prompts_path = total_prompts, target, prompts_path
+        prices = routing.max_price_per_m() if cfg.backend == "openrouter" else (0.0, 0.0)
+        if prices is None:
+            raise InputError("the routing decision has no price to reserve against", field="routing")
+        self.guard = SpendGuard(prices[0] / 1e6, prices[1] / 1e6, cfg.max_tokens, cfg.max_spend_usd, None,
+                                cfg.reserve_usd)
+        self.price_by_provider = {e["provider"]: e for e in routing.eligible}
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
+        self.cond = asyncio.Condition()
+        self.retries: list[_Item] = []
+        self.seq = itertools.count()
+        self.new_prompts = self._prompt_stream()
+        self.prompts_exhausted = False
+        self.holding = 0          # items in workers' hands (tokenizing, waiting for money, in flight)
+        self.in_flight = 0        # HTTP requests under way
+        self.limit = float(cfg.concurrency)
+        self.last_decrease = 0.0
+        self.stopping = False
+        self.stop_reason = ""
+        self.fatal: Outcome | None = None
+        self.no_endpoint_streak = 0
+        self.counts: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()
+        self.providers: Counter[str] = Counter()
+        self.finish: Counter[str] = Counter()
+        self.out_tokens = 0
+        self.prompt_tokens = 0
+        self.reasoning_tokens = 0
+        self.tokens_before = store.output_tokens
+        self.done_before = len(store.done)
+        self.agreement: list[float] = []
+        self.timeline: list[list[float]] = []
+        self.t0 = time.monotonic()
+        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.balance_start: float | None = None
+        self.bar = None
+
+    # -- setup -----------------------------------------------------------------------------------
+    @classmethod
+    async def start(cls, cfg: GenerateConfig, client) -> "Run":
+        cfg.check()
+        spec = get_dataset(cfg.datasets_file, cfg.dataset)
+        if not spec.prompts.is_file():
+            raise InputError("prompts file not found", spec.prompts, field=f"{cfg.dataset}.prompts")
+        total = _count_prompts(spec.prompts, cfg.limit)
+        tok = load_tokenizer(cfg.tokenizer)
+        routing = await load_routing(cfg) if cfg.backend == "openrouter" else \
+            RoutingDecision(cfg.model, {}, [], [], [], "", "")
+        store = Store.open(Path(cfg.output_dir) / "datasets" / cfg.dataset)
+        try:
+            run = cls(cfg, tok, store, routing, total, cfg.target_output_tokens or spec.target_output_tokens,
+                      spec.prompts)
+            if cfg.backend == "openrouter":
+                run.balance_start = await read_balance(client)
+                run.guard.balance_usd = run.balance_start
+        except BaseException:
+            store.close()
+            raise
+        return run
+
+    def _prompt_stream(self) -> Iterator[Prompt]:
+        for i, p in enumerate(iter_prompts(self.prompts_path)):
+            if self.cfg.limit is not None and i >= self.cfg.limit:
+                return
+            if p.id not in self.store.done:
+                yield p
+
+    # -- scheduling -----------------------------------------------------------------------------
+    def _estimate_tokens(self) -> float:
+        """Expected output tokens of one request: measured mean once there is one, else half the cap."""
+        n = self.store.recorded
+        if n >= 10:
+            return self.store.output_tokens / n
+        return self.cfg.max_tokens / 2
+
+    def _target_reached(self) -> bool:
+        if self.target is None:
+            return False
+        return self.store.output_tokens + self.holding * self._estimate_tokens() >= self.target
+
+    def stop(self, reason: str) -> None:
+        if not self.stopping:
+            self.stopping, self.stop_reason = True, reason
+
+    async def _take(self) -> _Item | None:
+        async with self.cond:
+            while True:
+                if self.stopping:
+                    return None
+                timeout = None
+                if self.holding >= int(self.limit):
+                    pass  # AIMD gate: wait for a slot
+                elif self.target is not None and self._target_reached():
+                    if self.holding == 0:
+                        self.stop("target_reached")
+                        self.cond.notify_all()
+                        return None
+                else:
+                    now = time.monotonic()
+                    if self.retries and self.retries[0].due <= now:
+                        self.holding += 1
+                        return heapq.heappop(self.retries)
+                    if not self.prompts_exhausted:
+                        prompt = next(self.new_prompts, None)
+                        if prompt is not None:
+                            self.holding += 1
+                            return _Item(0.0, next(self.seq), prompt)
+                        self.prompts_exhausted = True
+                    if self.retries:
+                        timeout = self.retries[0].due - now
+                    elif self.holding == 0:
+                        self.stop("completed")
+                        self.cond.notify_all()
+                        return None
+                try:
+                    await asyncio.wait_for(self.cond.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _release(self, n: int = 1) -> None:
+        async with self.cond:
+            self.holding -= 1
+            self.cond.notify(n)
+
+    async def _admit(self, item: _Item) -> float | None:
+        """Reserve the request's worst case; None when the money is gone (or the run is stopping)."""
+        async with self.cond:
+            while True:
+                if self.stopping:
+                    return None
+                verdict = self.guard.admit(len(item.prompt_ids))
+                if verdict is Admit.YES:
+                    return self.guard.reserve(len(item.prompt_ids))
+                if verdict is Admit.NO or self.guard.in_flight == 0:
+                    cap_hit = self.cfg.max_spend_usd is not None and \
+                        self.guard.spent_usd + self.guard.worst_case(len(item.prompt_ids)) > self.cfg.max_spend_usd
+                    self.stop("max_spend_reached" if cap_hit else "balance_reserve_reached")
+                    self.cond.notify_all()
+                    return None
+                await self.cond.wait()
+
+    async def _in_pool(self, fn: Callable, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    # -- one request ------------------------------------------------------------------------------
+    async def worker(self, client) -> None:
+        while (item := await self._take()) is not None:
+            try:
+                await self._work(client, item)
+            finally:
+                await self._release()
+
+    async def _work(self, client, item: _Item) -> None:
+        if item.prompt_ids is None:
+            item.prompt_ids = await self._in_pool(prompt_ids, self.tok, item.prompt.messages)
+        reserved = await self._admit(item)
+        if reserved is None:
+            return  # unfinished: the next run issues it again
+        body = build_request(self.cfg.model, item.prompt.messages, max_tokens=self.cfg.max_tokens,
+                             temperature=self.cfg.temperature, provider=self.routing.provider, backend=self.cfg.backend)
+        self.in_flight += 1
+        try:
+            outcome = await complete(client, body)
+        finally:
+            self.in_flight -= 1
+        item.attempts += 1
+        if outcome.kind is Kind.OK:
+            await self._record(item, outcome.answer, reserved)
+        else:
+            await self._not_ok(item, outcome, reserved)
+
+    def _cost(self, a: Answer) -> float:
+        if a.usage.cost is not None:
+            return a.usage.cost
+        price = self.price_by_provider.get(a.provider)
+        if price and price.get("prompt_per_m") is not None and price.get("completion_per_m") is not None:
+            p_in, p_out = price["prompt_per_m"] / 1e6, price["completion_per_m"] / 1e6
+        else:
+            p_in, p_out = self.guard.prompt_price, self.guard.completion_price
+        return a.usage.prompt_tokens * p_in + a.usage.completion_tokens * p_out
+
+    def _build_record(self, item: _Item, a: Answer) -> Record:
+        ids = output_ids(self.tok, a.reasoning, a.content, a.finish_reason)
+        meta: dict[str, Any] = {"attempts": item.attempts}
+        if a.reasoning_inline:
+            meta["reasoning_inline"] = True
+        p_ids = item.prompt_ids
+        if a.output_token_ids is not None:  # a local backend told us the true ids: store those
+            meta["ids_source"] = "server"
+            meta["retokenized_agreement"] = agreement(ids, a.output_token_ids)
+            ids = list(a.output_token_ids)
+            if a.prompt_token_ids is not None:
+                meta["prompt_ids_match"] = list(a.prompt_token_ids) == p_ids
+                p_ids = list(a.prompt_token_ids)
+        return Record(item.prompt.id, self.cfg.dataset, item.prompt.messages, a.reasoning, a.content,
+                      a.finish_reason, a.model, a.provider, a.generation_id, a.usage, p_ids, ids, meta)
+
+    async def _record(self, item: _Item, a: Answer, reserved: float) -> None:
+        record = await self._in_pool(self._build_record, item, a)
+        cost = self._cost(a)
+        async with self.cond:
+            self.guard.settle(reserved, cost)
+            if item.prompt.id not in self.store.done:  # a stop signal cannot make us write twice
+                self.store.add_record(record, a.usage.completion_tokens or len(record.output_ids), cost)
+            self.counts["recorded"] += 1
+            self.out_tokens += a.usage.completion_tokens or len(record.output_ids)
+            self.prompt_tokens += a.usage.prompt_tokens
+            self.reasoning_tokens += a.usage.reasoning_tokens
+            self.providers[a.provider or "?"] += 1
+            self.finish[a.finish_reason] += 1
+            if "retokenized_agreement" in record.meta:
+                self.agreement.append(record.meta["retokenized_agreement"])
+            self.no_endpoint_streak = 0
+            self.limit = min(float(self.cfg.concurrency), self.limit + 1.0)
+            self.cond.notify(2)
+
+    def _backoff(self, item: _Item, outcome: Outcome) -> float:
+        if outcome.retry_after is not None:
+            return outcome.retry_after + random.uniform(0, 0.1 * max(1.0, outcome.retry_after))
+        return random.uniform(0, min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** item.attempts))
+
+    async def _not_ok(self, item: _Item, outcome: Outcome, reserved: float) -> None:
+        cls = outcome.error_class
+        async with self.cond:
+            # An answer we could not read may still have been billed: book its worst case.
+            self.guard.settle(reserved, reserved if cls in UNKNOWN_COST else 0.0)
+            self.errors[cls] += 1
+            item.last_error = outcome.error_dict()
+            if outcome.kind is Kind.RETRY:
+                if cls in ("rate_limit", "upstream_rate_limit"):
+                    now = time.monotonic()
+                    if now - self.last_decrease > 1.0:  # one cut per second, however many 429s arrive
+                        self.limit = max(1.0, self.limit * 0.7)
+                        self.last_decrease = now
+                if cls == "no_endpoint":
+                    self.no_endpoint_streak += 1
+                    if self.no_endpoint_streak >= NO_ENDPOINT_BREAKER:
+                        self.fatal = outcome
+                        self.stop("no_endpoints")
+                if item.attempts >= self.cfg.max_attempts:
+                    self.store.add_failure(item.prompt.id, {**item.last_error, "gave_up_after": "max_attempts"},
+                                           item.attempts)
+                    self.counts["failed"] += 1
+                else:
+                    item.due = time.monotonic() + self._backoff(item, outcome)
+                    item.seq = next(self.seq)
+                    heapq.heappush(self.retries, item)
+                    self.counts["retried"] += 1
+            elif outcome.kind is Kind.FAILED:
+                self.store.add_failure(item.prompt.id, item.last_error, item.attempts)
+                self.counts["failed"] += 1
+            elif outcome.kind is Kind.OUT_OF_MONEY:
+                self.stop("out_of_credits")
+            else:  # FATAL
+                self.fatal = outcome
+                self.stop(f"fatal_{cls}")
+            self.cond.notify_all() if self.stopping else self.cond.notify(2)
+
+    # -- the run ----------------------------------------------------------------------------------
+    async def _ticker(self, client) -> None:
+        last_balance = time.monotonic()
+        while True:
+            await asyncio.sleep(0.5)
+            self._sample()
+            if self.cfg.backend == "openrouter" and time.monotonic() - last_balance >= self.cfg.balance_refresh_s:
+                last_balance = time.monotonic()
+                try:
+                    balance = await read_balance(client)
+                    self.guard.update_balance(balance, self.guard.spent_usd)
+                except Exception:  # a failed refresh keeps the last reading (never raises the limit)
+                    pass
+            async with self.cond:  # periodic wake-up: no waiter can sleep through a state change
+                self.cond.notify_all()
+
+    def _sample(self) -> None:
+        t = time.monotonic() - self.t0
+        self.timeline.append([round(t, 2), self.counts["recorded"], self.out_tokens, round(self.guard.spent_usd, 6),
+                              self.in_flight])
+        if self.bar is not None:
+            total_now = self.store.output_tokens if self.target else self.store.recorded + self.store.failed
+            self.bar.n = min(total_now, self.bar.total or total_now)
+            cap = f"/{self.cfg.max_spend_usd:g}" if self.cfg.max_spend_usd else ""
+            errs = sum(self.errors.values())
+            self.bar.set_postfix_str(
+                f"done {self.store.recorded + self.store.failed:,}/{self.total_prompts:,} | "
+                f"{self.out_tokens / max(t, 1e-9):,.0f} tok/s | in flight {self.in_flight} | "
+                f"${self.guard.spent_usd:,.2f}{cap} | errors {errs}"
+                + (f" ({', '.join(f'{k} {v}' for k, v in self.errors.most_common(3))})" if errs else ""),
+                refresh=False)
+            self.bar.refresh()
+
+    def _open_bar(self) -> None:
+        if not self.cfg.progress:
+            return
+        from tqdm.auto import tqdm
+
+        if self.target:
+            self.bar = tqdm(total=self.target, initial=min(self.store.output_tokens, self.target), unit="tok",
+                            unit_scale=True, desc=f"{self.cfg.dataset} output tokens", dynamic_ncols=True)
+        else:
+            self.bar = tqdm(total=self.total_prompts, initial=len(self.store.done), unit="prompt",
+                            desc=f"{self.cfg.dataset} prompts", dynamic_ncols=True)
+
+    async def execute(self, client) -> dict[str, Any]:
+        self._open_bar()
+        workers = [asyncio.ensure_future(self.worker(client)) for _ in range(self.cfg.concurrency)]
+        ticker = asyncio.ensure_future(self._ticker(client))
+        restore = _install_signal_handlers(lambda: self._on_signal(workers))
+        try:
+            await asyncio.gather(*workers, return_exceptions=False)
+        except asyncio.CancelledError:
+            if not self.stop_reason:
+                self.stop_reason = "interrupted"
+            for w in workers:
+                w.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+            if not self._signalled:
+                raise
+        finally:
+            restore()
+            ticker.cancel()
+            self._sample()
+            if self.bar is not None:
+                self.bar.close()
+            self.pool.shutdown(wait=True)
+            self.store.sync()
+        summary = self.summary()
+        self.store.write_summary(summary)
+        return summary
+
+    _signalled = False
+
+    def _on_signal(self, workers: list[asyncio.Future]) -> None:
+        """First signal: stop issuing, let in-flight requests finish (up to drain_timeout_s).
+        Second signal, or the drain running out: abandon what is in flight."""
+        if self._signalled:
+            for w in workers:
+                w.cancel()
+            return
+        self._signalled = True
+        self.stop("interrupted")
+
+        async def drain() -> None:
+            async with self.cond:
+                self.cond.notify_all()
+            await asyncio.sleep(self.cfg.drain_timeout_s)
+            for w in workers:
+                w.cancel()
+
+        asyncio.ensure_future(drain())
+
+    def summary(self) -> dict[str, Any]:
+        wall = time.monotonic() - self.t0
+        remaining = self.total_prompts - len(self.store.done)
+        cheapest = min((e["completion_per_m"] for e in self.routing.eligible if e.get("completion_per_m") is not None),
+                       default=None)
+        return {
+            "dataset": self.cfg.dataset, "model": self.cfg.model, "base_url": self.cfg.base_url,
+            "backend": self.cfg.backend, "started_at": self.started_at,
+            "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_s": round(wall, 3),
+            "stop_reason": self.stop_reason or "completed",
+            "fatal_error": self.fatal.error_dict() if self.fatal else None,
+            # dataset totals (all runs), read by budget.ipynb's planned-vs-actual
+            "output_tokens": self.store.output_tokens, "spend_usd": round(self.store.spend_usd, 8),
+            "records": self.store.recorded, "failures": self.store.failed, "prompts": self.total_prompts,
+            "remaining": remaining, "target_output_tokens": self.target,
+            # this run
+            "run": {
+                "recorded": self.counts["recorded"], "failed": self.counts["failed"], "retried": self.counts["retried"],
+                "output_tokens": self.out_tokens, "prompt_tokens": self.prompt_tokens,
+                "reasoning_tokens": self.reasoning_tokens, "spend_usd": round(self.guard.spent_usd, 8),
+                "max_spend_usd": self.cfg.max_spend_usd, "reserve_usd": self.cfg.reserve_usd,
+                "balance_start_usd": self.balance_start, "concurrency": self.cfg.concurrency,
+                "max_tokens": self.cfg.max_tokens, "output_tokens_per_s": round(self.out_tokens / max(wall, 1e-9), 1),
+                "usd_per_m_output": round(1e6 * self.guard.spent_usd / self.out_tokens, 4) if self.out_tokens else None,
+                "cheapest_eligible_usd_per_m_output": cheapest,
+                "errors": dict(self.errors), "providers": dict(self.providers), "finish_reasons": dict(self.finish),
+                "retokenized_agreement_mean": (sum(self.agreement) / len(self.agreement)) if self.agreement else None,
+                "torn_bytes_repaired": self.store.torn_bytes, "done_before": self.done_before,
+            },
+            "routing": {"provider": self.routing.provider, "source": self.routing.source},
+            "timeline_columns": ["t_s", "recorded", "output_tokens", "spend_usd", "in_flight"],
+            "timeline": self.timeline[-2000:],
+        }
+
+
+def _install_signal_handlers(callback: Callable[[], None]) -> Callable[[], None]:
+    """SIGINT/SIGTERM → callback on the loop (main thread only); returns the undo."""
+    loop = asyncio.get_running_loop()
+    installed = []
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.getsignal(sig)
+            loop.add_signal_handler(sig, callback)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    def restore() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+            if previous.get(sig) is not None:
+                signal.signal(sig, previous[sig])
+
+    return restore
+
+
+async def run_generation(cfg: GenerateConfig) -> dict[str, Any]:
+    """Generate one dataset; returns the summary (also written to summary.json). Every input error is
+    raised before the first completion request; a fatal API error (bad key, no endpoints) is raised
+    after the summary is written."""
+    cfg.check()
+    key = resolve_api_key(cfg.base_url, cfg.api_key_env)
+    async with make_client(cfg.base_url, key, concurrency=cfg.concurrency + 8,
+                           timeout=cfg.request_timeout_s) as client:
+        run = await Run.start(cfg, client)
+        try:
+            summary = await run.execute(client)
+        finally:
+            run.store.close()
+    if run.fatal is not None:
+        raise RuntimeError(f"generation stopped: {summary['stop_reason']}: {run.fatal.message}")
+    return summary
+
+
+def generate(cfg: GenerateConfig) -> dict[str, Any]:
+    return run_sync(run_generation(cfg), "run_generation")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m eagledata.generate --dataset NAME …`: the notebook's engine as a command."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = GenerateConfig(dataset="")
+    for name, value in asdict(defaults).items():
+        kind = type(value) if value is not None else str
+        if name in ("max_spend_usd", "temperature"):
+            kind = float
+        elif name in ("target_output_tokens", "limit"):
+            kind = int
+        if isinstance(value, bool):
+            ap.add_argument(f"--{name.replace('_', '-')}", type=lambda s: s.lower() in ("1", "true", "yes"),
+                            default=value)
+        else:
+            ap.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value, required=name == "dataset")
+    args = ap.parse_args(argv)
+    cfg = GenerateConfig(**vars(args))
+    try:
+        summary = asyncio.run(run_generation(cfg))
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    run = summary["run"]
+    print(f"{cfg.dataset}: {summary['stop_reason']}; recorded {run['recorded']}, failed {run['failed']}, "
+          f"{run['output_tokens']:,} output tokens, ${run['spend_usd']:.4f}; dataset {summary['records']} records, "
+          f"{summary['remaining']} remaining")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
