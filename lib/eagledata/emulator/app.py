@@ -34,6 +34,7 @@ from .faults import HTTP_FAULTS, draw_fault, error_body, http_fault_body, upstre
 from .requests import ApiError, ChatRequest, parse_chat
 
 REASONING_FORMAT = "unknown"
+PROMPT_CACHE = 4096  # rendered prompts kept (oldest dropped first)
 
 
 @dataclass
@@ -83,8 +84,23 @@ class Emulator:
         self.generations: dict[str, tuple[float, dict]] = {}  # id → (visible from, /generation data)
         self.ground_truth: dict[str, dict] = {}
         self.stats = Stats()
+        self._prompt_cache: dict[tuple[str, bool], list[int]] = {}
 
     # -- admission ------------------------------------------------------------------------------
+    def prompt_ids(self, req: ChatRequest) -> list[int]:
+        """Prompt ids by the chat template; retries of a prompt reuse the rendering (it is the hot path)."""
+        key = (prompt_hash(req.messages), req.thinking)
+        ids = self._prompt_cache.get(key)
+        if ids is None:
+            try:
+                ids = prompt_ids(self.tok, req.messages, thinking=req.thinking)
+            except (TemplateError, InputError) as e:
+                raise ApiError(400, f"messages could not be rendered by the chat template: {e}") from None
+            if len(self._prompt_cache) >= PROMPT_CACHE:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))
+            self._prompt_cache[key] = ids
+        return ids
+
     def check_auth(self, request: Request) -> None:
         header = request.headers.get("authorization", "")
         scheme, _, key = header.partition(" ")
@@ -315,11 +331,7 @@ async def chat_completions(request: Request) -> Response:
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ApiError(400, "request body is not valid JSON", {"field": "body"}) from None
         req = parse_chat(body, (em.cfg.model, em.cfg.model_version))
-        try:
-            p_ids = prompt_ids(em.tok, req.messages, thinking=req.thinking)
-        except (TemplateError, InputError) as e:
-            raise ApiError(400, f"messages could not be rendered by the chat template: {e}") from None
-        job = em.admit(req, p_ids)
+        job = em.admit(req, em.prompt_ids(req))
     except ApiError as e:
         em.stats.outcomes[e.outcome] += 1
         return _error_response(e)
