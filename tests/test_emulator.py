@@ -463,3 +463,57 @@ def test_two_thousand_in_flight(tokenizer_dir):
     assert codes.count(200) == 2000, {c: codes.count(c) for c in set(codes)}
     assert stats["in_flight_peak"] >= 1000, stats
     assert elapsed < 30
+
+
+def test_reasoning_options(em, tok):
+    from eagledata.sequences import output_ids
+
+    d = chat(em, reasoning={"enabled": False}).json()
+    msg, g = d["choices"][0]["message"], em.ground_truth(d["id"])
+    assert msg["reasoning"] is None and msg["reasoning_details"] == [] and msg["content"]
+    assert d["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    assert output_ids(tok, None, msg["content"], "stop", thinking=False) == g["output_ids"]
+    d = chat(em, reasoning={"exclude": True}).json()
+    assert d["choices"][0]["message"]["reasoning"] is None and d["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+    em.reset({**em.base, "content": {"reasoning_median": 400, "reasoning_sigma": 0.1}})
+
+    def reasoning_tokens(**reasoning) -> int:
+        return chat(em, reasoning=reasoning).json()["usage"]["completion_tokens_details"]["reasoning_tokens"]
+
+    assert reasoning_tokens(effort="low") < reasoning_tokens(effort="medium") < reasoning_tokens(effort="high")
+    assert reasoning_tokens(max_tokens=50) < 70
+
+
+def test_failing_endpoint_falls_back(em):
+    em.reset({**em.base, "endpoints": [{"provider": "Fireworks", "error_rate": 1.0}]})
+    assert chat(em).json()["provider"] == "Chutes"
+    r = chat(em, provider={"allow_fallbacks": False})
+    assert r.status_code == 502 and r.json()["error"]["metadata"]["provider_name"] == "Fireworks"
+
+
+def test_slow_fault_and_ground_truth_file(em, tmp_path):
+    path = tmp_path / "truth.jsonl"
+    em.reset({**em.base, "faults": {"slow": 1.0, "slow_seconds": 0.4}, "ground_truth_file": str(path)})
+    t0 = time.monotonic()
+    d = chat(em).json()
+    assert time.monotonic() - t0 >= 0.4 and d["choices"][0]["finish_reason"] == "stop"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["generation_id"] for r in rows] == [d["id"]] and rows[0]["fault"] == "slow"
+    assert em.stats()["faults"]["slow"] == 1
+
+
+def test_client_disconnect_mid_stream_is_not_charged(em):
+    em.reset({**em.base, "speed": 1.0, "content": {"reasoning_median": 400, "content_median": 50},
+              "endpoints": [{"provider": "Fireworks", "latency": 0.05, "throughput": 1000}]})
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break
+    for _ in range(50):
+        stats = em.stats()
+        if stats["in_flight"] == 0:
+            break
+        time.sleep(0.02)
+    assert stats["in_flight"] == 0 and stats["outcomes"].get("cancelled") == 1
+    assert stats["charged_usd"] == 0 and stats["reserved_usd"] == 0

@@ -165,7 +165,8 @@ class Emulator:
             # Temperature 0 is (near) greedy: retries of the same prompt repeat the answer.
             attempt_key = 0 if req.temperature == 0 else attempt
             rng = content_rng(self.cfg.seed, phash, attempt_key, req.seed)
-            job.gen = generate(self.tok, rng, self.cfg.content, chosen.quirks, max_tokens, thinking=req.thinking)
+            job.gen = generate(self.tok, rng, self.cfg.content, chosen.quirks, max_tokens, thinking=req.thinking,
+                               reasoning_scale=req.reasoning_scale, reasoning_cap=req.reasoning_max_tokens)
         return job
 
     # -- completion -----------------------------------------------------------------------------

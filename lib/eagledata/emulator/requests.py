@@ -7,7 +7,8 @@ from typing import Any
 from .catalog import ProviderPrefs
 
 ROLES = {"system", "user", "assistant", "tool", "developer"}
-EFFORTS = {"xhigh", "high", "medium", "low", "minimal", "none"}
+EFFORT_SCALE = {"xhigh": 2.5, "high": 1.6, "medium": 1.0, "low": 0.35, "minimal": 0.1, "none": 0.0}
+EFFORTS = set(EFFORT_SCALE)
 SORTS = {"price", "throughput", "latency"}
 PROVIDER_KEYS = {"only", "ignore", "order", "sort", "quantizations", "max_price", "allow_fallbacks",
                  "require_parameters", "data_collection", "zdr"}
@@ -37,6 +38,8 @@ class ChatRequest:
     stream: bool
     thinking: bool  # reasoning on (Kimi's thinking mode)
     exclude_reasoning: bool  # reasoning generated and counted but not returned
+    reasoning_scale: float  # effort: how much longer (or shorter) than medium the reasoning runs
+    reasoning_max_tokens: int | None  # reasoning.max_tokens: a cap on reasoning length
     prefs: ProviderPrefs
     used_parameters: frozenset[str]
 
@@ -153,7 +156,7 @@ def parse_chat(body: Any, model_ids: tuple[str, ...]) -> ChatRequest:
         raise _bad("'temperature' must be a number in [0, 2]", "temperature")
     seed = None if body.get("seed") is None else _int(body["seed"], "seed", -(2**63))
     stream = False if body.get("stream") is None else _bool(body["stream"], "stream")
-    thinking, exclude = True, False
+    thinking, exclude, scale, r_cap = True, False, 1.0, None
     if body.get("include_reasoning") is not None:
         exclude = not _bool(body["include_reasoning"], "include_reasoning")
     reasoning = body.get("reasoning")
@@ -166,12 +169,14 @@ def parse_chat(body: Any, model_ids: tuple[str, ...]) -> ChatRequest:
         effort = reasoning.get("effort")
         if effort is not None and effort not in EFFORTS:
             raise _bad(f"'reasoning.effort' must be one of {sorted(EFFORTS)}", "reasoning.effort")
+        if effort is not None:
+            scale = EFFORT_SCALE[effort]
         if reasoning.get("max_tokens") is not None:
-            _int(reasoning["max_tokens"], "reasoning.max_tokens", 0)
+            r_cap = _int(reasoning["max_tokens"], "reasoning.max_tokens", 0)
         if reasoning.get("exclude") is not None:
             exclude = _bool(reasoning["exclude"], "reasoning.exclude")
         enabled = True if reasoning.get("enabled") is None else _bool(reasoning["enabled"], "reasoning.enabled")
         thinking = enabled and effort != "none"
     used = frozenset(k for k in body if k in PARAMETER_KEYS and body[k] is not None)
     return ChatRequest(messages, max_tokens, None if temperature is None else float(temperature), seed, stream,
-                       thinking, exclude, parse_provider(body.get("provider")), used)
+                       thinking, exclude, scale, r_cap, parse_provider(body.get("provider")), used)
