@@ -517,3 +517,31 @@ def test_client_disconnect_mid_stream_is_not_charged(em):
         time.sleep(0.02)
     assert stats["in_flight"] == 0 and stats["outcomes"].get("cancelled") == 1
     assert stats["charged_usd"] == 0 and stats["reserved_usd"] == 0
+
+
+def test_require_parameters_and_data_policy_routing():
+    eps = default_endpoints()
+    eps[0].supported_parameters = ("max_tokens",)  # Chutes
+    prefs = ProviderPrefs(require_parameters=True, quantizations=("int4",))
+    assert route(eps, prefs, used_parameters=frozenset({"seed"})).endpoints[0].provider == "DeepInfra"
+    assert route(eps, ProviderPrefs(quantizations=("int4",)),
+                 used_parameters=frozenset({"seed"})).endpoints[0].provider == "Chutes"
+
+
+def test_cut_inside_a_character_is_recorded(tok):
+    from eagledata.emulator.catalog import Quirks
+    from eagledata.emulator.config import ContentDist
+    from eagledata.emulator.content import content_rng, generate
+
+    dist = ContentDist(reasoning_median=3000, content_median=10)
+    for attempt in range(50):  # an answer with a multi-token character (emoji) in it
+        full = generate(tok, content_rng(3, "cut", attempt, None), dist, Quirks(), None)
+        assert full.retokenizes and not full.cut_mid_char and full.finish_reason == "stop"
+        k = next((k for k in range(1, len(full.output_ids))
+                  if tok.decode(full.output_ids[:k]).endswith("\ufffd")), None)
+        if k is not None:
+            break
+    assert k is not None
+    cut = generate(tok, content_rng(3, "cut", attempt, None), dist, Quirks(), k)
+    assert cut.output_ids == full.output_ids[:k] and cut.finish_reason == "length"
+    assert cut.cut_mid_char and not cut.retokenizes  # U+FFFD does not encode back to the cut bytes
