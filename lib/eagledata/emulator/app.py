@@ -352,8 +352,7 @@ async def chat_completions(request: Request) -> Response:
             em.settle(job, job.fault, charged=False)
             em.stats.in_flight -= 1
     if req.stream:
-        return StreamingResponse(_stream(em, job), media_type="text/event-stream",
-                                 headers={"X-Generation-Id": job.gen_id, "Cache-Control": "no-cache"})
+        return JobStream(em, job)
     try:
         ttft, gen_time = em.delays(job)
         if ttft + gen_time > 0:
@@ -381,66 +380,79 @@ async def chat_completions(request: Request) -> Response:
         em.stats.in_flight -= 1
 
 
+class JobStream(StreamingResponse):
+    """The SSE response of one job; releases the job however the stream ends (a client that
+    disconnects before the first byte included, when the generator never runs its own cleanup)."""
+
+    def __init__(self, em: Emulator, job: Job):
+        super().__init__(_stream(em, job), media_type="text/event-stream",
+                         headers={"X-Generation-Id": job.gen_id, "Cache-Control": "no-cache"})
+        self.em, self.job = em, job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.em.settle(self.job, "cancelled", charged=False)
+            self.em.stats.in_flight -= 1
+
+
 async def _stream(em: Emulator, job: Job) -> AsyncIterator[str]:
     """SSE: processing comments, reasoning then content deltas, finish chunk, usage chunk, [DONE]."""
-    try:
-        gen = job.gen
-        assert gen is not None
-        ttft, gen_time = em.delays(job)
-        yield ": OPENROUTER PROCESSING\n\n"
-        waited = 0.0
-        while waited < ttft:
-            step = min(em.cfg.processing_interval, ttft - waited)
-            await asyncio.sleep(step)
-            waited += step
-            if waited < ttft:
-                yield ": OPENROUTER PROCESSING\n\n"
-        base = _envelope(em, job, "chat.completion.chunk")
+    gen = job.gen
+    assert gen is not None
+    ttft, gen_time = em.delays(job)
+    yield ": OPENROUTER PROCESSING\n\n"
+    waited = 0.0
+    while waited < ttft:
+        step = min(em.cfg.processing_interval, ttft - waited)
+        await asyncio.sleep(step)
+        waited += step
+        if waited < ttft:
+            yield ": OPENROUTER PROCESSING\n\n"
+    base = _envelope(em, job, "chat.completion.chunk")
 
-        def chunk(delta: dict, finish: str | None = None) -> str:
-            return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
-                                              "native_finish_reason": finish, "logprobs": None}]})
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return _sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                          "native_finish_reason": finish, "logprobs": None}]})
 
-        empty = job.fault == "empty_content"
-        reasoning, details, content = (None, [], "") if empty else served_fields(job)
-        r_text = reasoning if reasoning is not None else (details[0]["text"] if details else "")
-        n_out = max(1, len(gen.output_ids))
-        per_chunk = max(8, math.ceil(n_out / 48))
-        r_share = gen.reasoning_tokens / n_out if r_text else 0.0
-        deltas: list[dict] = []
-        for piece in _pieces(r_text, math.ceil(n_out * r_share / per_chunk)):
-            d: dict[str, Any] = {"role": "assistant", "content": "", "reasoning": piece if reasoning is not None else None}
-            d["reasoning_details"] = [{"type": "reasoning.text", "text": piece, "format": REASONING_FORMAT, "index": 0}]
-            deltas.append(d)
-        for piece in _pieces(content, math.ceil(n_out * (1 - r_share) / per_chunk)):
-            deltas.append({"role": "assistant", "content": piece, "reasoning": None})
-        dt = gen_time / max(1, len(deltas))
-        cut_at = len(deltas) // 2 if job.fault in ("midstream_error", "truncated_json") else None
-        for i, delta in enumerate(deltas):
-            if dt > 0:
-                await asyncio.sleep(dt)
-            if i == cut_at:
-                if job.fault == "truncated_json":
-                    em.settle(job, job.fault, charged=True)
-                    line = chunk(delta)
-                    yield line[: len(line) // 2]
-                    return
-                em.settle(job, job.fault, charged=False)
-                err = {"code": "server_error", "message": "Provider disconnected unexpectedly"}
-                yield _sse({**base, "error": err, "choices": [{"index": 0, "delta": {"content": ""},
-                                                              "finish_reason": "error",
-                                                              "native_finish_reason": "error"}]})
+    empty = job.fault == "empty_content"
+    reasoning, details, content = (None, [], "") if empty else served_fields(job)
+    r_text = reasoning if reasoning is not None else (details[0]["text"] if details else "")
+    n_out = max(1, len(gen.output_ids))
+    per_chunk = max(8, math.ceil(n_out / 48))
+    r_share = gen.reasoning_tokens / n_out if r_text else 0.0
+    deltas: list[dict] = []
+    for piece in _pieces(r_text, math.ceil(n_out * r_share / per_chunk)):
+        d: dict[str, Any] = {"role": "assistant", "content": "", "reasoning": piece if reasoning is not None else None}
+        d["reasoning_details"] = [{"type": "reasoning.text", "text": piece, "format": REASONING_FORMAT, "index": 0}]
+        deltas.append(d)
+    for piece in _pieces(content, math.ceil(n_out * (1 - r_share) / per_chunk)):
+        deltas.append({"role": "assistant", "content": piece, "reasoning": None})
+    dt = gen_time / max(1, len(deltas))
+    cut_at = len(deltas) // 2 if job.fault in ("midstream_error", "truncated_json") else None
+    for i, delta in enumerate(deltas):
+        if dt > 0:
+            await asyncio.sleep(dt)
+        if i == cut_at:
+            if job.fault == "truncated_json":
+                em.settle(job, job.fault, charged=True)
+                line = chunk(delta)
+                yield line[: len(line) // 2]
                 return
-            yield chunk(delta)
-        finish = "stop" if empty else gen.finish_reason
-        yield chunk({"role": "assistant", "content": ""}, finish)
-        usage = em.usage(job, empty=empty)
-        em.settle(job, job.fault or "ok", charged=not empty)
-        yield _sse({**base, "choices": [], "usage": usage})
-        yield "data: [DONE]\n\n"
-    finally:
-        em.settle(job, "cancelled", charged=False)
-        em.stats.in_flight -= 1
+            em.settle(job, job.fault, charged=False)
+            err = {"code": "server_error", "message": "Provider disconnected unexpectedly"}
+            yield _sse({**base, "error": err, "choices": [{"index": 0, "delta": {"content": ""},
+                                                          "finish_reason": "error",
+                                                          "native_finish_reason": "error"}]})
+            return
+        yield chunk(delta)
+    finish = "stop" if empty else gen.finish_reason
+    yield chunk({"role": "assistant", "content": ""}, finish)
+    usage = em.usage(job, empty=empty)
+    em.settle(job, job.fault or "ok", charged=not empty)
+    yield _sse({**base, "choices": [], "usage": usage})
+    yield "data: [DONE]\n\n"
 
 
 def _auth_only(request: Request) -> Emulator:
