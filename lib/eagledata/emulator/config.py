@@ -83,8 +83,8 @@ def _num(value: Any, name: str, *, lo: float | None = None, hi: float | None = N
     return value
 
 
-def _typed(value: Any, kind: type | tuple[type, ...], name: str) -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+def _typed(value: Any, kind: type, name: str) -> Any:
+    if not isinstance(value, kind):
         raise InputError(f"has the wrong type ({type(value).__name__})", field=name)
     return value
 
@@ -148,9 +148,8 @@ def parse_config(raw: dict | None = None) -> EmulatorConfig:
     raw = dict(raw or {})
     _mapping(raw, "", TOP_KEYS)
     cfg = EmulatorConfig()
-    for key in ("seed",):
-        if key in raw:
-            cfg.seed = _num(raw[key], key, integer=True)
+    if "seed" in raw:
+        cfg.seed = _num(raw["seed"], "seed", integer=True)
     for key in ("balance", "speed", "generation_delay"):
         if key in raw:
             setattr(cfg, key, float(_num(raw[key], key, lo=0)))

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import resource
 import socket
-import sys
 
 import uvicorn
 
@@ -44,4 +43,3 @@ def serve(cfg: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> None:
     host_url = f"[{host}]" if ":" in host else host
     print(f"eagledata emulator listening on http://{host_url}:{bound}/api/v1", flush=True)
     server.run(sockets=[sock])
-    sys.stdout.flush()
