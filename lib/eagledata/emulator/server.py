@@ -36,9 +36,10 @@ def serve(cfg: EmulatorConfig, host: str = "127.0.0.1", port: int = 0) -> None:
     sock.bind((host, port))
     sock.listen(BACKLOG)
     bound = sock.getsockname()[1]
+    # A short graceful shutdown: stopping must not wait for requests that sleep for minutes.
     config = uvicorn.Config(app, loop="uvloop", http="httptools", backlog=BACKLOG, log_level="warning",
                             access_log=False, lifespan="off", timeout_keep_alive=30,
-                            limit_concurrency=None)
+                            timeout_graceful_shutdown=1, limit_concurrency=None)
     server = uvicorn.Server(config)
     host_url = f"[{host}]" if ":" in host else host
     print(f"eagledata emulator listening on http://{host_url}:{bound}/api/v1", flush=True)
