@@ -193,8 +193,9 @@ def parse_config(raw: dict | None = None) -> EmulatorConfig:
         for i, entry in enumerate(raw["endpoints"]):
             name = f"endpoints[{i}]"
             _typed(entry, dict, name)
-            base = next((e for e in cfg.endpoints if "provider" in entry
-                         and isinstance(entry["provider"], str) and e.provider.lower() == entry["provider"].lower()), None)
+            given = entry.get("provider")
+            base = next((e for e in cfg.endpoints
+                         if isinstance(given, str) and e.provider.lower() == given.lower()), None)
             ep = _endpoint(entry, name, base)
             if base is None:
                 cfg.endpoints.append(ep)
