@@ -1,0 +1,39 @@
+"""OpenRouter emulator: the embedded default server for the demo and every network test.
+
+Run it: `python -m eagledata.emulator --port PORT [--config FILE] [--host 127.0.0.1]` (`--port 0`
+picks a free port and prints `listening on http://127.0.0.1:PORT/api/v1`), or from Python:
+
+    with run_emulator({"speed": 0, "balance": 5.0}) as emu:   # subprocess, free port, always stopped
+        httpx.post(f"{emu.base_url}/chat/completions", headers={"Authorization": "Bearer k"}, json=...)
+        emu.topup(10); emu.stats(); emu.ground_truth(gen_id); emu.reset({...})
+
+In process (no sockets): `httpx.ASGITransport(app=create_app(parse_config(raw), tokenizer))`.
+
+Config (YAML or JSON; every key optional; a bad value is an InputError naming the field, exit 2):
+
+    seed: 0                 # content, faults and provider errors are drawn from it
+    api_key: null           # when set, only this Bearer key is accepted
+    balance: 100.0          # USD credits;  key_limit: null (→ balance);  credits_forbidden: false (403)
+    speed: 1.0              # multiplies TTFT and tokens/throughput; 0 = no delay
+    generation_delay: 0.5   # s that GET /generation?id= answers 404 after completion
+    processing_interval: 1.0            # s between ": OPENROUTER PROCESSING" comments
+    ground_truth_file: null             # JSONL appended per charged generation;  record_prompt_ids: false
+    content: {reasoning_median: 1500, reasoning_sigma: 0.8, content_median: 300, content_sigma: 0.7,
+              max_total: 32000}         # lognormal lengths in tokens
+    faults: {<class>: rate, ..., retry_after: 1, slow_seconds: 30}   # classes: config.FAULT_CLASSES
+    replace_endpoints: false            # true: drop the default Kimi-K2.5 catalog first
+    endpoints:                          # same provider name → override fields; new name → add
+      - {provider: NewCo, slug: newco, quantization: fp4, prompt_price: 0.3, completion_price: 1.5,
+         context_length: 262144, max_completion_tokens: 65536, latency: 1.0, throughput: 40,
+         uptime: 99.0, status: 0, capacity: 1000, error_rate: 0.0, data_collection: deny,
+         supported_parameters: [...], quirks: {reasoning_details_only: 0, inline_think: 0, literal_specials: 0}}
+
+Admin API (not under /api/v1): GET /admin/health, POST /admin/topup {"amount": USD}, GET /admin/stats,
+GET /admin/ground_truth[?id=gen-…], POST /admin/reset [config JSON].
+"""
+from .app import create_app
+from .config import FAULT_CLASSES, EmulatorConfig, load_config, parse_config
+from .process import EmulatorHandle, run_emulator
+
+__all__ = ["FAULT_CLASSES", "EmulatorConfig", "EmulatorHandle", "create_app", "load_config", "parse_config",
+           "run_emulator"]

@@ -1,0 +1,229 @@
+"""Emulator configuration: a YAML/JSON mapping validated into dataclasses, errors naming the field."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import InputError
+from .catalog import Endpoint, Quirks, default_endpoints
+
+FAULT_CLASSES = (
+    "rate_limit",  # 429 from OpenRouter itself, with Retry-After
+    "upstream_rate_limit",  # 429 "Provider returned error" with metadata.raw / provider_name
+    "budget",  # retryable 402: in-flight budget, with Retry-After
+    "bad_gateway",  # 502
+    "unavailable",  # 503
+    "timeout",  # 408
+    "error_in_choice",  # HTTP 200, choices[0].error and finish_reason "error"
+    "error_top_level",  # HTTP 200 whose body is {"error": {...}}
+    "midstream_error",  # streaming: an error chunk after some content (non-streaming: as error_in_choice)
+    "empty_content",  # HTTP 200 with empty content and reasoning, zero usage, no charge
+    "truncated_json",  # the body (or an SSE data line) cut in the middle
+    "connection_reset",  # the connection aborted with no response
+    "slow",  # the answer delayed by `slow_seconds`
+)
+
+
+@dataclass
+class Faults:
+    """Per-class probabilities (one draw per request), seeded by the config seed."""
+
+    rates: dict[str, float] = field(default_factory=lambda: dict.fromkeys(FAULT_CLASSES, 0.0))
+    retry_after: int = 1  # seconds, in Retry-After headers
+    slow_seconds: float = 30.0  # extra delay of a "slow" response (not scaled by speed)
+
+
+@dataclass
+class ContentDist:
+    """Lognormal lengths in tokens: reasoning often thousands, content hundreds."""
+
+    reasoning_median: float = 1500.0
+    reasoning_sigma: float = 0.8
+    content_median: float = 300.0
+    content_sigma: float = 0.7
+    max_total: int = 32_000  # cap on a natural (unconstrained) answer
+
+
+@dataclass
+class EmulatorConfig:
+    seed: int = 0
+    api_key: str | None = None  # when set, only this Bearer key is accepted
+    balance: float = 100.0  # USD of credits
+    key_limit: float | None = None  # /key limit; None → the balance
+    credits_forbidden: bool = False  # /credits answers 403 as for a non-management key
+    speed: float = 1.0  # multiplies every delay; 0 = no delay
+    model: str = "moonshotai/kimi-k2.5"
+    model_version: str = "moonshotai/kimi-k2.5-0127"
+    model_name: str = "MoonshotAI: Kimi K2.5"
+    tokenizer: str | None = None  # directory; None → $EAGLEDATA_TOKENIZER_DIR
+    generation_delay: float = 0.5  # seconds /generation answers 404 after completion (not scaled)
+    processing_interval: float = 1.0  # seconds between ": OPENROUTER PROCESSING" comments
+    ground_truth_file: str | None = None  # JSONL to append ground truth to
+    record_prompt_ids: bool = False
+    content: ContentDist = field(default_factory=ContentDist)
+    faults: Faults = field(default_factory=Faults)
+    endpoints: list[Endpoint] = field(default_factory=default_endpoints)
+
+
+TOP_KEYS = {f.name for f in fields(EmulatorConfig)} | {"replace_endpoints"}
+ENDPOINT_KEYS = {f.name for f in fields(Endpoint)}
+
+
+def _num(value: Any, name: str, *, lo: float | None = None, hi: float | None = None,
+         integer: bool = False) -> Any:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok:
+        raise InputError(f"must be {'an integer' if integer else 'a number'}, got {value!r}", field=name)
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise InputError(f"must be in [{lo}, {hi if hi is not None else 'inf'}], got {value!r}", field=name)
+    return value
+
+
+def _typed(value: Any, kind: type, name: str) -> Any:
+    if not isinstance(value, kind):
+        raise InputError(f"has the wrong type ({type(value).__name__})", field=name)
+    return value
+
+
+def _mapping(value: Any, name: str, allowed: set[str]) -> dict:
+    _typed(value, dict, name)
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise InputError(f"unknown key '{unknown[0]}' (allowed: {', '.join(sorted(allowed))})",
+                         field=f"{name}.{unknown[0]}" if name else unknown[0])
+    return value
+
+
+def _endpoint(raw: Any, name: str, base: Endpoint | None) -> Endpoint:
+    _mapping(raw, name, ENDPOINT_KEYS)
+    if base is None:
+        for req in ("provider", "slug", "quantization", "prompt_price", "completion_price"):
+            if req not in raw:
+                raise InputError("is required for a new endpoint", field=f"{name}.{req}")
+    ep = replace(base) if base else Endpoint(raw["provider"], raw["slug"], raw["quantization"],
+                                             raw["prompt_price"], raw["completion_price"])
+    for key, value in raw.items():
+        where = f"{name}.{key}"
+        if key == "provider" and base is not None:
+            continue  # matched case-insensitively: keep the catalog's display name
+        if key in ("provider", "slug", "quantization"):
+            value = _typed(value, str, where)
+            if not value.strip():
+                raise InputError("must not be empty", field=where)
+        elif key in ("prompt_price", "completion_price", "latency", "throughput"):
+            _num(value, where, lo=0)
+            if key == "throughput" and value <= 0:
+                raise InputError("must be > 0", field=where)
+        elif key == "uptime":
+            _num(value, where, lo=0, hi=100)
+        elif key in ("context_length", "max_completion_tokens", "capacity"):
+            _num(value, where, lo=1, integer=True)
+        elif key == "status":
+            _num(value, where, integer=True)
+        elif key == "error_rate":
+            _num(value, where, lo=0, hi=1)
+        elif key == "data_collection":
+            if value not in ("allow", "deny"):
+                raise InputError("must be 'allow' or 'deny'", field=where)
+        elif key == "supported_parameters":
+            if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+                raise InputError("must be a list of parameter names", field=where)
+            value = tuple(value)
+        elif key == "quirks":
+            _mapping(value, where, {f.name for f in fields(Quirks)})
+            for q, rate in value.items():
+                _num(rate, f"{where}.{q}", lo=0, hi=1)
+            value = replace(ep.quirks, **value)
+        setattr(ep, key, value)
+    return ep
+
+
+def parse_config(raw: dict | None = None) -> EmulatorConfig:
+    """Validate a config mapping. `endpoints` entries override the default endpoint of the same
+    provider name, or add a new one; `replace_endpoints: true` drops the default catalog first."""
+    raw = dict(raw or {})
+    _mapping(raw, "", TOP_KEYS)
+    cfg = EmulatorConfig()
+    if "seed" in raw:
+        cfg.seed = _num(raw["seed"], "seed", integer=True)
+    for key in ("balance", "speed", "generation_delay"):
+        if key in raw:
+            setattr(cfg, key, float(_num(raw[key], key, lo=0)))
+    if "processing_interval" in raw:
+        cfg.processing_interval = float(_num(raw["processing_interval"], "processing_interval", lo=0.01))
+    if raw.get("key_limit") is not None:
+        cfg.key_limit = float(_num(raw["key_limit"], "key_limit", lo=0))
+    for key in ("api_key", "tokenizer", "ground_truth_file"):
+        if raw.get(key) is not None:
+            setattr(cfg, key, _typed(raw[key], str, key))
+    if cfg.api_key is not None and not cfg.api_key.strip():
+        raise InputError("must be a non-empty key or null", field="api_key")
+    for key in ("model", "model_version", "model_name"):
+        if key in raw:
+            setattr(cfg, key, _typed(raw[key], str, key))
+    if cfg.model.count("/") != 1:
+        raise InputError("must look like 'author/slug'", field="model")
+    for key in ("credits_forbidden", "record_prompt_ids"):
+        if key in raw:
+            setattr(cfg, key, _typed(raw[key], bool, key))
+    if "content" in raw:
+        c = _mapping(raw["content"], "content", {f.name for f in fields(ContentDist)})
+        for key, value in c.items():
+            _num(value, f"content.{key}", lo=0, integer=key == "max_total")
+            setattr(cfg.content, key, value)
+    if "faults" in raw:
+        f = _mapping(raw["faults"], "faults", set(FAULT_CLASSES) | {"retry_after", "slow_seconds"})
+        for key, value in f.items():
+            if key == "retry_after":
+                cfg.faults.retry_after = _num(value, "faults.retry_after", lo=0, integer=True)
+            elif key == "slow_seconds":
+                cfg.faults.slow_seconds = float(_num(value, "faults.slow_seconds", lo=0))
+            else:
+                cfg.faults.rates[key] = float(_num(value, f"faults.{key}", lo=0, hi=1))
+        if sum(cfg.faults.rates.values()) > 1 + 1e-9:
+            raise InputError("fault rates add up to more than 1", field="faults")
+    if "replace_endpoints" in raw and _typed(raw["replace_endpoints"], bool, "replace_endpoints"):
+        cfg.endpoints = []
+    if "endpoints" in raw:
+        _typed(raw["endpoints"], list, "endpoints")
+        for i, entry in enumerate(raw["endpoints"]):
+            name = f"endpoints[{i}]"
+            _typed(entry, dict, name)
+            given = entry.get("provider")
+            base = next((e for e in cfg.endpoints
+                         if isinstance(given, str) and e.provider.lower() == given.lower()), None)
+            ep = _endpoint(entry, name, base)
+            if base is None:
+                cfg.endpoints.append(ep)
+            else:
+                cfg.endpoints[cfg.endpoints.index(base)] = ep
+    if not cfg.endpoints:
+        raise InputError("the catalog has no endpoints", field="endpoints")
+    return cfg
+
+
+def load_config(path: str | Path | None) -> EmulatorConfig:
+    """Read a YAML or JSON config file (JSON is YAML); errors name the file and the field."""
+    if path is None:
+        return parse_config({})
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"cannot read config: {e.strerror}", path) from None
+    try:
+        raw = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise InputError(f"not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {e}", path) from None
+    if raw is not None and not isinstance(raw, dict):
+        raise InputError("the config must be a mapping", path)
+    try:
+        return parse_config(raw)
+    except InputError as e:
+        err = InputError(str(e), path)
+        err.field = e.field
+        raise err from None

@@ -1,0 +1,548 @@
+"""The OpenRouter emulator, driven with plain httpx against a subprocess, plus its pure policies."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eagledata.emulator import parse_config, run_emulator
+from eagledata.emulator.catalog import ProviderPrefs, default_endpoints, route
+from eagledata.emulator.config import FAULT_CLASSES
+from eagledata.emulator.credits import Ledger, affordable_tokens, reservation, usage_cost
+from eagledata.emulator.faults import draw_fault
+from eagledata.errors import InputError
+
+MODEL = "moonshotai/kimi-k2.5"
+AUTH = {"Authorization": "Bearer sk-test"}
+SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.3, "content_median": 20, "content_sigma": 0.3}
+LIB = Path(__file__).resolve().parents[1] / "lib"
+
+
+def names(eps) -> list[str]:
+    return [e.provider for e in eps]
+
+
+# -- pure policies --------------------------------------------------------------------------------
+def test_routing_filters_and_orders():
+    eps = default_endpoints()
+    default = route(eps, ProviderPrefs()).endpoints
+    assert "BaseTen" not in names(default)  # down
+    assert default[0].provider == "Fireworks"  # cheapest of all
+    int4 = route(eps, ProviderPrefs(quantizations=("int4",))).endpoints
+    assert {e.quantization for e in int4} == {"int4"}
+    assert min(e.completion_price for e in int4) == 2.20
+    assert int4[0].provider == "Chutes"  # 0.40 + 2.20
+    ignored = route(eps, ProviderPrefs(ignore=("fireworks", "Venice"))).endpoints
+    assert "Fireworks" not in names(ignored) and "Venice" not in names(ignored)
+    assert route(eps, ProviderPrefs(sort="throughput")).endpoints[0].provider == "Fireworks"
+    fast = route(eps, ProviderPrefs(sort="latency", quantizations=("int4",))).endpoints
+    assert [e.latency for e in fast] == sorted(e.latency for e in fast)
+    ordered = route(eps, ProviderPrefs(order=("moonshotai", "Together"))).endpoints
+    assert names(ordered)[:2] == ["Moonshot AI", "Together"] and len(ordered) > 2
+    strict = route(eps, ProviderPrefs(order=("Moonshot AI",), allow_fallbacks=False)).endpoints
+    assert names(strict) == ["Moonshot AI"]
+    assert names(route(eps, ProviderPrefs(only=("deepinfra/int4",))).endpoints) == ["DeepInfra"]
+    capped = route(eps, ProviderPrefs(max_completion_price=2.2)).endpoints
+    assert all(e.completion_price <= 2.2 for e in capped)
+    none = route(eps, ProviderPrefs(only=("BaseTen",)))
+    assert none.endpoints == []
+    assert route(eps, ProviderPrefs(quantizations=("fp8",))).reason == "with the requested quantizations"
+
+
+def test_credit_arithmetic():
+    ep = default_endpoints()[1]  # DeepInfra: $0.45/M prompt, $2.20/M completion
+    assert ep.price_prompt == float("0.00000045") and ep.price_completion == float("0.0000022")
+    assert usage_cost(1000, 2000, ep) == 1000 * ep.price_prompt + 2000 * ep.price_completion
+    assert reservation(100, 4096, ep) == usage_cost(100, 4096, ep)
+    assert affordable_tokens(0.01, 100, ep) == int((0.01 - 100 * ep.price_prompt) / ep.price_completion)
+    ledger = Ledger(1.0)
+    assert ledger.try_reserve(0.6) and not ledger.try_reserve(0.6)
+    ledger.settle(0.6, 0.25)
+    assert ledger.available == pytest.approx(0.75) and ledger.reserved == 0
+    ledger.topup(1)
+    assert ledger.try_reserve(1.5)
+
+
+def test_fault_draw_rates():
+    rng = random.Random(7)
+    draws = [draw_fault(rng, {"bad_gateway": 0.2, "slow": 0.1}) for _ in range(5000)]
+    assert abs(draws.count("bad_gateway") / 5000 - 0.2) < 0.02
+    assert abs(draws.count("slow") / 5000 - 0.1) < 0.02
+    assert set(draws) <= {"bad_gateway", "slow", None}
+
+
+def test_config_errors_name_the_field(tmp_path):
+    cases = {
+        "speed": {"speed": "fast"},
+        "faults.bad_gateway": {"faults": {"bad_gateway": 1.5}},
+        "endpoints[0].slug": {"endpoints": [{"provider": "NewCo"}]},
+        "endpoints[0].quirks.nope": {"endpoints": [{"provider": "Chutes", "quirks": {"nope": 0.1}}]},
+        "endpoints[0].capacity": {"endpoints": [{"provider": "Chutes", "capacity": 0}]},
+        "bogus": {"bogus": 1},
+    }
+    for field, raw in cases.items():
+        with pytest.raises(InputError) as e:
+            parse_config(raw)
+        assert e.value.field == field and field in str(e.value)
+    cfg = parse_config({"endpoints": [{"provider": "NewFP4", "slug": "newfp4", "quantization": "fp4",
+                                       "prompt_price": 0.1, "completion_price": 0.5},
+                                      {"provider": "deepinfra", "capacity": 3}]})
+    assert "NewFP4" in names(cfg.endpoints) and len(cfg.endpoints) == 12
+    assert next(e for e in cfg.endpoints if e.provider == "DeepInfra").capacity == 3
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("balance: 10\nfaults:\n  timeout: -1\n")
+    proc = subprocess.run([sys.executable, "-m", "eagledata.emulator", "--port", "0", "--config", str(bad)],
+                          capture_output=True, text=True, timeout=60, env={"PYTHONPATH": str(LIB)})
+    assert proc.returncode == 2
+    assert "faults.timeout" in proc.stderr and str(bad) in proc.stderr
+
+
+# -- over HTTP ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def emu(tokenizer_dir):
+    with run_emulator(speed=0, content=SMALL, generation_delay=0.3) as handle:
+        yield handle
+        assert "Traceback" not in handle.log() and "ERROR" not in handle.log(), handle.log()
+
+
+@pytest.fixture
+def em(emu):
+    """The shared emulator, reset to the test defaults; `em.reset(cfg)` for a scenario."""
+    base = {"speed": 0, "content": SMALL, "generation_delay": 0.3}
+    emu.reset(base)
+    emu.base = base
+    return emu
+
+
+def fire(url: str, body: dict, n: int, clients: int = 20) -> list[httpx.Response | Exception]:
+    """n concurrent POSTs spread over several clients (one httpx pool scales badly past ~100)."""
+    async def run():
+        per = max(1, n // clients)
+        limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
+        pool = [httpx.AsyncClient(headers=AUTH, timeout=60, limits=limits) for _ in range(clients)]
+        try:
+            return await asyncio.gather(*(pool[i % clients].post(f"{url}/chat/completions", json=body)
+                                          for i in range(n)), return_exceptions=True)
+        finally:
+            for c in pool:
+                await c.aclose()
+
+    return asyncio.run(run())
+
+
+def chat(em, *, content="What is 2+2?", auth=AUTH, **kw) -> httpx.Response:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **kw}
+    return httpx.post(f"{em.base_url}/chat/completions", json=body, headers=auth, timeout=30)
+
+
+def test_completion_shape_and_usage(em, tok):
+    from eagledata.sequences import prompt_ids
+
+    r = chat(em, max_tokens=4000)
+    assert r.status_code == 200, r.text
+    d = r.json()
+    assert d["id"].startswith("gen-") and r.headers["x-generation-id"] == d["id"]
+    assert d["object"] == "chat.completion" and d["model"] == "moonshotai/kimi-k2.5-0127"
+    assert d["provider"] == "Fireworks" and isinstance(d["created"], int)
+    ch = d["choices"][0]
+    msg = ch["message"]
+    assert msg["role"] == "assistant" and msg["content"] and msg["reasoning"]
+    assert msg["reasoning_details"] == [{"type": "reasoning.text", "text": msg["reasoning"], "format": "unknown",
+                                         "index": 0}]
+    assert ch["finish_reason"] == "stop" and ch["native_finish_reason"] == "stop"
+    u = d["usage"]
+    assert u["prompt_tokens"] == len(prompt_ids(tok, [{"role": "user", "content": "What is 2+2?"}]))
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    assert u["completion_tokens_details"]["reasoning_tokens"] == len(tok.encode_ordinary(msg["reasoning"]))
+    assert u["completion_tokens"] == u["completion_tokens_details"]["reasoning_tokens"] + len(
+        tok.encode_ordinary(msg["content"])) + 2  # </think> and <|im_end|>
+    assert u["prompt_tokens_details"] == {"cached_tokens": 0}
+    ep = httpx.get(f"{em.base_url}/models/{MODEL}/endpoints").json()["data"]["endpoints"]
+    price = next(e["pricing"] for e in ep if e["provider_name"] == "Fireworks")
+    assert u["cost"] == u["prompt_tokens"] * float(price["prompt"]) + u["completion_tokens"] * float(
+        price["completion"])
+
+
+def test_ground_truth_matches_served_text(em, tok):
+    from eagledata.sequences import output_ids
+
+    em.reset({**em.base, "content": {"reasoning_median": 300, "content_median": 80}})
+    served = {}
+    for i in range(12):
+        d = chat(em, content=f"prompt {i}", max_tokens=[50, 400, 5000][i % 3]).json()
+        served[d["id"]] = d
+    truth = {g["generation_id"]: g for g in em.ground_truth()}
+    assert truth.keys() == served.keys()
+    finishes = set()
+    for gid, d in served.items():
+        g, msg = truth[gid], served[gid]["choices"][0]["message"]
+        fr = d["choices"][0]["finish_reason"]
+        finishes.add(fr)
+        assert (msg["reasoning"] or "") == g["reasoning"] and msg["content"] == g["content"]
+        assert d["usage"]["completion_tokens"] == len(g["output_ids"])
+        assert all(0 <= i < tok.vocab_size for i in g["output_ids"])
+        if g["quirk"] is None and g["retokenizes"]:
+            assert output_ids(tok, msg["reasoning"], msg["content"], fr) == g["output_ids"]
+        text = tok.decode(g["output_ids"])
+        assert text.startswith(g["reasoning"])
+        if fr == "length":
+            assert len(g["output_ids"]) in (50, 400)
+    assert finishes == {"stop", "length"}
+    one = em.ground_truth(next(iter(served)))
+    assert one["prompt_hash"] and one["provider"] == "Fireworks"
+
+
+def test_determinism_by_seed_prompt_attempt(em):
+    def texts(n: int) -> list[tuple]:
+        out = []
+        for _ in range(n):
+            m = chat(em, content="same prompt").json()["choices"][0]["message"]
+            out.append((m["reasoning"], m["content"]))
+        return out
+
+    first = texts(2)
+    assert first[0] != first[1]  # a retry is a new sample
+    em.reset(em.base)
+    assert texts(2) == first  # same seed, same prompt, same attempt → same answer
+    em.reset({**em.base, "seed": 1})
+    assert texts(1)[0] != first[0]
+    greedy = [chat(em, content="greedy", temperature=0).json()["choices"][0]["message"]["content"] for _ in range(2)]
+    assert greedy[0] == greedy[1]
+
+
+def test_streaming_sse_structure(em, tok):
+    em.reset({**em.base, "speed": 0.02, "processing_interval": 0.01})
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "stream me"}],
+                            "stream": True, "include_reasoning": True}) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in r.iter_lines() if line]
+    assert lines[0] == ": OPENROUTER PROCESSING"
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1] if line.startswith("data: ")]
+    assert all(e["object"] == "chat.completion.chunk" and e["provider"] == "Fireworks" for e in events)
+    usage_chunk, finish_chunk, deltas = events[-1], events[-2], events[:-2]
+    assert usage_chunk["choices"] == [] and usage_chunk["usage"]["completion_tokens"] > 0
+    assert finish_chunk["choices"][0]["finish_reason"] == "stop"
+    reasoning = "".join(e["choices"][0]["delta"].get("reasoning") or "" for e in deltas)
+    details = "".join(d["text"] for e in deltas for d in e["choices"][0]["delta"].get("reasoning_details", []))
+    content = "".join(e["choices"][0]["delta"]["content"] for e in deltas)
+    g = em.ground_truth(events[0]["id"])
+    assert reasoning == details == g["reasoning"] and content == g["content"]
+    assert usage_chunk["usage"]["completion_tokens"] == len(g["output_ids"])
+
+
+def test_auth_and_validation_errors(em):
+    r = chat(em, auth={})
+    assert r.status_code == 401 and r.json()["error"]["code"] == 401
+    assert chat(em, auth={"Authorization": "Basic abc"}).status_code == 401
+    em.reset({**em.base, "api_key": "sk-right"})
+    assert chat(em).status_code == 401
+    assert chat(em, auth={"Authorization": "Bearer sk-right"}).status_code == 200
+    em.reset(em.base)
+    for kw, field in [({"max_tokens": 0}, "max_tokens"), ({"temperature": 3}, "temperature"),
+                      ({"provider": {"sort": "cheapest"}}, "provider.sort"),
+                      ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+                      ({"provider": {"ignore": "Fireworks"}}, "provider.ignore")]:
+        r = chat(em, **kw)
+        assert r.status_code == 400, kw
+        err = r.json()["error"]
+        assert err["code"] == 400 and err["metadata"]["field"] == field and isinstance(err["message"], str)
+    r = httpx.post(f"{em.base_url}/chat/completions", headers=AUTH, json={"model": "x/y", "messages": []})
+    assert r.status_code == 400 and "model" in r.json()["error"]["message"]
+    long = "word " * 3000
+    em.reset({**em.base, "endpoints": [{"provider": p, "context_length": 2048}
+                                       for p in ("Fireworks", "Chutes", "DeepInfra", "SiliconFlow", "AtlasCloud",
+                                                 "Together", "Novita", "Parasail", "Moonshot AI", "Venice")]})
+    r = chat(em, content=long)
+    assert r.status_code == 400
+    assert r.json()["error"]["message"].startswith("This endpoint's maximum context length is 2048 tokens.")
+
+
+def test_routing_over_http(em):
+    def provider(**prefs) -> str | int:
+        r = chat(em, provider=prefs)
+        return r.json()["provider"] if r.status_code == 200 else r.status_code
+
+    assert provider() == "Fireworks"
+    assert provider(ignore=["Fireworks"]) == "Chutes"
+    assert provider(quantizations=["int4"], sort="throughput") == "Together"
+    assert provider(quantizations=["int4"], sort="latency") == "Together"
+    assert provider(order=["Moonshot AI"]) == "Moonshot AI"
+    assert provider(only=["Venice"]) == "Venice"
+    assert provider(only=["BaseTen"]) == 404
+    r = chat(em, provider={"quantizations": ["bf16"]})
+    assert r.status_code == 404 and r.json()["error"]["message"].startswith("No endpoints found")
+    assert provider(max_price={"completion": 2.2}, quantizations=["int4"]) == "Chutes"
+    assert provider(data_collection="deny", quantizations=["int4"]) == "DeepInfra"  # Chutes may train
+    em.reset({**em.base, "endpoints": [{"provider": "NewFP4", "slug": "newfp4", "quantization": "fp4",
+                                        "prompt_price": 0.1, "completion_price": 0.5}]})
+    assert provider() == "NewFP4"
+    assert provider(quantizations=["int4", "unknown"]) == "Chutes"
+    listing = httpx.get(f"{em.base_url}/models/{MODEL}/endpoints").json()["data"]["endpoints"]
+    assert any(e["provider_name"] == "NewFP4" and e["tag"] == "newfp4/fp4" for e in listing)
+
+
+def test_busy_endpoint_falls_back(em):
+    em.reset({**em.base, "speed": 1.0,
+              "endpoints": [{"provider": "Fireworks", "capacity": 1, "latency": 0.5, "throughput": 1e6},
+                            {"provider": "Chutes", "latency": 0.5, "throughput": 1e6}]})
+
+    async def two(**prefs):
+        async with httpx.AsyncClient(headers=AUTH, timeout=30) as c:
+            body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "provider": prefs}
+            rs = await asyncio.gather(*(c.post(f"{em.base_url}/chat/completions", json=body) for _ in range(2)))
+        return sorted((r.json()["provider"] if r.status_code == 200 else r.status_code for r in rs), key=str)
+
+    assert asyncio.run(two()) == ["Chutes", "Fireworks"]
+    assert asyncio.run(two(allow_fallbacks=False)) == [429, "Fireworks"]
+
+
+def test_credits_reservation_topup_and_spend_endpoints(em):
+    em.reset({**em.base, "balance": 0.01})
+    r = chat(em, max_tokens=100)
+    assert r.status_code == 200
+    cost = r.json()["usage"]["cost"]
+    c = httpx.get(f"{em.base_url}/credits", headers=AUTH).json()["data"]
+    assert c == {"total_credits": 0.01, "total_usage": cost}
+    k = httpx.get(f"{em.base_url}/key", headers=AUTH).json()["data"]
+    assert k["limit"] == 0.01 and k["usage"] == cost and k["limit_remaining"] == pytest.approx(0.01 - cost)
+    assert k["is_free_tier"] is False and "label" in k
+    r = chat(em, max_tokens=60_000)  # 60k × $1.80/M = $0.108 > the balance
+    assert r.status_code == 402
+    err = r.json()["error"]
+    assert err["code"] == 402 and "requires more credits, or fewer max_tokens" in err["message"]
+    assert "You requested up to 60000 tokens, but can only afford" in err["message"]
+    assert em.stats()["charged_usd"] == cost  # a refused request costs nothing
+    em.topup(1.0)
+    assert chat(em, max_tokens=60_000).status_code == 200
+    em.reset({**em.base, "credits_forbidden": True})
+    r = httpx.get(f"{em.base_url}/credits", headers=AUTH)
+    assert r.status_code == 403 and r.json()["error"]["code"] == 403
+
+
+def test_generation_lookup_after_delay(em):
+    gid = chat(em).json()["id"]
+    r = httpx.get(f"{em.base_url}/generation", params={"id": gid}, headers=AUTH)
+    assert r.status_code == 404
+    time.sleep(0.35)
+    d = httpx.get(f"{em.base_url}/generation", params={"id": gid}, headers=AUTH).json()["data"]
+    truth = em.ground_truth(gid)
+    assert d["id"] == gid and d["provider_name"] == "Fireworks" and d["model"] == "moonshotai/kimi-k2.5-0127"
+    assert d["total_cost"] == truth["cost"] and d["native_tokens_completion"] == len(truth["output_ids"])
+    assert d["tokens_prompt"] == truth["prompt_tokens"] and d["finish_reason"] == "stop"
+
+
+def test_models_listing(em):
+    data = httpx.get(f"{em.base_url}/models").json()["data"]
+    m = next(x for x in data if x["id"] == MODEL)
+    assert m["canonical_slug"] == "moonshotai/kimi-k2.5-0127" and m["context_length"] == 262144
+    assert isinstance(m["pricing"]["prompt"], str) and "reasoning" in m["supported_parameters"]
+    eps = httpx.get(f"{em.base_url}/models/{MODEL}/endpoints").json()["data"]["endpoints"]
+    by = {e["provider_name"]: e for e in eps}
+    assert len(by) == 11 and by["BaseTen"]["status"] < 0 and by["DeepInfra"]["status"] == 0
+    assert by["Fireworks"]["quantization"] == "nvfp4" and by["BaseTen"]["quantization"] == "fp4"
+    assert by["Venice"]["quantization"] in ("int4", "unknown")
+    eligible = [e for e in eps if e["quantization"] == "int4" and e["status"] == 0]
+    assert min(float(e["pricing"]["completion"]) for e in eligible) * 1e6 == pytest.approx(2.20)
+    assert float(by["Fireworks"]["pricing"]["completion"]) < 2.2e-6
+    for e in eps:
+        assert {"name", "model_name", "provider_name", "tag", "quantization", "context_length",
+                "max_completion_tokens", "max_prompt_tokens", "pricing", "status", "uptime_last_30m",
+                "supported_parameters", "latency_last_30m", "throughput_last_30m"} <= e.keys()
+        assert {"reasoning", "include_reasoning", "max_tokens", "temperature"} <= set(e["supported_parameters"])
+    assert httpx.get(f"{em.base_url}/models/nobody/nothing/endpoints").status_code == 404
+
+
+@pytest.mark.parametrize("fault", [f for f in FAULT_CLASSES if f != "slow"])
+def test_each_fault_class_shape(em, fault):
+    em.reset({**em.base, "faults": {fault: 1.0}})
+    charged0 = 0.0
+    try:
+        r = chat(em)
+    except httpx.TransportError:
+        assert fault == "connection_reset"
+        return
+    assert fault != "connection_reset"
+    if fault in ("rate_limit", "upstream_rate_limit", "budget", "bad_gateway", "unavailable", "timeout"):
+        code = {"rate_limit": 429, "upstream_rate_limit": 429, "budget": 402, "bad_gateway": 502,
+                "unavailable": 503, "timeout": 408}[fault]
+        assert r.status_code == code and r.json()["error"]["code"] == code
+        if code in (429, 402):
+            assert int(r.headers["retry-after"]) >= 0
+        if fault in ("upstream_rate_limit", "bad_gateway"):
+            meta = r.json()["error"]["metadata"]
+            assert r.json()["error"]["message"] == "Provider returned error" and meta["provider_name"] and meta["raw"]
+    elif fault in ("error_in_choice", "midstream_error"):
+        ch = r.json()["choices"][0]
+        assert r.status_code == 200 and ch["finish_reason"] == "error" and ch["error"]["code"] == 502
+    elif fault == "error_top_level":
+        assert r.status_code == 200 and r.json()["error"]["message"] == "Provider returned error"
+    elif fault == "empty_content":
+        d = r.json()
+        assert d["choices"][0]["message"]["content"] == "" and d["usage"]["completion_tokens"] == 0
+        assert d["usage"]["cost"] == 0
+    elif fault == "truncated_json":
+        with pytest.raises(json.JSONDecodeError):
+            r.json()
+        charged0 = em.ground_truth()[0]["cost"]  # the generation ran: it is charged
+    stats = em.stats()
+    assert stats["faults"][fault] == 1 and stats["charged_usd"] == charged0
+
+
+def test_streaming_faults(em):
+    em.reset({**em.base, "faults": {"midstream_error": 1.0}})
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    last = json.loads(lines[-1][6:])
+    assert last["error"]["message"] and last["choices"][0]["finish_reason"] == "error"
+    assert "data: [DONE]" not in lines
+    em.reset({**em.base, "faults": {"empty_content": 1.0}})
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]" and json.loads(lines[-2][6:])["usage"]["completion_tokens"] == 0
+    assert em.stats()["charged_usd"] == 0
+
+
+def test_fault_rates_within_tolerance(em):
+    em.reset({**em.base, "faults": {"bad_gateway": 0.2, "error_in_choice": 0.1}})
+
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "rates"}], "max_tokens": 50}
+    rs = fire(em.base_url, body, 500, clients=10)
+    bad = sum(r.status_code == 502 for r in rs) / 500
+    in_choice = sum(r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "error" for r in rs) / 500
+    assert abs(bad - 0.2) < 0.06 and abs(in_choice - 0.1) < 0.05
+    stats = em.stats()
+    assert stats["faults"]["bad_gateway"] == sum(r.status_code == 502 for r in rs)
+    ok = [r for r in rs if r.status_code == 200 and r.json()["choices"][0]["finish_reason"] != "error"]
+    assert stats["charged_usd"] == pytest.approx(sum(r.json()["usage"]["cost"] for r in ok), rel=1e-12)
+
+
+def test_quirks_are_served_and_recorded(em, tok):
+    from eagledata.sequences import output_ids
+
+    for quirk in ("reasoning_details_only", "inline_think", "literal_specials"):
+        em.reset({**em.base, "endpoints": [{"provider": "Fireworks", "quirks": {quirk: 1.0}}]})
+        d = chat(em).json()
+        msg, g = d["choices"][0]["message"], em.ground_truth(d["id"])
+        assert g["quirk"] == quirk
+        if quirk == "reasoning_details_only":
+            assert msg["reasoning"] is None and msg["reasoning_details"][0]["text"] == g["reasoning"]
+        elif quirk == "inline_think":
+            assert msg["reasoning"] is None and msg["content"].startswith("<think>" + g["reasoning"] + "</think>")
+            assert output_ids(tok, None, msg["content"], "stop") == g["output_ids"]
+        else:
+            assert any(s in msg["content"] for s in ("<|im_end|>", "<think>", "</think>", "<|im_start|>"))
+            assert output_ids(tok, msg["reasoning"], msg["content"], "stop") == g["output_ids"]
+
+
+def test_two_thousand_in_flight(tokenizer_dir):
+    """2,000 concurrent requests, each designed to take 1 s, all answered without a server error."""
+    cfg = {"speed": 1.0, "content": {"reasoning_median": 20, "content_median": 10, "reasoning_sigma": 0.1,
+                                     "content_sigma": 0.1},
+           "replace_endpoints": True,
+           "endpoints": [{"provider": "Solo", "slug": "solo", "quantization": "int4", "prompt_price": 0.5,
+                          "completion_price": 2.2, "latency": 1.0, "throughput": 1e9, "capacity": 100_000}]}
+    with run_emulator(cfg) as em:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hold"}], "max_tokens": 200}
+        t0 = time.monotonic()
+        codes = [r.status_code if isinstance(r, httpx.Response) else repr(r)
+                 for r in fire(em.base_url, body, 2000, clients=40)]
+        elapsed = time.monotonic() - t0
+        stats = em.stats()
+        assert "Traceback" not in em.log() and "ERROR" not in em.log(), em.log()
+    assert codes.count(200) == 2000, {c: codes.count(c) for c in set(codes)}
+    assert stats["in_flight_peak"] >= 1000, stats
+    assert elapsed < 30
+
+
+def test_reasoning_options(em, tok):
+    from eagledata.sequences import output_ids
+
+    d = chat(em, reasoning={"enabled": False}).json()
+    msg, g = d["choices"][0]["message"], em.ground_truth(d["id"])
+    assert msg["reasoning"] is None and msg["reasoning_details"] == [] and msg["content"]
+    assert d["usage"]["completion_tokens_details"]["reasoning_tokens"] == 0
+    assert output_ids(tok, None, msg["content"], "stop", thinking=False) == g["output_ids"]
+    d = chat(em, reasoning={"exclude": True}).json()
+    assert d["choices"][0]["message"]["reasoning"] is None
+    assert d["usage"]["completion_tokens_details"]["reasoning_tokens"] > 0
+    em.reset({**em.base, "content": {"reasoning_median": 400, "reasoning_sigma": 0.1}})
+
+    def reasoning_tokens(**reasoning) -> int:
+        return chat(em, reasoning=reasoning).json()["usage"]["completion_tokens_details"]["reasoning_tokens"]
+
+    assert reasoning_tokens(effort="low") < reasoning_tokens(effort="medium") < reasoning_tokens(effort="high")
+    assert reasoning_tokens(max_tokens=50) < 70
+
+
+def test_failing_endpoint_falls_back(em):
+    em.reset({**em.base, "endpoints": [{"provider": "Fireworks", "error_rate": 1.0}]})
+    assert chat(em).json()["provider"] == "Chutes"
+    r = chat(em, provider={"allow_fallbacks": False})
+    assert r.status_code == 502 and r.json()["error"]["metadata"]["provider_name"] == "Fireworks"
+
+
+def test_slow_fault_and_ground_truth_file(em, tmp_path):
+    path = tmp_path / "truth.jsonl"
+    em.reset({**em.base, "faults": {"slow": 1.0, "slow_seconds": 0.4}, "ground_truth_file": str(path)})
+    t0 = time.monotonic()
+    d = chat(em).json()
+    assert time.monotonic() - t0 >= 0.4 and d["choices"][0]["finish_reason"] == "stop"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["generation_id"] for r in rows] == [d["id"]] and rows[0]["fault"] == "slow"
+    assert em.stats()["faults"]["slow"] == 1
+
+
+def test_client_disconnect_mid_stream_is_not_charged(em):
+    em.reset({**em.base, "speed": 1.0, "content": {"reasoning_median": 400, "content_median": 50},
+              "endpoints": [{"provider": "Fireworks", "latency": 0.05, "throughput": 1000}]})
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break
+    for _ in range(50):
+        stats = em.stats()
+        if stats["in_flight"] == 0:
+            break
+        time.sleep(0.02)
+    assert stats["in_flight"] == 0 and stats["outcomes"].get("cancelled") == 1
+    assert stats["charged_usd"] == 0 and stats["reserved_usd"] == 0
+
+
+def test_require_parameters_and_data_policy_routing():
+    eps = default_endpoints()
+    eps[0].supported_parameters = ("max_tokens",)  # Chutes
+    prefs = ProviderPrefs(require_parameters=True, quantizations=("int4",))
+    assert route(eps, prefs, used_parameters=frozenset({"seed"})).endpoints[0].provider == "DeepInfra"
+    assert route(eps, ProviderPrefs(quantizations=("int4",)),
+                 used_parameters=frozenset({"seed"})).endpoints[0].provider == "Chutes"
+
+
+def test_cut_inside_a_character_is_recorded(tok):
+    from eagledata.emulator.catalog import Quirks
+    from eagledata.emulator.config import ContentDist
+    from eagledata.emulator.content import content_rng, generate
+
+    dist = ContentDist(reasoning_median=3000, content_median=10)
+    for attempt in range(50):  # an answer with a multi-token character (emoji) in it
+        full = generate(tok, content_rng(3, "cut", attempt, None), dist, Quirks(), None)
+        assert full.retokenizes and not full.cut_mid_char and full.finish_reason == "stop"
+        k = next((k for k in range(1, len(full.output_ids))
+                  if tok.decode(full.output_ids[:k]).endswith("\ufffd")), None)
+        if k is not None:
+            break
+    assert k is not None
+    cut = generate(tok, content_rng(3, "cut", attempt, None), dist, Quirks(), k)
+    assert cut.output_ids == full.output_ids[:k] and cut.finish_reason == "length"
+    assert cut.cut_mid_char and not cut.retokenizes  # U+FFFD does not encode back to the cut bytes
