@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 
 from jinja2 import TemplateError
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -273,10 +273,14 @@ def completion_body(em: Emulator, job: Job) -> dict:
         message = {"role": "assistant", "content": content, "refusal": None, "reasoning": reasoning,
                    "reasoning_details": details}
         finish, usage = gen.finish_reason, em.usage(job)
-    return {**_envelope(em, job, "chat.completion"),
+    body = {**_envelope(em, job, "chat.completion"),
             "choices": [{"logprobs": None, "finish_reason": finish, "native_finish_reason": finish, "index": 0,
                          "message": message}],
             "system_fingerprint": None, "usage": usage}
+    if job.req.return_token_ids and job.fault != "empty_content":  # as vLLM answers `return_token_ids`
+        body["prompt_token_ids"] = job.prompt_ids
+        body["choices"][0]["token_ids"] = gen.output_ids
+    return body
 
 
 def choice_error_body(em: Emulator, job: Job) -> dict:
@@ -331,6 +335,9 @@ async def chat_completions(request: Request) -> Response:
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ApiError(400, "request body is not valid JSON", {"field": "body"}) from None
+        except ClientDisconnect:  # the client died while sending: nobody to answer
+            em.stats.outcomes["client_disconnect"] += 1
+            return Response(status_code=499)
         req = parse_chat(body, (em.cfg.model, em.cfg.model_version))
         job = em.admit(req, em.prompt_ids(req))
     except ApiError as e:

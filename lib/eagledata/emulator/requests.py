@@ -42,6 +42,7 @@ class ChatRequest:
     reasoning_max_tokens: int | None  # reasoning.max_tokens: a cap on reasoning length
     prefs: ProviderPrefs
     used_parameters: frozenset[str]
+    return_token_ids: bool = False  # vLLM/SGLang extension: answer with the true ids (local backends)
 
 
 def _bad(message: str, field: str) -> ApiError:
@@ -178,5 +179,6 @@ def parse_chat(body: Any, model_ids: tuple[str, ...]) -> ChatRequest:
         enabled = True if reasoning.get("enabled") is None else _bool(reasoning["enabled"], "reasoning.enabled")
         thinking = enabled and effort != "none"
     used = frozenset(k for k in body if k in PARAMETER_KEYS and body[k] is not None)
+    ids = False if body.get("return_token_ids") is None else _bool(body["return_token_ids"], "return_token_ids")
     return ChatRequest(messages, max_tokens, None if temperature is None else float(temperature), seed, stream,
-                       thinking, exclude, scale, r_cap, parse_provider(body.get("provider")), used)
+                       thinking, exclude, scale, r_cap, parse_provider(body.get("provider")), used, ids)

@@ -1,0 +1,248 @@
+"""The generation engine against the emulator: kills, budget, faults, secrets, bad input."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagledata.emulator import run_emulator
+from eagledata.emulator.config import FAULT_CLASSES
+from eagledata.errors import InputError
+from eagledata.generate import GenerateConfig, generate
+from eagledata.notebooks import cell_outputs_text
+from eagledata.records import load_records
+from eagledata.sequences import parse_output_ids, prompt_ids, split_inline_reasoning
+
+SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
+BASE = {"speed": 0, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
+
+
+@pytest.fixture(scope="module")
+def emu(tokenizer_dir):
+    with run_emulator(BASE) as handle:
+        yield handle
+        assert "Traceback" not in handle.log(), handle.log()[-3000:]
+
+
+def reset(emu, **overrides):
+    cfg = {**BASE, **overrides}
+    emu.reset(cfg)
+    return emu
+
+
+def make_dataset(tmp_path: Path, n: int, name: str = "D") -> Path:
+    prompts = tmp_path / f"{name}.jsonl"
+    with prompts.open("w") as f:
+        for i in range(n):
+            msgs = [{"role": "user", "content": f"Question {i}: what is {i} squared, and why? 量子 {i % 7}"}]
+            f.write(json.dumps({"id": f"{name}-{i:05d}", "messages": msgs}, ensure_ascii=False) + "\n")
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"{name}:\n  prompts: {prompts}\n")
+    return datasets
+
+
+def config(emu, tmp_path, datasets, **kw) -> GenerateConfig:
+    base = dict(dataset="D", datasets_file=str(datasets), base_url=emu.base_url, output_dir=str(tmp_path / "out"),
+                params_dir=str(tmp_path / "params"), concurrency=100, max_tokens=400, progress=False,
+                retry_base_s=0.01, retry_cap_s=0.2, reserve_usd=0.0)
+    base.update(kw)
+    return GenerateConfig(**base)
+
+
+def dataset_dir(tmp_path) -> Path:
+    return tmp_path / "out" / "datasets" / "D"
+
+
+def check_exactly_once(tok, tmp_path, n: int, name: str = "D"):
+    """Every prompt once in records or failures; every line whole; ids say exactly the text."""
+    d = dataset_dir(tmp_path)
+    records = load_records(d / "records.jsonl")  # strict: a torn or bad line fails here
+    failures = [json.loads(line) for line in (d / "failures.jsonl").read_text().splitlines() if line.strip()]
+    rec_ids = [r.id for r in records]
+    fail_ids = [f["id"] for f in failures]
+    assert len(rec_ids) == len(set(rec_ids)), "duplicate records"
+    assert not set(rec_ids) & set(fail_ids)
+    assert set(rec_ids) | set(fail_ids) == {f"{name}-{i:05d}" for i in range(n)}
+    for r in records:
+        back = parse_output_ids(tok, r.output_ids)
+        assert (back.reasoning, back.content, back.finish_reason) == (r.reasoning, r.content, r.finish_reason), r.id
+        assert r.prompt_ids == prompt_ids(tok, r.messages)
+        assert r.content or r.finish_reason == "length"
+    return records, failures
+
+
+def test_end_to_end_records_match_ground_truth(emu, tok, tmp_path):
+    reset(emu, seed=3)
+    datasets = make_dataset(tmp_path, 60)
+    summary = generate(config(emu, tmp_path, datasets))
+    assert summary["stop_reason"] == "completed" and summary["run"]["recorded"] == 60
+    records, _ = check_exactly_once(tok, tmp_path, 60)
+    truth = {g["generation_id"]: g for g in emu.ground_truth()}
+    for r in records:
+        g = truth[r.generation_id]
+        assert (r.reasoning, r.content, r.finish_reason) == (g["reasoning"], g["content"], g["finish_reason"])
+        if g["retokenizes"]:
+            assert r.output_ids == g["output_ids"]
+        assert r.usage.completion_tokens == len(g["output_ids"]) and r.provider and r.model.endswith("-0127")
+    stats = emu.stats()
+    assert summary["spend_usd"] == pytest.approx(stats["charged_usd"], rel=1e-9)
+    # resume: nothing left to do, nothing sent
+    again = generate(config(emu, tmp_path, datasets))
+    assert again["run"]["recorded"] == 0 and emu.stats()["requests"] == stats["requests"]
+
+
+def test_kill_at_random_moments_and_resume(emu, tok, tmp_path):
+    """≥ 2,000 prompts at 500 in flight, the process group SIGKILLed at 6 random moments."""
+    reset(emu, speed=0.25, seed=5)
+    n = 2000
+    datasets = make_dataset(tmp_path, n)
+    cmd = [sys.executable, "-m", "eagledata.generate", "--dataset", "D", "--datasets-file", str(datasets),
+           "--base-url", emu.base_url, "--output-dir", str(tmp_path / "out"), "--params-dir", str(tmp_path / "params"),
+           "--concurrency", "500", "--max-tokens", "400", "--progress", "false", "--reserve-usd", "0"]
+    rng = random.Random(20261130)
+    records_file = dataset_dir(tmp_path) / "records.jsonl"
+    kills, sizes = 0, []
+    for _ in range(6):
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        start_size = records_file.stat().st_size if records_file.exists() else 0
+        while time.monotonic() < deadline and proc.poll() is None:  # wait until this run is writing
+            if records_file.exists() and records_file.stat().st_size > start_size:
+                break
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.6))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        sizes.append(records_file.stat().st_size if records_file.exists() else 0)
+    assert kills >= 5, "the runs finished before they could be killed"
+    final = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr
+    records, failures = check_exactly_once(tok, tmp_path, n)
+    assert not failures and sizes == sorted(sizes)
+    summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
+    assert summary["records"] == n and summary["remaining"] == 0
+
+
+def test_spend_cap_is_never_exceeded(emu, tmp_path):
+    reset(emu, speed=0.02, seed=7)
+    datasets = make_dataset(tmp_path, 400)
+    cap = 0.04
+    summary = generate(config(emu, tmp_path, datasets, max_spend_usd=cap, concurrency=64))
+    charged = emu.stats()["charged_usd"]
+    assert summary["stop_reason"] == "max_spend_reached"
+    assert charged <= cap and summary["run"]["spend_usd"] == pytest.approx(charged, rel=1e-9)
+    assert charged >= 0.9 * cap
+
+
+def test_balance_reserve_stops_cleanly(emu, tmp_path):
+    reset(emu, seed=8, balance=0.05)
+    datasets = make_dataset(tmp_path, 300)
+    summary = generate(config(emu, tmp_path, datasets, reserve_usd=0.02))
+    assert summary["stop_reason"] == "balance_reserve_reached"
+    assert emu.stats()["charged_usd"] <= 0.05 - 0.02 + 1e-12
+
+
+def test_credits_run_out_then_topup_completes(emu, tok, tmp_path):
+    """/credits 403 and a key limit above the real balance: the server's 402 is the stop signal."""
+    reset(emu, seed=9, balance=0.03, credits_forbidden=True, key_limit=1000)
+    datasets = make_dataset(tmp_path, 300)
+    cmd = [sys.executable, "-m", "eagledata.generate", "--dataset", "D", "--datasets-file", str(datasets),
+           "--base-url", emu.base_url, "--output-dir", str(tmp_path / "out"), "--params-dir", str(tmp_path / "params"),
+           "--concurrency", "50", "--max-tokens", "400", "--progress", "false", "--reserve-usd", "0"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
+    assert summary["stop_reason"] == "out_of_credits" and 0 < summary["records"] < 300
+    emu.topup(5.0)
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    records, failures = check_exactly_once(tok, tmp_path, 300)
+    assert len(records) == 300 and not failures
+
+
+def test_every_fault_class_is_survived(emu, tok, tmp_path):
+    faults = {cls: 0.05 for cls in FAULT_CLASSES}
+    reset(emu, seed=11, faults={**faults, "retry_after": 0, "slow_seconds": 0.3})
+    n = 300
+    datasets = make_dataset(tmp_path, n)
+    summary = generate(config(emu, tmp_path, datasets, max_attempts=40))
+    records, failures = check_exactly_once(tok, tmp_path, n)
+    assert len(records) == n and not failures
+    injected = emu.stats()["faults"]
+    assert all(injected[c] > 0 for c in FAULT_CLASSES), injected
+    seen = summary["run"]["errors"]
+    assert {"rate_limit", "upstream_rate_limit", "budget_inflight", "bad_gateway", "unavailable", "timeout",
+            "error_in_choice", "error_in_body", "empty", "malformed", "connection"} <= set(seen), seen
+    truth = {g["generation_id"]: g for g in emu.ground_truth()}
+    for r in records:  # no junk: every record is exactly what the model produced
+        g = truth[r.generation_id]
+        assert g["fault"] in (None, "slow", "truncated_json") or g["fault"] == "slow", g["fault"]
+        if g["quirk"] in (None, "reasoning_details_only", "inline_think"):
+            assert (r.reasoning, r.content) == split_inline_reasoning(g["reasoning"], g["content"])
+            if g["retokenizes"]:
+                assert r.output_ids == g["output_ids"]
+
+
+def test_local_backend_stores_server_ids(emu, tok, tmp_path):
+    reset(emu, seed=12)
+    datasets = make_dataset(tmp_path, 30)
+    summary = generate(config(emu, tmp_path, datasets, backend="local"))
+    assert summary["run"]["recorded"] == 30
+    truth = {g["generation_id"]: g for g in emu.ground_truth()}
+    for r in load_records(dataset_dir(tmp_path) / "records.jsonl"):
+        assert r.meta["ids_source"] == "server" and r.output_ids == truth[r.generation_id]["output_ids"]
+        assert r.meta["prompt_ids_match"] is True
+    assert summary["run"]["retokenized_agreement_mean"] > 0.99
+
+
+def test_bad_input_fails_before_any_request(emu, tmp_path, monkeypatch):
+    reset(emu)
+    datasets = make_dataset(tmp_path, 5)
+    with pytest.raises(InputError, match="unknown dataset 'nope'"):
+        generate(config(emu, tmp_path, datasets, dataset="nope"))
+    (tmp_path / "missing.yaml").write_text(f"D:\n  prompts: {tmp_path / 'absent.jsonl'}\n")
+    with pytest.raises(InputError, match=r"absent\.jsonl field 'D.prompts': prompts file not found"):
+        generate(config(emu, tmp_path, tmp_path / "missing.yaml"))
+    with (tmp_path / "D.jsonl").open("a") as f:
+        f.write('{"id": "bad", "messages": "oops"}\n')
+    with pytest.raises(InputError, match=r"D\.jsonl:6: .*field 'messages'"):
+        generate(config(emu, tmp_path, datasets))
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    with pytest.raises(InputError, match="set the environment variable OPENROUTER_API_KEY"):
+        generate(config(emu, tmp_path, datasets, base_url="https://openrouter.invalid/api/v1"))
+    assert emu.stats()["requests"] == 0
+
+
+def test_second_run_on_same_dataset_is_refused(emu, tmp_path):
+    from eagledata.store import Store, StoreLocked
+
+    reset(emu)
+    datasets = make_dataset(tmp_path, 5)
+    with Store.open(dataset_dir(tmp_path)):
+        with pytest.raises(StoreLocked, match="refusing to interleave"):
+            generate(config(emu, tmp_path, datasets))
+
+
+def test_notebook_run_leaks_no_key(emu, tokenizer_dir, tmp_path, monkeypatch, execute_notebook):
+    secret = "sk-or-v1-" + "e4g1e" * 10
+    reset(emu, seed=13, api_key=secret)
+    monkeypatch.setenv("EAGLEDATA_TEST_KEY", secret)
+    datasets = make_dataset(tmp_path, 40)
+    out = execute_notebook("generate", dataset="D", datasets_file=str(datasets), base_url=emu.base_url,
+                           api_key_env="EAGLEDATA_TEST_KEY", tokenizer=str(tokenizer_dir),
+                           output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "params"), concurrency=50,
+                           max_tokens=400, target_output_tokens=3000)
+    text = cell_outputs_text(out)
+    assert "stop reason: target_reached" in text
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert any(p.name == "records.jsonl" for p in written) and any(p.suffix == ".ipynb" for p in written)
+    for p in written:
+        assert secret.encode() not in p.read_bytes(), p
+    assert emu.stats()["requests"] > 0
