@@ -88,3 +88,17 @@ def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_pat
     targets = {n: s.target_output_tokens for n, s in load_datasets(datasets).items()}
     assert targets["demo-a"] == targets["demo-b"] and 0 < targets["demo-a"] <= 0.15 / 2 / 2.2e-6
     assert "plan: $" in cell_outputs_text(out)
+
+
+def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tmp_path):
+    from eagledata.emulator import run_emulator
+    from eagledata.providers import Catalog, RoutingDecision
+
+    with run_emulator(speed=0) as emu:
+        out = execute_notebook("providers", base_url=emu.base_url, params_dir=str(tmp_path / "params"),
+                               output_dir=str(tmp_path / "out"))
+    decision = RoutingDecision.load(tmp_path / "params" / "routing" / "kimi-k2.5.yaml")
+    assert {e.provider for e in decision.excluded} == {"Fireworks", "BaseTen"}
+    snapshots = list((tmp_path / "out" / "providers").glob("kimi-k2.5-endpoints-*.json"))
+    assert len(snapshots) == 1 and len(Catalog.load(snapshots[0]).endpoints) == 11
+    assert "cheapest eligible: Chutes at $2.20/M output" in cell_outputs_text(out)

@@ -115,3 +115,22 @@ def test_snapshot_roundtrip_and_errors(tmp_path):
     (tmp_path / "bad.json").write_text('{"model": "x"}')
     with pytest.raises(InputError, match=r"bad\.json.*field 'endpoints'"):
         Catalog.load(tmp_path / "bad.json")
+
+
+def test_emulator_catalog_decision_and_new_fp4_provider(tokenizer_dir):
+    from eagledata.emulator import run_emulator
+    from eagledata.providers import fetch_catalog
+
+    newcomer = {"provider": "NewCloud", "slug": "newcloud", "quantization": "fp4", "prompt_price": 0.2,
+                "completion_price": 1.0}
+    with run_emulator(speed=0) as emu:
+        cat = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
+        d = decide(cat.model, cat.table().to_dict("records"), PrecisionPolicy.for_model(cat.model))
+        assert {e.provider for e in d.excluded} == {"Fireworks", "BaseTen"}
+        assert len(d.eligible) == len(cat.endpoints) - 2
+        emu.reset({"endpoints": [newcomer]})
+        cat2 = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
+        d2 = decide(cat2.model, cat2.table().to_dict("records"), PrecisionPolicy.for_model(cat2.model))
+        assert {e.provider for e in d2.excluded} == {"Fireworks", "BaseTen", "NewCloud"}
+        with pytest.raises(InputError, match="unknown model 'moonshotai/kimi-k9'"):
+            fetch_catalog(emu.base_url, "moonshotai/kimi-k9")

@@ -1,22 +1,73 @@
-"""`make demo`: run every workbench notebook on demo inputs into `<output_dir>/runs/`."""
+"""`make demo`: every workbench notebook, end to end, against the local OpenRouter emulator.
+
+The emulator runs in the background on a free port and is always stopped. Decisions the notebooks
+write (routing, targets) go to `<output_dir>/demo/params/`, never into the tracked `params/`.
+Executed reports land in `<output_dir>/runs/`.
+"""
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 
-from .notebooks import run_notebook
+import yaml
+
+from .emulator import run_emulator
+from .notebooks import NOTEBOOK_DIR, run_notebook
+
+ROOT = NOTEBOOK_DIR.parent
+DEMO_DATASETS = ("demo-a", "demo-b")
+
+
+def prepare_params(demo_dir: Path) -> Path:
+    """A private copy of the demo datasets file, prompt paths made absolute."""
+    params = demo_dir / "params"
+    if params.exists():
+        shutil.rmtree(params)
+    params.mkdir(parents=True)
+    raw = yaml.safe_load((ROOT / "params" / "datasets.yaml").read_text())
+    demo = {name: {**raw[name], "prompts": str((ROOT / raw[name]["prompts"]).resolve())} for name in DEMO_DATASETS}
+    path = params / "datasets.yaml"
+    path.write_text(yaml.safe_dump(demo, sort_keys=False))
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--output-dir", default="outputs")
-    args = parser.parse_args(argv)
-    runs = Path(args.output_dir) / "runs"
-    steps = [("tokenizer", {"output_dir": args.output_dir})]
-    for name, params in steps:
-        out = run_notebook(name, runs / f"{name}.ipynb", params)
-        print(f"demo: {name}.ipynb -> {out}")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--output-dir", default="outputs")
+    ap.add_argument("--speed", type=float, default=0.02, help="emulator delay factor (1 = real latencies)")
+    args = ap.parse_args(argv)
+    out = Path(args.output_dir).resolve()
+    runs, demo = out / "runs", out / "demo"
+    if (demo / "datasets").exists():
+        shutil.rmtree(demo / "datasets")  # a fresh demo run each time
+    datasets = prepare_params(demo)
+    params = datasets.parent
+    truth = demo / "ground_truth.jsonl"
+    truth.unlink(missing_ok=True)
+
+    def step(name: str, report: str, **parameters) -> None:
+        path = run_notebook(name, runs / f"{report}.ipynb", parameters)
+        print(f"demo: {name}.ipynb -> {path}", flush=True)
+
+    # A few faults of the real service, so the generate report shows retries at work.
+    faults = {"rate_limit": 0.02, "bad_gateway": 0.02, "empty_content": 0.02, "truncated_json": 0.01,
+              "connection_reset": 0.01, "retry_after": 1}
+    with run_emulator(speed=args.speed, ground_truth_file=str(truth), seed=2026, faults=faults) as emu:
+        print(f"demo: emulator at {emu.base_url}", flush=True)
+        step("providers", "providers", base_url=emu.base_url, params_dir=str(params), output_dir=str(demo))
+        routing = params / "routing" / "kimi-k2.5.yaml"
+        step("budget", "budget", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
+             reserve_usd=0.05, round_to=1000, output_dir=str(demo))
+        for name in DEMO_DATASETS:
+            step("generate", f"generate-{name}", dataset=name, datasets_file=str(datasets), base_url=emu.base_url,
+                 params_dir=str(params), output_dir=str(demo), concurrency=64, max_tokens=8192, reserve_usd=0.0)
+        step("tokenizer", "tokenizer", records=str(demo / "datasets" / DEMO_DATASETS[0] / "records.jsonl"),
+             truth=str(truth))
+        step("tokenizer", "tokenizer-samples")
+        step("budget", "budget-actual", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
+             reserve_usd=0.05, round_to=1000, output_dir=str(demo), write=False)
     return 0
 
 

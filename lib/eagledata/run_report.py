@@ -1,0 +1,89 @@
+"""The run report of generate.ipynb: tables and plots from summary.json and records.jsonl."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .records import iter_jsonl
+
+
+def load_summary(dataset_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(dataset_dir) / "summary.json").read_text())
+
+
+def record_stats(dataset_dir: str | Path):
+    """One row per record (no ids or text): provider, finish reason, token counts, cost."""
+    import pandas as pd
+
+    rows = []
+    path = Path(dataset_dir) / "records.jsonl"
+    if path.is_file():
+        for _, r in iter_jsonl(path, tolerate_torn_tail=True):
+            u = r.get("usage") or {}
+            rows.append({"provider": r.get("provider") or "?", "finish_reason": r.get("finish_reason"),
+                         "output_tokens": len(r.get("output_ids") or []), "prompt_tokens": len(r.get("prompt_ids") or []),
+                         "reasoning_tokens": u.get("reasoning_tokens") or 0, "cost": u.get("cost")})
+    return pd.DataFrame(rows, columns=["provider", "finish_reason", "output_tokens", "prompt_tokens",
+                                       "reasoning_tokens", "cost"])
+
+
+def summary_table(summary: dict[str, Any]):
+    """The headline figures of one run as a two-column table."""
+    import pandas as pd
+
+    run = summary["run"]
+    rows = [
+        ("stop reason", summary["stop_reason"]),
+        ("records (dataset / this run)", f"{summary['records']:,} / {run['recorded']:,}"),
+        ("failures (dataset / this run)", f"{summary['failures']:,} / {run['failed']:,}"),
+        ("prompts remaining", f"{summary['remaining']:,} of {summary['prompts']:,}"),
+        ("output tokens (dataset / target)", f"{summary['output_tokens']:,} / "
+                                             f"{summary['target_output_tokens'] or '-'}"),
+        ("output tokens this run", f"{run['output_tokens']:,}"),
+        ("spend this run", f"${run['spend_usd']:,.4f}" + (f" of ${run['max_spend_usd']:g} cap" if run['max_spend_usd'] else "")),
+        ("wall time", f"{summary['wall_s']:,.1f} s"),
+        ("throughput", f"{run['output_tokens_per_s']:,.0f} output tok/s"),
+        ("$ per M output (run / cheapest eligible)",
+         f"{run['usd_per_m_output'] if run['usd_per_m_output'] is not None else '-'} / "
+         f"{run['cheapest_eligible_usd_per_m_output'] if run['cheapest_eligible_usd_per_m_output'] is not None else '-'}"),
+        ("retries", f"{run['retried']:,}"),
+    ]
+    return pd.DataFrame(rows, columns=["", "value"]).set_index("")
+
+
+def plot_run(summary: dict[str, Any], stats):
+    """Throughput and spend over time, provider mix, finish reasons, output lengths, error classes."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    cols = summary["timeline_columns"]
+    tl = summary["timeline"]
+    t = [row[cols.index("t_s")] for row in tl]
+    tokens = [row[cols.index("output_tokens")] for row in tl]
+    spend = [row[cols.index("spend_usd")] for row in tl]
+    rate = [0.0] + [(b - a) / max(tb - ta, 1e-9) for a, b, ta, tb in zip(tokens, tokens[1:], t, t[1:])]
+    ax = axes[0, 0]
+    ax.plot(t, rate, color="tab:blue")
+    ax.set(title="throughput", xlabel="seconds", ylabel="output tokens / s")
+    ax = axes[0, 1]
+    ax.plot(t, spend, color="tab:green")
+    cap = summary["run"]["max_spend_usd"]
+    if cap:
+        ax.axhline(cap, color="tab:red", ls="--", label=f"cap ${cap:g}")
+        ax.legend()
+    ax.set(title="spend", xlabel="seconds", ylabel="USD")
+    providers = summary["run"]["providers"] or {"none": 0}
+    axes[0, 2].barh(list(providers), list(providers.values()), color="tab:purple")
+    axes[0, 2].set(title="provider mix (this run)", xlabel="records")
+    finish = summary["run"]["finish_reasons"] or {"none": 0}
+    axes[1, 0].bar(list(finish), list(finish.values()), color="tab:orange")
+    axes[1, 0].set(title="finish reasons (this run)", ylabel="records")
+    if len(stats):
+        axes[1, 1].hist(stats["output_tokens"], bins=40, color="tab:blue")
+    axes[1, 1].set(title="output length (dataset)", xlabel="tokens", ylabel="records")
+    errors = summary["run"]["errors"] or {"none": 0}
+    axes[1, 2].barh(list(errors), list(errors.values()), color="tab:red")
+    axes[1, 2].set(title="error classes (retried or failed)", xlabel="responses")
+    fig.tight_layout()
+    return fig
