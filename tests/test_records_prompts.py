@@ -98,3 +98,25 @@ def test_empty_and_missing_prompt_files(tmp_path):
         load_prompts(write_lines(tmp_path / "p.jsonl", []))
     with pytest.raises(InputError, match=r"missing\.jsonl: cannot open"):
         load_prompts(tmp_path / "missing.jsonl")
+
+
+def test_scan_skips_finished_lines_but_validates_the_rest(tmp_path):
+    from eagledata.prompts import scan_prompts
+
+    lines = [json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]}) for i in range(5)]
+    lines[1] = '{"id": "p1", "messages": "finished earlier, not re-parsed"}'
+    path = write_lines(tmp_path / "p.jsonl", lines)
+    scan = scan_prompts(path, done={"p1", "p3"})
+    assert scan.total == 5 and [p.id for p in scan] == ["p0", "p2", "p4"]
+    assert [p.id for p in scan_prompts(path, done={"p1"}, limit=3)] == ["p0", "p2"]
+    with pytest.raises(InputError, match=r"p\.jsonl:2: field 'messages'"):
+        scan_prompts(path)
+    write_lines(path, lines + [lines[3]])
+    with pytest.raises(InputError, match=r"p\.jsonl:6: duplicate id 'p3' \(first on line 4\)"):
+        scan_prompts(path, done={"p1", "p3"})
+
+
+def test_prompt_id_with_tab_is_refused(tmp_path):
+    path = write_lines(tmp_path / "p.jsonl", [json.dumps({"id": "a\tb", "messages": [{"role": "user", "content": "q"}]})])
+    with pytest.raises(InputError, match="p.jsonl:1: field 'id': must not contain tabs"):
+        load_prompts(path)

@@ -29,8 +29,8 @@ from .api import OPENROUTER_URL, APIError, get_json, make_client, resolve_api_ke
 from .datasets import get_dataset
 from .errors import InputError
 from .openrouter import Answer, Kind, Outcome, build_request, complete
-from .prompts import Prompt, iter_prompts
-from .providers import (Catalog, PrecisionPolicy, RoutingDecision, decide, fetch_catalog_async, routing_path)
+from .prompts import Prompt, PromptScan, scan_prompts
+from .providers import PrecisionPolicy, RoutingDecision, decide, fetch_catalog_async, routing_path
 from .records import Record
 from .roundtrip import agreement
 from .sequences import output_ids, prompt_ids
@@ -125,24 +125,13 @@ async def read_balance(client) -> float | None:
     return None if remaining is None else float(remaining)
 
 
-def _count_prompts(path: Path, limit: int | None) -> int:
-    """Validate every line before the first request (a bad line names file:line) and count."""
-    n = 0
-    for n, _ in enumerate(iter_prompts(path), 1):
-        if limit is not None and n >= limit:
-            return limit
-    if n == 0:
-        raise InputError("no prompts in file", path)
-    return n
-
-
 class Run:
     """One generation run over one dataset. Use `await Run.start(cfg)` then `await run.execute()`."""
 
     def __init__(self, cfg: GenerateConfig, tok: KimiTokenizer, store: Store, routing: RoutingDecision,
-                 total_prompts: int, target: int | None, prompts_path: Path):
+                 scan: PromptScan, target: int | None):
         self.cfg, self.tok, self.store, self.routing = cfg, tok, store, routing
-        self.total_prompts, self.target, self.prompts_path = total_prompts, target, prompts_path
+        self.total_prompts, self.target = scan.total, target
         prices = routing.max_price_per_m() if cfg.backend == "openrouter" else (0.0, 0.0)
         if prices is None:
             raise InputError("the routing decision has no price to reserve against", field="routing")
@@ -153,7 +142,7 @@ class Run:
         self.cond = asyncio.Condition()
         self.retries: list[_Item] = []
         self.seq = itertools.count()
-        self.new_prompts = self._prompt_stream()
+        self.new_prompts = iter(scan)
         self.prompts_exhausted = False
         self.holding = 0          # items in workers' hands (tokenizing, waiting for money, in flight)
         self.in_flight = 0        # HTTP requests under way
@@ -186,14 +175,13 @@ class Run:
         spec = get_dataset(cfg.datasets_file, cfg.dataset)
         if not spec.prompts.is_file():
             raise InputError("prompts file not found", spec.prompts, field=f"{cfg.dataset}.prompts")
-        total = _count_prompts(spec.prompts, cfg.limit)
-        tok = load_tokenizer(cfg.tokenizer)
-        routing = await load_routing(cfg) if cfg.backend == "openrouter" else \
-            RoutingDecision(cfg.model, {}, [], [], [], "", "")
         store = Store.open(Path(cfg.output_dir) / "datasets" / cfg.dataset)
         try:
-            run = cls(cfg, tok, store, routing, total, cfg.target_output_tokens or spec.target_output_tokens,
-                      spec.prompts)
+            scan = scan_prompts(spec.prompts, store.done, cfg.limit)  # every bad line named before any request
+            tok = load_tokenizer(cfg.tokenizer)
+            routing = await load_routing(cfg) if cfg.backend == "openrouter" else \
+                RoutingDecision(cfg.model, {}, [], [], [], "", "")
+            run = cls(cfg, tok, store, routing, scan, cfg.target_output_tokens or spec.target_output_tokens)
             if cfg.backend == "openrouter":
                 run.balance_start = await read_balance(client)
                 run.guard.balance_usd = run.balance_start
@@ -201,13 +189,6 @@ class Run:
             store.close()
             raise
         return run
-
-    def _prompt_stream(self) -> Iterator[Prompt]:
-        for i, p in enumerate(iter_prompts(self.prompts_path)):
-            if self.cfg.limit is not None and i >= self.cfg.limit:
-                return
-            if p.id not in self.store.done:
-                yield p
 
     # -- scheduling -----------------------------------------------------------------------------
     def _estimate_tokens(self) -> float:

@@ -1,6 +1,9 @@
 """Prompt files: JSONL of `{id, messages}` or ShareGPT `{id, conversations}`; bad lines name file:line."""
 from __future__ import annotations
 
+import json
+import re
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -30,6 +33,8 @@ def normalize_prompt(obj: Any) -> Prompt:
     pid = obj.get("id")
     if not isinstance(pid, (str, int)) or isinstance(pid, bool) or str(pid) == "":
         raise InputError("missing or empty (a unique string is needed)", field="id")
+    if isinstance(pid, str) and ("\t" in pid or "\n" in pid or "\r" in pid):
+        raise InputError("must not contain tabs or line breaks", field="id")
     if "messages" in obj:
         messages = obj["messages"]
         if not isinstance(messages, list):
@@ -81,3 +86,64 @@ def load_prompts(path: str | Path) -> list[Prompt]:
     if not prompts:
         raise InputError("no prompts in file", path)
     return prompts
+
+
+# `{"id": "<plain string>"` at the start of a line: lets a resume skip finished prompts unparsed.
+_LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*"([^"\\\t\r\n]*)"')
+
+
+@dataclass
+class PromptScan:
+    """One validating pass over a prompt file: how many prompts, and where the unfinished ones are."""
+
+    path: Path
+    total: int
+    pending: array  # byte offsets of prompts not in `done`, in file order
+
+    def __iter__(self) -> Iterator[Prompt]:
+        with self.path.open("rb") as f:
+            for offset in self.pending:
+                f.seek(offset)
+                yield normalize_prompt(json.loads(f.readline()))
+
+
+def scan_prompts(path: str | Path, done: set[str] = frozenset(), limit: int | None = None) -> PromptScan:
+    """Validate the first `limit` prompts (all by default), naming file:line for a bad one.
+
+    Lines of finished prompts (their id in `done`) are only checked for a duplicate id: a resume over a
+    million finished prompts costs one regex per line instead of a JSON parse.
+    """
+    path = Path(path)
+    seen: dict[str, int] = {}
+    pending = array("q")
+    total = 0
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise InputError(f"cannot open: {e.strerror}", path) from None
+    with f:
+        offset = 0
+        for lineno, raw in enumerate(f, 1):
+            start, offset = offset, offset + len(raw)
+            if limit is not None and total >= limit:
+                break
+            m = _LEADING_ID.match(raw)
+            pid = m.group(1).decode("utf-8", "replace") if m else None
+            if pid is None or pid not in done:
+                if not raw.strip():
+                    continue
+                try:
+                    pid = normalize_prompt(json.loads(raw)).id
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise InputError(f"not valid JSON: {getattr(e, 'msg', e)}", path, lineno) from None
+                except InputError as e:
+                    raise InputError(str(e), path, lineno) from None
+                if pid not in done:
+                    pending.append(start)
+            if pid in seen:
+                raise InputError(f"duplicate id {pid!r} (first on line {seen[pid]})", path, lineno)
+            seen[pid] = lineno
+            total += 1
+    if total == 0:
+        raise InputError("no prompts in file", path)
+    return PromptScan(path, total, pending)

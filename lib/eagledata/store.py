@@ -85,6 +85,20 @@ def _index_line(rid: str, end: int, tokens: int, cost: float) -> str:
     return f"{rid}\t{end}\t{tokens}\t{cost!r}\n"
 
 
+def _read_index(index: Path, records_size: int) -> list[Entry]:
+    """The index's entries; [] (rebuild from the records) when a line is bad or points past the file."""
+    entries: list[Entry] = []
+    try:
+        for line in index.read_text().splitlines():
+            rid, end, tokens, cost = line.split("\t")
+            entries.append((rid, int(end), int(tokens), float(cost)))
+    except ValueError:
+        return []
+    if entries and entries[-1][1] > records_size:
+        return []
+    return entries
+
+
 def _failure_ids(path: Path) -> list[tuple[int, str]]:
     out = []
     with path.open("rb") as f:
@@ -143,26 +157,16 @@ class Store:
         _repair_tail(index)
         indexed: list[Entry] = []
         if index.exists() and records.exists():
-            size = records.stat().st_size
-            for line in index.read_text().splitlines():
-                parts = line.split("\t")
-                try:
-                    entry = (parts[0], int(parts[1]), int(parts[2]), float(parts[3]))
-                except (IndexError, ValueError):
-                    entry = None
-                if entry is None or entry[1] > size:
-                    indexed = []  # an index that does not fit the file is rebuilt from it
-                    break
-                indexed.append(entry)
+            indexed = _read_index(index, records.stat().st_size)
         tail = _entries_of_lines(records, indexed[-1][1] if indexed else 0) if records.exists() else []
         if tail or not indexed:
             with index.open("a" if indexed else "w") as f:
                 f.writelines(_index_line(*e) for e in tail)
-        entries = indexed + tail
-        self.recorded = len(entries)
-        self.done.update(e[0] for e in entries)
-        self.output_tokens = sum(e[2] for e in entries)
-        self.spend_usd = sum(e[3] for e in entries)
+        self.done.update(e[0] for e in indexed)
+        self.done.update(e[0] for e in tail)
+        self.recorded = len(indexed) + len(tail)
+        self.output_tokens = sum(e[2] for e in indexed) + sum(e[2] for e in tail)
+        self.spend_usd = sum(e[3] for e in indexed) + sum(e[3] for e in tail)
         if len(self.done) != self.recorded:
             raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
                              records)
