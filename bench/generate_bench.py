@@ -55,7 +55,7 @@ def efficiency(latency: float, requests: int) -> None:
         print(f"efficiency: {done:,} requests, L={latency:g}s, 2000 in flight, wall {s['wall_s']:.2f}s -> "
               f"{rate:,.1f} req/s vs ideal {ideal:,.1f} = {rate / ideal:.3f} "
               f"(vs a perfect client on {waves} waves {best:,.1f} req/s = {rate / best:.3f}); "
-              f"server in-flight peak {emu.stats()['in_flight_peak']}")
+              f"server in-flight peak {emu.stats()['in_flight_peak']}; client errors {s['run']['errors']}")
 
 
 def rss(prompts: int, seconds: float) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .aio import run_sync
-from .api import OPENROUTER_URL, APIError, get_json, make_client, resolve_api_key
+from .api import OPENROUTER_URL, APIError, ClientPool, get_json, resolve_api_key
 from .datasets import get_dataset
 from .errors import InputError
 from .openrouter import Answer, Kind, Outcome, build_request, complete
@@ -269,6 +269,7 @@ class Run:
 
     # -- one request ------------------------------------------------------------------------------
     async def worker(self, client) -> None:
+        """One concurrency slot: its own connection from `client` (a shard of the pool)."""
         while (item := await self._take()) is not None:
             try:
                 await self._work(client, item)
@@ -426,10 +427,10 @@ class Run:
             self.bar = tqdm(total=self.total_prompts, initial=len(self.store.done), unit="prompt",
                             desc=f"{self.cfg.dataset} prompts", dynamic_ncols=True)
 
-    async def execute(self, client) -> dict[str, Any]:
+    async def execute(self, clients: ClientPool) -> dict[str, Any]:
         self._open_bar()
-        workers = [asyncio.ensure_future(self.worker(client)) for _ in range(self.cfg.concurrency)]
-        ticker = asyncio.ensure_future(self._ticker(client))
+        workers = [asyncio.ensure_future(self.worker(clients[i])) for i in range(self.cfg.concurrency)]
+        ticker = asyncio.ensure_future(self._ticker(clients[0]))
         restore = _install_signal_handlers(lambda: self._on_signal(workers))
         try:
             await asyncio.gather(*workers, return_exceptions=False)
@@ -537,11 +538,10 @@ async def run_generation(cfg: GenerateConfig) -> dict[str, Any]:
     after the summary is written."""
     cfg.check()
     key = resolve_api_key(cfg.base_url, cfg.api_key_env)
-    async with make_client(cfg.base_url, key, concurrency=cfg.concurrency + 8,
-                           timeout=cfg.request_timeout_s) as client:
-        run = await Run.start(cfg, client)
+    async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
+        run = await Run.start(cfg, clients[0])
         try:
-            summary = await run.execute(client)
+            summary = await run.execute(clients)
         finally:
             run.store.close()
     if run.fatal is not None:

@@ -63,8 +63,9 @@ def normalize_endpoint(raw: dict) -> dict[str, Any]:
         "provider": provider,
         "tag": raw.get("tag") or str(provider).lower().replace(" ", "-"),
         "quantization": (raw.get("quantization") or "unknown").lower(),
-        "prompt_per_m": None if prompt is None else prompt * 1e6,
-        "completion_per_m": None if completion is None else completion * 1e6,
+        # $/token strings → $/M, rounded so 0.0000022 is 2.2 exactly (max_price compares against it)
+        "prompt_per_m": None if prompt is None else round(prompt * 1e6, 9),
+        "completion_per_m": None if completion is None else round(completion * 1e6, 9),
         "context_length": raw.get("context_length"),
         "max_completion_tokens": raw.get("max_completion_tokens"),
         "status": int(_num(raw.get("status")) or 0),

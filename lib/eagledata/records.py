@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -45,9 +45,12 @@ class Record:
         return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if not d["meta"]:
-            del d["meta"]
+        """Shallow (no deep copy of the id lists: this runs once per record at 2,000 in flight)."""
+        d = {f: getattr(self, f) for f in _FIELD_ORDER}
+        d["usage"] = {"prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens,
+                      "reasoning_tokens": self.usage.reasoning_tokens, "cost": self.usage.cost}
+        if self.meta:
+            d["meta"] = self.meta
         return d
 
     def to_json(self) -> str:
@@ -86,6 +89,7 @@ class Record:
         return cls.from_dict(json.loads(line))
 
 
+_FIELD_ORDER = [f.name for f in fields(Record) if f.name != "meta"]
 _FIELDS = {f.name for f in fields(Record)}
 _REQUIRED = ("id", "dataset", "messages", "reasoning", "content", "finish_reason")
 _USAGE_FIELDS = {f.name for f in fields(Usage)}
