@@ -246,3 +246,23 @@ def test_notebook_run_leaks_no_key(emu, tokenizer_dir, tmp_path, monkeypatch, ex
     for p in written:
         assert secret.encode() not in p.read_bytes(), p
     assert emu.stats()["requests"] > 0
+
+
+def test_sigterm_stops_issuing_and_drains(emu, tok, tmp_path):
+    reset(emu, speed=0.3, seed=14)
+    datasets = make_dataset(tmp_path, 400)
+    cmd = [sys.executable, "-m", "eagledata.generate", "--dataset", "D", "--datasets-file", str(datasets),
+           "--base-url", emu.base_url, "--output-dir", str(tmp_path / "out"), "--params-dir", str(tmp_path / "params"),
+           "--concurrency", "50", "--max-tokens", "400", "--progress", "false", "--reserve-usd", "0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    records_file = dataset_dir(tmp_path) / "records.jsonl"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not (records_file.exists() and records_file.stat().st_size):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and 0 < summary["records"] < 400
+    records = load_records(records_file)  # strict: every line whole
+    assert len({r.id for r in records}) == len(records) == summary["records"]
