@@ -59,16 +59,18 @@ def efficiency(latency: float, requests: int) -> None:
 
 
 def rss(prompts: int, seconds: float) -> None:
-    with tempfile.TemporaryDirectory() as tmp, run_emulator(speed=0.05, content=TINY) as emu:
+    with tempfile.TemporaryDirectory() as tmp, run_emulator(speed=1, content=TINY) as emu:
         d = Path(tmp)
         datasets = write_prompts(d, prompts)
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
         async def bounded():
-            task = asyncio.ensure_future(run_generation(cfg(d, datasets, emu.base_url)))
-            await asyncio.sleep(seconds)
-            os.kill(os.getpid(), 2)  # SIGINT: the engine stops issuing and drains
-            return await task
+            # SIGINT after `seconds`: the engine stops issuing and drains, as on Ctrl-C
+            timer = asyncio.get_running_loop().call_later(seconds, os.kill, os.getpid(), 2)
+            try:
+                return await run_generation(cfg(d, datasets, emu.base_url, drain_timeout_s=5))
+            finally:
+                timer.cancel()
 
         s = asyncio.run(bounded())
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

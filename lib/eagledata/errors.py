@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 
 class InputError(ValueError):
@@ -18,3 +19,11 @@ class InputError(ValueError):
         if field is not None:
             where = f"{where} field '{field}'" if where else f"field '{field}'"
         super().__init__(f"{where}: {message}" if where else message)
+
+
+def open_input(path: str | Path) -> BinaryIO:
+    """Open an input file for reading, or fail with one message naming it."""
+    try:
+        return Path(path).open("rb")
+    except OSError as e:
+        raise InputError(f"cannot open: {e.strerror}", path) from None

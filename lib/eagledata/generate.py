@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .aio import run_sync
 from .api import OPENROUTER_URL, APIError, ClientPool, get_json, resolve_api_key
@@ -96,10 +96,6 @@ class _Item:
     attempts: int = field(default=0, compare=False)
     prompt_ids: list[int] | None = field(default=None, compare=False)
     last_error: dict | None = field(default=None, compare=False)
-
-
-class _Stop(Exception):
-    pass
 
 
 async def load_routing(cfg: GenerateConfig) -> RoutingDecision:

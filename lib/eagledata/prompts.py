@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import InputError
-from .records import iter_jsonl
+from .errors import InputError, open_input
 
 ROLES = {"system", "user", "assistant", "tool"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -68,24 +67,12 @@ def normalize_prompt(obj: Any) -> Prompt:
 
 
 def iter_prompts(path: str | Path) -> Iterator[Prompt]:
-    """Stream prompts (flat memory for large files); duplicate ids are an error naming both lines."""
-    seen: dict[str, int] = {}
-    for lineno, obj in iter_jsonl(path):
-        try:
-            prompt = normalize_prompt(obj)
-        except InputError as e:
-            raise InputError(str(e), path, lineno) from None
-        if prompt.id in seen:
-            raise InputError(f"duplicate id {prompt.id!r} (first on line {seen[prompt.id]})", path, lineno)
-        seen[prompt.id] = lineno
-        yield prompt
+    """Every prompt of a file, validated first (a bad line or a duplicate id names file:line)."""
+    return iter(scan_prompts(path))
 
 
 def load_prompts(path: str | Path) -> list[Prompt]:
-    prompts = list(iter_prompts(path))
-    if not prompts:
-        raise InputError("no prompts in file", path)
-    return prompts
+    return list(scan_prompts(path))
 
 
 # `{"id": "<plain string>"` at the start of a line: lets a resume skip finished prompts unparsed.
@@ -117,11 +104,7 @@ def scan_prompts(path: str | Path, done: set[str] = frozenset(), limit: int | No
     seen: dict[str, int] = {}
     pending = array("q")
     total = 0
-    try:
-        f = path.open("rb")
-    except OSError as e:
-        raise InputError(f"cannot open: {e.strerror}", path) from None
-    with f:
+    with open_input(path) as f:
         offset = 0
         for lineno, raw in enumerate(f, 1):
             start, offset = offset, offset + len(raw)

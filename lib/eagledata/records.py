@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import InputError
+from .errors import InputError, open_input
 
 
 @dataclass
@@ -102,12 +102,7 @@ def iter_jsonl(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterato
     mid-write leaves; it is dropped instead of failing (checkpoint resume).
     """
     path = Path(path)
-    try:
-        f = path.open("rb")
-    except OSError as e:
-        raise InputError(f"cannot open: {e.strerror}", path) from None
-    with f:
-        lineno = 0
+    with open_input(path) as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
