@@ -1,7 +1,6 @@
 """The datasets file (`params/datasets.yaml`): `<name>: {prompts: <path>, target_output_tokens: <int>}`."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,16 +8,6 @@ from typing import Any
 import yaml
 
 from .errors import InputError
-
-
-def use_project_root() -> Path:
-    """In JupyterLab the kernel starts in notebooks/; move to the project root so relative paths
-    (params/, outputs/) mean the same as under `papermill` run from the root."""
-    cwd = Path.cwd()
-    if cwd.name == "notebooks" and (cwd.parent / "lib" / "eagledata").is_dir():
-        os.chdir(cwd.parent)
-        return cwd.parent
-    return cwd
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,21 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def use_project_root() -> Path:
+    """In JupyterLab the kernel starts in notebooks/; move to the project root so relative paths
+    (params/, outputs/) mean the same as under `papermill` run from the root."""
+    cwd = Path.cwd()
+    if cwd.name == "notebooks" and (cwd.parent / "lib" / "eagledata").is_dir():
+        os.chdir(cwd.parent)
+        return cwd.parent
+    return cwd
 
 
 def notebook_path(name: str) -> Path:
