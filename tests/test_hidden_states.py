@@ -173,6 +173,44 @@ def test_kill_and_resume_with_another_batch_size(models, samples, tmp_path):
     assert again.extracted == 0 and again.complete
 
 
+def test_sigkill_mid_extraction_then_resume(models, tmp_path):
+    """A real kill: the torchrun entry point in a subprocess, SIGKILLed once shards are landing."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = random.Random(7)
+    samples = []
+    for i in range(200):
+        n = rng.randint(20, 120)
+        samples.append(Sample(f"s{i}", "synthetic", [rng.randrange(163_840) for _ in range(n)],
+                              [0] * (n // 2) + [1] * (n - n // 2), False))
+    spec = tmp_path / "samples.jsonl"
+    spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples))
+    model_dir = tmp_path / "llama"
+    models["llama"].save_pretrained(str(model_dir))
+    cmd = [sys.executable, "-m", "eagledata.hidden_states", "--samples", str(spec), "--output-dir", str(tmp_path),
+           "--name", "set", "--model", str(model_dir), "--storage", "fp32", "--device", "cpu",
+           "--max-batch-size", "1", "--shard-bytes", "1024"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = tmp_path / "hidden_states" / "set" / "index.parts"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sum(p.read_bytes().count(b"\n") for p in parts.glob("*.jsonl")) >= 5:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "finished before the kill: make the run longer"
+    resumed = run(samples, tmp_path, models["llama"], storage="fp32", max_batch_size=7)
+    assert resumed.complete and resumed.skipped >= 5 and resumed.extracted + resumed.skipped == len(samples)
+    whole = run(samples, tmp_path / "whole", models["llama"], storage="fp32", max_batch_size=8)
+    _assert_same_set(whole.directory, resumed.directory, samples)
+
+
 def test_world_size_two_equals_world_size_one(models, samples, tmp_path):
     model = models["llama"]
     one = run(samples, tmp_path / "one", model, max_batch_size=4, storage="fp32")
@@ -292,14 +330,16 @@ def test_dataset_names_resolve_under_output_dir(tok, tmp_path):
 
 
 # -- notebook --------------------------------------------------------------------------------------
-def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, execute_notebook, tmp_path):
-    from eagledata.notebooks import cell_outputs_text
+def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, tmp_path):
+    from eagledata.notebooks import cell_outputs_text, run_notebook
 
     model_dir = tmp_path / "tiny-kimi"
     build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
-    out = execute_notebook("hidden_states", datasets=[str(records_file)], output_dir=str(tmp_path / "out"),
-                           name="demo", model=str(model_dir), tokenizer=str(tokenizer_dir), storage="bf16",
-                           max_tokens_per_batch=512, device="cpu")
+    # run_notebook directly: the execute_notebook fixture's own `name` argument shadows the notebook's
+    parameters = dict(datasets=[str(records_file)], output_dir=str(tmp_path / "out"), name="demo",
+                      model=str(model_dir), tokenizer=str(tokenizer_dir), storage="bf16",
+                      max_tokens_per_batch=512, device="cpu")
+    out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path)
     text = cell_outputs_text(out)
     assert "bytes per token" in text and "verified 12 samples" in text
     manifest = json.loads((tmp_path / "out" / "hidden_states" / "demo" / "manifest.json").read_text())

@@ -563,3 +563,54 @@ def finalize(directory: str | Path, samples: Sequence[Sample], *, tokenizer_fing
     _atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1))
     return manifest
 
+
+
+# -- command line (torchrun) ----------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    """`torchrun --nproc-per-node N -m eagledata.hidden_states --samples speculators.jsonl …`: data parallel,
+    one model copy per GPU (or `--device-map auto` in a single process for a model that needs several)."""
+    import argparse
+
+    from .assemble import read_samples
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--samples", required=True, help="speculators export: {id, input_ids, loss_mask} per line")
+    ap.add_argument("--output-dir", default="outputs")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--model", required=True, help="checkpoint directory or hub id")
+    ap.add_argument("--layers", type=int, nargs=3, default=None)
+    ap.add_argument("--final", choices=["post_norm", "pre_norm"], default="post_norm")
+    ap.add_argument("--storage", choices=list(STORAGE_DTYPES), default="bf16")
+    ap.add_argument("--max-tokens-per-batch", type=int, default=ExtractOptions.max_tokens_per_batch)
+    ap.add_argument("--max-batch-size", type=int, default=None)
+    ap.add_argument("--shard-bytes", type=int, default=ExtractOptions.shard_bytes)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--device-map", default=None)
+    args = ap.parse_args(argv)
+    rank, world_size = _dist()
+    device = args.device
+    if world_size > 1:
+        cuda = device.startswith("cuda")
+        if cuda:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+            torch.cuda.set_device(device)
+        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    options = ExtractOptions(layers=args.layers, final=args.final, storage=args.storage,
+                             max_tokens_per_batch=args.max_tokens_per_batch, max_batch_size=args.max_batch_size,
+                             shard_bytes=args.shard_bytes)
+    try:
+        result = extract(read_samples(args.samples), args.output_dir, args.name, args.model, options=options,
+                         device=device, device_map=args.device_map, progress=rank == 0)
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    print(json.dumps({"rank": rank, "world_size": world_size, "extracted": result.extracted,
+                      "skipped": result.skipped, "tokens": result.tokens, "seconds": round(result.seconds, 3),
+                      "complete": result.complete}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -90,3 +90,65 @@ class HiddenStates:
                                  self.directory / INDEX)
             n += 1
         return n
+
+
+def layer_labels(manifest: dict[str, Any]) -> list[str]:
+    return [f"aux h[{i}]" for i in manifest["layers"]] + [f"final ({manifest['final'].replace('_', '-')})"]
+
+
+def state_norms(hs: HiddenStates, max_samples: int = 64) -> Any:
+    """Per-token L2 norms of each stored state (first `max_samples` samples): a frame with
+    columns sample, position, layer, norm, loss — the data behind the sanity plot."""
+    import pandas as pd
+
+    labels = layer_labels(hs.manifest)
+    frames = []
+    for i in range(min(max_samples, len(hs))):
+        s = hs[i]
+        states = torch.cat([s.aux_hidden_states, s.final_hidden_state[:, None]], 1).float()
+        norms = states.norm(dim=-1)  # [T, 4]
+        t = norms.shape[0]
+        for k, label in enumerate(labels):
+            frames.append(pd.DataFrame({"sample": hs.entries[i].id, "position": range(t), "layer": label,
+                                        "norm": norms[:, k].numpy(), "loss": s.loss_mask.numpy()}))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["sample", "position", "layer", "norm", "loss"])
+
+
+def plot_state_norms(hs: HiddenStates, max_samples: int = 64) -> Any:
+    """Mean norm by position per layer, and the norm distribution per layer.
+
+    What to look for: smooth curves growing with depth; a spike at position 0 is the usual
+    attention-sink token; flat zeros or NaNs would mean a capture or storage fault.
+    """
+    import matplotlib.pyplot as plt
+
+    df = state_norms(hs, max_samples)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
+    for label, group in df.groupby("layer", sort=False):
+        by_pos = group.groupby("position")["norm"].mean()
+        left.plot(by_pos.index, by_pos.values, label=label)
+    left.set_xlabel("position")
+    left.set_ylabel("mean L2 norm")
+    left.set_yscale("log")
+    left.set_title(f"Hidden-state norms by position ({df['sample'].nunique()} samples)")
+    left.legend()
+    labels = list(dict.fromkeys(df["layer"]))
+    right.boxplot([df.loc[df["layer"] == lb, "norm"].values for lb in labels], showfliers=False)
+    right.set_xticks(range(1, len(labels) + 1), labels)
+    right.set_ylabel("L2 norm per token")
+    right.set_yscale("log")
+    right.set_title("Norm distribution by layer")
+    fig.tight_layout()
+    return fig
+
+
+def summary(hs: HiddenStates) -> dict[str, Any]:
+    """The manifest's headline figures, with the bytes a token costs against the 8·H bf16 reference."""
+    m = hs.manifest
+    return {"model": m["model"], "layers (HF hidden_states)": m["layers"], "final": m["final"],
+            "storage": m["dtype"], "hidden size": m["hidden_size"], "samples": m["num_samples"],
+            "tokens": m["num_tokens"], "loss tokens": m["num_loss_tokens"], "shards": len(m["shards"]),
+            "bytes": m["bytes"], "bytes per token": round(m["bytes_per_token"], 1),
+            "bf16 reference 8·H": 8 * m["hidden_size"],
+            "reconstruction rel. RMSE": f"{m['reconstruction_rel_rmse']:.2e}"}
