@@ -14,6 +14,7 @@ import json
 import os
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Sequence
@@ -329,7 +330,10 @@ def read_parts(directory: Path) -> dict[str, IndexEntry]:
 
 
 class _ShardWriter:
-    """Buffers whole batches and writes one shard at a time: temp file, fsync, claim, then index."""
+    """Buffers whole batches and writes one shard at a time: temp file, fsync, claim, then index.
+
+    Writing overlaps compute (a thread: safetensors and fsync release the GIL), so disk speed only
+    shows when it is slower than the model."""
 
     def __init__(self, directory: Path, part: Path, storage: Storage, shard_bytes: int, hidden_size: int):
         self.directory, self.part, self.storage = directory, part, storage
@@ -341,6 +345,9 @@ class _ShardWriter:
         self.tokens = 0
         self.sq_err = 0.0  # reconstruction error of the stored states vs the computed ones (sampled)
         self.sq_ref = 0.0
+        # One shard is written in the background while the next batches compute (at most two in memory).
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
+        self.pending: Future | None = None
 
     def add(self, samples: Sequence[Sample], states: torch.Tensor) -> None:
         """`states` [N, 4, H] of `samples` back to back; cast (or quantized) once per batch."""
@@ -361,32 +368,52 @@ class _ShardWriter:
             self.flush()
 
     def flush(self) -> None:
+        """Hand the buffered samples to the writer thread (after the previous shard is done)."""
         if not self.samples:
             return
+        job = (self.samples, self.states, self.scales, self.sq_err, self.sq_ref)
+        self.samples, self.states, self.scales, self.tokens, self.sq_err, self.sq_ref = [], [], [], 0, 0.0, 0.0
+        self.wait()
+        self.pending = self.pool.submit(self._write, *job)
+
+    def wait(self) -> None:
+        """Block until the shard in flight is written and indexed; its error, if any, is raised here."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def close(self) -> None:
+        """Finish the shard in flight (it is complete data); what is still buffered is dropped."""
+        try:
+            self.wait()
+        finally:
+            self.pool.shutdown()
+
+    def _write(self, samples: list[Sample], states: list[torch.Tensor], scales: list[torch.Tensor],
+               sq_err: float, sq_ref: float) -> None:
         from safetensors.torch import save_file
 
         tensors = {
-            "input_ids": torch.tensor([i for s in self.samples for i in s.input_ids], dtype=torch.int32),
-            "loss_mask": torch.tensor([m for s in self.samples for m in s.loss_mask], dtype=torch.uint8),
-            "hidden_states": torch.cat(self.states) if len(self.states) > 1 else self.states[0],
+            "input_ids": torch.tensor([i for s in samples for i in s.input_ids], dtype=torch.int32),
+            "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8),
+            "hidden_states": torch.cat(states) if len(states) > 1 else states[0],
         }
         if self.storage == "fp8":
-            tensors["scales"] = torch.cat(self.scales)
-        meta = {"format": FORMAT, "sq_err": repr(self.sq_err), "sq_ref": repr(self.sq_ref)}
+            tensors["scales"] = torch.cat(scales)
+        meta = {"format": FORMAT, "sq_err": repr(sq_err), "sq_ref": repr(sq_ref)}
         tmp = self.directory / f".shard-tmp-{uuid.uuid4().hex}.safetensors"
         save_file(tensors, str(tmp), metadata=meta)
         with tmp.open("rb+") as f:
             os.fsync(f.fileno())
         name = _claim_shard(self.directory, tmp)
         lines, offset = [], 0
-        for sample in self.samples:
+        for sample in samples:
             lines.append(IndexEntry(sample.id, name, offset, len(sample), sample.digest()).line())
             offset += len(sample)
         with self.part.open("ab") as f:  # one write: a kill leaves whole lines plus at most a torn tail
             f.write("".join(lines).encode())
             f.flush()
             os.fsync(f.fileno())
-        self.samples, self.states, self.scales, self.tokens, self.sq_err, self.sq_ref = [], [], [], 0, 0.0, 0.0
 
 
 # -- extraction -----------------------------------------------------------------------------------
@@ -490,17 +517,20 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, unit="tok", desc=f"rank {rank}/{world_size}")
-    with torch.inference_mode(), Capture(decoder, layers, options.final) as capture:
-        for n, batch in enumerate(batches, 1):
-            group = [mine[i] for i in batch]
-            ids, mask = _pad([s.input_ids for s in group], in_device)
-            states = capture.run(ids, mask, compute_dtype)
-            writer.add(group, states)
-            if bar is not None:
-                bar.update(states.shape[0])
-            if on_batch is not None:
-                on_batch(n)
-        writer.flush()
+    try:
+        with torch.inference_mode(), Capture(decoder, layers, options.final) as capture:
+            for n, batch in enumerate(batches, 1):
+                group = [mine[i] for i in batch]
+                ids, mask = _pad([s.input_ids for s in group], in_device)
+                states = capture.run(ids, mask, compute_dtype)
+                writer.add(group, states)
+                if bar is not None:
+                    bar.update(states.shape[0])
+                if on_batch is not None:
+                    on_batch(n)
+            writer.flush()
+    finally:
+        writer.close()
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - start
