@@ -254,6 +254,10 @@ def test_ids_beyond_vocabulary_fail_before_compute(tok, tmp_path, models):
     with pytest.raises(InputError, match="outside the model's vocabulary"):
         run([sample], tmp_path, models["llama"])
     assert not list((tmp_path / "hidden_states" / "set").glob("shard-*"))
+    config_only = tmp_path / "kimi-config"  # no weights: the check must come before loading them
+    models["kimi_k25"].config.save_pretrained(str(config_only))
+    with pytest.raises(InputError, match=r"sample 'x' \(B1\): token ids \[163840\] outside"):
+        run([sample], tmp_path, config_only)
 
 
 def test_records_from_another_tokenizer_fail(tok, tmp_path):

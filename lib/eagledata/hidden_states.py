@@ -118,6 +118,17 @@ def load_model(model: str | Path | nn.Module, *, device: str = "cpu", dtype: tor
     return loaded.eval()
 
 
+def config_vocab_size(model: str | Path, trust_remote_code: bool = False) -> int:
+    """The text vocabulary from the checkpoint's config alone (a wrapper's `text_config` when present)."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load a model config: {e}", str(model), field="model") from None
+    return int((getattr(config, "text_config", None) or config).vocab_size)
+
+
 def model_name(model: str | Path | nn.Module) -> str:
     if isinstance(model, nn.Module):
         return getattr(getattr(model, "config", None), "name_or_path", "") or type(model).__name__
@@ -489,9 +500,12 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     if not 0 <= rank < world_size:
         raise InputError(f"rank {rank} outside world size {world_size}", field="rank")
     directory = Path(output_dir) / "hidden_states" / name
+    if not isinstance(model, nn.Module):  # refuse bad ids before loading (minutes for Kimi), not after
+        check_samples(samples, config_vocab_size(model))
     loaded = load_model(model, device=device, dtype=dtype, device_map=device_map)
     decoder = find_decoder(loaded)
-    check_samples(samples, decoder.vocab_size)
+    if isinstance(model, nn.Module):
+        check_samples(samples, decoder.vocab_size)
     layers = resolve_layers(options.layers, decoder.num_layers)
     compute_dtype = next(decoder.module.parameters()).dtype
     in_device = decoder.module.embed_tokens.weight.device
