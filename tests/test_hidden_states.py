@@ -226,6 +226,26 @@ def test_world_size_two_equals_world_size_one(models, samples, tmp_path):
     _assert_same_set(one.directory, rest.directory, samples)
 
 
+def test_torchrun_two_processes_on_cpu(models, samples, tmp_path):
+    """The real data-parallel path: torchrun, gloo, a barrier, rank 0 writes index and manifest."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "samples.jsonl"
+    spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples))
+    model_dir = tmp_path / "llama"
+    models["llama"].save_pretrained(str(model_dir))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "eagledata.hidden_states",
+           "--samples", str(spec), "--output-dir", str(tmp_path), "--name", "ws2", "--model", str(model_dir),
+           "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1] and sum(r["extracted"] for r in reports) == len(samples)
+    one = run(samples, tmp_path / "one", models["llama"], storage="fp32", max_batch_size=4)
+    _assert_same_set(one.directory, tmp_path / "hidden_states" / "ws2", samples)
+
+
 def test_resume_refuses_other_settings(models, samples, tmp_path):
     run(samples[:2], tmp_path, models["llama"])
     with pytest.raises(InputError, match="other settings"):
