@@ -1,0 +1,306 @@
+"""One training set from several datasets' records: dedupe, truncation and length policy, exports.
+
+A sample is what the drafter trains on: `input_ids = prompt_ids + output_ids`, `loss_mask` 0 over
+the prompt and 1 over what the model produced. Policies are pure functions over records so that
+the stats table says exactly why each record was left out.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Literal, Sequence
+
+from .errors import InputError
+from .records import Record, iter_jsonl
+from .tokenizer import VOCAB_SIZE, KimiTokenizer
+
+Overlong = Literal["drop", "truncate"]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training sequence, with where it came from (for error messages and stats)."""
+
+    id: str
+    dataset: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    truncated: bool  # generation was cut by max_tokens (finish_reason == "length")
+    cut: bool = False  # shortened here by the max-length policy
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def digest(self) -> str:
+        """Identity of the ids and mask: resume refuses stored states made from other ids."""
+        return sequence_digest(self.input_ids, self.loss_mask)
+
+    def to_speculators(self) -> dict[str, Any]:
+        return {"id": self.id, "input_ids": self.input_ids, "loss_mask": self.loss_mask}
+
+
+def sequence_digest(input_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
+    h = hashlib.sha256(json.dumps([list(input_ids), list(loss_mask)], separators=(",", ":")).encode())
+    return h.hexdigest()[:16]
+
+
+def samples_hash(samples: Iterable[Sample]) -> str:
+    """Hash of a whole set (ids, masks, order): recorded in the hidden-states manifest."""
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(f"{s.id}\0{s.digest()}\n".encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class AssemblyPolicy:
+    keep_truncated: bool = True  # keep generations cut by max_tokens (they are still the model's tokens)
+    max_length: int | None = None  # None: no limit
+    overlong: Overlong = "drop"  # sequences longer than max_length: drop them or cut them to max_length
+    dedupe_prompts: bool = True  # keep only the first record of an identical prompt (same prompt_ids)
+
+
+@dataclass(frozen=True)
+class Located:
+    """A record and the file line it came from, so any later error can name file:line."""
+
+    record: Record
+    path: Path
+    line: int
+
+
+@dataclass
+class Assembly:
+    samples: list[Sample]
+    records: list[Record]  # the kept records, in sample order (SpecForge export needs the text)
+    dropped: Counter  # reason -> count
+    sources: dict[str, str]  # records file -> sha256
+    read: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.samples)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(sum(s.loss_mask) for s in self.samples)
+
+    def digest(self) -> str:
+        return samples_hash(self.samples)
+
+    def stats(self) -> dict[str, Any]:
+        lengths = sorted(len(s) for s in self.samples)
+
+        def pct(q: float) -> int:
+            return lengths[min(len(lengths) - 1, int(q * len(lengths)))] if lengths else 0
+
+        return {"records_read": self.read, "samples": len(self.samples),
+                **{f"dropped_{k}": v for k, v in sorted(self.dropped.items())},
+                "truncated_kept": sum(s.truncated for s in self.samples),
+                "cut_to_max_length": sum(s.cut for s in self.samples),
+                "tokens": self.num_tokens, "loss_tokens": self.num_loss_tokens,
+                "length_p50": pct(0.5), "length_p90": pct(0.9), "length_p99": pct(0.99),
+                "length_max": lengths[-1] if lengths else 0}
+
+    def by_dataset(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for s in self.samples:
+            row = out.setdefault(s.dataset, {"samples": 0, "tokens": 0, "loss_tokens": 0})
+            row["samples"] += 1
+            row["tokens"] += len(s)
+            row["loss_tokens"] += sum(s.loss_mask)
+        return out
+
+
+def records_path(source: str | Path, output_dir: str | Path = "outputs") -> Path:
+    """A dataset name means `<output_dir>/datasets/<name>/records.jsonl`; anything else is a path."""
+    p = Path(source)
+    if p.suffix == ".jsonl" or p.is_file():
+        return p
+    if p.is_dir():
+        return p / "records.jsonl"
+    return Path(output_dir) / "datasets" / str(source) / "records.jsonl"
+
+
+def read_located(path: Path) -> Iterable[Located]:
+    for line, obj in iter_jsonl(path):
+        try:
+            yield Located(Record.from_dict(obj), path, line)
+        except (InputError, TypeError) as e:
+            raise InputError(f"not a valid record: {e}", path, line) from None
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_ids(located: Located, vocab_size: int = VOCAB_SIZE) -> None:
+    """Ids outside the vocabulary cannot be run through the model: name the line and record."""
+    r = located.record
+    for name in ("prompt_ids", "output_ids"):
+        bad = [i for i in getattr(r, name) if not 0 <= i < vocab_size]
+        if bad:
+            raise InputError(f"record {r.id!r}: token ids {bad[:5]} outside the vocabulary (0..{vocab_size - 1})",
+                             located.path, located.line, name)
+
+
+def check_tokenizer(located: Sequence[Located], tok: KimiTokenizer, sample: int = 64) -> None:
+    """Records made with another tokenizer or template are refused before any compute.
+
+    A fingerprint in `meta.tokenizer_fingerprint` must match; and for an evenly spread sample of
+    records, the prompt ids must equal the chat-template render with this tokenizer.
+    """
+    from .sequences import prompt_ids
+
+    for loc in located:
+        fp = loc.record.meta.get("tokenizer_fingerprint")
+        if fp is not None and fp != tok.fingerprint:
+            raise InputError(f"record {loc.record.id!r} was made with another tokenizer (fingerprint {fp[:16]}, "
+                             f"this one {tok.fingerprint[:16]})", loc.path, loc.line, "meta.tokenizer_fingerprint")
+    step = max(1, len(located) // sample) if sample else 0
+    for loc in located[::step] if step else []:
+        r = loc.record
+        if r.prompt_ids and prompt_ids(tok, r.messages) != r.prompt_ids:
+            raise InputError(f"record {r.id!r}: prompt ids are not this tokenizer's render of its messages "
+                             f"(made with another tokenizer or chat template?)", loc.path, loc.line, "prompt_ids")
+
+
+def apply_length_policy(sample: Sample, policy: AssemblyPolicy) -> tuple[Sample | None, str | None]:
+    """(sample or None, drop reason): the max-length rule alone, pure."""
+    if policy.max_length is None or len(sample) <= policy.max_length:
+        return sample, None
+    if policy.overlong == "drop":
+        return None, "too_long"
+    n = policy.max_length
+    if sum(sample.loss_mask[:n]) == 0:
+        return None, "prompt_too_long"
+    return Sample(sample.id, sample.dataset, sample.input_ids[:n], sample.loss_mask[:n], sample.truncated,
+                  cut=True), None
+
+
+def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = "outputs",
+             policy: AssemblyPolicy = AssemblyPolicy(), tok: KimiTokenizer | None = None,
+             vocab_size: int = VOCAB_SIZE, tokenizer_sample: int = 64) -> Assembly:
+    """Merge records files (dataset names or paths) into samples, in source then line order.
+
+    Every record's ids are checked against `vocab_size` and, with `tok`, a sample of prompts is
+    re-rendered: bad input raises before anything is kept.
+    """
+    if isinstance(sources, (str, Path)):
+        sources = [sources]
+    if not sources:
+        raise InputError("no datasets given", field="datasets")
+    located: list[Located] = []
+    hashes: dict[str, str] = {}
+    for source in sources:
+        path = records_path(source, output_dir)
+        if not path.is_file():
+            raise InputError("no records file (dataset name or records.jsonl path)", path)
+        hashes[str(path)] = _file_sha256(path)
+        located.extend(read_located(path))
+    for loc in located:
+        check_ids(loc, vocab_size)
+    if tok is not None:
+        check_tokenizer(located, tok, tokenizer_sample)
+
+    dropped: Counter = Counter()
+    seen_ids: set[str] = set()
+    seen_prompts: set[bytes] = set()
+    samples: list[Sample] = []
+    kept: list[Record] = []
+    for loc in located:
+        r = loc.record
+        reason = None
+        prompt_key = hashlib.sha256(json.dumps(r.prompt_ids).encode()).digest()
+        if r.id in seen_ids:
+            reason = "duplicate_id"
+        elif policy.dedupe_prompts and prompt_key in seen_prompts:
+            reason = "duplicate_prompt"
+        elif not r.prompt_ids or not r.output_ids:
+            reason = "no_ids"
+        elif r.finish_reason == "length" and not policy.keep_truncated:
+            reason = "truncated"
+        sample = None
+        if reason is None:
+            sample, reason = apply_length_policy(
+                Sample(r.id, r.dataset, r.input_ids, r.loss_mask, r.finish_reason == "length"), policy)
+        if reason is not None:
+            dropped[reason] += 1
+            continue
+        seen_ids.add(r.id)
+        seen_prompts.add(prompt_key)
+        samples.append(sample)
+        kept.append(r)
+    return Assembly(samples, kept, dropped, hashes, read=len(located))
+
+
+# -- exports ------------------------------------------------------------------------------------
+def specforge_row(record: Record) -> dict[str, Any]:
+    """SpecForge's regenerated-conversation row: the prompt turns, then the model's own answer."""
+    turns = [{"role": m["role"], "content": m.get("content", "")} for m in record.messages]
+    answer: dict[str, Any] = {"role": "assistant", "content": record.content}
+    if record.reasoning:
+        answer["reasoning_content"] = record.reasoning
+    return {"id": record.id, "conversations": [*turns, answer]}
+
+
+def _write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
+    """Atomic: a reader never sees half an export."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def export_specforge(assembly: Assembly, path: str | Path) -> Path:
+    """Text export. Truncated or cut samples carry the full text; use the ids export to train on exact ids."""
+    return _write_jsonl(path, (specforge_row(r) for r in assembly.records))
+
+
+def export_speculators(assembly: Assembly, path: str | Path) -> Path:
+    """Token export: `{id, input_ids, loss_mask}` per line, exactly the ids the states are taken over."""
+    return _write_jsonl(path, (s.to_speculators() for s in assembly.samples))
+
+
+def read_samples(path: str | Path) -> list[Sample]:
+    """Samples back from a speculators export (e.g. to extract states in another process)."""
+    out = []
+    for line, obj in iter_jsonl(path):
+        try:
+            ids, mask = obj["input_ids"], obj["loss_mask"]
+            if len(ids) != len(mask) or not all(type(i) is int for i in ids):
+                raise ValueError
+            out.append(Sample(str(obj["id"]), obj.get("dataset", ""), ids, mask, False))
+        except (KeyError, TypeError, ValueError):
+            raise InputError("expected {id, input_ids, loss_mask} of equal lengths", path, line) from None
+    return out
+
+
+def plot_lengths(assembly: Assembly, ax: Any = None) -> Any:
+    """Sequence lengths per dataset (prompt + output tokens)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3.5))
+    groups: dict[str, list[int]] = {}
+    for s in assembly.samples:
+        groups.setdefault(s.dataset, []).append(len(s))
+    ax.hist(list(groups.values()), bins=40, stacked=True, label=list(groups))
+    ax.set_xlabel("tokens per sample (prompt + output)")
+    ax.set_ylabel("samples")
+    ax.set_title("Assembled training set: sequence lengths")
+    if groups:
+        ax.legend()
+    return ax

@@ -1,0 +1,370 @@
+"""Assembly and EAGLE-3 hidden-state extraction on CPU with tiny random models (vocabulary sized for Kimi ids)."""
+import json
+
+import pytest
+import torch
+
+from eagledata.assemble import (AssemblyPolicy, Sample, apply_length_policy, assemble, export_specforge,
+                                export_speculators, read_samples)
+from eagledata.errors import InputError
+from eagledata.hidden_states import (ExtractOptions, build_tiny_model, eagle3_layers, extract, find_decoder, owner,
+                                     plan_batches)
+from eagledata.hs_loader import HiddenStates
+from eagledata.records import Record
+
+H, L = 64, 8
+LAYERS = eagle3_layers(L)  # (2, 4, 5)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {f: build_tiny_model(f, hidden_size=H, num_layers=L) for f in ("llama", "deepseek_v3", "kimi_k25")}
+
+
+def make_record(tok, i, *, words=3, finish="stop", prompt=None, dataset="B1"):
+    from eagledata.sequences import output_ids, prompt_ids
+
+    messages = [{"role": "user", "content": prompt or f"question {i}: " + "why " * (i % 5)}]
+    reasoning, content = "think " * words, f"answer {i} " + "so " * (words // 2)
+    return Record(f"r{i}", dataset, messages, reasoning, content, finish,
+                  prompt_ids=prompt_ids(tok, messages), output_ids=output_ids(tok, reasoning, content, finish))
+
+
+@pytest.fixture(scope="module")
+def records_file(tok, tmp_path_factory):
+    """12 records of mixed lengths (about 20 to 140 tokens)."""
+    path = tmp_path_factory.mktemp("records") / "records.jsonl"
+    path.write_text("".join(make_record(tok, i, words=(i * 37) % 120 + 1).to_json() + "\n" for i in range(12)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def samples(records_file):
+    return assemble([records_file]).samples
+
+
+def run(samples, out, model, name="set", **kw):
+    opts = {k: kw.pop(k) for k in list(kw) if k in ExtractOptions.__dataclass_fields__}
+    return extract(samples, out, name, model, options=ExtractOptions(**opts), progress=False, **kw)
+
+
+def reference_states(model, sample):
+    with torch.no_grad():
+        hs = model(torch.tensor([sample.input_ids]), output_hidden_states=True).hidden_states
+    return torch.stack([hs[i][0] for i in LAYERS], 1), hs[-1][0]
+
+
+# -- capture equals output_hidden_states ------------------------------------------------------
+@pytest.mark.parametrize("family", ["llama", "deepseek_v3", "kimi_k25"])
+@pytest.mark.parametrize("batch", [1, 8])
+def test_captured_states_equal_output_hidden_states(family, batch, models, samples, tmp_path):
+    model = models[family]
+    result = run(samples, tmp_path, model, storage="fp32", max_batch_size=batch, max_tokens_per_batch=4096)
+    assert result.complete and result.extracted == len(samples)
+    hs = HiddenStates(result.directory)
+    assert hs.manifest["layers"] == list(LAYERS) and hs.manifest["final"] == "post_norm"
+    assert hs.ids == [s.id for s in samples]
+    for s in samples:
+        got = hs[s.id]
+        aux, final = reference_states(model, s)
+        assert got.input_ids.tolist() == s.input_ids and got.loss_mask.tolist() == s.loss_mask
+        assert got.aux_hidden_states.shape == (len(s), 3, H)
+        torch.testing.assert_close(got.aux_hidden_states, aux, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(got.final_hidden_state, final, atol=1e-4, rtol=1e-4)
+
+
+def test_pre_norm_final_and_layer_override(models, samples, tmp_path):
+    model = models["llama"]
+    decoder = find_decoder(model)
+    result = run(samples[:4], tmp_path, model, storage="fp32", final="pre_norm", layers=[0, 1, 5],
+                 max_batch_size=4)
+    hs = HiddenStates(result.directory)
+    assert hs.manifest["final"] == "pre_norm" and hs.manifest["layers"] == [0, 1, 5]
+    for s in samples[:4]:
+        with torch.no_grad():
+            ref = model(torch.tensor([s.input_ids]), output_hidden_states=True).hidden_states
+            got = hs[s.id]
+            torch.testing.assert_close(got.aux_hidden_states, torch.stack([ref[i][0] for i in (0, 1, 5)], 1),
+                                       atol=1e-4, rtol=1e-4)
+            # HF's last hidden state is the pre-norm state after the final norm
+            torch.testing.assert_close(decoder.module.norm(got.final_hidden_state), ref[-1][0], atol=1e-4, rtol=1e-4)
+
+
+def test_kimi_decoder_is_the_language_model(models):
+    d = find_decoder(models["kimi_k25"])
+    assert d.path == "model.language_model" and d.num_layers == L and d.vocab_size == 163_840
+    assert eagle3_layers(61) == (2, 30, 58)
+
+
+# -- storage size ----------------------------------------------------------------------------------
+def _stored_bytes(directory):
+    from safetensors import safe_open
+
+    total = {}
+    for shard in json.loads((directory / "manifest.json").read_text())["shards"]:
+        with safe_open(str(directory / shard), framework="pt") as f:
+            for k in f.keys():
+                t = f.get_tensor(k)
+                total[k] = total.get(k, 0) + t.numel() * t.element_size()
+    return total
+
+
+def test_bf16_is_8h_bytes_per_token_and_fp8_at_most_4h_plus_16(models, samples, tmp_path):
+    tokens = sum(len(s) for s in samples)
+    bf16 = run(samples, tmp_path, models["llama"], name="bf16", max_batch_size=8)
+    size = _stored_bytes(bf16.directory)
+    assert size["hidden_states"] == 8 * H * tokens
+    assert size["input_ids"] == 4 * tokens and size["loss_mask"] == tokens  # no padding anywhere
+    assert bf16.manifest["dtype"] == "bfloat16" and bf16.manifest["reconstruction_rel_rmse"] < 0.01
+
+    fp8 = run(samples, tmp_path, models["llama"], name="fp8", storage="fp8", max_batch_size=8)
+    size = _stored_bytes(fp8.directory)
+    assert size["hidden_states"] + size["scales"] <= (4 * H + 16) * tokens
+    err = fp8.manifest["reconstruction_rel_rmse"]
+    assert 0 < err < 0.05
+    ref, got = HiddenStates(bf16.directory, dtype=torch.float32), HiddenStates(fp8.directory)
+    for s in samples[:3]:
+        a, b = ref[s.id], got[s.id]
+        assert b.aux_hidden_states.dtype == torch.float32
+        rel = (a.aux_hidden_states - b.aux_hidden_states).norm() / a.aux_hidden_states.norm()
+        assert rel < 0.06
+
+
+# -- resume ----------------------------------------------------------------------------------------
+class Killed(Exception):
+    pass
+
+
+def _kill_after(n):
+    def on_batch(i):
+        if i == n:
+            raise Killed
+    return on_batch
+
+
+def _assert_same_set(a_dir, b_dir, samples):
+    a, b = HiddenStates(a_dir), HiddenStates(b_dir)
+    lines = (b_dir / "index.jsonl").read_text().splitlines()
+    assert len(lines) == len(samples) == len({json.loads(x)["id"] for x in lines})
+    assert b.ids == [s.id for s in samples]
+    for s in samples:
+        x, y = a[s.id], b[s.id]
+        assert torch.equal(x.input_ids, y.input_ids) and torch.equal(x.loss_mask, y.loss_mask)
+        # other batch compositions change CPU matmul blocking: equal up to fp32 rounding (stored as fp32)
+        torch.testing.assert_close(x.aux_hidden_states, y.aux_hidden_states, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(x.final_hidden_state, y.final_hidden_state, atol=2e-5, rtol=1e-5)
+
+
+def test_kill_and_resume_with_another_batch_size(models, samples, tmp_path):
+    model = models["deepseek_v3"]
+    small_shards = dict(storage="fp32", shard_bytes=4 * H * 4 * 50)  # a shard every ~50 tokens
+    whole = run(samples, tmp_path / "a", model, max_batch_size=4, **small_shards)
+    with pytest.raises(Killed):
+        run(samples, tmp_path / "b", model, max_batch_size=4, on_batch=_kill_after(2), **small_shards)
+    out = tmp_path / "b" / "hidden_states" / "set"
+    assert not (out / "manifest.json").exists() and not (out / "index.jsonl").exists()
+    # a kill between claiming a shard and indexing it leaves an unreferenced shard behind
+    (out / "shard-00077.safetensors").write_bytes(b"partial")
+    resumed = run(samples, tmp_path / "b", model, max_batch_size=3, **small_shards)
+    assert resumed.complete and 0 < resumed.skipped < len(samples) and resumed.extracted + resumed.skipped == len(samples)
+    assert not (out / "shard-00077.safetensors").exists()
+    _assert_same_set(whole.directory, out, samples)
+    again = run(samples, tmp_path / "b", model, max_batch_size=2, **small_shards)
+    assert again.extracted == 0 and again.complete
+
+
+def test_sigkill_mid_extraction_then_resume(models, tmp_path):
+    """A real kill: the torchrun entry point in a subprocess, SIGKILLed once shards are landing."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rng = random.Random(7)
+    samples = []
+    for i in range(200):
+        n = rng.randint(20, 120)
+        samples.append(Sample(f"s{i}", "synthetic", [rng.randrange(163_840) for _ in range(n)],
+                              [0] * (n // 2) + [1] * (n - n // 2), False))
+    spec = tmp_path / "samples.jsonl"
+    spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples))
+    model_dir = tmp_path / "llama"
+    models["llama"].save_pretrained(str(model_dir))
+    cmd = [sys.executable, "-m", "eagledata.hidden_states", "--samples", str(spec), "--output-dir", str(tmp_path),
+           "--name", "set", "--model", str(model_dir), "--storage", "fp32", "--device", "cpu",
+           "--max-batch-size", "1", "--shard-bytes", "1024"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = tmp_path / "hidden_states" / "set" / "index.parts"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        if sum(p.read_bytes().count(b"\n") for p in parts.glob("*.jsonl")) >= 5:
+            break
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "finished before the kill: make the run longer"
+    resumed = run(samples, tmp_path, models["llama"], storage="fp32", max_batch_size=7)
+    assert resumed.complete and resumed.skipped >= 5 and resumed.extracted + resumed.skipped == len(samples)
+    whole = run(samples, tmp_path / "whole", models["llama"], storage="fp32", max_batch_size=8)
+    _assert_same_set(whole.directory, resumed.directory, samples)
+
+
+def test_world_size_two_equals_world_size_one(models, samples, tmp_path):
+    model = models["llama"]
+    one = run(samples, tmp_path / "one", model, max_batch_size=4, storage="fp32")
+    r0 = run(samples, tmp_path / "two", model, max_batch_size=4, storage="fp32", rank=0, world_size=2)
+    assert not r0.complete and 0 < r0.extracted < len(samples)
+    r1 = run(samples, tmp_path / "two", model, max_batch_size=4, storage="fp32", rank=1, world_size=2)
+    assert r1.complete and r0.extracted + r1.extracted == len(samples)
+    _assert_same_set(one.directory, r1.directory, samples)
+    # half done at world size 2, finished at world size 1: only the other half is computed
+    run(samples, tmp_path / "mixed", model, max_batch_size=4, storage="fp32", rank=1, world_size=2)
+    rest = run(samples, tmp_path / "mixed", model, max_batch_size=4, storage="fp32")
+    assert rest.extracted == r0.extracted and rest.complete
+    _assert_same_set(one.directory, rest.directory, samples)
+
+
+def test_torchrun_two_processes_on_cpu(models, samples, tmp_path):
+    """The real data-parallel path: torchrun, gloo, a barrier, rank 0 writes index and manifest."""
+    import subprocess
+    import sys
+
+    spec = tmp_path / "samples.jsonl"
+    spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples))
+    model_dir = tmp_path / "llama"
+    models["llama"].save_pretrained(str(model_dir))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "eagledata.hidden_states",
+           "--samples", str(spec), "--output-dir", str(tmp_path), "--name", "ws2", "--model", str(model_dir),
+           "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reports = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1] and sum(r["extracted"] for r in reports) == len(samples)
+    one = run(samples, tmp_path / "one", models["llama"], storage="fp32", max_batch_size=4)
+    _assert_same_set(one.directory, tmp_path / "hidden_states" / "ws2", samples)
+
+
+def test_resume_refuses_other_settings(models, samples, tmp_path):
+    run(samples[:2], tmp_path, models["llama"])
+    with pytest.raises(InputError, match="other settings"):
+        run(samples[:2], tmp_path, models["llama"], storage="fp8")
+
+
+def test_plan_batches_respects_the_token_budget():
+    lengths = [5, 100, 30, 31, 7, 64, 1, 250]
+    batches = plan_batches(lengths, max_tokens=128)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert all(len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 128 for b in batches)
+    assert [len(b) for b in plan_batches(lengths, 10_000, max_batch_size=3)] == [3, 3, 2]
+    assert {owner(f"id{i}", 2) for i in range(20)} == {0, 1}
+
+
+# -- bad input -------------------------------------------------------------------------------------
+def test_ids_beyond_vocabulary_fail_before_compute(tok, tmp_path, models):
+    good = make_record(tok, 1)
+    bad = make_record(tok, 2)
+    bad.output_ids = bad.output_ids + [200_000]
+    path = tmp_path / "records.jsonl"
+    path.write_text(good.to_json() + "\n" + bad.to_json() + "\n")
+    with pytest.raises(InputError, match=r"records\.jsonl:2 field 'output_ids': record 'r2': token ids \[200000\]"):
+        assemble([path])
+    sample = Sample("x", "B1", [1, 2, 163_840], [0, 1, 1], False)
+    with pytest.raises(InputError, match="outside the model's vocabulary"):
+        run([sample], tmp_path, models["llama"])
+    assert not list((tmp_path / "hidden_states" / "set").glob("shard-*"))
+    config_only = tmp_path / "kimi-config"  # no weights: the check must come before loading them
+    models["kimi_k25"].config.save_pretrained(str(config_only))
+    with pytest.raises(InputError, match=r"sample 'x' \(B1\): token ids \[163840\] outside"):
+        run([sample], tmp_path, config_only)
+
+
+def test_records_from_another_tokenizer_fail(tok, tmp_path):
+    other = make_record(tok, 3)
+    other.prompt_ids = [i + 1 for i in other.prompt_ids]  # what another BPE would give
+    path = tmp_path / "records.jsonl"
+    path.write_text(make_record(tok, 1).to_json() + "\n" + other.to_json() + "\n")
+    with pytest.raises(InputError, match=r"records\.jsonl:2 field 'prompt_ids'.*another tokenizer"):
+        assemble([path], tok=tok)
+    marked = make_record(tok, 4)
+    marked.meta["tokenizer_fingerprint"] = "0" * 64
+    path.write_text(marked.to_json() + "\n")
+    with pytest.raises(InputError, match="made with another tokenizer"):
+        assemble([path], tok=tok)
+
+
+def test_loader_verify_checks_ids_against_records(tok, models, records_file, samples, tmp_path):
+    from eagledata.records import load_records
+
+    result = run(samples, tmp_path, models["llama"], max_batch_size=8)
+    hs = HiddenStates(result.directory)
+    records = load_records(records_file)
+    assert hs.verify(records) == len(records)
+    records[0].output_ids = records[0].output_ids[:-1] + [5]
+    with pytest.raises(InputError, match="r0.*differ"):
+        hs.verify(records)
+
+
+# -- assembly --------------------------------------------------------------------------------------
+def test_assembly_dedupe_truncation_length_and_exports(tok, tmp_path):
+    a = tmp_path / "a.jsonl"
+    b = tmp_path / "b.jsonl"
+    cut = make_record(tok, 2, finish="length", words=10)
+    a.write_text("".join(r.to_json() + "\n" for r in [make_record(tok, 0), make_record(tok, 1, words=40), cut]))
+    dup_id = make_record(tok, 0, prompt="a different prompt", dataset="B2")
+    dup_prompt = make_record(tok, 1, dataset="B2")
+    dup_prompt.id = "other"
+    b.write_text(dup_id.to_json() + "\n" + dup_prompt.to_json() + "\n" + make_record(tok, 9, dataset="B2").to_json() + "\n")
+
+    asm = assemble([a, b])
+    assert [s.id for s in asm.samples] == ["r0", "r1", "r2", "r9"]
+    assert asm.dropped == {"duplicate_id": 1, "duplicate_prompt": 1}
+    s0 = asm.samples[0]
+    assert s0.input_ids == asm.records[0].prompt_ids + asm.records[0].output_ids
+    assert s0.loss_mask == [0] * len(asm.records[0].prompt_ids) + [1] * len(asm.records[0].output_ids)
+    assert asm.stats()["truncated_kept"] == 1 and set(asm.by_dataset()) == {"B1", "B2"}
+
+    assert "r2" not in [s.id for s in assemble([a, b], policy=AssemblyPolicy(keep_truncated=False)).samples]
+    limit = len(asm.samples[1]) - 5
+    dropped = assemble([a, b], policy=AssemblyPolicy(max_length=limit))
+    assert "r1" not in [s.id for s in dropped.samples] and dropped.dropped["too_long"] >= 1
+    cut_set = assemble([a, b], policy=AssemblyPolicy(max_length=limit, overlong="truncate"))
+    r1 = next(s for s in cut_set.samples if s.id == "r1")
+    assert len(r1) == limit and r1.cut and r1.input_ids == asm.samples[1].input_ids[:limit]
+    n_prompt = len(asm.records[1].prompt_ids)
+    assert apply_length_policy(asm.samples[1], AssemblyPolicy(max_length=n_prompt, overlong="truncate")) == \
+        (None, "prompt_too_long")
+
+    sf = [json.loads(x) for x in export_specforge(asm, tmp_path / "sf.jsonl").read_text().splitlines()]
+    assert sf[0]["id"] == "r0" and [t["role"] for t in sf[0]["conversations"]] == ["user", "assistant"]
+    assert sf[0]["conversations"][-1]["reasoning_content"] == asm.records[0].reasoning
+    assert sf[0]["conversations"][-1]["content"] == asm.records[0].content
+    rows = read_samples(export_speculators(asm, tmp_path / "sp.jsonl"))
+    assert [(r.id, r.input_ids, r.loss_mask) for r in rows] == [(s.id, s.input_ids, s.loss_mask) for s in asm.samples]
+
+
+def test_dataset_names_resolve_under_output_dir(tok, tmp_path):
+    d = tmp_path / "datasets" / "B7"
+    d.mkdir(parents=True)
+    (d / "records.jsonl").write_text(make_record(tok, 0).to_json() + "\n")
+    assert len(assemble(["B7"], output_dir=tmp_path).samples) == 1
+    with pytest.raises(InputError, match="no records file"):
+        assemble(["B8"], output_dir=tmp_path)
+
+
+# -- notebook --------------------------------------------------------------------------------------
+def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, tmp_path):
+    from eagledata.notebooks import cell_outputs_text, run_notebook
+
+    model_dir = tmp_path / "tiny-kimi"
+    build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
+    # run_notebook directly: the execute_notebook fixture's own `name` argument shadows the notebook's
+    parameters = dict(datasets=[str(records_file)], output_dir=str(tmp_path / "out"), name="demo",
+                      model=str(model_dir), tokenizer=str(tokenizer_dir), storage="bf16",
+                      max_tokens_per_batch=512, device="cpu")
+    out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path)
+    text = cell_outputs_text(out)
+    assert "bytes per token" in text and "verified 12 samples" in text
+    manifest = json.loads((tmp_path / "out" / "hidden_states" / "demo" / "manifest.json").read_text())
+    assert manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS)
