@@ -27,7 +27,7 @@ def tok(tokenizer_dir):
 def execute_notebook(tmp_path):
     """Run notebooks/<name>.ipynb with papermill and parameters into tmp_path; any cell error fails."""
 
-    def run(name: str, **parameters):
+    def run(name: str, /, **parameters):
         return run_notebook(name, tmp_path / f"{name}.out.ipynb", parameters, cwd=tmp_path)
 
     return run

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from .emulator import run_emulator
+from .hidden_states import build_tiny_model
 from .notebooks import NOTEBOOK_DIR, run_notebook
 
 ROOT = NOTEBOOK_DIR.parent
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     truth = demo / "ground_truth.jsonl"
     truth.unlink(missing_ok=True)
 
-    def step(name: str, report: str, **parameters) -> None:
+    def step(name: str, report: str, /, **parameters) -> None:
         path = run_notebook(name, runs / f"{report}.ipynb", parameters)
         print(f"demo: {name}.ipynb -> {path}", flush=True)
 
@@ -68,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         step("tokenizer", "tokenizer-samples")
         step("budget", "budget-actual", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
              reserve_usd=0.05, round_to=1000, output_dir=str(demo), write=False)
+    # Hidden states need no API: a tiny random kimi_k25 model stands in for the target on CPU.
+    model_dir = demo / "tiny-kimi-k25"
+    if not (model_dir / "config.json").exists():
+        build_tiny_model("kimi_k25", model_dir, hidden_size=64, num_layers=6)
+    step("hidden_states", "hidden_states", datasets=list(DEMO_DATASETS), output_dir=str(demo), name="demo",
+         model=str(model_dir), storage="bf16", max_tokens_per_batch=8192, device="cpu", max_length=4096)
     return 0
 
 

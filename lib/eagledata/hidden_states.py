@@ -414,6 +414,7 @@ class _ShardWriter:
         meta = {"format": FORMAT, "sq_err": repr(sq_err), "sq_ref": repr(sq_ref)}
         tmp = self.directory / f".shard-tmp-{uuid.uuid4().hex}.safetensors"
         save_file(tensors, str(tmp), metadata=meta)
+        os.chmod(tmp, 0o644)  # safetensors creates 0600; shards are shared data like every other output
         with tmp.open("rb+") as f:
             os.fsync(f.fileno())
         name = _claim_shard(self.directory, tmp)
