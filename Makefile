@@ -32,8 +32,12 @@ demo: $(STAMP)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=. $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Quick figures; the long efficiency run (L = 300 s) and GPU presets are in bench/README.md.
 bench: $(STAMP)
-	$(PY) bench/tokenize_bench.py
+	$(PY) bench/tokenize_bench.py --chars 20000000
+	$(PY) bench/emulator_bench.py
+	$(PY) bench/generate_bench.py all --latency 10 --requests 8000
+	$(PY) bench/hidden_states_bench.py --preset cpu-small --repeat 4
 
 clean:
 	rm -rf $(VENV) outputs/runs
