@@ -266,3 +266,51 @@ def test_sigterm_stops_issuing_and_drains(emu, tok, tmp_path):
     assert summary["stop_reason"] == "interrupted" and 0 < summary["records"] < 400
     records = load_records(records_file)  # strict: every line whole
     assert len({r.id for r in records}) == len(records) == summary["records"]
+
+
+def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path, monkeypatch):
+    """A lone surrogate (legal JSON, not UTF-8) has no exact ids: that answer is retried, not recorded."""
+    import eagledata.generate as g
+
+    reset(emu, seed=15)
+    real = g.complete
+    spoiled = set()
+
+    async def spoil_first(client, body):
+        out = await real(client, body)
+        key = body["messages"][-1]["content"]
+        if out.answer is not None and key not in spoiled:
+            spoiled.add(key)
+            out.answer.content = "bad \ud800 text"
+        return out
+
+    monkeypatch.setattr(g, "complete", spoil_first)
+    datasets = make_dataset(tmp_path, 20)
+    summary = generate(config(emu, tmp_path, datasets))
+    assert summary["run"]["errors"] == {"untokenizable": 20} and summary["run"]["recorded"] == 20
+    records, _ = check_exactly_once(tok, tmp_path, 20)
+    assert all("\ud800" not in r.content for r in records)
+    assert summary["run"]["spend_usd"] == pytest.approx(emu.stats()["charged_usd"], rel=1e-9)  # spoiled ones were paid
+
+
+def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tmp_path, monkeypatch):
+    import eagledata.generate as g
+    from eagledata.store import Store
+
+    reset(emu, seed=16)
+    calls = []
+    real = g.output_ids
+
+    def broken(*args):
+        calls.append(1)
+        if len(calls) == 5:
+            raise RuntimeError("boom")
+        return real(*args)
+
+    monkeypatch.setattr(g, "output_ids", broken)
+    datasets = make_dataset(tmp_path, 50)
+    with pytest.raises(RuntimeError, match="boom"):
+        generate(config(emu, tmp_path, datasets, concurrency=4))
+    summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
+    assert summary["stop_reason"] == "error: RuntimeError: boom" and 1 <= summary["records"] < 50
+    Store.open(dataset_dir(tmp_path)).close()  # the lock was released

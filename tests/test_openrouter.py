@@ -78,7 +78,7 @@ def test_cut_inside_reasoning_is_an_answer():
 
 
 def test_exceptions():
-    assert classify_exception(httpx.ReadTimeout("t")).error_class == "timeout"
+    assert classify_exception(httpx.ReadTimeout("t")).error_class == "client_timeout"
     assert classify_exception(httpx.RemoteProtocolError("reset")).error_class == "connection"
     assert classify_exception(httpx.DecodingError("bad gzip")).kind is Kind.RETRY
 

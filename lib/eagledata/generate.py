@@ -39,7 +39,7 @@ from .store import Store
 from .tokenizer import KimiTokenizer, load_tokenizer
 
 # Outcomes whose cost we cannot know: the server may have finished (and billed) the work.
-UNKNOWN_COST = {"malformed", "connection", "timeout_local"}
+UNKNOWN_COST = {"malformed", "connection", "client_timeout"}
 NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
 
 
@@ -302,6 +302,9 @@ class Run:
         return a.usage.prompt_tokens * p_in + a.usage.completion_tokens * p_out
 
     def _build_record(self, item: _Item, a: Answer) -> Record:
+        # A lone surrogate (legal in JSON, not in UTF-8) has no exact ids: refuse it rather than record
+        # ids that decode to other text. Raises UnicodeEncodeError.
+        a.reasoning.encode("utf-8"), a.content.encode("utf-8")
         ids = output_ids(self.tok, a.reasoning, a.content, a.finish_reason)
         meta: dict[str, Any] = {"attempts": item.attempts}
         if a.reasoning_inline:
@@ -318,8 +321,12 @@ class Run:
                       a.finish_reason, a.model, a.provider, a.generation_id, a.usage, p_ids, ids, meta)
 
     async def _record(self, item: _Item, a: Answer, reserved: float) -> None:
-        record = await self._in_pool(self._build_record, item, a)
         cost = self._cost(a)
+        try:
+            record = await self._in_pool(self._build_record, item, a)
+        except UnicodeEncodeError:
+            outcome = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)")
+            return await self._not_ok(item, outcome, reserved, cost)
         async with self.cond:
             self.guard.settle(reserved, cost)
             if item.prompt.id not in self.store.done:  # a stop signal cannot make us write twice
@@ -341,11 +348,13 @@ class Run:
             return outcome.retry_after + random.uniform(0, 0.1 * max(1.0, outcome.retry_after))
         return random.uniform(0, min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** item.attempts))
 
-    async def _not_ok(self, item: _Item, outcome: Outcome, reserved: float) -> None:
+    async def _not_ok(self, item: _Item, outcome: Outcome, reserved: float, cost: float | None = None) -> None:
         cls = outcome.error_class
         async with self.cond:
             # An answer we could not read may still have been billed: book its worst case.
-            self.guard.settle(reserved, reserved if cls in UNKNOWN_COST else 0.0)
+            if cost is None:
+                cost = reserved if cls in UNKNOWN_COST else 0.0
+            self.guard.settle(reserved, cost)
             self.errors[cls] += 1
             item.last_error = outcome.error_dict()
             if outcome.kind is Kind.RETRY:
@@ -428,16 +437,16 @@ class Run:
         workers = [asyncio.ensure_future(self.worker(clients[i])) for i in range(self.cfg.concurrency)]
         ticker = asyncio.ensure_future(self._ticker(clients[0]))
         restore = _install_signal_handlers(lambda: self._on_signal(workers))
+        error: BaseException | None = None
         try:
             await asyncio.gather(*workers, return_exceptions=False)
-        except asyncio.CancelledError:
-            if not self.stop_reason:
-                self.stop_reason = "interrupted"
+        except (asyncio.CancelledError, Exception) as e:  # a bug in one slot must not leave 1,999 running
+            self.stop("interrupted" if isinstance(e, asyncio.CancelledError) else f"error: {type(e).__name__}: {e}")
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            if not self._signalled:
-                raise
+            if not (isinstance(e, asyncio.CancelledError) and self._signalled):
+                error = e
         finally:
             restore()
             ticker.cancel()
@@ -448,6 +457,8 @@ class Run:
             self.store.sync()
         summary = self.summary()
         self.store.write_summary(summary)
+        if error is not None:
+            raise error
         return summary
 
     _signalled = False

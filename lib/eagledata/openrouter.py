@@ -192,7 +192,7 @@ def classify_response(status: int, headers: Mapping[str, str], content: bytes) -
 
 def classify_exception(exc: httpx.HTTPError) -> Outcome:
     if isinstance(exc, httpx.TimeoutException):
-        return Outcome(Kind.RETRY, "timeout", None, type(exc).__name__)
+        return Outcome(Kind.RETRY, "client_timeout", None, type(exc).__name__)  # the server may still bill it
     if isinstance(exc, httpx.TransportError):
         return Outcome(Kind.RETRY, "connection", None, f"{type(exc).__name__}: {exc}"[:200])
     return Outcome(Kind.RETRY, "malformed", None, f"{type(exc).__name__}: {exc}"[:200])
