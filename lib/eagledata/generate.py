@@ -146,6 +146,7 @@ class Run:
         self.last_decrease = 0.0
         self.stopping = False
         self.stop_reason = ""
+        self._signalled = False
         self.fatal: Outcome | None = None
         self.no_endpoint_streak = 0
         self.counts: Counter[str] = Counter()
@@ -155,7 +156,6 @@ class Run:
         self.out_tokens = 0
         self.prompt_tokens = 0
         self.reasoning_tokens = 0
-        self.tokens_before = store.output_tokens
         self.done_before = len(store.done)
         self.agreement: list[float] = []
         self.timeline: list[list[float]] = []
@@ -385,7 +385,10 @@ class Run:
             else:  # FATAL
                 self.fatal = outcome
                 self.stop(f"fatal_{cls}")
-            self.cond.notify_all() if self.stopping else self.cond.notify(2)
+            if self.stopping:
+                self.cond.notify_all()
+            else:
+                self.cond.notify(2)
 
     # -- the run ----------------------------------------------------------------------------------
     async def _ticker(self, client) -> None:
@@ -460,8 +463,6 @@ class Run:
         if error is not None:
             raise error
         return summary
-
-    _signalled = False
 
     def _on_signal(self, workers: list[asyncio.Future]) -> None:
         """First signal: stop issuing, let in-flight requests finish (up to drain_timeout_s).
