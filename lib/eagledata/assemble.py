@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
 from .errors import InputError
+from .files import atomic_write_lines
 from .records import Record, iter_jsonl
 from .tokenizer import VOCAB_SIZE, KimiTokenizer
 
@@ -254,14 +254,8 @@ def specforge_row(record: Record) -> dict[str, Any]:
 
 def _write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
     """Atomic: a reader never sees half an export."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_lines(path, (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
+                                     for row in rows))
 
 
 def export_specforge(assembly: Assembly, path: str | Path) -> Path:

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from .errors import InputError
+from .files import atomic_write_text
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,4 @@ def write_targets(path: str | Path, targets: dict[str, int], note: str = "") -> 
     for name, tokens in targets.items():
         raw[name]["target_output_tokens"] = int(tokens)
     header = f"# target_output_tokens last set by budget.ipynb{': ' + note if note else ''}\n"
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
-    tmp.replace(path)
-    return path
+    return atomic_write_text(path, header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))

@@ -24,6 +24,7 @@ from torch import nn
 
 from .assemble import Sample, samples_hash
 from .errors import InputError
+from .files import atomic_write_text
 
 Final = Literal["post_norm", "pre_norm"]
 Storage = Literal["bf16", "fp8", "fp32"]
@@ -278,15 +279,6 @@ class ExtractOptions:
     shard_bytes: int = 1 << 30  # a shard is written once its hidden states reach this size
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -481,7 +473,7 @@ def _check_plan(directory: Path, plan: dict[str, Any]) -> None:
                              f"{[old.get(k) for k in diff]} vs {[plan[k] for k in diff]}); use another name",
                              path)
     else:
-        _atomic_write_text(path, json.dumps(plan, indent=1))
+        atomic_write_text(path, json.dumps(plan, indent=1))
 
 
 def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model: str | Path | nn.Module, *,
@@ -605,8 +597,8 @@ def finalize(directory: str | Path, samples: Sequence[Sample], *, tokenizer_fing
                 "reconstruction_rel_rmse": (sq_err / sq_ref) ** 0.5 if sq_ref else 0.0,  # sampled, see ERROR_STRIDE
                 "tokenizer_fingerprint": tokenizer_fingerprint, "records_hashes": records_hashes or {},
                 "samples_hash": samples_hash(samples)}
-    _atomic_write_text(directory / INDEX, "".join(e.line(with_digest=False) for e in entries))
-    _atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1))
+    atomic_write_text(directory / INDEX, "".join(e.line(with_digest=False) for e in entries))
+    atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=1))
     return manifest
 
 

@@ -19,6 +19,7 @@ import yaml
 from .aio import run_sync
 from .api import APIError, get_json, make_client, resolve_api_key
 from .errors import InputError
+from .files import atomic_write_text
 
 # Native precision per model family (Kimi K2.x ship as INT4 from quantization-aware training).
 NATIVE_PRECISION = {"moonshotai/kimi-k2.5": "int4", "moonshotai/kimi-k2.6": "int4",
@@ -246,13 +247,9 @@ class RoutingDecision:
                 "flagged": self.flagged, "eligible": self.eligible}
 
     def save(self, params_dir: str | Path = "params") -> Path:
-        path = Path(params_dir) / "routing" / f"{routing_name(self.model)}.yaml"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".yaml.tmp")
-        tmp.write_text("# Written by providers.ipynb. `provider` is sent as is with every request.\n"
-                       + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True))
-        tmp.replace(path)
-        return path
+        return atomic_write_text(routing_path(self.model, params_dir),
+                                 "# Written by providers.ipynb. `provider` is sent as is with every request.\n"
+                                 + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True))
 
     @classmethod
     def load(cls, path: str | Path) -> "RoutingDecision":

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .records import Record
+from .files import atomic_write_text
+from .records import Record, iter_jsonl
 
 RECORDS, FAILURES, INDEX, LOCK, SUMMARY = "records.jsonl", "failures.jsonl", "done.idx", ".lock", "summary.json"
 
@@ -99,18 +100,6 @@ def _read_index(index: Path, records_size: int) -> list[Entry]:
     return entries
 
 
-def _failure_ids(path: Path) -> list[tuple[int, str]]:
-    out = []
-    with path.open("rb") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    out.append((lineno, str(json.loads(line)["id"])))
-                except (ValueError, KeyError, TypeError):
-                    raise InputError("not a valid failure line", path, lineno) from None
-    return out
-
-
 @dataclass
 class Store:
     """Append-only record and failure files of `directory`; `done` holds the ids finished either way."""
@@ -171,7 +160,11 @@ class Store:
             raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
                              records)
         if failures.exists():
-            failed = [rid for _, rid in _failure_ids(failures)]
+            failed = []
+            for lineno, obj in iter_jsonl(failures):
+                if not isinstance(obj, dict) or "id" not in obj:
+                    raise InputError("not a valid failure line", failures, lineno)
+                failed.append(str(obj["id"]))
             self.failed = len(failed)
             self.done.update(failed)
         for name in (RECORDS, FAILURES, INDEX):
@@ -206,11 +199,7 @@ class Store:
         self.failed += 1
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
-        path = self.directory / SUMMARY
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=1, ensure_ascii=False))
-        os.replace(tmp, path)
-        return path
+        return atomic_write_text(self.directory / SUMMARY, json.dumps(summary, indent=1, ensure_ascii=False))
 
     def sync(self) -> None:
         for fd in self._fds.values():
