@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from eagledata.emulator import run_emulator
-from eagledata.generate import GenerateConfig, run_generation
+from eagledata.generation import GenerateConfig, run_generation
 
 TINY = {"reasoning_median": 30, "reasoning_sigma": 0.3, "content_median": 10, "content_sigma": 0.3, "max_total": 120}
 

@@ -20,9 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from eagledata.assemble import Sample
-from eagledata.hidden_states import (STORAGE_DTYPES, Capture, ExtractOptions, _pad, eagle3_layers, extract,
-                                     find_decoder, plan_batches, quantize_fp8)
+from eagledata.training import ExtractOptions, Sample, eagle3_layers, extract, find_decoder
+from eagledata.training.extraction import STORAGE_DTYPES, Capture, _pad, plan_batches, quantize_fp8
 
 
 @dataclass(frozen=True)

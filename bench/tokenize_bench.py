@@ -15,8 +15,8 @@ import sysconfig
 import time
 from pathlib import Path
 
-from eagledata.sequences import Answer, output_ids, output_ids_batch
-from eagledata.tokenizer import load_tokenizer
+from eagledata.records import Answer
+from eagledata.text import load_tokenizer, output_ids, output_ids_batch
 
 FULL_RUN_TOKENS = 42_000_000
 

@@ -18,7 +18,7 @@ def tokenizer_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tok(tokenizer_dir):
-    from eagledata.tokenizer import KimiTokenizer
+    from eagledata.text.tokenizer import KimiTokenizer
 
     return KimiTokenizer.load(tokenizer_dir)
 

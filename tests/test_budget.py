@@ -3,9 +3,9 @@ import json
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from eagledata.budget import (DatasetStats, OutputLengths, Prices, cost_band, plan_budget, planned_vs_actual,
+from eagledata.generation.budget import (DatasetStats, OutputLengths, Prices, cost_band, plan_budget, planned_vs_actual,
                               scenario_table)
-from eagledata.datasets import load_datasets, write_targets
+from eagledata.generation.datasets import load_datasets, write_targets
 from eagledata.errors import InputError
 
 # The real run's picture: six datasets, ~4k output tokens per request, ~350-token prompts, $0.45/$2.20 per M.

@@ -143,7 +143,7 @@ def chat(em, *, content="What is 2+2?", auth=AUTH, **kw) -> httpx.Response:
 
 
 def test_completion_shape_and_usage(em, tok):
-    from eagledata.sequences import prompt_ids
+    from eagledata.text.sequences import prompt_ids
 
     r = chat(em, max_tokens=4000)
     assert r.status_code == 200, r.text
@@ -171,7 +171,7 @@ def test_completion_shape_and_usage(em, tok):
 
 
 def test_ground_truth_matches_served_text(em, tok):
-    from eagledata.sequences import output_ids
+    from eagledata.text.sequences import output_ids
 
     em.reset({**em.base, "content": {"reasoning_median": 300, "content_median": 80}})
     served = {}
@@ -428,7 +428,7 @@ def test_fault_rates_within_tolerance(em):
 
 
 def test_quirks_are_served_and_recorded(em, tok):
-    from eagledata.sequences import output_ids
+    from eagledata.text.sequences import output_ids
 
     for quirk in ("reasoning_details_only", "inline_think", "literal_specials"):
         em.reset({**em.base, "endpoints": [{"provider": "Fireworks", "quirks": {quirk: 1.0}}]})
@@ -466,7 +466,7 @@ def test_two_thousand_in_flight(tokenizer_dir):
 
 
 def test_reasoning_options(em, tok):
-    from eagledata.sequences import output_ids
+    from eagledata.text.sequences import output_ids
 
     d = chat(em, reasoning={"enabled": False}).json()
     msg, g = d["choices"][0]["message"], em.ground_truth(d["id"])

@@ -1,4 +1,5 @@
 """The generation engine against the emulator: kills, budget, faults, secrets, bad input."""
+import dataclasses
 import json
 import os
 import random
@@ -13,10 +14,11 @@ import pytest
 from eagledata.emulator import run_emulator
 from eagledata.emulator.config import FAULT_CLASSES
 from eagledata.errors import InputError
-from eagledata.generate import GenerateConfig, generate
+from eagledata.generation import GenerateConfig, generate
 from eagledata.notebooks import cell_outputs_text
 from eagledata.records import load_records
-from eagledata.sequences import parse_output_ids, prompt_ids, split_inline_reasoning
+from eagledata.records import split_inline_reasoning
+from eagledata.text import parse_output_ids, prompt_ids
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -221,7 +223,7 @@ def test_bad_input_fails_before_any_request(emu, tmp_path, monkeypatch):
 
 
 def test_second_run_on_same_dataset_is_refused(emu, tmp_path):
-    from eagledata.store import Store, StoreLocked
+    from eagledata.generation.store import Store, StoreLocked
 
     reset(emu)
     datasets = make_dataset(tmp_path, 5)
@@ -270,7 +272,7 @@ def test_sigterm_stops_issuing_and_drains(emu, tok, tmp_path):
 
 def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path, monkeypatch):
     """A lone surrogate (legal JSON, not UTF-8) has no exact ids: that answer is retried, not recorded."""
-    import eagledata.generate as g
+    import eagledata.generation.engine as g
 
     reset(emu, seed=15)
     real = g.complete
@@ -279,9 +281,9 @@ def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path, monk
     async def spoil_first(client, body):
         out = await real(client, body)
         key = body["messages"][-1]["content"]
-        if out.answer is not None and key not in spoiled:
+        if out.completion is not None and key not in spoiled:
             spoiled.add(key)
-            out.answer.content = "bad \ud800 text"
+            out.completion.answer = dataclasses.replace(out.completion.answer, content="bad \ud800 text")
         return out
 
     monkeypatch.setattr(g, "complete", spoil_first)
@@ -294,8 +296,8 @@ def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path, monk
 
 
 def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tmp_path, monkeypatch):
-    import eagledata.generate as g
-    from eagledata.store import Store
+    import eagledata.generation.engine as g
+    from eagledata.generation.store import Store
 
     reset(emu, seed=16)
     calls = []

@@ -4,13 +4,13 @@ import json
 import pytest
 import torch
 
-from eagledata.assemble import (AssemblyPolicy, Sample, apply_length_policy, assemble, export_specforge,
-                                export_speculators, read_samples)
 from eagledata.errors import InputError
-from eagledata.hidden_states import (ExtractOptions, build_tiny_model, eagle3_layers, extract, find_decoder, owner,
-                                     plan_batches)
-from eagledata.hs_loader import HiddenStates
 from eagledata.records import Record
+from eagledata.training import (AssemblyPolicy, ExtractOptions, HiddenStates, Sample, assemble, build_tiny_model,
+                                eagle3_layers, export_specforge, export_speculators, extract, find_decoder,
+                                read_samples)
+from eagledata.training.assembly import apply_length_policy
+from eagledata.training.extraction import owner, plan_batches
 
 H, L = 64, 8
 LAYERS = eagle3_layers(L)  # (2, 4, 5)
@@ -22,11 +22,12 @@ def models():
 
 
 def make_record(tok, i, *, words=3, finish="stop", prompt=None, dataset="B1"):
-    from eagledata.sequences import output_ids, prompt_ids
+    from eagledata.text.sequences import output_ids, prompt_ids
 
     messages = [{"role": "user", "content": prompt or f"question {i}: " + "why " * (i % 5)}]
     reasoning, content = "think " * words, f"answer {i} " + "so " * (words // 2)
-    return Record(f"r{i}", dataset, messages, reasoning, content, finish,
+    return Record(id=f"r{i}", dataset=dataset, messages=messages, reasoning=reasoning, content=content,
+                  finish_reason=finish,
                   prompt_ids=prompt_ids(tok, messages), output_ids=output_ids(tok, reasoning, content, finish))
 
 

@@ -41,10 +41,11 @@ def test_tokenizer_notebook_on_samples(tokenizer_dir, execute_notebook):
 
 def test_tokenizer_notebook_on_records_file(tok, tokenizer_dir, execute_notebook, tmp_path):
     from eagledata.records import Record
-    from eagledata.sequences import output_ids, prompt_ids
+    from eagledata.text.sequences import output_ids, prompt_ids
 
     messages = [{"role": "user", "content": "hi"}]
-    lines = [Record(f"r{i}", "B1", messages, "hmm", f"hello {i}", "stop", prompt_ids=prompt_ids(tok, messages),
+    lines = [Record(id=f"r{i}", dataset="B1", messages=messages, reasoning="hmm", content=f"hello {i}",
+                    finish_reason="stop", prompt_ids=prompt_ids(tok, messages),
                     output_ids=output_ids(tok, "hmm", f"hello {i}", "stop")).to_json() for i in range(3)]
     good = tmp_path / "records.jsonl"
     good.write_text("\n".join(lines) + "\n")
@@ -59,7 +60,7 @@ def test_tokenizer_notebook_on_records_file(tok, tokenizer_dir, execute_notebook
 def test_providers_notebook_from_snapshot_without_server(execute_notebook, tmp_path):
     from test_providers import catalog
 
-    from eagledata.providers import RoutingDecision
+    from eagledata.openrouter import RoutingDecision
 
     snap = catalog().save(tmp_path / "snap.json")
     out = execute_notebook("providers", snapshot=str(snap), params_dir=str(tmp_path / "params"),
@@ -74,7 +75,7 @@ def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_pat
 
     from test_providers import catalog, decision_for
 
-    from eagledata.datasets import load_datasets
+    from eagledata.generation.datasets import load_datasets
     from eagledata.notebooks import NOTEBOOK_DIR
 
     examples = NOTEBOOK_DIR.parent / "examples" / "prompts"
@@ -92,7 +93,7 @@ def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_pat
 
 def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tmp_path):
     from eagledata.emulator import run_emulator
-    from eagledata.providers import Catalog, RoutingDecision
+    from eagledata.openrouter import Catalog, RoutingDecision
 
     with run_emulator(speed=0) as emu:
         out = execute_notebook("providers", base_url=emu.base_url, params_dir=str(tmp_path / "params"),
@@ -113,3 +114,12 @@ def test_notebooks_run_from_the_project_root_in_lab(tmp_path, monkeypatch):
     assert use_project_root() == tmp_path and Path.cwd() == tmp_path
     monkeypatch.chdir(tmp_path / "lib")  # anywhere else: left alone
     assert use_project_root() == tmp_path / "lib"
+
+
+@pytest.mark.parametrize("name", ["generate", "hidden_states"])
+def test_parameters_cell_is_made_from_the_settings(name):
+    """The defaults live in the settings class only: the committed cell is exactly what it generates
+    (`python -m eagledata.notebooks` rewrites it after a change)."""
+    from eagledata.notebooks import notebook_path, parameter_settings, parameters_source
+
+    assert parameters_source(notebook_path(name)) == parameter_settings()[name].parameters_cell()

@@ -3,6 +3,7 @@ import json
 import httpx
 import pytest
 
+from eagledata.records import Answer
 from eagledata.openrouter import Kind, build_request, classify_exception, classify_response
 
 
@@ -26,20 +27,20 @@ def err(code, message="x", **metadata):
 
 def test_success_fields():
     out = classify(200, ok_body())
-    a = out.answer
+    c = out.completion
     assert out.kind is Kind.OK
-    assert (a.reasoning, a.content, a.finish_reason, a.provider, a.model, a.generation_id) == \
-        ("Think.", "Answer.", "stop", "DeepInfra", "moonshotai/kimi-k2.5-0127", "gen-1")
-    assert (a.usage.prompt_tokens, a.usage.completion_tokens, a.usage.reasoning_tokens, a.usage.cost) == (10, 8, 3, 2.5e-5)
+    assert c.answer == Answer("Think.", "Answer.", "stop")
+    assert (c.provider, c.model, c.generation_id) == ("DeepInfra", "moonshotai/kimi-k2.5-0127", "gen-1")
+    assert (c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.reasoning_tokens, c.usage.cost) == (10, 8, 3, 2.5e-5)
 
 
 def test_reasoning_details_only_and_inline_think():
     details = [{"type": "reasoning.text", "text": "Step 1. "}, {"type": "reasoning.encrypted", "data": "xx"},
                {"type": "reasoning.text", "text": "Step 2."}]
-    a = classify(200, ok_body(reasoning=None, reasoning_details=details)).answer
-    assert a.reasoning == "Step 1. Step 2."
-    a = classify(200, ok_body(reasoning=None, content="<think>inline</think>\\nAnswer.")).answer
-    assert (a.reasoning, a.content, a.reasoning_inline) == ("inline", "\\nAnswer.", True)
+    c = classify(200, ok_body(reasoning=None, reasoning_details=details)).completion
+    assert c.answer.reasoning == "Step 1. Step 2."
+    c = classify(200, ok_body(reasoning=None, content="<think>inline</think>\\nAnswer.")).completion
+    assert (c.answer.reasoning, c.answer.content, c.reasoning_inline) == ("inline", "\\nAnswer.", True)
 
 
 @pytest.mark.parametrize("status, body, headers, kind, cls", [
@@ -74,7 +75,7 @@ def test_cut_inside_reasoning_is_an_answer():
     body = ok_body(content="", reasoning="long thought")
     body["choices"][0]["finish_reason"] = "length"
     out = classify(200, body)
-    assert out.kind is Kind.OK and out.answer.finish_reason == "length"
+    assert out.kind is Kind.OK and out.completion.answer.finish_reason == "length"
 
 
 def test_exceptions():

@@ -2,8 +2,9 @@ import pytest
 import yaml
 
 from eagledata.errors import InputError
-from eagledata.providers import (Catalog, PrecisionPolicy, RoutingDecision, decide, normalize_endpoint,
-                                 precision_rank, price_summary, routing_path, workload_costs)
+from eagledata.layout import routing_file
+from eagledata.openrouter import (Catalog, Endpoint, PrecisionPolicy, Price, RoutingDecision, decide, precision_rank,
+                                  price_summary, workload_costs)
 
 REASONING = ["reasoning", "include_reasoning", "max_tokens", "temperature"]
 
@@ -25,7 +26,7 @@ def catalog(*extra):
 
 
 def decision_for(cat, **kw):
-    return decide(cat.model, cat.table().to_dict("records"), PrecisionPolicy.for_model(cat.model, **kw))
+    return decide(cat.model, cat.normalized(), PrecisionPolicy.for_model(cat.model, **kw))
 
 
 def test_default_picture_excludes_only_below_native_and_down():
@@ -72,8 +73,8 @@ def test_bad_policy_inputs():
 
 def test_missing_price_is_flagged_not_fatal():
     cat = catalog(ep("Cheapskate", "int8", None, None))
-    row = normalize_endpoint(cat.endpoints[-1])
-    assert row["prompt_per_m"] is None and row["notes"] == "price missing"
+    e = Endpoint.from_listing(cat.endpoints[-1])
+    assert e.prompt_per_m is None and not e.priced and e.notes == "price missing"
     d = decision_for(cat)
     assert {"provider": "Cheapskate", "note": "price missing"} in d.flagged
     costs = workload_costs(cat.table(), d, 1e6, 1e6)
@@ -89,19 +90,22 @@ def test_pricing_premium():
     assert s.cheapest_eligible == "DeepInfra" and s.cheapest_eligible_completion_per_m == pytest.approx(2.20)
     assert s.cheapest_eligible_usd == pytest.approx(0.45 * 10 + 2.20 * 7)
     assert s.cheapest_any == "Fireworks" and s.premium_usd == pytest.approx(19.9 - (0.40 * 10 + 2.00 * 7))
-    assert d.max_price_per_m() == (0.80, 3.00)
+    assert d.worst_price() == Price(0.80, 3.00)
+    assert d.cheapest().provider == "DeepInfra"
 
 
 def test_decision_roundtrips_through_yaml(tmp_path):
     d = decision_for(catalog())
     path = d.save(tmp_path)
-    assert path == routing_path("moonshotai/kimi-k2.5", tmp_path) and path.name == "kimi-k2.5.yaml"
+    assert path == routing_file("moonshotai/kimi-k2.5", tmp_path) and path.name == "kimi-k2.5.yaml"
     raw = yaml.safe_load(path.read_text())
     assert raw["provider"] == d.provider
     assert {"provider": "Fireworks", "tag": "fireworks", "quantization": "nvfp4",
             "reason": "quantized below native int4 (nvfp4)"} in raw["excluded"]
     assert raw["flagged"] == [{"provider": "Venice", "note": "quantization 'unknown' not known, kept by unknown_policy=keep"}]
-    assert RoutingDecision.load(path) == d
+    loaded = RoutingDecision.load(path)
+    assert loaded.to_dict() == d.to_dict()  # the file keeps each eligible endpoint's name, quantization and prices
+    assert loaded.worst_price() == d.worst_price() and loaded.cheapest().provider == d.cheapest().provider
 
 
 def test_snapshot_roundtrip_and_errors(tmp_path):
@@ -119,18 +123,18 @@ def test_snapshot_roundtrip_and_errors(tmp_path):
 
 def test_emulator_catalog_decision_and_new_fp4_provider(tokenizer_dir):
     from eagledata.emulator import run_emulator
-    from eagledata.providers import fetch_catalog
+    from eagledata.openrouter import fetch_catalog
 
     newcomer = {"provider": "NewCloud", "slug": "newcloud", "quantization": "fp4", "prompt_price": 0.2,
                 "completion_price": 1.0}
     with run_emulator(speed=0) as emu:
         cat = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
-        d = decide(cat.model, cat.table().to_dict("records"), PrecisionPolicy.for_model(cat.model))
+        d = decide(cat.model, cat.normalized(), PrecisionPolicy.for_model(cat.model))
         assert {e.provider for e in d.excluded} == {"Fireworks", "BaseTen"}
         assert len(d.eligible) == len(cat.endpoints) - 2
         emu.reset({"endpoints": [newcomer]})
         cat2 = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
-        d2 = decide(cat2.model, cat2.table().to_dict("records"), PrecisionPolicy.for_model(cat2.model))
+        d2 = decide(cat2.model, cat2.normalized(), PrecisionPolicy.for_model(cat2.model))
         assert {e.provider for e in d2.excluded} == {"Fireworks", "BaseTen", "NewCloud"}
         with pytest.raises(InputError, match="unknown model 'moonshotai/kimi-k9'"):
             fetch_catalog(emu.base_url, "moonshotai/kimi-k9")

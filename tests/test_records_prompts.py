@@ -3,7 +3,7 @@ import json
 import pytest
 
 from eagledata.errors import InputError
-from eagledata.prompts import load_prompts
+from eagledata.generation.prompts import load_prompts
 from eagledata.records import Record, Usage, load_records
 
 CONTRACT_FIELDS = ["id", "dataset", "messages", "reasoning", "content", "finish_reason", "model", "provider",
@@ -101,7 +101,7 @@ def test_empty_and_missing_prompt_files(tmp_path):
 
 
 def test_scan_skips_finished_lines_but_validates_the_rest(tmp_path):
-    from eagledata.prompts import scan_prompts
+    from eagledata.generation.prompts import scan_prompts
 
     lines = [json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]}) for i in range(5)]
     lines[1] = '{"id": "p1", "messages": "finished earlier, not re-parsed"}'

@@ -2,8 +2,8 @@ import pytest
 
 from eagledata.errors import InputError
 from eagledata.records import Record
-from eagledata.roundtrip import Case, agreement, load_truth, sample_cases, validate
-from eagledata.sequences import output_ids, prompt_ids
+from eagledata.text.roundtrip import Case, agreement, load_truth, sample_cases, validate
+from eagledata.text.sequences import output_ids, prompt_ids
 
 REQUIRED_SAMPLES = {"newlines-around-think", "literal-specials-in-content", "cjk", "emoji", "nfc-vs-nfd",
                     "30000-spaces", "multibyte-cut-at-max-tokens", "empty-reasoning", "tool-markup-as-text",
@@ -30,7 +30,8 @@ def test_sample_set_passes_with_expected_classes(tok):
 
 def good_record(tok, rid="r1", content="The answer is 42."):
     messages = [{"role": "user", "content": "What is the answer?"}]
-    return Record(rid, "B1", messages, "Think hard.", content, "stop",
+    return Record(id=rid, dataset="B1", messages=messages, reasoning="Think hard.", content=content,
+                  finish_reason="stop",
                   prompt_ids=prompt_ids(tok, messages), output_ids=output_ids(tok, "Think hard.", content, "stop"))
 
 

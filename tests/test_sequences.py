@@ -1,11 +1,17 @@
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from eagledata.errors import InputError
-from eagledata.sequences import (Answer, conversation_ids, loss_mask, output_ids, output_ids_batch,
-                                 parse_output_ids, prompt_ids, render_chat, split_inline_reasoning)
-from eagledata.tokenizer import END_THINK, IM_END
+from eagledata.records import Answer, Record, split_inline_reasoning
+from eagledata.text import END_THINK, IM_END, conversation_ids, output_ids, output_ids_batch, parse_output_ids, \
+    prompt_ids, render_chat, sample_cases
+
+GOLDEN = Path(__file__).parent / "data" / "chat_template_ids.json"
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 HISTORY = [
     {"role": "system", "content": "You are helpful."},
@@ -28,16 +34,30 @@ def test_thinking_off_closes_think(tok):
         "<|im_assistant|>assistant<|im_middle|><think></think>")
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(add_generation_prompt=True),
-    dict(add_generation_prompt=True, thinking=False),
-    dict(add_generation_prompt=False, preserve_thinking=True),
-    dict(add_generation_prompt=True, tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-])
-def test_render_matches_transformers(tok, kwargs):
-    ours = render_chat(tok, HISTORY, **kwargs)
-    theirs, _ = render_jinja_template([HISTORY], chat_template=tok.chat_template, **kwargs)
-    assert ours == theirs[0]
+def test_ids_unchanged_since_the_renderer_moved_to_transformers(tok):
+    """tests/data/chat_template_ids.json holds the ids the project's own jinja renderer gave (before the render
+    went through transformers' `render_jinja_template`) for every built-in hard case, a multi-turn history with
+    and without thinking, preserved reasoning and a tool schema. The ids must not move."""
+    golden = json.loads(GOLDEN.read_text())
+    cases = sample_cases(tok)
+    assert {c.id for c in cases} <= set(golden)
+    for c in cases:
+        assert prompt_ids(tok, c.messages) == golden[c.id]["prompt_ids"], c.id
+        assert conversation_ids(tok, c.messages, c.reasoning, c.content) == golden[c.id]["conversation_ids"], c.id
+    h = golden["history"]
+    assert prompt_ids(tok, HISTORY) == h["prompt_ids"]
+    assert tok.encode(render_chat(tok, HISTORY, thinking=False), allow_special=True) == h["thinking_off"]
+    assert tok.encode(render_chat(tok, HISTORY, add_generation_prompt=False, preserve_thinking=True),
+                      allow_special=True) == h["preserved"]
+    assert prompt_ids(tok, HISTORY, tools=TOOLS) == h["tools"]
+
+
+def test_reasoning_field_aliases_render_alike(tok):
+    """transformers fills `reasoning_content` from `reasoning` or `thinking`: every spelling renders the same."""
+    renders = {render_chat(tok, [*HISTORY[:2], {"role": "assistant", "content": "4.", key: "Easy."}, HISTORY[3]],
+                           add_generation_prompt=False, preserve_thinking=True)
+               for key in ("reasoning_content", "reasoning", "thinking")}
+    assert len(renders) == 1 and "<think>Easy.</think>4." in renders.pop()
 
 
 def test_history_reasoning_dropped_unless_preserved(tok):
@@ -80,8 +100,13 @@ def test_thinking_off(tok):
         output_ids(tok, "why", "Hi", "stop", thinking=False)
 
 
-def test_loss_mask():
-    assert loss_mask(3, 2) == [0, 0, 0, 1, 1]
+def test_record_loss_mask_and_output_tokens():
+    r = Record(id="a", dataset="d", messages=[], reasoning="", content="", finish_reason="stop",
+               prompt_ids=[1, 2, 3], output_ids=[4, 5])
+    assert r.input_ids == [1, 2, 3, 4, 5] and r.loss_mask == [0, 0, 0, 1, 1]
+    assert r.output_tokens == 2  # the server gave no count: the stored ids
+    r.usage.completion_tokens = 7
+    assert r.output_tokens == 7  # the server's count is what a token target counts
 
 
 def test_batch_matches_single(tok):

@@ -1,6 +1,6 @@
 from hypothesis import given, settings, strategies as st
 
-from eagledata.spend import Admit, SpendGuard
+from eagledata.generation.spend import Admit, SpendGuard
 
 P_IN, P_OUT = 0.6e-6, 3.0e-6
 
@@ -15,7 +15,7 @@ def test_admit_wait_no():
     assert g.admit(100) is Admit.YES
     g.spent_usd = 0.0085
     g.reserved_usd, g.in_flight = 0, 0
-    assert g.admit(100) is Admit.NO and g.exhausted
+    assert g.admit(100) is Admit.NO and g.admit(0) is Admit.NO  # not even an empty prompt fits
 
 
 def test_balance_and_reserve_limit():
@@ -41,7 +41,7 @@ def test_never_over_cap(cap, steps):
         elif pending:
             held, f = pending.pop(0)
             g.settle(held, held * f)
-        assert g.committed_usd <= cap + 1e-12
+        assert g.spent_usd + g.reserved_usd <= cap + 1e-12
     for held, f in pending:
         g.settle(held, held * f)
     assert g.spent_usd <= cap + 1e-12

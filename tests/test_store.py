@@ -3,11 +3,13 @@ import json
 import pytest
 
 from eagledata.records import Record, load_records
-from eagledata.store import INDEX, RECORDS, Store, StoreLocked
+from eagledata.generation.store import Store, StoreLocked
+from eagledata.layout import DatasetFiles
 
 
 def rec(i: int) -> Record:
-    return Record(f"p{i}", "B1", [{"role": "user", "content": "q"}], "r", f"c{i}", "stop",
+    return Record(id=f"p{i}", dataset="B1", messages=[{"role": "user", "content": "q"}], reasoning="r",
+                  content=f"c{i}", finish_reason="stop",
                   prompt_ids=[1, 2], output_ids=[3, 163607, 4, 163586])
 
 
@@ -20,32 +22,32 @@ def test_append_resume_and_failures(tmp_path):
             s.add_record(rec(2))
     with Store.open(tmp_path) as s:
         assert s.done == {"p0", "p1", "p2", "p3", "p4", "p9"} and (s.recorded, s.failed) == (5, 1)
-    assert [r.id for r in load_records(tmp_path / RECORDS)] == [f"p{i}" for i in range(5)]
+    assert [r.id for r in load_records(DatasetFiles(tmp_path).records)] == [f"p{i}" for i in range(5)]
 
 
 def test_torn_tail_is_cut_and_kept_aside(tmp_path):
     with Store.open(tmp_path) as s:
         s.add_record(rec(0))
         s.add_record(rec(1))
-    whole = (tmp_path / RECORDS).read_bytes()
-    (tmp_path / RECORDS).write_bytes(whole + rec(2).to_json().encode()[:25])  # killed mid-write
+    whole = (DatasetFiles(tmp_path).records).read_bytes()
+    (DatasetFiles(tmp_path).records).write_bytes(whole + rec(2).to_json().encode()[:25])  # killed mid-write
     with Store.open(tmp_path) as s:
         assert s.done == {"p0", "p1"} and s.torn_bytes == 25
         s.add_record(rec(2))
-    assert [r.id for r in load_records(tmp_path / RECORDS)] == ["p0", "p1", "p2"]
-    assert (tmp_path / (RECORDS + ".torn")).read_bytes().startswith(b'{"id":"p2"')
+    assert [r.id for r in load_records(DatasetFiles(tmp_path).records)] == ["p0", "p1", "p2"]
+    assert (tmp_path / "records.jsonl.torn").read_bytes().startswith(b'{"id":"p2"')
 
 
 def test_index_missing_or_behind_is_rebuilt(tmp_path):
     with Store.open(tmp_path) as s:
         for i in range(3):
             s.add_record(rec(i))
-    lines = (tmp_path / INDEX).read_text().splitlines()
-    (tmp_path / INDEX).write_text(lines[0] + "\n")  # killed between record and index writes
+    lines = (DatasetFiles(tmp_path).done_index).read_text().splitlines()
+    (DatasetFiles(tmp_path).done_index).write_text(lines[0] + "\n")  # killed between record and index writes
     with Store.open(tmp_path) as s:
         assert s.done == {"p0", "p1", "p2"}
-    assert len((tmp_path / INDEX).read_text().splitlines()) == 3
-    (tmp_path / INDEX).unlink()
+    assert len((DatasetFiles(tmp_path).done_index).read_text().splitlines()) == 3
+    (DatasetFiles(tmp_path).done_index).unlink()
     with Store.open(tmp_path) as s:
         assert s.recorded == 3
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from eagledata.errors import InputError
-from eagledata.tokenizer import KimiTokenizer, split_long_runs
+from eagledata.text.tokenizer import KimiTokenizer, split_long_runs
 
 GOLDEN_TEXT = "<|im_assistant|>assistant<|im_middle|><think>Let me think.</think>Answer.<|im_end|>"
 GOLDEN_IDS = [163588, 69702, 163601, 163606, 9413, 1019, 2704, 13, 163607, 33853, 13, 163586]
@@ -43,8 +43,8 @@ def test_special_strings_stay_text_by_default(tok):
 
 def test_special_table(tok):
     assert tok.vocab_size == 163_840
-    assert tok.token_id("<|im_end|>") == 163586 and tok.token_id("<think>") == 163606
-    assert tok.token_id("[PAD]") == 163839 and tok.token_id("<|reserved_token_163600|>") == 163600
+    assert tok.special_tokens["<|im_end|>"] == 163586 and tok.special_tokens["<think>"] == 163606
+    assert tok.special_tokens["[PAD]"] == 163839 and tok.special_tokens["<|reserved_token_163600|>"] == 163600
     assert len(tok.special_tokens) == 256
 
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import yaml
 
 from .emulator import run_emulator
-from .hidden_states import build_tiny_model
+from .layout import DATASETS_FILE, dataset_files, routing_file, runs_dir
 from .notebooks import NOTEBOOK_DIR, run_notebook
+from .training import build_tiny_model
 
 ROOT = NOTEBOOK_DIR.parent
 DEMO_DATASETS = ("demo-a", "demo-b")
@@ -27,7 +28,7 @@ def prepare_params(demo_dir: Path) -> Path:
     if params.exists():
         shutil.rmtree(params)
     params.mkdir(parents=True)
-    raw = yaml.safe_load((ROOT / "params" / "datasets.yaml").read_text())
+    raw = yaml.safe_load((ROOT / DATASETS_FILE).read_text())
     demo = {name: {**raw[name], "prompts": str((ROOT / raw[name]["prompts"]).resolve())} for name in DEMO_DATASETS}
     path = params / "datasets.yaml"
     path.write_text(yaml.safe_dump(demo, sort_keys=False))
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speed", type=float, default=0.02, help="emulator delay factor (1 = real latencies)")
     args = ap.parse_args(argv)
     out = Path(args.output_dir).resolve()
-    runs, demo = out / "runs", out / "demo"
+    runs, demo = runs_dir(out), out / "demo"
     if (demo / "datasets").exists():
         shutil.rmtree(demo / "datasets")  # a fresh demo run each time
     datasets = prepare_params(demo)
@@ -58,13 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     with run_emulator(speed=args.speed, ground_truth_file=str(truth), seed=2026, faults=faults) as emu:
         print(f"demo: emulator at {emu.base_url}", flush=True)
         step("providers", "providers", base_url=emu.base_url, params_dir=str(params), output_dir=str(demo))
-        routing = params / "routing" / "kimi-k2.5.yaml"
+        routing = routing_file("moonshotai/kimi-k2.5", params)
         step("budget", "budget", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
              reserve_usd=0.05, round_to=1000, output_dir=str(demo))
         for name in DEMO_DATASETS:
             step("generate", f"generate-{name}", dataset=name, datasets_file=str(datasets), base_url=emu.base_url,
                  params_dir=str(params), output_dir=str(demo), concurrency=64, max_tokens=8192, reserve_usd=0.0)
-        step("tokenizer", "tokenizer", records=str(demo / "datasets" / DEMO_DATASETS[0] / "records.jsonl"),
+        step("tokenizer", "tokenizer", records=str(dataset_files(DEMO_DATASETS[0], demo).records),
              truth=str(truth))
         step("tokenizer", "tokenizer-samples")
         step("budget", "budget-actual", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,

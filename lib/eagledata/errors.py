@@ -1,8 +1,9 @@
 """One error type for bad input, so callers and notebooks can show a single clear message."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 
 class InputError(ValueError):
@@ -27,3 +28,18 @@ def open_input(path: str | Path) -> BinaryIO:
         return Path(path).open("rb")
     except OSError as e:
         raise InputError(f"cannot open: {e.strerror}", path) from None
+
+
+def run_command(prog: str, body: Callable[[], int | None]) -> int:
+    """A command's exit code: bad input → its message and 2; a run that failed (RuntimeError) → 1.
+
+    Anything else is a bug and keeps its traceback.
+    """
+    try:
+        return body() or 0
+    except InputError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1

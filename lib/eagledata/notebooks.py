@@ -1,10 +1,14 @@
-"""Execute the workbench notebooks with papermill: used by `make demo` and by the notebook tests."""
+"""The workbench notebooks as files: papermill execution (`make demo`, the notebook tests), and parameters
+cells generated from the settings they configure (`python -m eagledata.notebooks` rewrites them)."""
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
+
+from .settings import Settings
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
@@ -53,3 +57,39 @@ def cell_outputs_text(path: str | Path) -> str:
             for value in out.get("data", {}).values():
                 parts.append("".join(value) if isinstance(value, list) else str(value))
     return "\n".join(parts)
+
+
+def parameter_settings() -> dict[str, type[Settings]]:
+    """Notebooks whose parameters cell is made from a settings class (the defaults live only there)."""
+    from .generation import GenerateConfig
+    from .training import HiddenStatesConfig
+
+    return {"generate": GenerateConfig, "hidden_states": HiddenStatesConfig}
+
+
+def parameters_source(path: str | Path) -> str:
+    nb = json.loads(Path(path).read_text())
+    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+    return "".join(cell["source"])
+
+
+def sync_parameters() -> list[Path]:
+    """Rewrite each generated parameters cell from its settings class; returns the notebooks changed."""
+    changed = []
+    for name, settings in parameter_settings().items():
+        path = notebook_path(name)
+        nb = json.loads(path.read_text())
+        cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+        lines = settings.parameters_cell().split("\n")
+        source = [line + "\n" for line in lines[:-1]] + [lines[-1]]
+        if cell["source"] != source:
+            cell["source"] = source
+            path.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            changed.append(path)
+    return changed
+
+
+if __name__ == "__main__":
+    for changed_path in sync_parameters():
+        print(f"parameters cell rewritten: {changed_path}")
+    sys.exit(0)

@@ -1,12 +1,52 @@
-"""The one record schema every stage shares (DESIGN.md), and JSONL reading that names bad lines."""
+"""The vocabulary every stage shares: the model's answer as text, and the one record schema (DESIGN.md).
+
+Kept free of tokenizers and HTTP so that any stage (and the emulator) can import it cheaply.
+"""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import InputError, open_input
+from .errors import InputError
+from .files import iter_jsonl
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_INLINE_OPEN = re.compile(r"\s*<think>")
+
+
+def split_inline_reasoning(reasoning: str | None, content: str | None) -> tuple[str, str]:
+    """Move `<think>…</think>` at the start of content into reasoning (some providers inline it).
+
+    Only when no separate reasoning arrived: then a literal `<think>` later in content is text.
+    An unclosed leading `<think>` means the answer was cut inside the reasoning.
+    """
+    reasoning, content = reasoning or "", content or ""
+    if reasoning or not (m := _INLINE_OPEN.match(content)):
+        return reasoning, content
+    inner, sep, rest = content[m.end():].partition(THINK_CLOSE)
+    return (inner, rest) if sep else (inner, "")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The model's answer as text: what the API returns, and what output ids decode back to."""
+
+    reasoning: str
+    content: str
+    finish_reason: str  # "stop" | "length" | anything else the server said
+
+    @classmethod
+    def from_api(cls, reasoning: str | None, content: str | None, finish_reason: str) -> "Answer":
+        """An answer as served, with reasoning a provider inlined as `<think>…</think>` split out."""
+        return cls(*split_inline_reasoning(reasoning, content), finish_reason)
+
+
+def output_tokens(completion_tokens: int | None, output_ids: list | None) -> int:
+    """What a record counts against a token target: the server's count, else the ids we stored."""
+    return completion_tokens or len(output_ids or ())
 
 
 @dataclass
@@ -17,7 +57,7 @@ class Usage:
     cost: float | None = None  # USD, from usage.cost; None when the server did not say
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Record:
     """One finished prompt: the conversation, the answer as text, and its exact token ids."""
 
@@ -42,7 +82,16 @@ class Record:
 
     @property
     def loss_mask(self) -> list[int]:
+        """0 over the prompt, 1 over what the model produced (its `</think>` and `<|im_end|>` included)."""
         return [0] * len(self.prompt_ids) + [1] * len(self.output_ids)
+
+    @property
+    def output_tokens(self) -> int:
+        return output_tokens(self.usage.completion_tokens, self.output_ids)
+
+    @property
+    def answer(self) -> Answer:
+        return Answer(self.reasoning, self.content, self.finish_reason)
 
     def to_dict(self) -> dict[str, Any]:
         """Shallow (no deep copy of the id lists: this runs once per record at 2,000 in flight)."""
@@ -95,32 +144,17 @@ _REQUIRED = ("id", "dataset", "messages", "reasoning", "content", "finish_reason
 _USAGE_FIELDS = {f.name for f in fields(Usage)}
 
 
-def iter_jsonl(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object) for each non-blank line; a bad line raises naming file:line.
-
-    `tolerate_torn_tail`: a last line without its newline that does not parse is what a kill
-    mid-write leaves; it is dropped instead of failing (checkpoint resume).
-    """
-    path = Path(path)
-    with open_input(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
-                continue
-            try:
-                yield lineno, json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                if tolerate_torn_tail and not raw.endswith(b"\n"):
-                    return
-                raise InputError(f"not valid JSON: {getattr(e, 'msg', e)}", path, lineno) from None
+def iter_records(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[tuple[int, Record]]:
+    """(line number, record) from a records.jsonl; a line that is not a valid record raises naming file:line."""
+    for lineno, obj in iter_jsonl(path, tolerate_torn_tail=tolerate_torn_tail):
+        try:
+            yield lineno, Record.from_dict(obj)
+        except (InputError, TypeError) as e:
+            raise InputError(f"not a valid record: {e}", path, lineno) from None
 
 
 def read_records(path: str | Path, *, tolerate_torn_tail: bool = False) -> Iterator[Record]:
-    """Records from a records.jsonl; a line that is not a valid record raises naming file:line."""
-    for lineno, obj in iter_jsonl(path, tolerate_torn_tail=tolerate_torn_tail):
-        try:
-            yield Record.from_dict(obj)
-        except (InputError, TypeError) as e:
-            raise InputError(f"not a valid record: {e}", path, lineno) from None
+    return (r for _, r in iter_records(path, tolerate_torn_tail=tolerate_torn_tail))
 
 
 def load_records(path: str | Path, **kwargs: Any) -> list[Record]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import InputError
+from ..errors import run_command
 from .config import load_config
 
 
@@ -15,18 +15,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--config", help="YAML or JSON config file")
     args = parser.parse_args(argv)
-    try:
+
+    def serve() -> None:
         cfg = load_config(args.config)
         from .server import serve
 
-        serve(cfg, args.host, args.port)
-    except InputError as e:
-        print(f"emulator: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"emulator: cannot listen on {args.host}:{args.port}: {e}", file=sys.stderr)
-        return 1
-    return 0
+        try:
+            serve(cfg, args.host, args.port)
+        except OSError as e:
+            raise RuntimeError(f"cannot listen on {args.host}:{args.port}: {e}") from None
+
+    return run_command("emulator", serve)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import InputError
-from ..sequences import prompt_ids
-from ..tokenizer import KimiTokenizer
+from ..text import KimiTokenizer, prompt_ids
 from .catalog import Endpoint, per_token, route
 from .config import FAULT_CLASSES, EmulatorConfig, parse_config
 from .content import Generation, content_rng, generate, prompt_hash

@@ -14,8 +14,7 @@ from itertools import accumulate
 from dataclasses import dataclass, fields
 from typing import Sequence
 
-from ..sequences import output_ids, parse_output_ids
-from ..tokenizer import END_THINK, IM_END, KimiTokenizer
+from ..text import END_THINK, IM_END, KimiTokenizer, output_ids, parse_output_ids
 from .catalog import Quirks
 from .config import ContentDist
 

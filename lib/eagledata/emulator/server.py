@@ -6,7 +6,7 @@ import socket
 
 import uvicorn
 
-from ..tokenizer import load_tokenizer
+from ..text import load_tokenizer
 from .app import create_app
 from .config import EmulatorConfig
 

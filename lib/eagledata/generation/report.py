@@ -2,27 +2,28 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-from .records import iter_jsonl
+from ..files import iter_jsonl
+from ..layout import DatasetFiles
+from ..records import output_tokens
 
 
-def load_summary(dataset_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(dataset_dir) / "summary.json").read_text())
+def load_summary(files: DatasetFiles) -> dict[str, Any]:
+    return json.loads(files.summary.read_text())
 
 
-def record_stats(dataset_dir: str | Path):
+def record_stats(files: DatasetFiles):
     """One row per record (no ids or text): provider, finish reason, token counts, cost."""
     import pandas as pd
 
     rows = []
-    path = Path(dataset_dir) / "records.jsonl"
-    if path.is_file():
-        for _, r in iter_jsonl(path, tolerate_torn_tail=True):
+    if files.records.is_file():
+        for _, r in iter_jsonl(files.records, tolerate_torn_tail=True):
             u = r.get("usage") or {}
             rows.append({"provider": r.get("provider") or "?", "finish_reason": r.get("finish_reason"),
-                         "output_tokens": len(r.get("output_ids") or []), "prompt_tokens": len(r.get("prompt_ids") or []),
+                         "output_tokens": output_tokens(u.get("completion_tokens"), r.get("output_ids")),
+                         "prompt_tokens": len(r.get("prompt_ids") or []),
                          "reasoning_tokens": u.get("reasoning_tokens") or 0, "cost": u.get("cost")})
     return pd.DataFrame(rows, columns=["provider", "finish_reason", "output_tokens", "prompt_tokens",
                                        "reasoning_tokens", "cost"])

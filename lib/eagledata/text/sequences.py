@@ -7,64 +7,31 @@ structure. A literal `<think>` typed inside an answer therefore stays text, as t
 """
 from __future__ import annotations
 
-import json
-import re
-from dataclasses import dataclass
-from datetime import datetime
-from functools import lru_cache
 from typing import Any, Sequence
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-from .errors import InputError
+from ..errors import InputError
+from ..records import Answer
 from .tokenizer import END_THINK, IM_END, KimiTokenizer
 
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-_INLINE_OPEN = re.compile(r"\s*<think>")
+# What a tokenizer's `apply_chat_template` passes for its special tokens; K2.5's template uses none of them.
+_SPECIAL_TOKEN_KWARGS = dict(bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]", unk_token="[UNK]")
 
 
 # -- chat template ------------------------------------------------------------------------------
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _raise(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-@lru_cache(maxsize=8)
-def _compile(template: str) -> jinja2.Template:
-    """Compile as transformers does: sandboxed, trim/lstrip blocks, loop controls, its tojson."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(template)
-
-
-def _alias_reasoning(message: dict) -> dict:
-    """transformers fills `reasoning_content` from `reasoning`/`thinking`; so do we."""
-    for key in ("reasoning_content", "thinking", "reasoning"):
-        if message.get(key) is not None:
-            return {"thinking": message[key], **message, "reasoning_content": message[key]}
-    return message
-
-
 def render_chat(tok: KimiTokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True,
                 thinking: bool = True, preserve_thinking: bool = False, tools: list | None = None) -> str:
-    """The chat template rendered to text, with the keyword arguments transformers passes."""
+    """The chat template rendered by transformers' own renderer, as the serving stacks (vLLM, SGLang) do:
+    the same sandbox, filters, globals (`raise_exception`, `strftime_now`) and reasoning-field aliases."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
     if tok.chat_template is None:
         raise InputError("tokenizer has no chat template (chat_template.jinja)", tok.directory)
-    kwargs: dict[str, Any] = dict(messages=[_alias_reasoning(m) for m in messages], tools=tools, documents=None,
-                                  add_generation_prompt=add_generation_prompt,
-                                  preserve_thinking=preserve_thinking, bos_token="[BOS]", eos_token="[EOS]",
-                                  pad_token="[PAD]", unk_token="[UNK]")
+    kwargs: dict[str, Any] = dict(_SPECIAL_TOKEN_KWARGS, preserve_thinking=preserve_thinking)
     if not thinking:
         kwargs["thinking"] = False
-    return _compile(tok.chat_template).render(**kwargs)
+    rendered, _ = render_jinja_template([list(messages)], tools=tools, chat_template=tok.chat_template,
+                                        add_generation_prompt=add_generation_prompt, **kwargs)
+    return rendered[0]
 
 
 def prompt_ids(tok: KimiTokenizer, messages: Sequence[dict], *, thinking: bool = True,
@@ -81,43 +48,18 @@ def conversation_ids(tok: KimiTokenizer, messages: Sequence[dict], reasoning: st
 
 
 # -- answers ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Answer:
-    """The model's answer as text: what OpenRouter returns and what output ids decode to."""
-
-    reasoning: str
-    content: str
-    finish_reason: str  # "stop" | "length" | anything else the server said
-
-    @property
-    def truncated(self) -> bool:
-        return self.finish_reason == "length"
-
-
-def split_inline_reasoning(reasoning: str | None, content: str | None) -> tuple[str, str]:
-    """Move `<think>…</think>` at the start of content into reasoning (some providers inline it).
-
-    Only when no separate reasoning arrived: then a literal `<think>` later in content is text.
-    An unclosed leading `<think>` means the answer was cut inside the reasoning.
-    """
-    reasoning, content = reasoning or "", content or ""
-    if reasoning or not (m := _INLINE_OPEN.match(content)):
-        return reasoning, content
-    inner, sep, rest = content[m.end():].partition(THINK_CLOSE)
-    return (inner, rest) if sep else (inner, "")
-
-
 def output_ids(tok: KimiTokenizer, reasoning: str | None, content: str | None, finish_reason: str | None,
                *, thinking: bool = True) -> list[int]:
     """The recipe: encode(reasoning) + [</think>] + encode(content) + [<|im_end|>].
 
     No `<|im_end|>` after a cut (`finish_reason == "length"`), and no `</think>` when the cut fell
     inside the reasoning (nothing after it). With thinking off the prompt already closed `<think></think>`.
+    Reasoning a provider inlined as `<think>…</think>` in content is split out first.
     """
-    reasoning, content = split_inline_reasoning(reasoning, content)
-    return _assemble(tok.encode_ordinary(reasoning) if reasoning else [],
-                     tok.encode_ordinary(content) if content else [],
-                     finish_reason, thinking, reasoning)
+    a = Answer.from_api(reasoning, content, finish_reason or "")
+    return _assemble(tok.encode_ordinary(a.reasoning) if a.reasoning else [],
+                     tok.encode_ordinary(a.content) if a.content else [],
+                     finish_reason, thinking, a.reasoning)
 
 
 def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thinking: bool,
@@ -142,11 +84,11 @@ def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thi
 def output_ids_batch(tok: KimiTokenizer, answers: Sequence[Answer], *, thinking: bool = True,
                      threads: int = 2) -> list[list[int]]:
     """`output_ids` for many answers, BPE spread over `threads` cores."""
-    split = [split_inline_reasoning(a.reasoning, a.content) for a in answers]
-    texts = [t for pair in split for t in pair]
+    split = [Answer.from_api(a.reasoning, a.content, a.finish_reason) for a in answers]
+    texts = [t for a in split for t in (a.reasoning, a.content)]
     encoded = tok.encode_ordinary_batch(texts, threads=threads)
-    return [_assemble(encoded[2 * i], encoded[2 * i + 1], a.finish_reason, thinking, split[i][0])
-            for i, a in enumerate(answers)]
+    return [_assemble(encoded[2 * i], encoded[2 * i + 1], a.finish_reason, thinking, a.reasoning)
+            for i, a in enumerate(split)]
 
 
 def parse_output_ids(tok: KimiTokenizer, ids: Sequence[int], *, thinking: bool = True) -> Answer:
@@ -163,6 +105,16 @@ def parse_output_ids(tok: KimiTokenizer, ids: Sequence[int], *, thinking: bool =
     return Answer(tok.decode(ids), "", finish)
 
 
-def loss_mask(n_prompt: int, n_output: int) -> list[int]:
-    """0 over the prompt, 1 over what the model produced (its `</think>` and `<|im_end|>` included)."""
-    return [0] * n_prompt + [1] * n_output
+def first_difference(a: Sequence, b: Sequence) -> int:
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+def agreement(ours: Sequence[int], true: Sequence[int]) -> float:
+    """Share of positions covered by the common prefix and suffix (1.0 when identical)."""
+    if list(ours) == list(true):
+        return 1.0
+    n = max(len(ours), len(true))
+    pre = first_difference(ours, true)
+    suf = first_difference(list(reversed(ours[pre:])), list(reversed(true[pre:])))
+    return (pre + suf) / n

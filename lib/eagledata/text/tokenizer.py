@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import tiktoken
 
-from .errors import InputError
+from ..errors import InputError
 
 # The Kimi pre-tokenizer (tiktoken `pat_str`), eight alternatives joined with `|`.
 PAT_STR = "|".join([
@@ -52,8 +52,8 @@ _RUNS = re.compile(r"\s+|\S+")
 REQUIRED_FILES = ("tiktoken.model", "tokenizer_config.json")
 HUB_FILES = ["tiktoken.model", "tokenizer_config.json", "chat_template.jinja"]
 
-IM_END, IM_USER, IM_ASSISTANT, IM_SYSTEM, IM_MIDDLE = 163586, 163587, 163588, 163594, 163601
-THINK, END_THINK = 163606, 163607
+# The two special ids the output-id recipe places by structure (DESIGN.md).
+IM_END, END_THINK = 163586, 163607
 
 
 def split_long_runs(text: str, max_run: int = MAX_RUN_CHARS, max_chunk: int = MAX_ENCODE_CHARS) -> list[str]:
@@ -177,9 +177,6 @@ class KimiTokenizer:
     @property
     def vocab_size(self) -> int:
         return VOCAB_SIZE
-
-    def token_id(self, special: str) -> int:
-        return self.special_tokens[special]
 
     # -- encoding -----------------------------------------------------------------------------
     def encode_ordinary(self, text: str) -> list[int]:

@@ -4,6 +4,7 @@ Each finished prompt is one line written by a single `write` on an O_APPEND desc
 leaves whole lines plus at most one torn tail, which the next open cuts off (kept aside in
 `records.jsonl.torn`). An index of finished ids (`done.idx`, id + byte offset) makes resume start-up
 independent of record size; it is only a cache: lines past its last offset are re-read from the file.
+Paths come from `eagledata.layout.DatasetFiles`.
 """
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
-from .files import atomic_write_text
-from .records import Record, iter_jsonl
-
-RECORDS, FAILURES, INDEX, LOCK, SUMMARY = "records.jsonl", "failures.jsonl", "done.idx", ".lock", "summary.json"
+from ..errors import InputError
+from ..files import atomic_write_text, iter_jsonl
+from ..layout import DatasetFiles
+from ..records import Record, output_tokens
 
 
 class StoreLocked(InputError):
@@ -74,7 +74,7 @@ def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
             try:
                 d = json.loads(line)
                 usage = d.get("usage") or {}
-                tokens = int(usage.get("completion_tokens") or len(d.get("output_ids") or []))
+                tokens = int(output_tokens(usage.get("completion_tokens"), d.get("output_ids")))
                 entry = (str(d["id"]), offset, tokens, float(usage.get("cost") or 0.0))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise InputError("not a valid record line (after byte %d)" % start, path, lineno) from None
@@ -102,22 +102,22 @@ def _read_index(index: Path, records_size: int) -> list[Entry]:
 
 @dataclass
 class Store:
-    """Append-only record and failure files of `directory`; `done` holds the ids finished either way."""
+    """Append-only record and failure files of one dataset; `done` holds the ids finished either way."""
 
-    directory: Path
+    files: DatasetFiles
     done: set[str] = field(default_factory=set)
     recorded: int = 0
     failed: int = 0
     output_tokens: int = 0   # over every record of the dataset, all runs
     spend_usd: float = 0.0
     torn_bytes: int = 0
-    _fds: dict[str, int] = field(default_factory=dict, repr=False)
+    _fds: dict[Path, int] = field(default_factory=dict, repr=False)
     _lock_fd: int | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, directory: str | Path) -> "Store":
-        store = cls(Path(directory))
-        store.directory.mkdir(parents=True, exist_ok=True)
+    def open(cls, where: DatasetFiles | str | Path) -> "Store":
+        store = cls(where if isinstance(where, DatasetFiles) else DatasetFiles(Path(where)))
+        store.files.directory.mkdir(parents=True, exist_ok=True)
         store._lock()
         try:
             store._load()
@@ -127,21 +127,20 @@ class Store:
         return store
 
     def _lock(self) -> None:
-        path = self.directory / LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.files.lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise StoreLocked(f"another run (pid {holder}) is writing this dataset; refusing to interleave",
-                              self.directory) from None
+                              self.files.directory) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def _load(self) -> None:
-        records, failures, index = (self.directory / n for n in (RECORDS, FAILURES, INDEX))
+        records, failures, index = self.files.records, self.files.failures, self.files.done_index
         self.torn_bytes = _repair_tail(records) + _repair_tail(failures)
         _repair_tail(index)
         indexed: list[Entry] = []
@@ -167,24 +166,24 @@ class Store:
                 failed.append(str(obj["id"]))
             self.failed = len(failed)
             self.done.update(failed)
-        for name in (RECORDS, FAILURES, INDEX):
-            self._fds[name] = os.open(self.directory / name, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        for path in (records, failures, index):
+            self._fds[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def _append(self, name: str, data: bytes) -> int:
-        fd = self._fds[name]
+    def _append(self, path: Path, data: bytes) -> int:
+        fd = self._fds[path]
         n = os.write(fd, data)
         while n < len(data):  # a short write (full disk, …) is finished, never left torn
             n += os.write(fd, data[n:])
         return os.lseek(fd, 0, os.SEEK_END)
 
-    def add_record(self, record: Record, output_tokens: int | None = None, cost: float | None = None) -> None:
-        """Append one record; `output_tokens`/`cost` default to its usage (they feed the dataset totals)."""
+    def add_record(self, record: Record, cost: float | None = None) -> None:
+        """Append one record; `cost` defaults to its usage (it feeds the dataset totals)."""
         if record.id in self.done:
             raise ValueError(f"record {record.id!r} is already finished")
-        tokens = output_tokens if output_tokens is not None else (record.usage.completion_tokens or len(record.output_ids))
+        tokens = record.output_tokens
         cost = cost if cost is not None else (record.usage.cost or 0.0)
-        end = self._append(RECORDS, (record.to_json() + "\n").encode())
-        self._append(INDEX, _index_line(record.id, end, tokens, cost).encode())
+        end = self._append(self.files.records, (record.to_json() + "\n").encode())
+        self._append(self.files.done_index, _index_line(record.id, end, tokens, cost).encode())
         self.done.add(record.id)
         self.recorded += 1
         self.output_tokens += tokens
@@ -194,12 +193,12 @@ class Store:
         if prompt_id in self.done:
             raise ValueError(f"prompt {prompt_id!r} is already finished")
         line = json.dumps({"id": prompt_id, "error": error, "attempts": attempts}, ensure_ascii=False)
-        self._append(FAILURES, (line + "\n").encode())
+        self._append(self.files.failures, (line + "\n").encode())
         self.done.add(prompt_id)
         self.failed += 1
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
-        return atomic_write_text(self.directory / SUMMARY, json.dumps(summary, indent=1, ensure_ascii=False))
+        return atomic_write_text(self.files.summary, json.dumps(summary, indent=1, ensure_ascii=False))
 
     def sync(self) -> None:
         for fd in self._fds.values():

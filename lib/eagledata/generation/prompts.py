@@ -6,9 +6,9 @@ import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
-from .errors import InputError, open_input
+from ..errors import InputError, open_input
 
 ROLES = {"system", "user", "assistant", "tool"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
@@ -20,6 +20,44 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 class Prompt:
     id: str
     messages: list[dict]
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """One accepted way of writing a conversation: the list's key, and each turn's role and text keys."""
+
+    key: str
+    role_key: str
+    text_key: str
+    roles: Mapping[str, str]  # as written -> chat-template role
+    text_types: tuple[type, ...]
+    keep_turn: bool  # pass the turn on whole (tool calls, names …) or only {role, content}
+
+
+SHAPES = (
+    _Shape("messages", "role", "content", {r: r for r in ROLES}, (str, list, type(None)), keep_turn=True),
+    _Shape("conversations", "from", "value", SHAREGPT_ROLES, (str,), keep_turn=False),
+)
+
+
+def _turns(obj: dict) -> list[dict]:
+    shape = next((s for s in SHAPES if s.key in obj), None)
+    if shape is None:
+        raise InputError("needs 'messages' (or ShareGPT 'conversations')", field="messages")
+    turns = obj[shape.key]
+    if not isinstance(turns, list):
+        raise InputError(f"must be a list of {{{shape.role_key}, {shape.text_key}}}", field=shape.key)
+    out = []
+    for i, t in enumerate(turns):
+        role = shape.roles.get(t.get(shape.role_key)) if isinstance(t, dict) else None
+        if role is None:
+            raise InputError(f"{shape.role_key} must be one of {sorted(shape.roles)}",
+                             field=f"{shape.key}[{i}].{shape.role_key}")
+        text = t.get(shape.text_key)
+        if not isinstance(text, shape.text_types):
+            raise InputError("must be a string", field=f"{shape.key}[{i}].{shape.text_key}")
+        out.append({**t, "role": role} if shape.keep_turn else {"role": role, "content": text})
+    return out
 
 
 def normalize_prompt(obj: Any) -> Prompt:
@@ -34,31 +72,7 @@ def normalize_prompt(obj: Any) -> Prompt:
         raise InputError("missing or empty (a unique string is needed)", field="id")
     if isinstance(pid, str) and ("\t" in pid or "\n" in pid or "\r" in pid):
         raise InputError("must not contain tabs or line breaks", field="id")
-    if "messages" in obj:
-        messages = obj["messages"]
-        if not isinstance(messages, list):
-            raise InputError("must be a list of {role, content}", field="messages")
-        out = []
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or m.get("role") not in ROLES:
-                raise InputError(f"role must be one of {sorted(ROLES)}", field=f"messages[{i}].role")
-            if not isinstance(m.get("content"), (str, list)) and m.get("content") is not None:
-                raise InputError("must be a string", field=f"messages[{i}].content")
-            out.append(dict(m))
-    elif "conversations" in obj:
-        turns = obj["conversations"]
-        if not isinstance(turns, list):
-            raise InputError("must be a list of {from, value}", field="conversations")
-        out = []
-        for i, t in enumerate(turns):
-            role = SHAREGPT_ROLES.get(t.get("from")) if isinstance(t, dict) else None
-            if role is None:
-                raise InputError(f"'from' must be one of {sorted(SHAREGPT_ROLES)}", field=f"conversations[{i}].from")
-            if not isinstance(t.get("value"), str):
-                raise InputError("must be a string", field=f"conversations[{i}].value")
-            out.append({"role": role, "content": t["value"]})
-    else:
-        raise InputError("needs 'messages' (or ShareGPT 'conversations')", field="messages")
+    out = _turns(obj)
     while out and out[-1]["role"] == "assistant":
         out.pop()
     if not any(m["role"] == "user" for m in out):

@@ -7,14 +7,13 @@ FAILED (this prompt can never succeed: failures.jsonl), FATAL (no prompt can: st
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Mapping
 
 import httpx
 
-from .records import Usage
-from .sequences import split_inline_reasoning
+from ..records import Answer, Usage, split_inline_reasoning
 
 
 class Kind(Enum):
@@ -25,13 +24,12 @@ class Kind(Enum):
     FATAL = "fatal"
 
 
-@dataclass
-class Answer:
-    """A successful completion as the service returned it (inline `<think>` already split out)."""
+@dataclass(kw_only=True)
+class Completion:
+    """A successful completion as the service returned it: the answer text (inline `<think>` already
+    split out) and what the service said about it."""
 
-    reasoning: str
-    content: str
-    finish_reason: str
+    answer: Answer
     provider: str
     model: str
     generation_id: str
@@ -48,8 +46,7 @@ class Outcome:
     status: int | None = None
     message: str = ""
     retry_after: float | None = None
-    answer: Answer | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
+    completion: Completion | None = None
 
     def error_dict(self) -> dict[str, Any]:
         return {"class": self.error_class, "status": self.status, "message": self.message[:500]}
@@ -89,7 +86,7 @@ def _error_outcome(status: int, err: Mapping[str, Any], headers: Mapping[str, st
     code = err.get("code")
     code = code if isinstance(code, int) else status
     ra = _retry_after(headers)
-    base = dict(status=code, message=message, retry_after=ra, metadata=metadata)
+    base = dict(status=code, message=message, retry_after=ra)
     if code in (401, 403):
         return Outcome(Kind.FATAL, "auth", **base)
     if code == 402:
@@ -123,8 +120,8 @@ def _text(x: Any) -> str:
     return x if isinstance(x, str) else ""
 
 
-def parse_answer(body: Mapping[str, Any]) -> Answer | Outcome:
-    """A 200 body → Answer, or the Outcome explaining why it is not one."""
+def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
+    """A 200 body → Completion, or the Outcome explaining why it is not one."""
     choices = body.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return Outcome(Kind.RETRY, "malformed", 200, "no choices in the answer")
@@ -164,9 +161,11 @@ def parse_answer(body: Mapping[str, Any]) -> Answer | Outcome:
     usage = Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
                   int(details.get("reasoning_tokens") or 0), float(cost) if isinstance(cost, (int, float)) else None)
     ids = choice.get("token_ids")
-    return Answer(reasoning_split, content, finish, _text(body.get("provider")), _text(body.get("model")),
-                  _text(body.get("id")), usage, inline, body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
-                  ids if isinstance(ids, list) else None)
+    return Completion(answer=Answer(reasoning_split, content, finish), provider=_text(body.get("provider")),
+                      model=_text(body.get("model")), generation_id=_text(body.get("id")), usage=usage,
+                      reasoning_inline=inline,
+                      prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
+                      output_token_ids=ids if isinstance(ids, list) else None)
 
 
 def classify_response(status: int, headers: Mapping[str, str], content: bytes) -> Outcome:
@@ -184,10 +183,10 @@ def classify_response(status: int, headers: Mapping[str, str], content: bytes) -
         out = _error_outcome(200, body["error"], headers)
         out.error_class = out.error_class if out.kind is not Kind.RETRY else "error_in_body"
         return out
-    parsed = parse_answer(body)
+    parsed = parse_completion(body)
     if isinstance(parsed, Outcome):
         return parsed
-    return Outcome(Kind.OK, "ok", 200, answer=parsed)
+    return Outcome(Kind.OK, "ok", 200, completion=parsed)
 
 
 def classify_exception(exc: httpx.HTTPError) -> Outcome:
@@ -196,12 +195,3 @@ def classify_exception(exc: httpx.HTTPError) -> Outcome:
     if isinstance(exc, httpx.TransportError):
         return Outcome(Kind.RETRY, "connection", None, f"{type(exc).__name__}: {exc}"[:200])
     return Outcome(Kind.RETRY, "malformed", None, f"{type(exc).__name__}: {exc}"[:200])
-
-
-async def complete(client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
-    """POST chat/completions once and classify what came back (or what broke)."""
-    try:
-        resp = await client.post("chat/completions", json=body)
-        return classify_response(resp.status_code, resp.headers, resp.content)
-    except httpx.HTTPError as exc:
-        return classify_exception(exc)

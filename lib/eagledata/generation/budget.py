@@ -15,12 +15,13 @@ from typing import Iterable, Literal, Sequence
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
+from ..files import iter_jsonl
+from ..layout import dataset_files
+from ..openrouter import Price, RoutingDecision
+from ..records import output_tokens
+from ..text import KimiTokenizer, prompt_ids
 from .prompts import iter_prompts
-from .providers import RoutingDecision
-from .records import iter_jsonl
-from .sequences import prompt_ids
-from .tokenizer import KimiTokenizer
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 Policy = Literal["equal", "proportional", "weights"]
@@ -93,7 +94,7 @@ class OutputLengths:
                 continue
             used.append(p.parent.name)
             for _, rec in iter_jsonl(p, tolerate_torn_tail=True):
-                n = (rec.get("usage") or {}).get("completion_tokens") or len(rec.get("output_ids") or [])
+                n = output_tokens((rec.get("usage") or {}).get("completion_tokens"), rec.get("output_ids"))
                 if n:
                     lengths.append(n)
         if not lengths:
@@ -102,32 +103,31 @@ class OutputLengths:
 
 
 @dataclass(frozen=True)
-class Prices:
-    prompt_per_m: float
-    completion_per_m: float
-    source: str
+class Prices(Price):
+    """The price a plan assumes, and where it came from."""
+
+    source: str = ""
 
     @classmethod
     def from_routing(cls, decision: RoutingDecision, mode: Literal["cheapest", "worst", "mix"] = "cheapest",
                      mix: dict[str, float] | None = None) -> "Prices":
         """Prices to plan with: the cheapest eligible endpoint (sort=price routes there), the most
         expensive eligible one (a safe bound), or a weighted mix of providers (e.g. observed shares)."""
-        priced = [e for e in decision.eligible if e.get("prompt_per_m") is not None and e.get("completion_per_m") is not None]
+        priced = {e.provider: e.price for e in decision.eligible if e.priced}
         if not priced:
             raise InputError("the routing decision has no priced eligible endpoint", field="routing")
         if mode == "cheapest":
-            e = min(priced, key=lambda e: (e["completion_per_m"], e["prompt_per_m"]))
-            return cls(e["prompt_per_m"], e["completion_per_m"], f"cheapest eligible ({e['provider']})")
+            best = decision.cheapest()
+            return cls(best.prompt_per_m, best.completion_per_m, f"cheapest eligible ({best.provider})")
         if mode == "worst":
-            return cls(max(e["prompt_per_m"] for e in priced), max(e["completion_per_m"] for e in priced),
-                       "most expensive eligible")
+            worst = decision.worst_price()
+            return cls(worst.prompt_per_m, worst.completion_per_m, "most expensive eligible")
         if mode == "mix":
-            by_name = {e["provider"]: e for e in priced}
-            if not mix or set(mix) - set(by_name) or sum(mix.values()) <= 0:
-                raise InputError(f"mix must weight eligible priced providers {sorted(by_name)}", field="mix")
+            if not mix or set(mix) - set(priced) or sum(mix.values()) <= 0:
+                raise InputError(f"mix must weight eligible priced providers {sorted(priced)}", field="mix")
             total = sum(mix.values())
-            return cls(sum(by_name[p]["prompt_per_m"] * w for p, w in mix.items()) / total,
-                       sum(by_name[p]["completion_per_m"] * w for p, w in mix.items()) / total, f"mix {mix}")
+            return cls(sum(priced[p].prompt_per_m * w for p, w in mix.items()) / total,
+                       sum(priced[p].completion_per_m * w for p, w in mix.items()) / total, f"mix {mix}")
         raise InputError("must be cheapest, worst or mix", field="price_mode")
 
 
@@ -281,7 +281,7 @@ def planned_vs_actual(plan: Plan, output_dir: str | Path):
 
     rows = []
     for d in plan.datasets:
-        path = Path(output_dir) / "datasets" / d.name / "summary.json"
+        path = dataset_files(d.name, output_dir).summary
         if not path.is_file():
             continue
         try:

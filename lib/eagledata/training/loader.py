@@ -10,9 +10,10 @@ from typing import Any, Iterable, Iterator, NamedTuple
 
 import torch
 
-from .errors import InputError
-from .hidden_states import INDEX, MANIFEST, IndexEntry, dequantize_fp8
-from .records import Record
+from ..errors import InputError
+from ..layout import HiddenStateFiles
+from ..records import Record
+from .extraction import IndexEntry, dequantize_fp8
 
 
 class SampleStates(NamedTuple):
@@ -28,11 +29,12 @@ class HiddenStates:
     def __init__(self, directory: str | Path, dtype: torch.dtype | None = None):
         """`dtype`: what states come back as; None keeps bf16/fp32 storage as is and dequantizes fp8 to fp32."""
         self.directory = Path(directory)
-        manifest = self.directory / MANIFEST
+        self.files = HiddenStateFiles(self.directory)
+        manifest = self.files.manifest
         if not manifest.is_file():
             raise InputError("no manifest.json: extraction has not finished (or wrong directory)", manifest)
         self.manifest: dict[str, Any] = json.loads(manifest.read_text())
-        self.entries = [IndexEntry(**json.loads(line)) for line in (self.directory / INDEX).read_text().splitlines()
+        self.entries = [IndexEntry(**json.loads(line)) for line in self.files.index.read_text().splitlines()
                         if line.strip()]
         self.by_id = {e.id: e for e in self.entries}
         self.dtype = dtype
@@ -78,16 +80,16 @@ class HiddenStates:
         n = 0
         for r in records:
             if r.id not in self.by_id:
-                raise InputError(f"record {r.id!r} has no stored hidden states", self.directory / INDEX)
+                raise InputError(f"record {r.id!r} has no stored hidden states", self.files.index)
             got = self[r.id]
             ids, mask = r.input_ids, r.loss_mask
             length = len(got.input_ids)
             if length != len(ids) and not (cut and length < len(ids)):
                 raise InputError(f"record {r.id!r}: {length} stored tokens, the record has {len(ids)}",
-                                 self.directory / INDEX)
+                                 self.files.index)
             if got.input_ids.tolist() != ids[:length] or got.loss_mask.tolist() != mask[:length]:
                 raise InputError(f"record {r.id!r}: stored ids or loss mask differ from the record's",
-                                 self.directory / INDEX)
+                                 self.files.index)
             n += 1
         return n
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
-from .errors import InputError
-from .records import Record, iter_jsonl
-from .sequences import (conversation_ids, output_ids, parse_output_ids, prompt_ids,
-                        split_inline_reasoning)
+from ..errors import InputError
+from ..files import iter_jsonl
+from ..records import Answer, Record
+from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
 from .tokenizer import END_THINK, IM_END, NUM_RANKS, KimiTokenizer
 
 # Classes that fail the verdict; the others explain a disagreement with true ids or flag a hazard.
@@ -75,43 +75,29 @@ def _show(s: str, limit: int = 60) -> str:
     return repr(s if len(s) <= limit else s[:limit] + "…")
 
 
-def _first_diff(a: Sequence, b: Sequence) -> int:
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
-
-
-def agreement(ours: Sequence[int], true: Sequence[int]) -> float:
-    """Share of positions covered by the common prefix and suffix (1.0 when identical)."""
-    if list(ours) == list(true):
-        return 1.0
-    n = max(len(ours), len(true))
-    pre = _first_diff(ours, true)
-    suf = _first_diff(list(reversed(ours[pre:])), list(reversed(true[pre:])))
-    return (pre + suf) / n
-
-
 def check_case(tok: KimiTokenizer, case: Case) -> Result:
     res = Result(case.id)
-    reasoning, content = split_inline_reasoning(case.reasoning, case.content)
+    answer = Answer.from_api(case.reasoning, case.content, case.finish_reason)
+    reasoning, content = answer.reasoning, answer.content
     res.reasoning_chars, res.content_chars = len(reasoning), len(content)
 
     expected_prompt = prompt_ids(tok, case.messages)
     p_ids = case.prompt_ids if case.prompt_ids is not None else expected_prompt
     if p_ids != expected_prompt:
-        k = _first_diff(p_ids, expected_prompt)
+        k = first_difference(p_ids, expected_prompt)
         res.flag("prompt ids differ from template", f"first difference at token {k} of {len(expected_prompt)}")
     o_ids = case.output_ids if case.output_ids is not None else output_ids(tok, reasoning, content, case.finish_reason)
     if case.output_ids is not None:
         recipe = output_ids(tok, reasoning, content, case.finish_reason)
         if recipe != o_ids and case.true_output_ids is None:
-            res.flag("output ids differ from recipe", f"first difference at token {_first_diff(o_ids, recipe)}")
+            res.flag("output ids differ from recipe", f"first difference at token {first_difference(o_ids, recipe)}")
     res.prompt_tokens, res.output_tokens = len(p_ids), len(o_ids)
 
     back = parse_output_ids(tok, o_ids)
     if (back.reasoning, back.content) != (reasoning, content):
         which = "reasoning" if back.reasoning != reasoning else "content"
         want, got = (reasoning, back.reasoning) if which == "reasoning" else (content, back.content)
-        k = _first_diff(want, got)
+        k = first_difference(want, got)
         res.flag("text round-trip", f"{which} differs at char {k}: {_show(want[k:k+20])} vs {_show(got[k:k+20])}")
 
     specials = [i for i, t in enumerate(o_ids) if t >= NUM_RANKS]
@@ -130,7 +116,7 @@ def check_case(tok: KimiTokenizer, case: Case) -> Result:
     elif case.finish_reason != "length":
         full = conversation_ids(tok, case.messages, reasoning, content)
         if full[:len(p_ids)] != p_ids:
-            res.flag("prompt not a prefix of full render", f"first difference at token {_first_diff(full, p_ids)}")
+            res.flag("prompt not a prefix of full render", f"first difference at token {first_difference(full, p_ids)}")
         elif full[len(p_ids):] != o_ids:
             res.flag("output ids differ from recipe", "full render's tail is not the output ids")
     if any(tok.special_strings_re.search(m["content"]) for m in case.messages if isinstance(m.get("content"), str)):
@@ -149,7 +135,7 @@ def check_case(tok: KimiTokenizer, case: Case) -> Result:
                     cls = "text differs from true ids"
                 except UnicodeDecodeError:
                     cls = "partial character at cut"
-            k = _first_diff(o_ids, true)
+            k = first_difference(o_ids, true)
             res.flag(cls, f"agreement {res.agreement:.4f}; first difference at token {k}: "
                           f"{tok.token_strings(o_ids[k:k+3])} vs {tok.token_strings(true[k:k+3])}")
     return res
@@ -275,7 +261,7 @@ def sample_cases(tok: KimiTokenizer) -> list[Case]:
     return cases
 
 
-def plot_lengths(report: Report):
+def plot_token_lengths(report: Report):
     """Histograms of prompt and output lengths (tokens) over the validated records."""
     import matplotlib.pyplot as plt
 

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
-from .errors import InputError
-from .files import atomic_write_lines
-from .records import Record, iter_jsonl
-from .tokenizer import VOCAB_SIZE, KimiTokenizer
+from ..errors import InputError
+from ..files import iter_jsonl, write_jsonl
+from ..layout import OUTPUT_DIR, records_file
+from ..records import Record, iter_records
+from ..settings import Settings, setting
+from ..text import KimiTokenizer, prompt_ids
+from ..text.tokenizer import VOCAB_SIZE
 
 Overlong = Literal["drop", "truncate"]
 
@@ -56,12 +59,12 @@ def samples_hash(samples: Iterable[Sample]) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
-class AssemblyPolicy:
-    keep_truncated: bool = True  # keep generations cut by max_tokens (they are still the model's tokens)
-    max_length: int | None = None  # None: no limit
-    overlong: Overlong = "drop"  # sequences longer than max_length: drop them or cut them to max_length
-    dedupe_prompts: bool = True  # keep only the first record of an identical prompt (same prompt_ids)
+@dataclass(frozen=True, kw_only=True)
+class AssemblyPolicy(Settings):
+    keep_truncated: bool = setting(True, "keep generations cut by max_tokens (still the model's tokens)")
+    max_length: int | None = setting(None, "longest sample in tokens; None -> no limit")
+    overlong: Overlong = setting("drop", "samples longer than max_length: drop or truncate")
+    dedupe_prompts: bool = setting(True, "keep only the first record of an identical prompt")
 
 
 @dataclass(frozen=True)
@@ -116,24 +119,6 @@ class Assembly:
         return out
 
 
-def records_path(source: str | Path, output_dir: str | Path = "outputs") -> Path:
-    """A dataset name means `<output_dir>/datasets/<name>/records.jsonl`; anything else is a path."""
-    p = Path(source)
-    if p.suffix == ".jsonl" or p.is_file():
-        return p
-    if p.is_dir():
-        return p / "records.jsonl"
-    return Path(output_dir) / "datasets" / str(source) / "records.jsonl"
-
-
-def read_located(path: Path) -> Iterable[Located]:
-    for line, obj in iter_jsonl(path):
-        try:
-            yield Located(Record.from_dict(obj), path, line)
-        except (InputError, TypeError) as e:
-            raise InputError(f"not a valid record: {e}", path, line) from None
-
-
 def _file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -158,8 +143,6 @@ def check_tokenizer(located: Sequence[Located], tok: KimiTokenizer, sample: int 
     A fingerprint in `meta.tokenizer_fingerprint` must match; and for an evenly spread sample of
     records, the prompt ids must equal the chat-template render with this tokenizer.
     """
-    from .sequences import prompt_ids
-
     for loc in located:
         fp = loc.record.meta.get("tokenizer_fingerprint")
         if fp is not None and fp != tok.fingerprint:
@@ -186,14 +169,15 @@ def apply_length_policy(sample: Sample, policy: AssemblyPolicy) -> tuple[Sample 
                   cut=True), None
 
 
-def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = "outputs",
-             policy: AssemblyPolicy = AssemblyPolicy(), tok: KimiTokenizer | None = None,
+def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_DIR,
+             policy: AssemblyPolicy | None = None, tok: KimiTokenizer | None = None,
              vocab_size: int = VOCAB_SIZE, tokenizer_sample: int = 64) -> Assembly:
     """Merge records files (dataset names or paths) into samples, in source then line order.
 
     Every record's ids are checked against `vocab_size` and, with `tok`, a sample of prompts is
     re-rendered: bad input raises before anything is kept.
     """
+    policy = policy or AssemblyPolicy()
     if isinstance(sources, (str, Path)):
         sources = [sources]
     if not sources:
@@ -201,11 +185,11 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = "outputs
     located: list[Located] = []
     hashes: dict[str, str] = {}
     for source in sources:
-        path = records_path(source, output_dir)
+        path = records_file(source, output_dir)
         if not path.is_file():
             raise InputError("no records file (dataset name or records.jsonl path)", path)
         hashes[str(path)] = _file_sha256(path)
-        located.extend(read_located(path))
+        located.extend(Located(r, path, line) for line, r in iter_records(path))
     for loc in located:
         check_ids(loc, vocab_size)
     if tok is not None:
@@ -252,20 +236,14 @@ def specforge_row(record: Record) -> dict[str, Any]:
     return {"id": record.id, "conversations": [*turns, answer]}
 
 
-def _write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
-    """Atomic: a reader never sees half an export."""
-    return atomic_write_lines(path, (json.dumps(row, ensure_ascii=False, separators=(",", ":")) + "\n"
-                                     for row in rows))
-
-
 def export_specforge(assembly: Assembly, path: str | Path) -> Path:
     """Text export. Truncated or cut samples carry the full text; use the ids export to train on exact ids."""
-    return _write_jsonl(path, (specforge_row(r) for r in assembly.records))
+    return write_jsonl(path, (specforge_row(r) for r in assembly.records))
 
 
 def export_speculators(assembly: Assembly, path: str | Path) -> Path:
     """Token export: `{id, input_ids, loss_mask}` per line, exactly the ids the states are taken over."""
-    return _write_jsonl(path, (s.to_speculators() for s in assembly.samples))
+    return write_jsonl(path, (s.to_speculators() for s in assembly.samples))
 
 
 def read_samples(path: str | Path) -> list[Sample]:
@@ -282,7 +260,7 @@ def read_samples(path: str | Path) -> list[Sample]:
     return out
 
 
-def plot_lengths(assembly: Assembly, ax: Any = None) -> Any:
+def plot_sequence_lengths(assembly: Assembly, ax: Any = None) -> Any:
     """Sequence lengths per dataset (prompt + output tokens)."""
     import matplotlib.pyplot as plt
 

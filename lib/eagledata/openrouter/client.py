@@ -1,4 +1,4 @@
-"""Thin OpenRouter HTTP plumbing shared by the stages: the key, the client, the error shape."""
+"""Thin OpenRouter HTTP plumbing shared by the stages: the key, the clients, the account, one completion."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from .errors import InputError
+from ..errors import InputError
+from .answers import Outcome, classify_exception, classify_response
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -96,3 +97,25 @@ async def get_json(client: httpx.AsyncClient, path: str, **params: Any) -> Any:
     if resp.status_code != 200:
         raise error_from_response(resp)
     return resp.json()
+
+
+async def read_balance(client: httpx.AsyncClient) -> float | None:
+    """Account balance: /credits (total − used), else /key's limit_remaining (403 without a management key)."""
+    try:
+        d = (await get_json(client, "credits"))["data"]
+        return float(d["total_credits"]) - float(d["total_usage"])
+    except APIError as e:
+        if e.status not in (401, 403, 404):
+            raise
+    d = (await get_json(client, "key"))["data"]
+    remaining = d.get("limit_remaining")
+    return None if remaining is None else float(remaining)
+
+
+async def complete(client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
+    """POST chat/completions once and classify what came back (or what broke)."""
+    try:
+        resp = await client.post("chat/completions", json=body)
+        return classify_response(resp.status_code, resp.headers, resp.content)
+    except httpx.HTTPError as exc:
+        return classify_exception(exc)

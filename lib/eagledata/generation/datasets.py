@@ -7,8 +7,8 @@ from typing import Any
 
 import yaml
 
-from .errors import InputError
-from .files import atomic_write_text
+from ..errors import InputError
+from ..files import atomic_write_text
 
 
 @dataclass(frozen=True)

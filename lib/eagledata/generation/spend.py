@@ -74,12 +74,3 @@ class SpendGuard:
         if balance_usd is not None:
             start = balance_usd + spent_since
             self.balance_usd = start if self.balance_usd is None else min(self.balance_usd, start)
-
-    @property
-    def committed_usd(self) -> float:
-        return self.spent_usd + self.reserved_usd
-
-    @property
-    def exhausted(self) -> bool:
-        """Not even the smallest request (an empty prompt) fits any more."""
-        return self.admit(0) is Admit.NO

@@ -1,0 +1,265 @@
+"""The precision policy and the routing decision: which endpoints may serve the model, and why the others
+may not. The decision follows the listing, not a hard-coded list: an endpoint quantized below the model's
+native precision is excluded because its listing says so, so a new fp4 provider is excluded with no code change.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import yaml
+
+from ..errors import InputError
+from ..files import atomic_write_text
+from ..layout import PARAMS_DIR, routing_file
+from .catalog import Endpoint, Price, cheapest, fetch_catalog_async, worst_price
+
+# Native precision per model family (Kimi K2.x ship as INT4 from quantization-aware training).
+NATIVE_PRECISION = {"moonshotai/kimi-k2.5": "int4", "moonshotai/kimi-k2.6": "int4",
+                    "moonshotai/kimi-k2-thinking": "int4"}
+# Precision order: higher is closer to full precision. Formats of the same width as the native one
+# but another encoding (fp4 vs int4 QAT) are a lossy re-quantization, hence below it.
+PRECISION_RANK: dict[str, float] = {
+    "int2": 0, "int3": 0.5, "fp4": 1, "nvfp4": 1, "mxfp4": 1, "int4": 2, "fp6": 2.5, "int8": 3, "fp8": 3,
+    "fp16": 4, "bf16": 4, "fp32": 5,
+}
+DOWN_STATUS = -2  # OpenRouter endpoint status: 0 ok, negative degraded; at or below this we call it down
+# What the routing file keeps of each eligible endpoint.
+ELIGIBLE_FIELDS = ("provider", "tag", "quantization", "prompt_per_m", "completion_per_m")
+
+
+# -- precision policy (pure) --------------------------------------------------------------------
+def precision_rank(quantization: str, ranks: dict[str, float] = PRECISION_RANK) -> float | None:
+    """Rank of a format; an unlisted one is ranked by its bit width; None when it cannot be told."""
+    q = quantization.lower()
+    if q in ranks:
+        return ranks[q]
+    m = re.search(r"(\d+)", q)
+    if not m:
+        return None
+    bits = int(m.group(1))
+    same_width = [r for name, r in ranks.items() if re.search(r"(\d+)", name) and
+                  int(re.search(r"(\d+)", name).group(1)) == bits]
+    return min(same_width) if same_width else (0.0 if bits < 4 else None)
+
+
+@dataclass
+class PrecisionPolicy:
+    native: str = "int4"
+    unknown: Literal["keep", "exclude"] = "keep"
+    require_reasoning: bool = True
+    ranks: dict[str, float] = field(default_factory=lambda: dict(PRECISION_RANK))
+
+    def __post_init__(self) -> None:
+        if self.native.lower() not in self.ranks:
+            raise InputError(f"unknown native precision {self.native!r}; one of {sorted(self.ranks)}",
+                             field="native_precision")
+        if self.unknown not in ("keep", "exclude"):
+            raise InputError("must be 'keep' or 'exclude'", field="unknown_policy")
+
+    @classmethod
+    def for_model(cls, model: str, native: str | None = None, **kw: Any) -> "PrecisionPolicy":
+        native = native or NATIVE_PRECISION.get(model.lower().split(":")[0])
+        if native is None:
+            raise InputError(f"native precision of {model!r} is not known; pass native_precision",
+                             field="native_precision")
+        return cls(native=native, **kw)
+
+    def allowed_quantizations(self) -> list[str]:
+        """The `provider.quantizations` allow-list: native and above, plus unknown when kept."""
+        floor = self.ranks[self.native.lower()]
+        allowed = sorted((q for q, r in self.ranks.items() if r >= floor), key=lambda q: (self.ranks[q], q))
+        return allowed + (["unknown"] if self.unknown == "keep" else [])
+
+    def judge(self, endpoint: Endpoint) -> tuple[str | None, str | None]:
+        """(exclusion reasons or None, flag or None) for one endpoint."""
+        q, status = endpoint.quantization, endpoint.status
+        rank = None if q == "unknown" else precision_rank(q, self.ranks)
+        reasons, flag = [], None
+        if status <= DOWN_STATUS:
+            reasons.append(f"down (status {status})")
+        elif status < 0:
+            flag = f"degraded (status {status})"
+        if self.require_reasoning and not endpoint.supports_reasoning:
+            reasons.append("does not support reasoning")
+        if rank is None and self.unknown == "exclude":
+            reasons.append(f"quantization {q!r} not known (unknown_policy=exclude)")
+        elif rank is None:
+            flag = f"quantization {q!r} not known, kept by unknown_policy=keep"
+        elif rank < self.ranks[self.native.lower()]:
+            reasons.append(f"quantized below native {self.native} ({q})")
+        return ("; ".join(reasons) or None), flag
+
+
+# -- the decision -------------------------------------------------------------------------------
+@dataclass
+class Exclusion:
+    provider: str
+    tag: str
+    quantization: str
+    reason: str
+
+
+@dataclass(kw_only=True)
+class RoutingDecision:
+    """What generate sends as `provider`, and why each endpoint was left out."""
+
+    model: str
+    provider: dict[str, Any] = field(default_factory=dict)
+    excluded: list[Exclusion] = field(default_factory=list)
+    flagged: list[dict[str, str]] = field(default_factory=list)
+    eligible: list[Endpoint] = field(default_factory=list)
+    native_precision: str = ""
+    unknown_policy: str = ""
+    source: str = ""
+    decided_at: str = ""
+
+    @property
+    def eligible_providers(self) -> list[str]:
+        return [e.provider for e in self.eligible]
+
+    def worst_price(self) -> Price | None:
+        """What a request can cost at most per token: the `max_price` the server enforces, else the
+        priciest eligible endpoint. This is what a budget must hold for a request."""
+        cap = self.provider.get("max_price")
+        if cap:
+            return Price(float(cap["prompt"]), float(cap["completion"]))
+        return worst_price(self.eligible)
+
+    def cheapest(self) -> Endpoint | None:
+        return cheapest(self.eligible)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "decided_at": self.decided_at, "source": self.source,
+                "native_precision": self.native_precision, "unknown_policy": self.unknown_policy,
+                "provider": self.provider, "excluded": [asdict(e) for e in self.excluded],
+                "flagged": self.flagged, "eligible": [e.to_dict(*ELIGIBLE_FIELDS) for e in self.eligible]}
+
+    def save(self, params_dir: str | Path = PARAMS_DIR) -> Path:
+        return atomic_write_text(routing_file(self.model, params_dir),
+                                 "# Written by providers.ipynb. `provider` is sent as is with every request.\n"
+                                 + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "RoutingDecision":
+        path = Path(path)
+        try:
+            d = yaml.safe_load(path.read_text())
+            return cls(model=d["model"], provider=dict(d["provider"]),
+                       excluded=[Exclusion(**e) for e in d.get("excluded") or []],
+                       flagged=list(d.get("flagged") or []),
+                       eligible=[Endpoint.from_dict(e) for e in d.get("eligible") or []],
+                       native_precision=d.get("native_precision", ""), unknown_policy=d.get("unknown_policy", ""),
+                       source=d.get("source", ""), decided_at=d.get("decided_at", ""))
+        except OSError as e:
+            raise InputError(f"cannot read routing decision: {e.strerror}", path) from None
+        except yaml.YAMLError as e:
+            raise InputError(f"not valid YAML: {e}", path) from None
+        except (KeyError, TypeError) as e:
+            raise InputError("routing decision lacks a field", path, field=str(e).strip("'")) from None
+
+
+def decide(model: str, endpoints: Iterable[Endpoint], policy: PrecisionPolicy, *, source: str = "") -> RoutingDecision:
+    """Apply the policy to the endpoints (pure): the provider object and the reasons."""
+    excluded, flagged, eligible = [], [], []
+    for e in endpoints:
+        reason, flag = policy.judge(e)
+        if reason:
+            excluded.append(Exclusion(e.provider, e.tag, e.quantization, reason))
+            continue
+        if flag:
+            flagged.append({"provider": e.provider, "note": flag})
+        if e.notes:
+            flagged.append({"provider": e.provider, "note": e.notes})
+        eligible.append(e)
+    provider: dict[str, Any] = {}
+    if excluded:
+        provider["ignore"] = sorted({e.tag for e in excluded})
+    provider["quantizations"] = policy.allowed_quantizations()
+    provider["sort"] = "price"
+    provider["allow_fallbacks"] = True
+    worst = worst_price(eligible)
+    if worst is not None and all(e.priced for e in eligible):
+        # Server-side guarantee that no pricier endpoint serves us: the budget reserves at these prices.
+        provider["max_price"] = {"prompt": worst.prompt_per_m, "completion": worst.completion_per_m}
+    return RoutingDecision(model=model, provider=provider, excluded=excluded, flagged=flagged, eligible=eligible,
+                           native_precision=policy.native, unknown_policy=policy.unknown, source=source,
+                           decided_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+async def load_routing(model: str, *, params_dir: str | Path = PARAMS_DIR, base_url: str,
+                       api_key_env: str) -> RoutingDecision:
+    """`<params_dir>/routing/<model>.yaml`, else a decision made now from the live listing (default policy)."""
+    path = routing_file(model, params_dir)
+    if path.is_file():
+        return RoutingDecision.load(path)
+    catalog = await fetch_catalog_async(base_url, model, api_key_env)
+    return decide(model, catalog.normalized(), PrecisionPolicy.for_model(model),
+                  source=f"derived at run time from {catalog.source}")
+
+
+# -- what the decision costs ----------------------------------------------------------------------
+def workload_costs(table, decision: RoutingDecision, prompt_tokens: float, output_tokens: float):
+    """Cost of a planned workload on every priced endpoint, eligible or not, cheapest first."""
+    df = table.dropna(subset=["prompt_per_m", "completion_per_m"]).copy()
+    excluded = {e.tag for e in decision.excluded}
+    df["eligible"] = ~df["tag"].isin(excluded)
+    df["input_usd"] = df["prompt_per_m"] * prompt_tokens / 1e6
+    df["output_usd"] = df["completion_per_m"] * output_tokens / 1e6
+    df["total_usd"] = df["input_usd"] + df["output_usd"]
+    cols = ["provider", "quantization", "eligible", "prompt_per_m", "completion_per_m", "input_usd", "output_usd",
+            "total_usd"]
+    return df.sort_values("total_usd", ignore_index=True)[cols]
+
+
+@dataclass
+class PriceSummary:
+    cheapest_eligible: str
+    cheapest_eligible_usd: float
+    cheapest_eligible_completion_per_m: float
+    cheapest_any: str
+    cheapest_any_usd: float
+    premium_usd: float  # what excluding below-native endpoints costs on this workload
+
+    @property
+    def premium_pct(self) -> float:
+        return 100 * self.premium_usd / self.cheapest_any_usd if self.cheapest_any_usd else 0.0
+
+
+def price_summary(costs) -> PriceSummary:
+    eligible = costs[costs["eligible"]]
+    if eligible.empty:
+        raise InputError("no eligible endpoint has a price", field="pricing")
+    best, any_best = eligible.iloc[0], costs.iloc[0]
+    return PriceSummary(best["provider"], float(best["total_usd"]), float(best["completion_per_m"]),
+                        any_best["provider"], float(any_best["total_usd"]),
+                        float(best["total_usd"] - any_best["total_usd"]))
+
+
+def plot_providers(table, decision: RoutingDecision):
+    """Price vs uptime and vs throughput, coloured by quantization; excluded endpoints hollow."""
+    import matplotlib.pyplot as plt
+
+    excluded = {e.tag for e in decision.excluded}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    quants = sorted(table["quantization"].unique())
+    colors = {q: plt.cm.tab10(i % 10) for i, q in enumerate(quants)}
+    for ax, col, label in [(axes[0], "uptime_30m", "uptime last 30 min (%)"),
+                           (axes[1], "throughput_tps", "throughput (tokens/s)")]:
+        for _, row in table.iterrows():
+            if row["completion_per_m"] is None or row[col] is None:
+                continue
+            out = row["tag"] in excluded
+            ax.scatter(row[col], row["completion_per_m"], s=70, edgecolors=colors[row["quantization"]],
+                       facecolors="none" if out else colors[row["quantization"]], linewidths=2)
+            ax.annotate(row["provider"], (row[col], row["completion_per_m"]), fontsize=8,
+                        xytext=(4, 3), textcoords="offset points")
+        ax.set_xlabel(label)
+        ax.set_ylabel("completion price ($/M tokens)")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=colors[q], label=q) for q in quants]
+    axes[1].legend(handles=handles, title="quantization (hollow = excluded)", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,150 @@
+"""Settings defined once. A stage's settings are a dataclass whose fields carry the default and a line of
+help; the notebook's parameters cell, the command-line flags and the config a notebook builds
+(`Config.from_params(globals())`) all come from it, so no default is typed twice.
+
+A field may itself be a settings dataclass (`nested`): its fields appear flat in the cell and on the
+command line, and come back grouped (e.g. the assembly policy inside the hidden-states config).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from typing import Any, Iterator, Literal, Mapping, TypeVar
+
+import yaml
+
+from .errors import InputError
+
+S = TypeVar("S", bound="Settings")
+
+
+def setting(default: Any, help: str, *, cli_required: bool = False) -> Any:
+    """A field with its default and help. `cli_required`: the command line must name it (the notebook
+    still shows the default as an example)."""
+    factory = (lambda: type(default)(default)) if isinstance(default, (list, dict)) else None
+    meta = {"help": help, "cli_required": cli_required}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def nested(cls: type, help: str = "") -> Any:
+    """A group of settings (another settings dataclass), flattened into the parent's parameters."""
+    return dataclasses.field(default_factory=cls, metadata={"help": help, "nested": True})
+
+
+class Settings:
+    """Mixin for settings dataclasses: from notebook globals, to a parameters cell, to and from argv."""
+
+    @classmethod
+    def _leaves(cls) -> Iterator[tuple[dataclasses.Field, Any, type]]:
+        """(field, default, declared type) of every flat parameter, nested groups expanded in place."""
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.metadata.get("nested"):
+                yield from hints[f.name]._leaves()
+            elif f.init:
+                default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+                yield f, default, hints[f.name]
+
+    @classmethod
+    def _build(cls: type[S], values: Mapping[str, Any]) -> S:
+        hints = typing.get_type_hints(cls)
+        kwargs = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.metadata.get("nested"):
+                kwargs[f.name] = hints[f.name]._build(values)
+            elif f.name in values:
+                kwargs[f.name] = values[f.name]
+        return cls(**kwargs)
+
+    @classmethod
+    def from_params(cls: type[S], namespace: Mapping[str, Any], **overrides: Any) -> S:
+        """The settings a notebook's parameters cell set: `Config.from_params(globals())`.
+
+        Names the settings do not know are ignored (the notebook's own variables); a value of the wrong
+        type fails here, naming the field, before any work starts.
+        """
+        values = {f.name: namespace[f.name] for f, _, _ in cls._leaves() if f.name in namespace}
+        values.update(overrides)
+        for f, _, tp in cls._leaves():
+            if f.name in values:
+                _check_type(f.name, values[f.name], tp)
+        return cls._build(values)
+
+    @classmethod
+    def parameters_cell(cls) -> str:
+        """The source of the notebook's `parameters` cell: every setting, its default and its help."""
+        rows = [(f"{f.name} = {default!r}", f.metadata.get("help", "")) for f, default, _ in cls._leaves()]
+        width = max(len(code) for code, _ in rows) + 2
+        return "\n".join(f"{code:<{width}}# {help}" if help else code for code, help in rows)
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """One `--flag-name VALUE` per setting; VALUE is YAML (`20`, `[2, 3, 5]`, `true`) or `none`."""
+        for f, default, tp in cls._leaves():
+            required = bool(f.metadata.get("cli_required"))
+            parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, metavar=_metavar(tp),
+                                type=_cli_parser(f.name, tp), required=required,
+                                default=argparse.SUPPRESS,
+                                help=f.metadata.get("help", "") + ("" if required else f" (default: {default!r})"))
+
+    @classmethod
+    def from_args(cls: type[S], args: argparse.Namespace) -> S:
+        return cls.from_params(vars(args))
+
+
+def _union_args(tp: Any) -> tuple[Any, ...]:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return typing.get_args(tp)
+    return (tp,)
+
+
+def _check_type(name: str, value: Any, tp: Any) -> None:
+    for option in _union_args(tp):
+        origin = typing.get_origin(option) or option
+        if option is type(None) and value is None:
+            return
+        if origin is Literal and value in typing.get_args(option):
+            return
+        if origin is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return
+        if origin is int and isinstance(value, int) and not isinstance(value, bool):
+            return
+        if origin in (str, bool, list, dict, tuple) and isinstance(value, origin):
+            return
+        if origin is typing.Any:
+            return
+    raise InputError(f"must be {_metavar(tp)}, got {value!r}", field=name)
+
+
+def _metavar(tp: Any) -> str:
+    names = []
+    for option in _union_args(tp):
+        if typing.get_origin(option) is Literal:
+            names.append("|".join(map(str, typing.get_args(option))))
+        elif option is type(None):
+            names.append("none")
+        else:
+            names.append(getattr(typing.get_origin(option) or option, "__name__", str(option)))
+    return " or ".join(names)
+
+
+def _cli_parser(name: str, tp: Any):
+    """Strings stay strings (a dataset called `123` is not a number); everything else is read as YAML."""
+    takes_str = any(o is str or typing.get_origin(o) is Literal for o in _union_args(tp))
+
+    def parse(text: str) -> Any:
+        value = None if text.strip().lower() in ("", "none", "null") else yaml.safe_load(text)
+        if takes_str and value is not None and not isinstance(value, (list, dict)):
+            value = text
+        try:
+            _check_type(name, value, tp)
+        except InputError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return value
+
+    parse.__name__ = _metavar(tp)
+    return parse

@@ -1,0 +1,13 @@
+"""Training data for the drafter: records assembled into one training set (dedupe, truncation, length
+policy, SpecForge/speculators exports), and the target model's EAGLE-3 hidden states over the exact ids."""
+from .assembly import (Assembly, AssemblyPolicy, Sample, assemble, export_specforge, export_speculators,
+                       plot_sequence_lengths, read_samples)
+from .extraction import (ExtractionJob, ExtractOptions, ExtractResult, HiddenStatesConfig, eagle3_layers, extract,
+                         finalize, torchrun_world)
+from .loader import HiddenStates, plot_state_norms, summary
+from .models import build_tiny_model, find_decoder, load_model
+
+__all__ = ["Assembly", "AssemblyPolicy", "ExtractOptions", "ExtractResult", "ExtractionJob", "HiddenStates",
+           "HiddenStatesConfig", "Sample", "assemble", "build_tiny_model", "eagle3_layers", "export_specforge",
+           "export_speculators", "extract", "finalize", "find_decoder", "load_model", "plot_sequence_lengths",
+           "plot_state_norms", "read_samples", "summary", "torchrun_world"]

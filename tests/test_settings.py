@@ -1,0 +1,59 @@
+"""Settings defined once: the parameters cell, the command-line flags and the config all come from the fields."""
+import argparse
+
+import pytest
+
+from eagledata.errors import InputError
+from eagledata.generation import GenerateConfig
+from eagledata.training import AssemblyPolicy, ExtractionJob, ExtractOptions, HiddenStatesConfig
+
+
+@pytest.mark.parametrize("cls", [GenerateConfig, HiddenStatesConfig])
+def test_parameters_cell_gives_back_the_defaults(cls):
+    namespace: dict = {}
+    exec(cls.parameters_cell(), namespace)
+    assert cls.from_params(namespace) == cls()
+
+
+def test_from_params_takes_known_names_and_ignores_the_notebooks_own():
+    cfg = GenerateConfig.from_params({"dataset": "B4", "max_spend_usd": 20, "display": print, "Path": object})
+    assert (cfg.dataset, cfg.max_spend_usd, cfg.concurrency) == ("B4", 20, 2000)
+
+
+def test_nested_settings_come_back_grouped():
+    cfg = HiddenStatesConfig.from_params({"name": "x", "storage": "fp8", "max_length": 4096, "layers": [2, 3, 5]})
+    assert cfg.job == ExtractionJob(name="x", options=ExtractOptions(storage="fp8", layers=[2, 3, 5]))
+    assert cfg.assembly == AssemblyPolicy(max_length=4096)
+
+
+@pytest.mark.parametrize("name,value", [("concurrency", "2000"), ("concurrency", True), ("storage", "int3"),
+                                        ("max_spend_usd", "20"), ("layers", "2,3,5")])
+def test_a_wrong_type_names_the_field(name, value):
+    cls = HiddenStatesConfig if name in ("storage", "layers") else GenerateConfig
+    with pytest.raises(InputError, match=f"field '{name}'"):
+        cls.from_params({name: value})
+
+
+def parse(cls, *argv):
+    parser = argparse.ArgumentParser()
+    cls.add_arguments(parser)
+    return cls.from_args(parser.parse_args(argv))
+
+
+def test_command_line_flags():
+    cfg = parse(GenerateConfig, "--dataset", "123", "--max-spend-usd", "20", "--limit", "none",
+                "--temperature", "0.6", "--backend", "local", "--progress", "false")
+    assert (cfg.dataset, cfg.max_spend_usd, cfg.limit, cfg.temperature, cfg.backend, cfg.progress) == \
+        ("123", 20, None, 0.6, "local", False)
+    assert cfg.reserve_usd == GenerateConfig().reserve_usd  # unset flags keep the one default
+    job = parse(ExtractionJob, "--name", "n", "--model", "m", "--layers", "[2, 3, 5]", "--storage", "fp8")
+    assert job.options == ExtractOptions(layers=[2, 3, 5], storage="fp8")
+
+
+def test_command_line_rejects_bad_values_and_missing_required(capsys):
+    with pytest.raises(SystemExit):
+        parse(GenerateConfig, "--dataset", "B1", "--concurrency", "many")
+    assert "concurrency" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse(GenerateConfig)  # --dataset is required on the command line
+    assert "--dataset" in capsys.readouterr().err
