@@ -1,7 +1,7 @@
 """Hidden-state extraction against a bare forward of the same decoder over the same batches.
 
 The bare pass runs the decoder stack alone (no hooks, no copies, nothing written); the extraction
-pass is `eagledata.hidden_states.extract` end to end into a temporary directory (hooks, real-token
+pass is `eagledata.training.extract` end to end into a temporary directory (hooks, real-token
 gather, storage cast, fp8 or bf16 shards, atomic writes, index and manifest). The ratio is the
 price of capturing and storing; goal ≤ 1.10 on CPU with a small model. End-to-end runs take the best
 of `--repeat`; the per-batch ratio alternates bare and capture + storage cast batch by batch (best

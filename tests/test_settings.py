@@ -34,6 +34,15 @@ def test_a_wrong_type_names_the_field(name, value):
         cls.from_params({name: value})
 
 
+def test_settings_made_in_code_are_checked_too():
+    with pytest.raises(InputError, match="field 'concurrency'"):
+        GenerateConfig(concurrency=0)
+    with pytest.raises(InputError, match="field 'backend'"):
+        GenerateConfig(backend="vllm")
+    with pytest.raises(InputError, match="field 'final'"):
+        ExtractOptions(final="post-norm")
+
+
 def parse(cls, *argv):
     parser = argparse.ArgumentParser()
     cls.add_arguments(parser)

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from .emulator import run_emulator
-from .layout import DATASETS_FILE, dataset_files, routing_file, runs_dir
+from .layout import DATASETS_FILE, dataset_files, datasets_dir, routing_file, runs_dir
 from .notebooks import NOTEBOOK_DIR, run_notebook
 from .training import build_tiny_model
 
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.output_dir).resolve()
     runs, demo = runs_dir(out), out / "demo"
-    if (demo / "datasets").exists():
-        shutil.rmtree(demo / "datasets")  # a fresh demo run each time
+    if datasets_dir(demo).exists():
+        shutil.rmtree(datasets_dir(demo))  # a fresh demo run each time
     datasets = prepare_params(demo)
     params = datasets.parent
     truth = demo / "ground_truth.jsonl"

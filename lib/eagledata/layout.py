@@ -47,8 +47,12 @@ class DatasetFiles:
     done_index, lock = map(_file, ("done.idx", ".lock"))
 
 
+def datasets_dir(output_dir: str | Path = OUTPUT_DIR) -> Path:
+    return Path(output_dir) / "datasets"
+
+
 def dataset_files(dataset: str, output_dir: str | Path = OUTPUT_DIR) -> DatasetFiles:
-    return DatasetFiles(Path(output_dir) / "datasets" / dataset)
+    return DatasetFiles(datasets_dir(output_dir) / dataset)
 
 
 def records_file(source: str | Path, output_dir: str | Path = OUTPUT_DIR) -> Path:

@@ -36,7 +36,17 @@ def nested(cls: type, help: str = "") -> Any:
 
 
 class Settings:
-    """Mixin for settings dataclasses: from notebook globals, to a parameters cell, to and from argv."""
+    """Mixin for settings dataclasses: from notebook globals, to a parameters cell, to and from argv.
+
+    Every value is checked against its field's declared type when the settings are made, however they are
+    made (notebook, command line, code), so a wrong type fails before any work, naming the field.
+    """
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            if f.init and not f.metadata.get("nested"):
+                _check_type(f.name, getattr(self, f.name), hints[f.name])
 
     @classmethod
     def _leaves(cls) -> Iterator[tuple[dataclasses.Field, Any, type]]:
@@ -69,9 +79,6 @@ class Settings:
         """
         values = {f.name: namespace[f.name] for f, _, _ in cls._leaves() if f.name in namespace}
         values.update(overrides)
-        for f, _, tp in cls._leaves():
-            if f.name in values:
-                _check_type(f.name, values[f.name], tp)
         return cls._build(values)
 
     @classmethod

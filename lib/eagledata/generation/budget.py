@@ -152,7 +152,7 @@ def cost_band(output_tokens: float, stats: DatasetStats, lengths: OutputLengths,
     return p50, p50 + Z90 * math.sqrt(var_in + var_out)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DatasetPlan:
     name: str
     prompts: int
@@ -254,8 +254,10 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
         t = int(targets.get(s.name, 0) // round_to * round_to) if round_to > 1 else int(targets.get(s.name, 0))
         inp, out = cost_usd(t, s, lengths, prices)
         p50, p90 = cost_band(t, s, lengths, prices, concurrency)
-        plans.append(DatasetPlan(s.name, s.prompts, t, math.ceil(t / lengths.mean), inp, out, inp + out, p50, p90,
-                                 s.name in targets and targets[s.name] >= cap[s.name]))
+        plans.append(DatasetPlan(name=s.name, prompts=s.prompts, target_output_tokens=t,
+                                 requests=math.ceil(t / lengths.mean), input_usd=inp, output_usd=out,
+                                 total_usd=inp + out, p50_usd=p50, p90_usd=p90,
+                                 limited_by_prompts=s.name in targets and targets[s.name] >= cap[s.name]))
     return Plan(plans, balance_usd, reserve_usd, prices, lengths.source, policy)
 
 

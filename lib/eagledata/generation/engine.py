@@ -69,21 +69,17 @@ class GenerateConfig(Settings):
     balance_refresh_s: float = setting(30.0, "seconds between account balance readings")
     progress: bool = setting(True, "progress bar")
 
-    def check(self) -> None:
-        for name in ("concurrency", "max_tokens", "max_attempts"):
+    def __post_init__(self) -> None:
+        """Types are checked by `Settings`; these are the ranges."""
+        super().__post_init__()
+        for name in ("concurrency", "max_tokens", "max_attempts", "target_output_tokens", "limit"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if value is not None and value < 1:
                 raise InputError(f"must be a positive integer, got {value!r}", field=name)
-        for name in ("target_output_tokens", "limit"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise InputError(f"must be a positive integer or None, got {value!r}", field=name)
         if self.max_spend_usd is not None and not self.max_spend_usd > 0:
             raise InputError(f"must be > 0 or None, got {self.max_spend_usd!r}", field="max_spend_usd")
         if not self.reserve_usd >= 0:
             raise InputError(f"must be >= 0, got {self.reserve_usd!r}", field="reserve_usd")
-        if self.backend not in ("openrouter", "local"):
-            raise InputError("must be 'openrouter' or 'local'", field="backend")
 
 
 @dataclass(order=True)
@@ -107,8 +103,8 @@ class Run:
         if worst is None:
             raise InputError("the routing decision has no price to reserve against", field="routing")
         self.worst = worst
-        self.guard = SpendGuard(worst.prompt_per_m / 1e6, worst.completion_per_m / 1e6, cfg.max_tokens,
-                                cfg.max_spend_usd, None, cfg.reserve_usd)
+        self.guard = SpendGuard(worst.prompt_per_m / 1e6, worst.completion_per_m / 1e6, max_tokens=cfg.max_tokens,
+                                max_spend_usd=cfg.max_spend_usd, reserve_usd=cfg.reserve_usd)
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
         self.cond = asyncio.Condition()
@@ -143,7 +139,6 @@ class Run:
     # -- setup -----------------------------------------------------------------------------------
     @classmethod
     async def start(cls, cfg: GenerateConfig, client) -> "Run":
-        cfg.check()
         spec = get_dataset(cfg.datasets_file, cfg.dataset)
         if not spec.prompts.is_file():
             raise InputError("prompts file not found", spec.prompts, field=f"{cfg.dataset}.prompts")
@@ -519,7 +514,6 @@ async def run_generation(cfg: GenerateConfig) -> dict[str, Any]:
     """Generate one dataset; returns the summary (also written to summary.json). Every input error is
     raised before the first completion request; a fatal API error (bad key, no endpoints) is raised
     after the summary is written."""
-    cfg.check()
     key = resolve_api_key(cfg.base_url, cfg.api_key_env)
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
         run = await Run.start(cfg, clients[0])

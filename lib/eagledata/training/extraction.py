@@ -302,7 +302,7 @@ class _ShardWriter:
 
 
 # -- extraction -----------------------------------------------------------------------------------
-@dataclass
+@dataclass(kw_only=True)
 class ExtractResult:
     directory: Path
     rank: int
@@ -431,8 +431,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     if rank == 0 or world_size == 1 or not torch.distributed.is_initialized():
         manifest = finalize(files, samples, tokenizer_fingerprint=tokenizer_fingerprint,
                             records_hashes=records_hashes)
-    return ExtractResult(directory, rank, world_size, len(mine), skipped, total, seconds, manifest is not None,
-                         manifest)
+    return ExtractResult(directory=directory, rank=rank, world_size=world_size, extracted=len(mine), skipped=skipped,
+                         tokens=total, seconds=seconds, complete=manifest is not None, manifest=manifest)
 
 
 def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
