@@ -5,11 +5,11 @@ from .budget import (DatasetStats, OutputLengths, Plan, Prices, measure_prompts,
 from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
 from .engine import GenerateConfig, generate, run_generation
 from .prompts import Prompt, load_prompts, scan_prompts
-from .report import load_summary, plot_run, record_stats, summary_table
+from .report import plot_run, record_stats, summary_table
 from .spend import Admit, SpendGuard
 from .store import Store, StoreLocked
 
 __all__ = ["Admit", "DatasetSpec", "DatasetStats", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
            "SpendGuard", "Store", "StoreLocked", "generate", "get_dataset", "load_datasets", "load_prompts",
-           "load_summary", "measure_prompts", "plan_budget", "planned_vs_actual", "plot_plan", "plot_run",
+           "measure_prompts", "plan_budget", "planned_vs_actual", "plot_plan", "plot_run",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "write_targets"]

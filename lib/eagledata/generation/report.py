@@ -1,16 +1,11 @@
 """The run report of generate.ipynb: tables and plots from summary.json and records.jsonl."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from ..files import iter_jsonl
 from ..layout import DatasetFiles
 from ..records import output_tokens
-
-
-def load_summary(files: DatasetFiles) -> dict[str, Any]:
-    return json.loads(files.summary.read_text())
 
 
 def record_stats(files: DatasetFiles):
