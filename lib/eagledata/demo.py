@@ -14,12 +14,14 @@ from pathlib import Path
 import yaml
 
 from .emulator import run_emulator
-from .layout import DATASETS_FILE, dataset_files, datasets_dir, routing_file, runs_dir
+from .layout import (DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file,
+                     runs_dir)
 from .notebooks import NOTEBOOK_DIR, run_notebook
 from .training import build_tiny_model
 
 ROOT = NOTEBOOK_DIR.parent
 DEMO_DATASETS = ("demo-a", "demo-b")
+DEMO_SET = "demo"  # the assembled training set and its hidden states
 
 
 def prepare_params(demo_dir: Path) -> Path:
@@ -42,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     out = Path(args.output_dir).resolve()
     runs, demo = runs_dir(out), out / "demo"
-    if datasets_dir(demo).exists():
-        shutil.rmtree(datasets_dir(demo))  # a fresh demo run each time
+    # A fresh demo each time: answers differ between runs (retries draw other content), so states kept from a
+    # previous run would not match the new records. The tiny model is kept; it does not change.
+    for stale in (datasets_dir(demo), assembled_dir(DEMO_SET, demo), hidden_state_files(DEMO_SET, demo).directory):
+        shutil.rmtree(stale, ignore_errors=True)
     datasets = prepare_params(demo)
     params = datasets.parent
     truth = demo / "ground_truth.jsonl"
@@ -74,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = demo / "tiny-kimi-k25"
     if not (model_dir / "config.json").exists():
         build_tiny_model("kimi_k25", model_dir, hidden_size=64, num_layers=6)
-    step("hidden_states", "hidden_states", datasets=list(DEMO_DATASETS), output_dir=str(demo), name="demo",
+    step("hidden_states", "hidden_states", datasets=list(DEMO_DATASETS), output_dir=str(demo), name=DEMO_SET,
          model=str(model_dir), storage="bf16", max_tokens_per_batch=8192, device="cpu", max_length=4096)
     return 0
 
