@@ -20,18 +20,18 @@ OUTPUT_DIR = "outputs"
 DATASETS_FILE = f"{PARAMS_DIR}/datasets.yaml"
 
 
-def model_name(model: str) -> str:
+def model_stem(model: str) -> str:
     """`moonshotai/kimi-k2.5` → `kimi-k2.5`: how a model names its files."""
     return model.rstrip("/").split("/")[-1].split(":")[0]
 
 
 def routing_file(model: str, params_dir: str | Path = PARAMS_DIR) -> Path:
-    return Path(params_dir) / "routing" / f"{model_name(model)}.yaml"
+    return Path(params_dir) / "routing" / f"{model_stem(model)}.yaml"
 
 
 def catalog_snapshot(model: str, fetched_at: str, output_dir: str | Path = OUTPUT_DIR) -> Path:
     stamp = fetched_at.replace(":", "").replace("-", "")
-    return Path(output_dir) / "providers" / f"{model_name(model)}-endpoints-{stamp}.json"
+    return Path(output_dir) / "providers" / f"{model_stem(model)}-endpoints-{stamp}.json"
 
 
 def _file(name: str) -> property:

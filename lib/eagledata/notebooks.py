@@ -67,10 +67,12 @@ def parameter_settings() -> dict[str, type[Settings]]:
     return {"generate": GenerateConfig, "hidden_states": HiddenStatesConfig}
 
 
+def _parameters_cell(nb: dict) -> dict:
+    return next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+
+
 def parameters_source(path: str | Path) -> str:
-    nb = json.loads(Path(path).read_text())
-    cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
-    return "".join(cell["source"])
+    return "".join(_parameters_cell(json.loads(Path(path).read_text()))["source"])
 
 
 def sync_parameters() -> list[Path]:
@@ -79,7 +81,7 @@ def sync_parameters() -> list[Path]:
     for name, settings in parameter_settings().items():
         path = notebook_path(name)
         nb = json.loads(path.read_text())
-        cell = next(c for c in nb["cells"] if "parameters" in c.get("metadata", {}).get("tags", []))
+        cell = _parameters_cell(nb)
         lines = settings.parameters_cell().split("\n")
         source = [line + "\n" for line in lines[:-1]] + [lines[-1]]
         if cell["source"] != source:

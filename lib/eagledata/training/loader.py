@@ -28,8 +28,7 @@ class HiddenStates:
 
     def __init__(self, directory: str | Path, dtype: torch.dtype | None = None):
         """`dtype`: what states come back as; None keeps bf16/fp32 storage as is and dequantizes fp8 to fp32."""
-        self.directory = Path(directory)
-        self.files = HiddenStateFiles(self.directory)
+        self.files = HiddenStateFiles(Path(directory))
         manifest = self.files.manifest
         if not manifest.is_file():
             raise InputError("no manifest.json: extraction has not finished (or wrong directory)", manifest)
@@ -51,7 +50,7 @@ class HiddenStates:
         from safetensors import safe_open
 
         if name not in self._open:
-            self._open[name] = safe_open(str(self.directory / name), framework="pt")
+            self._open[name] = safe_open(str(self.files.directory / name), framework="pt")
         return self._open[name]
 
     def __getitem__(self, key: str | int) -> SampleStates:
