@@ -14,7 +14,9 @@ import pytest
 from eagledata.emulator import run_emulator
 from eagledata.emulator.config import FAULT_CLASSES
 from eagledata.errors import InputError
-from eagledata.generation import GenerateConfig, generate
+from eagledata.aio import run_sync
+from eagledata.generation import GenerateConfig, generate, run_generation
+from eagledata.openrouter import complete
 from eagledata.notebooks import cell_outputs_text
 from eagledata.records import load_records
 from eagledata.records import split_inline_reasoning
@@ -139,7 +141,7 @@ def test_spend_cap_is_never_exceeded(emu, tmp_path):
     summary = generate(config(emu, tmp_path, datasets, max_spend_usd=cap, concurrency=64))
     charged = emu.stats()["charged_usd"]
     assert summary["stop_reason"] == "max_spend_reached"
-    assert charged <= cap and summary["run"]["spend_usd"] == pytest.approx(charged, rel=1e-9)
+    assert charged <= cap and summary["run"]["charged_usd"] == pytest.approx(charged, rel=1e-9)
     assert charged >= 0.9 * cap
 
 
@@ -270,49 +272,44 @@ def test_sigterm_stops_issuing_and_drains(emu, tok, tmp_path):
     assert len({r.id for r in records}) == len(records) == summary["records"]
 
 
-def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path, monkeypatch):
+def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path):
     """A lone surrogate (legal JSON, not UTF-8) has no exact ids: that answer is retried, not recorded."""
-    import eagledata.generation.engine as g
-
     reset(emu, seed=15)
-    real = g.complete
     spoiled = set()
 
     async def spoil_first(client, body):
-        out = await real(client, body)
+        out = await complete(client, body)
         key = body["messages"][-1]["content"]
         if out.completion is not None and key not in spoiled:
             spoiled.add(key)
             out.completion.answer = dataclasses.replace(out.completion.answer, content="bad \ud800 text")
         return out
 
-    monkeypatch.setattr(g, "complete", spoil_first)
     datasets = make_dataset(tmp_path, 20)
-    summary = generate(config(emu, tmp_path, datasets))
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets), complete_fn=spoil_first), "run_generation")
     assert summary["run"]["errors"] == {"untokenizable": 20} and summary["run"]["recorded"] == 20
     records, _ = check_exactly_once(tok, tmp_path, 20)
     assert all("\ud800" not in r.content for r in records)
-    assert summary["run"]["spend_usd"] == pytest.approx(emu.stats()["charged_usd"], rel=1e-9)  # spoiled ones were paid
+    run = summary["run"]  # the spoiled answers were paid for: charged, not recorded
+    assert run["charged_usd"] == pytest.approx(emu.stats()["charged_usd"], rel=1e-9)
+    assert run["wasted_usd"] == pytest.approx(run["charged_usd"] - run["recorded_usd"]) and run["wasted_usd"] > 0
 
 
-def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tmp_path, monkeypatch):
-    import eagledata.generation.engine as g
+def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tmp_path):
     from eagledata.generation.store import Store
 
     reset(emu, seed=16)
     calls = []
-    real = g.output_ids
 
-    def broken(*args):
+    async def broken(client, body):
         calls.append(1)
         if len(calls) == 5:
             raise RuntimeError("boom")
-        return real(*args)
+        return await complete(client, body)
 
-    monkeypatch.setattr(g, "output_ids", broken)
     datasets = make_dataset(tmp_path, 50)
     with pytest.raises(RuntimeError, match="boom"):
-        generate(config(emu, tmp_path, datasets, concurrency=4))
+        run_sync(run_generation(config(emu, tmp_path, datasets, concurrency=4), complete_fn=broken), "run_generation")
     summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
     assert summary["stop_reason"] == "error: RuntimeError: boom" and 1 <= summary["records"] < 50
     Store.open(dataset_dir(tmp_path)).close()  # the lock was released

@@ -1,41 +1,47 @@
 """The generation engine: a dataset's prompts → records, 2000 in flight, resumable, never over budget.
 
 Workers (one coroutine per concurrency slot, none per prompt) pull the next prompt from the file as
-they free up, so memory stays flat however many prompts wait. A request starts only when the spend
-guard admits its worst case; retries wait in a heap until due so a Retry-After never blocks a slot;
-a 429 lowers the number of requests allowed in flight (AIMD) instead of stalling everyone. Every
-finished prompt is appended once to the checkpoint store; a kill at any instant loses at most the
-requests in flight, which the next run issues again.
+they free up, so memory stays flat however many prompts wait. A request starts only when admission
+(admission.py) says its cost fits the money left; retries wait in a heap until due so a Retry-After
+never blocks a slot; only a window of mostly 429s lowers the number in flight (congestion.py). What
+each outcome means is a table (policy.py); the books follow the account (account.py). Every finished
+prompt is appended once to the checkpoint store; a kill at any instant loses at most the requests in
+flight, which the next run issues again.
 """
 from __future__ import annotations
 
 import asyncio
 import heapq
 import itertools
-import random
 import signal
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal
+
+import httpx
 
 from ..aio import run_sync
 from ..errors import InputError
 from ..layout import DATASETS_FILE, OUTPUT_DIR, PARAMS_DIR, dataset_files
 from ..openrouter import (OPENROUTER_URL, ClientPool, Completion, Kind, Outcome, Price, RoutingDecision,
-                          build_request, complete, load_routing, read_balance, resolve_api_key)
+                          build_request, complete, load_routing, read_account, resolve_api_key)
 from ..records import Record
 from ..settings import Settings, setting
 from ..text import KimiTokenizer, agreement, load_tokenizer, output_ids, prompt_ids
+from .account import AccountReading, Books
+from .admission import Admission, BudgetMode, CostModel
+from .budget import OutputLengths
+from .congestion import Congestion, ProviderCooldown
 from .datasets import get_dataset
+from .policy import retry_delay, rule
+from .progress import TIMELINE_COLUMNS, Progress, RunStats, run_figures
 from .prompts import Prompt, PromptScan, scan_prompts
-from .spend import Admit, SpendGuard
 from .store import Store
 
-# Outcomes whose cost we cannot know: the server may have finished (and billed) the work.
-UNKNOWN_COST = {"malformed", "connection", "client_timeout"}
+TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
+PRIOR_PROMPT_TOKENS = 500  # the prompt side of the cost prior (small next to the answer)
 NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
 
 
@@ -66,7 +72,14 @@ class GenerateConfig(Settings):
     retry_cap_s: float = setting(60.0, "longest backoff")
     request_timeout_s: float = setting(900.0, "client-side timeout of one request")
     drain_timeout_s: float = setting(60.0, "after a stop signal, in-flight requests get this long")
-    balance_refresh_s: float = setting(30.0, "seconds between account balance readings")
+    budget_mode: BudgetMode = setting(
+        "portfolio", "portfolio: commit expected cost + a tail margin; strict: every request's worst case")
+    overshoot_probability: float = setting(1e-6, "portfolio: chance the requests in flight overshoot the limit")
+    prior_output_median_tokens: float = setting(3000.0, "cost prior before any answer (no earlier records)")
+    prior_output_sigma: float = setting(0.9, "log-normal spread of that prior")
+    account_refresh_s: float = setting(10.0, "seconds between account readings (/key usage, /credits)")
+    account_lag_s: float = setting(5.0, "how far the account's usage may lag behind its answers")
+    provider_cooldown_s: float = setting(30.0, "a provider answering mostly 429s is left out this long")
     progress: bool = setting(True, "progress bar")
 
     def __post_init__(self) -> None:
@@ -80,6 +93,14 @@ class GenerateConfig(Settings):
             raise InputError(f"must be > 0 or None, got {self.max_spend_usd!r}", field="max_spend_usd")
         if not self.reserve_usd >= 0:
             raise InputError(f"must be >= 0, got {self.reserve_usd!r}", field="reserve_usd")
+        if not 0 < self.overshoot_probability < 1:
+            raise InputError(f"must be in (0, 1), got {self.overshoot_probability!r}", field="overshoot_probability")
+        for name in ("prior_output_median_tokens", "account_refresh_s"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"must be > 0, got {getattr(self, name)!r}", field=name)
+
+
+CompleteFn = Callable[[httpx.AsyncClient, dict], Awaitable[Outcome]]
 
 
 @dataclass(order=True)
@@ -87,24 +108,42 @@ class _Item:  # a prompt on its way: due time and sequence order the retry heap
     due: float
     seq: int
     prompt: Prompt = field(compare=False)
-    attempts: int = field(default=0, compare=False)
+    attempts: int = field(default=0, compare=False)       # those that count against max_attempts
+    tries: int = field(default=0, compare=False)          # every request sent
+    rate_limited: int = field(default=0, compare=False)   # 429s in a row
     prompt_ids: list[int] | None = field(default=None, compare=False)
+    bound: float = field(default=0.0, compare=False)      # the most one attempt can cost
     last_error: dict | None = field(default=None, compare=False)
 
 
+def cost_prior(store: Store, worst: Price, cfg: GenerateConfig) -> list[float]:
+    """What an answer may cost before this run has seen any: the dataset's earlier records, else the budget
+    model's log-normal guess of output lengths at the worst eligible price."""
+    if len(store.costs) >= 30:
+        return store.costs
+    lengths = OutputLengths.lognormal(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens,
+                                      n=20_000)
+    return [worst.cost(PRIOR_PROMPT_TOKENS, n) for n in lengths.samples]
+
+
 class Run:
-    """One generation run over one dataset. Use `await Run.start(cfg)` then `await run.execute()`."""
+    """One generation run over one dataset. Use `await Run.start(cfg, client)` then `await run.execute(clients)`."""
 
     def __init__(self, cfg: GenerateConfig, tok: KimiTokenizer, store: Store, routing: RoutingDecision,
-                 scan: PromptScan, target: int | None):
+                 scan: PromptScan, target: int | None, *, complete_fn: CompleteFn = complete):
         self.cfg, self.tok, self.store, self.routing = cfg, tok, store, routing
+        self.complete = complete_fn
         self.total_prompts, self.target = scan.total, target
-        worst = routing.worst_price() if cfg.backend == "openrouter" else Price(0.0, 0.0)
+        self.paid = cfg.backend == "openrouter"
+        worst = routing.worst_price() if self.paid else Price(0.0, 0.0)
         if worst is None:
             raise InputError("the routing decision has no price to reserve against", field="routing")
         self.worst = worst
-        self.guard = SpendGuard(worst.prompt_per_m / 1e6, worst.completion_per_m / 1e6, max_tokens=cfg.max_tokens,
-                                max_spend_usd=cfg.max_spend_usd, reserve_usd=cfg.reserve_usd)
+        self.admission = Admission(CostModel(cost_prior(store, worst, cfg) if self.paid else [0.0]),
+                                   mode=cfg.budget_mode, overshoot_probability=cfg.overshoot_probability)
+        self.books = Books(lag_s=cfg.account_lag_s)
+        self.congestion = Congestion(cfg.concurrency)
+        self.cooldown = ProviderCooldown(cooldown_s=cfg.provider_cooldown_s)
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
         self.cond = asyncio.Condition()
@@ -114,31 +153,22 @@ class Run:
         self.prompts_exhausted = False
         self.holding = 0          # items in workers' hands (tokenizing, waiting for money, in flight)
         self.in_flight = 0        # HTTP requests under way
-        self.limit = float(cfg.concurrency)
-        self.last_decrease = 0.0
         self.stopping = False
         self.stop_reason = ""
         self._signalled = False
         self.fatal: Outcome | None = None
         self.no_endpoint_streak = 0
-        self.counts: Counter[str] = Counter()
-        self.errors: Counter[str] = Counter()
-        self.providers: Counter[str] = Counter()
-        self.finish: Counter[str] = Counter()
-        self.out_tokens = 0
-        self.prompt_tokens = 0
-        self.reasoning_tokens = 0
+        self.stats = RunStats()
         self.done_before = len(store.done)
-        self.agreement: list[float] = []
-        self.timeline: list[list[float]] = []
         self.t0 = time.monotonic()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.balance_start: float | None = None
-        self.bar = None
+        self.progress: Progress | None = None
 
     # -- setup -----------------------------------------------------------------------------------
     @classmethod
-    async def start(cls, cfg: GenerateConfig, client) -> "Run":
+    async def start(cls, cfg: GenerateConfig, client: httpx.AsyncClient, *,
+                    complete_fn: CompleteFn = complete) -> "Run":
         spec = get_dataset(cfg.datasets_file, cfg.dataset)
         if not spec.prompts.is_file():
             raise InputError("prompts file not found", spec.prompts, field=f"{cfg.dataset}.prompts")
@@ -148,14 +178,26 @@ class Run:
             tok = load_tokenizer(cfg.tokenizer)
             routing = RoutingDecision(model=cfg.model) if cfg.backend == "local" else await load_routing(
                 cfg.model, params_dir=cfg.params_dir, base_url=cfg.base_url, api_key_env=cfg.api_key_env)
-            run = cls(cfg, tok, store, routing, scan, cfg.target_output_tokens or spec.target_output_tokens)
-            if cfg.backend == "openrouter":
-                run.balance_start = await read_balance(client)
-                run.guard.balance_usd = run.balance_start
+            run = cls(cfg, tok, store, routing, scan, cfg.target_output_tokens or spec.target_output_tokens,
+                      complete_fn=complete_fn)
+            if run.paid:
+                await run._read_account(client, strict=True)
+                run.balance_start = run.books.last.balance_usd if run.books.last else None
         except BaseException:
             store.close()
             raise
         return run
+
+    async def _read_account(self, client: httpx.AsyncClient, *, strict: bool = False) -> None:
+        """Book an account reading; a failed refresh keeps the last one (the first must succeed)."""
+        at, spent = time.monotonic(), self.books.spent()
+        try:
+            account = await read_account(client)
+        except Exception:
+            if strict:
+                raise
+            return
+        self.books.read(AccountReading(at, account.usage_usd, account.balance_usd), spent)
 
     # -- scheduling -----------------------------------------------------------------------------
     def _estimate_tokens(self) -> float:
@@ -180,8 +222,8 @@ class Run:
                 if self.stopping:
                     return None
                 timeout = None
-                if self.holding >= int(self.limit):
-                    pass  # AIMD gate: wait for a slot
+                if self.holding >= self.congestion.allowed:
+                    pass  # wait for a slot
                 elif self.target is not None and self._target_reached():
                     if self.holding == 0:
                         self.stop("target_reached")
@@ -209,24 +251,24 @@ class Run:
                 except asyncio.TimeoutError:
                     pass
 
-    async def _release(self, n: int = 1) -> None:
+    async def _release(self) -> None:
         async with self.cond:
             self.holding -= 1
-            self.cond.notify(n)
+            self.cond.notify(1)
 
-    async def _admit(self, item: _Item) -> float | None:
-        """Reserve the request's worst case; None when the money is gone (or the run is stopping)."""
+    async def _admit(self, item: _Item) -> int | None:
+        """Start the request if its cost fits the budget (see admission.py); a ticket, or None when the
+        money is gone (or the run is stopping)."""
         async with self.cond:
             while True:
                 if self.stopping:
                     return None
-                verdict = self.guard.admit(len(item.prompt_ids))
-                if verdict is Admit.YES:
-                    return self.guard.reserve(len(item.prompt_ids))
-                if verdict is Admit.NO or self.guard.in_flight == 0:
-                    cap_hit = self.cfg.max_spend_usd is not None and \
-                        self.guard.spent_usd + self.guard.worst_case(len(item.prompt_ids)) > self.cfg.max_spend_usd
-                    self.stop("max_spend_reached" if cap_hit else "balance_reserve_reached")
+                limit = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd)
+                if self.admission.fits(item.bound, self.books.spent(), limit):
+                    return self.admission.start(time.monotonic(), item.bound)
+                if not self.admission.flights:  # nothing in flight will free money: it is gone
+                    cap = self.cfg.max_spend_usd
+                    self.stop("max_spend_reached" if cap is not None and limit >= cap else "balance_reserve_reached")
                     self.cond.notify_all()
                     return None
                 await self.cond.wait()
@@ -234,8 +276,15 @@ class Run:
     async def _in_pool(self, fn: Callable, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
+    def _provider(self) -> dict[str, Any] | None:
+        """The routing decision's provider object, leaving out providers cooling off after 429s."""
+        hot = self.cooldown.cooling(time.monotonic(), self.routing.eligible_providers)
+        if not hot or not self.routing.provider:
+            return self.routing.provider
+        return {**self.routing.provider, "ignore": sorted({*self.routing.provider.get("ignore", []), *hot})}
+
     # -- one request ------------------------------------------------------------------------------
-    async def worker(self, client) -> None:
+    async def worker(self, client: httpx.AsyncClient) -> None:
         """One concurrency slot: its own connection from `client` (a shard of the pool)."""
         while (item := await self._take()) is not None:
             try:
@@ -243,24 +292,25 @@ class Run:
             finally:
                 await self._release()
 
-    async def _work(self, client, item: _Item) -> None:
+    async def _work(self, client: httpx.AsyncClient, item: _Item) -> None:
         if item.prompt_ids is None:
             item.prompt_ids = await self._in_pool(prompt_ids, self.tok, item.prompt.messages)
-        reserved = await self._admit(item)
-        if reserved is None:
+            item.bound = self.worst.cost(len(item.prompt_ids), self.cfg.max_tokens)
+        ticket = await self._admit(item)
+        if ticket is None:
             return  # unfinished: the next run issues it again
         body = build_request(self.cfg.model, item.prompt.messages, max_tokens=self.cfg.max_tokens,
-                             temperature=self.cfg.temperature, provider=self.routing.provider, backend=self.cfg.backend)
+                             temperature=self.cfg.temperature, provider=self._provider(), backend=self.cfg.backend)
         self.in_flight += 1
         try:
-            outcome = await complete(client, body)
+            outcome = await self.complete(client, body)
         finally:
             self.in_flight -= 1
-        item.attempts += 1
+        item.tries += 1
         if outcome.kind is Kind.OK:
-            await self._record(item, outcome.completion, reserved)
+            await self._record(item, outcome, ticket)
         else:
-            await self._not_ok(item, outcome, reserved)
+            await self._not_ok(item, outcome, ticket)
 
     def _cost(self, c: Completion) -> float:
         """The server's `usage.cost`, else the tokens at the serving provider's price (else the worst)."""
@@ -269,13 +319,29 @@ class Run:
         price = self.price_by_provider.get(c.provider, self.worst)
         return price.cost(c.usage.prompt_tokens, c.usage.completion_tokens)
 
+    def _settle(self, item: _Item, ticket: int, outcome: Outcome, cost: float | None) -> None:
+        """Book what the attempt cost (see policy.RULES) and feed the estimators. Caller holds the lock."""
+        r = rule(outcome)
+        now = time.monotonic()
+        if r.cost == "known" and cost is not None:
+            self.books.book(now, cost)
+        elif r.cost == "unknown" and self.paid:
+            cost = None
+            self.books.book(now, item.bound, provisional=True)
+        else:
+            cost = 0.0
+        self.admission.end(ticket, now, cost)
+        self.congestion.observe(now, r.rate_limited)
+        provider = outcome.completion.provider if outcome.completion is not None else outcome.provider
+        self.cooldown.observe(now, provider, r.rate_limited)
+
     def _build_record(self, item: _Item, c: Completion) -> Record:
         a = c.answer
         # A lone surrogate (legal in JSON, not in UTF-8) has no exact ids: refuse it rather than record
         # ids that decode to other text. Raises UnicodeEncodeError.
         a.reasoning.encode("utf-8"), a.content.encode("utf-8")
         ids = output_ids(self.tok, a.reasoning, a.content, a.finish_reason)
-        meta: dict[str, Any] = {"attempts": item.attempts}
+        meta: dict[str, Any] = {"attempts": item.tries}
         if c.reasoning_inline:
             meta["reasoning_inline"] = True
         p_ids = item.prompt_ids
@@ -291,49 +357,34 @@ class Run:
                       provider=c.provider, generation_id=c.generation_id, usage=c.usage, prompt_ids=p_ids,
                       output_ids=ids, meta=meta)
 
-    async def _record(self, item: _Item, c: Completion, reserved: float) -> None:
+    async def _record(self, item: _Item, outcome: Outcome, ticket: int) -> None:
+        c = outcome.completion
+        assert c is not None
         cost = self._cost(c)
         try:
             record = await self._in_pool(self._build_record, item, c)
         except UnicodeEncodeError:
-            outcome = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)")
-            return await self._not_ok(item, outcome, reserved, cost)
+            spoiled = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)",
+                              provider=c.provider)
+            return await self._not_ok(item, spoiled, ticket, cost)
         async with self.cond:
-            self.guard.settle(reserved, cost)
+            self._settle(item, ticket, outcome, cost)
             if item.prompt.id not in self.store.done:  # a stop signal cannot make us write twice
                 self.store.add_record(record, cost)
-            self.counts["recorded"] += 1
-            self.out_tokens += record.output_tokens
-            self.prompt_tokens += c.usage.prompt_tokens
-            self.reasoning_tokens += c.usage.reasoning_tokens
-            self.providers[c.provider or "?"] += 1
-            self.finish[record.finish_reason] += 1
-            if "retokenized_agreement" in record.meta:
-                self.agreement.append(record.meta["retokenized_agreement"])
+            self.stats.add_record(record, c.usage, cost)
             self.no_endpoint_streak = 0
-            self.limit = min(float(self.cfg.concurrency), self.limit + 1.0)
             self.cond.notify(2)
 
-    def _backoff(self, item: _Item, outcome: Outcome) -> float:
-        if outcome.retry_after is not None:
-            return outcome.retry_after + random.uniform(0, 0.1 * max(1.0, outcome.retry_after))
-        return random.uniform(0, min(self.cfg.retry_cap_s, self.cfg.retry_base_s * 2 ** item.attempts))
-
-    async def _not_ok(self, item: _Item, outcome: Outcome, reserved: float, cost: float | None = None) -> None:
+    async def _not_ok(self, item: _Item, outcome: Outcome, ticket: int, cost: float | None = None) -> None:
         cls = outcome.error_class
+        r = rule(outcome)
         async with self.cond:
-            # An answer we could not read may still have been billed: book its worst case.
-            if cost is None:
-                cost = reserved if cls in UNKNOWN_COST else 0.0
-            self.guard.settle(reserved, cost)
-            self.errors[cls] += 1
+            self._settle(item, ticket, outcome, cost)
+            self.stats.errors[cls] += 1
             item.last_error = outcome.error_dict()
+            item.attempts += r.counts
+            item.rate_limited = item.rate_limited + 1 if r.rate_limited else 0
             if outcome.kind is Kind.RETRY:
-                if cls in ("rate_limit", "upstream_rate_limit"):
-                    now = time.monotonic()
-                    if now - self.last_decrease > 1.0:  # one cut per second, however many 429s arrive
-                        self.limit = max(1.0, self.limit * 0.7)
-                        self.last_decrease = now
                 if cls == "no_endpoint":
                     self.no_endpoint_streak += 1
                     if self.no_endpoint_streak >= NO_ENDPOINT_BREAKER:
@@ -341,16 +392,17 @@ class Run:
                         self.stop("no_endpoints")
                 if item.attempts >= self.cfg.max_attempts:
                     self.store.add_failure(item.prompt.id, {**item.last_error, "gave_up_after": "max_attempts"},
-                                           item.attempts)
-                    self.counts["failed"] += 1
+                                           item.tries)
+                    self.stats.counts["failed"] += 1
                 else:
-                    item.due = time.monotonic() + self._backoff(item, outcome)
+                    item.due = time.monotonic() + retry_delay(outcome, item.attempts, item.rate_limited,
+                                                              base_s=self.cfg.retry_base_s, cap_s=self.cfg.retry_cap_s)
                     item.seq = next(self.seq)
                     heapq.heappush(self.retries, item)
-                    self.counts["retried"] += 1
+                    self.stats.counts["retried"] += 1
             elif outcome.kind is Kind.FAILED:
-                self.store.add_failure(item.prompt.id, item.last_error, item.attempts)
-                self.counts["failed"] += 1
+                self.store.add_failure(item.prompt.id, item.last_error, item.tries)
+                self.stats.counts["failed"] += 1
             elif outcome.kind is Kind.OUT_OF_MONEY:
                 self.stop("out_of_credits")
             else:  # FATAL
@@ -362,52 +414,33 @@ class Run:
                 self.cond.notify(2)
 
     # -- the run ----------------------------------------------------------------------------------
-    async def _ticker(self, client) -> None:
-        last_balance = time.monotonic()
+    async def _ticker(self, client: httpx.AsyncClient) -> None:
+        last_account = time.monotonic()
         while True:
-            await asyncio.sleep(0.5)
-            self._sample()
-            if self.cfg.backend == "openrouter" and time.monotonic() - last_balance >= self.cfg.balance_refresh_s:
-                last_balance = time.monotonic()
-                try:
-                    balance = await read_balance(client)
-                    self.guard.update_balance(balance, self.guard.spent_usd)
-                except Exception:  # a failed refresh keeps the last reading (never raises the limit)
-                    pass
+            await asyncio.sleep(TICK_S)
+            now = time.monotonic()
+            if self.paid and now - last_account >= self.cfg.account_refresh_s:
+                last_account = now
+                await self._read_account(client)
             async with self.cond:  # periodic wake-up: no waiter can sleep through a state change
+                self.admission.refresh(time.monotonic())
+                self.congestion.tick(time.monotonic())
+                self._sample()
                 self.cond.notify_all()
 
     def _sample(self) -> None:
         t = time.monotonic() - self.t0
-        self.timeline.append([round(t, 2), self.counts["recorded"], self.out_tokens, round(self.guard.spent_usd, 6),
-                              self.in_flight])
-        if self.bar is not None:
-            total_now = self.store.output_tokens if self.target else self.store.recorded + self.store.failed
-            self.bar.n = min(total_now, self.bar.total or total_now)
-            cap = f"/{self.cfg.max_spend_usd:g}" if self.cfg.max_spend_usd else ""
-            errs = sum(self.errors.values())
-            self.bar.set_postfix_str(
-                f"done {self.store.recorded + self.store.failed:,}/{self.total_prompts:,} | "
-                f"{self.out_tokens / max(t, 1e-9):,.0f} tok/s | in flight {self.in_flight} | "
-                f"${self.guard.spent_usd:,.2f}{cap} | errors {errs}"
-                + (f" ({', '.join(f'{k} {v}' for k, v in self.errors.most_common(3))})" if errs else ""),
-                refresh=False)
-            self.bar.refresh()
-
-    def _open_bar(self) -> None:
-        if not self.cfg.progress:
-            return
-        from tqdm.auto import tqdm
-
-        if self.target:
-            self.bar = tqdm(total=self.target, initial=min(self.store.output_tokens, self.target), unit="tok",
-                            unit_scale=True, desc=f"{self.cfg.dataset} output tokens", dynamic_ncols=True)
-        else:
-            self.bar = tqdm(total=self.total_prompts, initial=len(self.store.done), unit="prompt",
-                            desc=f"{self.cfg.dataset} prompts", dynamic_ncols=True)
+        spent = self.books.spent()
+        self.stats.sample(t, spent, self.in_flight, self.congestion.allowed)
+        if self.progress is not None:
+            self.progress.update(done=self.store.recorded + self.store.failed, total_prompts=self.total_prompts,
+                                 tokens=self.store.output_tokens, t=t, stats=self.stats, in_flight=self.in_flight,
+                                 limit=self.congestion.allowed, spent=spent, cap=self.cfg.max_spend_usd)
 
     async def execute(self, clients: ClientPool) -> dict[str, Any]:
-        self._open_bar()
+        if self.cfg.progress:
+            self.progress = Progress(self.cfg.dataset, total_prompts=self.total_prompts, done=len(self.store.done),
+                                     target=self.target, tokens=self.store.output_tokens)
         workers = [asyncio.ensure_future(self.worker(clients[i])) for i in range(self.cfg.concurrency)]
         ticker = asyncio.ensure_future(self._ticker(clients[0]))
         restore = _install_signal_handlers(lambda: self._on_signal(workers))
@@ -424,9 +457,11 @@ class Run:
         finally:
             restore()
             ticker.cancel()
+            if self.paid:  # the account after the last answer: what the run was charged
+                await self._read_account(clients[0])
             self._sample()
-            if self.bar is not None:
-                self.bar.close()
+            if self.progress is not None:
+                self.progress.close()
             self.pool.shutdown(wait=True)
             self.store.sync()
         summary = self.summary()
@@ -458,6 +493,7 @@ class Run:
         wall = time.monotonic() - self.t0
         remaining = self.total_prompts - len(self.store.done)
         cheapest = self.routing.cheapest()
+        s = self.stats
         return {
             "dataset": self.cfg.dataset, "model": self.cfg.model, "base_url": self.cfg.base_url,
             "backend": self.cfg.backend, "started_at": self.started_at,
@@ -470,21 +506,24 @@ class Run:
             "remaining": remaining, "target_output_tokens": self.target,
             # this run
             "run": {
-                "recorded": self.counts["recorded"], "failed": self.counts["failed"], "retried": self.counts["retried"],
-                "output_tokens": self.out_tokens, "prompt_tokens": self.prompt_tokens,
-                "reasoning_tokens": self.reasoning_tokens, "spend_usd": round(self.guard.spent_usd, 8),
+                "recorded": s.counts["recorded"], "failed": s.counts["failed"], "retried": s.counts["retried"],
+                "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens,
+                "reasoning_tokens": s.reasoning_tokens,
+                **run_figures(s, wall_s=wall, charged=self.books.charged_usd, spent=self.books.spent()),
                 "max_spend_usd": self.cfg.max_spend_usd, "reserve_usd": self.cfg.reserve_usd,
-                "balance_start_usd": self.balance_start, "concurrency": self.cfg.concurrency,
-                "max_tokens": self.cfg.max_tokens, "output_tokens_per_s": round(self.out_tokens / max(wall, 1e-9), 1),
-                "usd_per_m_output": round(1e6 * self.guard.spent_usd / self.out_tokens, 4) if self.out_tokens else None,
+                "balance_start_usd": self.balance_start, "budget_mode": self.cfg.budget_mode,
+                "concurrency": self.cfg.concurrency, "max_tokens": self.cfg.max_tokens,
                 "cheapest_eligible_usd_per_m_output": cheapest.completion_per_m if cheapest else None,
-                "errors": dict(self.errors), "providers": dict(self.providers), "finish_reasons": dict(self.finish),
-                "retokenized_agreement_mean": (sum(self.agreement) / len(self.agreement)) if self.agreement else None,
+                "errors": dict(s.errors), "providers": dict(s.providers), "finish_reasons": dict(s.finish),
+                "concurrency_changes": [[round(t - self.t0, 1), round(share, 3), round(limit)]
+                                        for t, share, limit in self.congestion.history
+                                        if limit < self.cfg.concurrency][-200:],
+                "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None,
                 "torn_bytes_repaired": self.store.torn_bytes, "done_before": self.done_before,
             },
             "routing": {"provider": self.routing.provider, "source": self.routing.source},
-            "timeline_columns": ["t_s", "recorded", "output_tokens", "spend_usd", "in_flight"],
-            "timeline": self.timeline[-2000:],
+            "timeline_columns": TIMELINE_COLUMNS,
+            "timeline": s.timeline[-2000:],
         }
 
 
@@ -510,13 +549,13 @@ def _install_signal_handlers(callback: Callable[[], None]) -> Callable[[], None]
     return restore
 
 
-async def run_generation(cfg: GenerateConfig) -> dict[str, Any]:
+async def run_generation(cfg: GenerateConfig, *, complete_fn: CompleteFn = complete) -> dict[str, Any]:
     """Generate one dataset; returns the summary (also written to summary.json). Every input error is
     raised before the first completion request; a fatal API error (bad key, no endpoints) is raised
-    after the summary is written."""
+    after the summary is written. `complete_fn` sends one request (tests and benches wrap it)."""
     key = resolve_api_key(cfg.base_url, cfg.api_key_env)
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
-        run = await Run.start(cfg, clients[0])
+        run = await Run.start(cfg, clients[0], complete_fn=complete_fn)
         try:
             summary = await run.execute(clients)
         finally:

@@ -21,6 +21,9 @@ from ..layout import DatasetFiles
 from ..records import Record, output_tokens
 
 
+COSTS_KEPT = 20_000  # the newest record costs, the cost prior of the next run
+
+
 class StoreLocked(InputError):
     """Another run holds this dataset's lock."""
 
@@ -111,6 +114,7 @@ class Store:
     output_tokens: int = 0   # over every record of the dataset, all runs
     spend_usd: float = 0.0
     torn_bytes: int = 0
+    costs: list[float] = field(default_factory=list, repr=False)  # per record, the newest few thousand
     _fds: dict[Path, int] = field(default_factory=dict, repr=False)
     _lock_fd: int | None = field(default=None, repr=False)
 
@@ -155,6 +159,7 @@ class Store:
         self.recorded = len(indexed) + len(tail)
         self.output_tokens = sum(e[2] for e in indexed) + sum(e[2] for e in tail)
         self.spend_usd = sum(e[3] for e in indexed) + sum(e[3] for e in tail)
+        self.costs = [e[3] for e in (indexed + tail)[-COSTS_KEPT:]]
         if len(self.done) != self.recorded:
             raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
                              records)
@@ -188,6 +193,9 @@ class Store:
         self.recorded += 1
         self.output_tokens += tokens
         self.spend_usd += cost
+        self.costs.append(cost)
+        if len(self.costs) > 2 * COSTS_KEPT:
+            del self.costs[:COSTS_KEPT]
 
     def add_failure(self, prompt_id: str, error: dict[str, Any], attempts: int) -> None:
         if prompt_id in self.done:

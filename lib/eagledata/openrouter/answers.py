@@ -47,6 +47,7 @@ class Outcome:
     message: str = ""
     retry_after: float | None = None
     completion: Completion | None = None
+    provider: str = ""  # the provider an upstream error names (metadata.provider_name)
 
     def error_dict(self) -> dict[str, Any]:
         return {"class": self.error_class, "status": self.status, "message": self.message[:500]}
@@ -86,7 +87,7 @@ def _error_outcome(status: int, err: Mapping[str, Any], headers: Mapping[str, st
     code = err.get("code")
     code = code if isinstance(code, int) else status
     ra = _retry_after(headers)
-    base = dict(status=code, message=message, retry_after=ra)
+    base = dict(status=code, message=message, retry_after=ra, provider=str(metadata.get("provider_name") or ""))
     if code in (401, 403):
         return Outcome(Kind.FATAL, "auth", **base)
     if code == 402:

@@ -99,17 +99,27 @@ async def get_json(client: httpx.AsyncClient, path: str, **params: Any) -> Any:
     return resp.json()
 
 
-async def read_balance(client: httpx.AsyncClient) -> float | None:
-    """Account balance: /credits (total − used), else /key's limit_remaining (403 without a management key)."""
+@dataclass(frozen=True)
+class Account:
+    """What the key may read of the account: the key's lifetime usage and the credits left."""
+
+    usage_usd: float | None
+    balance_usd: float | None
+
+
+async def read_account(client: httpx.AsyncClient) -> Account:
+    """/key (usage, and limit_remaining when the key has a limit) and /credits (total − used; 403 without a
+    management key). The balance is the smaller of the two that can be read."""
+    key = (await get_json(client, "key"))["data"]
+    usage = key.get("usage")
+    balances = [] if key.get("limit_remaining") is None else [float(key["limit_remaining"])]
     try:
         d = (await get_json(client, "credits"))["data"]
-        return float(d["total_credits"]) - float(d["total_usage"])
+        balances.append(float(d["total_credits"]) - float(d["total_usage"]))
     except APIError as e:
         if e.status not in (401, 403, 404):
             raise
-    d = (await get_json(client, "key"))["data"]
-    remaining = d.get("limit_remaining")
-    return None if remaining is None else float(remaining)
+    return Account(None if usage is None else float(usage), min(balances) if balances else None)
 
 
 async def complete(client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:

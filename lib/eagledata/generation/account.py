@@ -1,0 +1,85 @@
+"""The books of one run (pure): our own bookings, replaced by the account's figures as readings arrive.
+
+We book `usage.cost` as answers arrive. An answer we could not read (cut body, lost connection, our own
+timeout) may or may not have been billed: it is booked provisionally at its bound, and the next account
+reading replaces it with the truth. What the run spent is then
+
+    charged at the last reading + everything booked since (a reading may lag by `lag_s`),
+
+never less than what the answers themselves reported. The limit is the per-run cap and the balance
+less the reserve, both in "money this run may spend".
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AccountReading:
+    """One look at the account: `at` is when it was asked (the caller's clock)."""
+
+    at: float
+    usage_usd: float | None     # the key's lifetime usage
+    balance_usd: float | None   # credits left (account, else the key's limit); None = unknown
+
+
+@dataclass
+class Books:
+    lag_s: float = 5.0
+    known_usd: float = 0.0          # Σ usage.cost (or tokens × price) of attempts we could read
+    provisional_usd: float = 0.0    # Σ bounds of attempts we could not read (all of them, ever)
+    first: AccountReading | None = None
+    last: AccountReading | None = None
+    _spent_at_last: float = 0.0     # our own figure when the last reading was asked
+    _recent: deque = field(default_factory=deque)  # (time, amount, provisional) booked since a reading − lag
+
+    def book(self, now: float, amount: float, *, provisional: bool = False) -> None:
+        if provisional:
+            self.provisional_usd += amount
+        else:
+            self.known_usd += amount
+        self._recent.append((now, amount, provisional))
+
+    def read(self, reading: AccountReading, spent_then: float | None = None) -> None:
+        """A fresh reading (the first is the baseline). `spent_then`: `spent()` when it was asked."""
+        if self.first is None or self.first.usage_usd is None:
+            self.first = reading
+        self.last = reading
+        self._spent_at_last = self.spent() if spent_then is None else spent_then
+        horizon = reading.at - self.lag_s
+        while self._recent and self._recent[0][0] <= horizon:
+            self._recent.popleft()
+
+    @property
+    def charged_usd(self) -> float | None:
+        """The account's usage delta since the run began, at the last reading."""
+        if self.first is None or self.last is None or self.first.usage_usd is None or self.last.usage_usd is None:
+            return None
+        return self.last.usage_usd - self.first.usage_usd
+
+    def _since_last(self) -> tuple[float, float]:
+        """(all, provisional) booked after the last reading's horizon."""
+        horizon = self.last.at - self.lag_s if self.last is not None else -math.inf
+        total = provisional = 0.0
+        for t, amount, prov in self._recent:
+            if t > horizon:
+                total += amount
+                provisional += amount if prov else 0.0
+        return total, provisional
+
+    def spent(self) -> float:
+        charged = self.charged_usd
+        if charged is None or self.last is None or self.last is self.first:
+            return self.known_usd + self.provisional_usd
+        after, provisional_after = self._since_last()
+        return max(self.known_usd + provisional_after, charged + after)
+
+    def limit(self, max_spend_usd: float | None, reserve_usd: float) -> float:
+        """The most this run may spend: the cap, and what the balance allows above the reserve."""
+        limit = math.inf if max_spend_usd is None else max_spend_usd
+        if self.last is not None and self.last.balance_usd is not None:
+            spent_then = self.charged_usd if self.charged_usd is not None else self._spent_at_last
+            limit = min(limit, spent_then + self.last.balance_usd - reserve_usd)
+        return limit

@@ -1,0 +1,198 @@
+"""Admission (pure): may one more request start without risking the budget?
+
+A request is charged when it ends, up to its bound b = prompt × worst prompt price + max_tokens × worst
+completion price. Reserving b for every request in flight ("strict") is a proof, but b is ~18× the mean
+answer, so it caps a $95 run at ~960 in flight and starves it as money runs out. "portfolio" commits
+
+    spent + Σ E[C_i | age_i] + min(Bernstein margin, Σ (b_i − E[C_i | age_i]))
+
+where the margin makes P(in-flight requests cost more than committed) ≤ `overshoot_probability`.
+E[C | age] matters: requests in flight are length-biased (long answers stay longer), so their
+unconditional mean under-books them about twofold. It comes from a Kaplan–Meier estimate over this
+run's finished attempts, with the requests in flight as censored at their age; mass beyond the longest
+finished attempt costs the prior's tail (earlier records of the dataset, else the budget model's guess).
+A request's cost is bounded by b, so the margin needs no distributional assumption beyond independence.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Sequence
+
+import numpy as np
+
+BudgetMode = Literal["portfolio", "strict"]
+MAX_EVENTS = 100_000      # finished attempts the estimate keeps (the newest)
+PRIOR_WEIGHT = 30         # pseudo-observations the prior is worth in the estimation-error term
+
+
+@dataclass
+class Flight:
+    """One request in flight as admission sees it; `mean`/`var` are refreshed as it ages."""
+
+    started: float
+    bound: float
+    mean: float
+    var: float
+
+
+class CostModel:
+    """Expected cost (and variance) of a request given how long it has been running."""
+
+    def __init__(self, prior_costs: Sequence[float]):
+        prior = np.sort(np.asarray(prior_costs, dtype=float))
+        if prior.size == 0 or not np.all(np.isfinite(prior)) or prior[0] < 0:
+            raise ValueError("the cost prior needs finite, non-negative samples")
+        self.prior = prior
+        self._prior_suffix1 = np.cumsum(prior[::-1])[::-1]
+        self._prior_suffix2 = np.cumsum((prior ** 2)[::-1])[::-1]
+        self.latencies: list[float] = []
+        self.costs: list[float] = []
+
+    @property
+    def events(self) -> int:
+        return len(self.costs)
+
+    def observe(self, latency: float, cost: float) -> None:
+        """A finished attempt whose cost is known (0 for an error the service does not bill)."""
+        self.latencies.append(latency)
+        self.costs.append(cost)
+        if len(self.costs) > 2 * MAX_EVENTS:
+            del self.latencies[:MAX_EVENTS], self.costs[:MAX_EVENTS]
+
+    def _tail(self, floor: float) -> tuple[float, float]:
+        """First and second moment of the prior above `floor` (the prior's top sample when none is)."""
+        i = int(np.searchsorted(self.prior, floor, "left"))
+        if i >= self.prior.size:
+            top = float(self.prior[-1])
+            return max(top, floor), max(top, floor) ** 2
+        k = self.prior.size - i
+        return float(self._prior_suffix1[i] / k), float(self._prior_suffix2[i] / k)
+
+    def moments(self, ages: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """E[C | A > age] and Var[C | A > age] for each request in flight (each capped by its bound)."""
+        t = np.asarray(self.latencies[-MAX_EVENTS:], dtype=float)
+        c = np.asarray(self.costs[-MAX_EVENTS:], dtype=float)
+        order = np.argsort(t, kind="stable")
+        t, c = t[order], c[order]
+        n = t.size
+        if n:
+            at_risk = (n - np.arange(n)) + (ages.size - np.searchsorted(np.sort(ages), t, "left"))
+            survive = np.cumprod(1.0 - 1.0 / at_risk)
+            before = np.concatenate(([1.0], survive[:-1]))
+            mass = before / at_risk
+            suffix1 = np.concatenate((np.cumsum((mass * c)[::-1])[::-1], [0.0]))
+            suffix2 = np.concatenate((np.cumsum((mass * c * c)[::-1])[::-1], [0.0]))
+            residual = float(survive[-1])
+            s_at = np.concatenate((before, [residual]))
+            r1, r2 = self._tail(float(c.max()))
+        else:
+            suffix1 = suffix2 = s_at = np.array([0.0])
+            residual = 1.0
+            s_at = np.array([1.0])
+            r1, r2 = self._tail(0.0)
+        j = np.searchsorted(t, ages, "right") if n else np.zeros(ages.size, dtype=int)
+        s = s_at[j]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            m1 = np.where(s > 0, (suffix1[j] + residual * r1) / s, r1)
+            m2 = np.where(s > 0, (suffix2[j] + residual * r2) / s, r2)
+        m1 = np.minimum(m1, bounds)
+        m2 = np.minimum(np.maximum(m2, m1 * m1), bounds * bounds)
+        return m1, m2 - m1 * m1
+
+    def new_request(self, bound: float) -> tuple[float, float]:
+        """Moments of a request about to start (age 0, nothing else conditioned on)."""
+        m, v = self.moments(np.zeros(1), np.array([bound]))
+        return float(m[0]), float(v[0])
+
+
+def bernstein_margin(variance: float, largest_bound: float, log_inv_p: float) -> float:
+    """t with exp(−t² / (2V + 2Mt/3)) = p: Bernstein's tail bound for a sum of independent terms in [0, M]."""
+    a = largest_bound * log_inv_p / 3.0
+    return a + math.sqrt(a * a + 2.0 * variance * log_inv_p)
+
+
+@dataclass
+class Admission:
+    """The requests in flight and what they commit. Times are the caller's clock (tests simulate it)."""
+
+    model: CostModel
+    mode: BudgetMode = "portfolio"
+    overshoot_probability: float = 1e-6
+    flights: dict[int, Flight] = field(default_factory=dict)
+    _next: int = 0
+    _mean0: tuple[float, float] | None = None  # moments of a new request, cached between refreshes
+    _sums: np.ndarray = field(default_factory=lambda: np.zeros(5))  # Σ mean, slack, var, sd, bound
+    _largest: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.overshoot_probability < 1:
+            raise ValueError("overshoot_probability must be in (0, 1)")
+        self.log_inv_p = math.log(1.0 / self.overshoot_probability)
+        self.z = math.sqrt(2.0 * self.log_inv_p)
+
+    def _new_moments(self, bound: float) -> tuple[float, float]:
+        if self.mode == "strict":
+            return bound, 0.0
+        if self._mean0 is None:
+            self._mean0 = self.model.new_request(math.inf)
+        m, v = self._mean0
+        return min(m, bound), v
+
+    def _add(self, f: Flight, sign: float) -> None:
+        self._sums += sign * np.array([f.mean, f.bound - f.mean, f.var, math.sqrt(f.var), f.bound])
+
+    def commitment(self, extra_bound: float | None = None) -> float:
+        """Money the requests in flight (plus one of bound `extra_bound`) may still cost, at the set confidence."""
+        means, slack, variance, sds, bounds = self._sums.tolist()
+        largest = self._largest
+        if extra_bound is not None:
+            m, v = self._new_moments(extra_bound)
+            means, slack, variance, sds, bounds = means + m, slack + extra_bound - m, variance + v, sds + math.sqrt(v), \
+                bounds + extra_bound
+            largest = max(largest, extra_bound)
+        elif not self.flights:
+            return 0.0
+        if self.mode == "strict":
+            return bounds
+        # The means are estimated: their error is shared by every request in flight (fully correlated).
+        estimate_error = self.z * sds / math.sqrt(self.model.events + PRIOR_WEIGHT)
+        margin = bernstein_margin(variance, largest, self.log_inv_p) + estimate_error
+        return means + min(margin, max(0.0, slack))
+
+    def fits(self, bound: float, spent: float, limit: float) -> bool:
+        return spent + self.commitment(bound) <= limit
+
+    def start(self, now: float, bound: float) -> int:
+        m, v = self._new_moments(bound)
+        self._next += 1
+        f = self.flights[self._next] = Flight(now, bound, m, v)
+        self._add(f, 1.0)
+        self._largest = max(self._largest, bound)
+        return self._next
+
+    def end(self, ticket: int, now: float, cost: float | None) -> None:
+        """The attempt ended; `cost` None when unknown (it may have been billed: the account will tell)."""
+        f = self.flights.pop(ticket)
+        self._add(f, -1.0)
+        if not self.flights:
+            self._sums[:] = 0.0  # no float drift once nothing is in flight
+            self._largest = 0.0
+        if cost is not None:
+            self.model.observe(now - f.started, cost)
+
+    def refresh(self, now: float) -> None:
+        """Re-estimate every request in flight at its current age (call a few times a second)."""
+        self._mean0 = None
+        if self.mode == "strict" or not self.flights:
+            return
+        flights = list(self.flights.values())
+        ages = np.array([now - f.started for f in flights])
+        bounds = np.array([f.bound for f in flights])
+        means, variances = self.model.moments(ages, bounds)
+        for f, m, v in zip(flights, means.tolist(), variances.tolist()):
+            f.mean, f.var = m, v
+        self._sums = np.zeros(5)
+        for f in flights:
+            self._add(f, 1.0)
+        self._largest = float(bounds.max())
