@@ -1,0 +1,274 @@
+"""Does the engine keep its requests in flight and spend the budget at full speed? (issue 11)
+
+Against the emulator, time-scaled so neither side is CPU-bound on 2 cores: answers are `--scale` times
+shorter than the seed's (~2.4k tokens → ~600), prices `--scale` times higher, so worst/mean cost stays
+the seed's (~18) and latency against client work stays realistic (tens of seconds against milliseconds).
+
+  seed       (a) the seed replay: $100 balance, $5 reserve, 2,000 in flight, max_tokens 32768/scale. Time to
+             charge 90% of usable ÷ the Little's-law ideal at full concurrency, for the engine and for a
+             plain client (no budget logic) run the same way; mean in-flight until 90% is charged.
+  background (b) answers/s with 3% OpenRouter + 2% upstream 429s ÷ the same without.
+  capacity   (c) one provider that takes `--capacity` requests at once, 2,000 in flight: goodput ÷ the
+             allowed rate (capacity ÷ mean latency); the longest stretch with no answer.
+  capped     (d) `--runs` seeded runs with a cap under the usual fault mix and heavy-tailed lengths:
+             charged ÷ cap per run (portfolio and strict).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eagledata.emulator import run_emulator
+from eagledata.emulator.catalog import default_endpoints
+from eagledata.generation import GenerateConfig, run_generation
+from eagledata.openrouter import ClientPool, Kind, build_request, complete, load_routing
+from eagledata.openrouter.client import LOCAL_KEY
+
+SEED_MAX_TOKENS = 32768
+USUAL_FAULTS = {"rate_limit": 0.04, "upstream_rate_limit": 0.02, "bad_gateway": 0.01, "unavailable": 0.01,
+                "timeout": 0.005, "error_in_choice": 0.005, "error_top_level": 0.005, "empty_content": 0.005,
+                "truncated_json": 0.005, "connection_reset": 0.005, "slow": 0.005}
+
+
+def scaled_emulator(scale: float, speed: float, **extra: Any) -> dict:
+    """The default catalog with prices × scale and answers ÷ scale: cost ratios stay the seed's."""
+    eps = [{"provider": e.provider, "prompt_price": e.prompt_price * scale, "completion_price": e.completion_price * scale}
+           for e in default_endpoints()]
+    content = {"reasoning_median": 1500 / scale, "reasoning_sigma": 0.8, "content_median": 300 / scale,
+               "content_sigma": 0.7, "max_total": int(32000 / scale)}
+    content.update(extra.pop("content", {}))
+    return {"speed": speed, "content": content, "endpoints": eps, "generation_delay": 0.1, **extra}
+
+
+def write_prompts(d: Path, n: int, name: str = "P") -> Path:
+    prompts = d / f"{name}.jsonl"
+    with prompts.open("w") as f:
+        for i in range(n):
+            msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
+            f.write(json.dumps({"id": f"{name}{i:07d}", "messages": msgs}) + "\n")
+    (d / "datasets.yaml").write_text(f"{name}:\n  prompts: {prompts}\n")
+    return d / "datasets.yaml"
+
+
+def config(d: Path, base_url: str, **kw: Any) -> GenerateConfig:
+    base = dict(dataset="P", datasets_file=str(d / "datasets.yaml"), base_url=base_url, output_dir=str(d / "out"),
+                params_dir=str(d / "params"), concurrency=2000, progress=False, reserve_usd=0.0,
+                account_refresh_s=2.0, account_lag_s=0.5)
+    base.update(kw)
+    return GenerateConfig(**base)
+
+
+class Monitor:
+    """Polls the emulator's books: charged $ and requests in flight over time."""
+
+    def __init__(self, base_url: str, usable: float | None = None):
+        self.admin = base_url.rsplit("/api/v1", 1)[0] + "/admin/stats"
+        self.usable = usable
+        self.samples: list[tuple[float, float, int, int]] = []  # (t, charged, in flight, ok answers)
+        self.t0 = time.monotonic()
+        self.reached: dict[float, float] = {}
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(timeout=10) as c:
+            while True:
+                s = (await c.get(self.admin)).json()
+                t = time.monotonic() - self.t0
+                self.samples.append((t, s["charged_usd"], s["in_flight"], s["outcomes"].get("ok", 0)))
+                if self.usable:
+                    for frac in (0.5, 0.9):
+                        if frac not in self.reached and s["charged_usd"] >= frac * self.usable:
+                            self.reached[frac] = t
+                await asyncio.sleep(0.25)
+
+    def mean_in_flight(self, until_t: float) -> float:
+        xs = [n for t, _, n, _ in self.samples if t <= until_t]
+        return statistics.fmean(xs) if xs else 0.0
+
+    def rate(self, lo: float, hi: float) -> tuple[float, float]:
+        """ok answers/s between the moments lo and hi fractions of the final count were reached; longest gap."""
+        final = self.samples[-1][3]
+        pts = [(t, k) for t, _, _, k in self.samples]
+        t_lo = next(t for t, k in pts if k >= lo * final)
+        t_hi = next(t for t, k in pts if k >= hi * final)
+        gap, last_t, last_k = 0.0, pts[0][0], 0
+        for t, k in pts:
+            if t_lo <= t <= t_hi and k > last_k:
+                gap, last_t = max(gap, t - last_t), t
+            last_k = k if k > last_k else last_k
+        return (hi - lo) * final / max(t_hi - t_lo, 1e-9), gap
+
+
+async def with_monitor(coro, monitor: Monitor) -> Any:
+    task = asyncio.ensure_future(monitor.run())
+    try:
+        return await coro
+    finally:
+        task.cancel()
+
+
+class Timed:
+    """A completion function that notes each OK answer's latency and cost (for the Little's-law ideal)."""
+
+    def __init__(self) -> None:
+        self.latency: list[float] = []
+        self.cost: list[float] = []
+
+    async def __call__(self, client: httpx.AsyncClient, body: dict) -> Any:
+        t = time.monotonic()
+        out = await complete(client, body)
+        if out.kind is Kind.OK:
+            self.latency.append(time.monotonic() - t)
+            self.cost.append(out.completion.usage.cost or 0.0)
+        return out
+
+    def ideal_s(self, money: float, concurrency: int) -> float:
+        """Little's law: at N in flight, $ per second = N × mean cost / mean latency."""
+        return money / (concurrency * statistics.fmean(self.cost) / statistics.fmean(self.latency))
+
+
+async def plain_client(base_url: str, d: Path, n: int, concurrency: int, max_tokens: int, monitor: Monitor,
+                       timed: Timed) -> None:
+    """No budget logic, no retries policy: N workers send prompts until 90% of the money is charged."""
+    routing = await load_routing("moonshotai/kimi-k2.5", params_dir=str(d / "params"), base_url=base_url)
+    prompts = iter(range(n))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while 0.9 not in monitor.reached and (i := next(prompts, None)) is not None:
+            msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
+            await timed(client, build_request("moonshotai/kimi-k2.5", msgs, max_tokens=max_tokens, temperature=1.0,
+                                              provider=routing.provider))
+
+    async with ClientPool(base_url, LOCAL_KEY, concurrency=concurrency, timeout=900) as clients:
+        workers = [asyncio.ensure_future(worker(clients[i])) for i in range(concurrency)]
+        while 0.9 not in monitor.reached and not all(w.done() for w in workers):
+            await asyncio.sleep(0.1)
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+
+
+def seed(a: argparse.Namespace) -> None:
+    balance, reserve = 100.0, 5.0
+    usable = balance - reserve
+    max_tokens = int(SEED_MAX_TOKENS / a.scale)
+    emu_cfg = scaled_emulator(a.scale, a.speed, balance=balance, seed=a.seed)
+    rows = []
+    with run_emulator(emu_cfg) as emu:
+        for who in ("plain", "engine", "strict"):
+            if who == "strict" and not a.strict:
+                continue
+            emu.reset(emu_cfg)
+            with tempfile.TemporaryDirectory() as tmp:
+                d = Path(tmp)
+                write_prompts(d, 60_000)
+                mon, timed = Monitor(emu.base_url, usable), Timed()
+                t0 = time.monotonic()
+                if who == "plain":
+                    asyncio.run(with_monitor(plain_client(emu.base_url, d, 60_000, 2000, max_tokens, mon, timed), mon))
+                    ideal = timed.ideal_s(0.9 * usable, 2000)
+                    stop = "charged 90%"
+                else:
+                    s = asyncio.run(with_monitor(run_generation(
+                        config(d, emu.base_url, max_tokens=max_tokens, reserve_usd=reserve,
+                               budget_mode="strict" if who == "strict" else "portfolio"), complete_fn=timed), mon))
+                    stop = s["stop_reason"]
+                wall = time.monotonic() - t0
+                t90 = mon.reached.get(0.9)
+                charged = emu.stats()["charged_usd"]
+                rows.append((who, t90, mon.reached.get(0.5), mon.mean_in_flight(t90 or wall), charged, wall, stop))
+    print(f"(a) seed replay: ${usable:g} usable (balance ${balance:g} - reserve ${reserve:g}), 2,000 in flight, "
+          f"max_tokens {max_tokens}, answers ~{2400 / a.scale:.0f} tokens, speed {a.speed}; "
+          f"Little's-law ideal to charge 90%: {ideal:.1f} s")
+    for who, t90, t50, inflight, charged, wall, stop in rows:
+        ratio = f"{t90 / ideal:.3f}x ideal" if t90 else "never reached 90%"
+        print(f"    {who:6s}: 50% at {t50 or float('nan'):.1f} s, 90% at {t90 or float('nan'):.1f} s = {ratio}; "
+              f"mean in flight until then {inflight:,.0f} ({inflight / 2000:.3f} of 2,000); charged ${charged:.2f} "
+              f"({charged / usable:.3f} of usable), stop: {stop}, wall {wall:.0f} s")
+
+
+def background(a: argparse.Namespace) -> None:
+    rates = {}
+    for label, faults in (("none", {}), ("429s", {"rate_limit": 0.03, "upstream_rate_limit": 0.02})):
+        emu_cfg = scaled_emulator(a.scale, a.speed / 2, balance=10_000, seed=a.seed, faults=faults)
+        with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            write_prompts(d, a.prompts)
+            mon = Monitor(emu.base_url)
+            s = asyncio.run(with_monitor(run_generation(config(d, emu.base_url, max_tokens=int(SEED_MAX_TOKENS / a.scale))), mon))
+            rates[label], gap = mon.rate(0.1, 0.9)
+            print(f"(b) {label}: {s['run']['recorded']:,} recorded in {s['wall_s']:.0f} s, {rates[label]:.1f} answers/s "
+                  f"(10-90%), mean in flight {mon.mean_in_flight(1e9):,.0f}, errors {s['run']['errors']}, "
+                  f"concurrency cuts {len(s['run']['concurrency_changes'])}")
+    print(f"(b) throughput with 5% background 429s / without: {rates['429s'] / rates['none']:.3f}")
+
+
+def capacity(a: argparse.Namespace) -> None:
+    ep = {"provider": "Solo", "slug": "solo", "quantization": "int4", "prompt_price": 0.5 * a.scale,
+          "completion_price": 2.4 * a.scale, "latency": 1.0, "throughput": 45.0, "capacity": a.capacity}
+    emu_cfg = scaled_emulator(a.scale, a.speed / 2, balance=10_000, seed=a.seed, replace_endpoints=True)
+    emu_cfg["endpoints"] = [ep]
+    with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        write_prompts(d, a.prompts)
+        mon, timed = Monitor(emu.base_url), Timed()
+        s = asyncio.run(with_monitor(run_generation(config(d, emu.base_url, max_tokens=int(SEED_MAX_TOKENS / a.scale)),
+                                                    complete_fn=timed), mon))
+        goodput, gap = mon.rate(0.1, 0.8)
+        allowed = a.capacity / statistics.fmean(timed.latency)
+        print(f"(c) one provider taking {a.capacity} at once, 2,000 in flight: {s['run']['recorded']:,} recorded in "
+              f"{s['wall_s']:.0f} s; goodput {goodput:.1f}/s vs allowed {allowed:.1f}/s = {goodput / allowed:.3f}; "
+              f"longest stretch without an answer {gap:.2f} s; 429s {s['run']['errors'].get('upstream_rate_limit', 0):,}; "
+              f"limit history {s['run']['concurrency_changes'][:12]}")
+
+
+def capped(a: argparse.Namespace) -> None:
+    max_tokens = int(SEED_MAX_TOKENS / a.scale)
+    for mode in ("portfolio", "strict"):
+        used = []
+        runs = a.runs if mode == "portfolio" else max(1, a.runs // 4)
+        for i in range(runs):
+            emu_cfg = scaled_emulator(a.scale, a.speed / 5, balance=1000, seed=100 + i, faults=USUAL_FAULTS,
+                                      content={"reasoning_sigma": 1.2, "content_sigma": 1.0})
+            with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
+                d = Path(tmp)
+                write_prompts(d, 20_000)
+                s = asyncio.run(run_generation(config(d, emu.base_url, max_tokens=max_tokens, concurrency=500,
+                                                      max_spend_usd=a.cap, budget_mode=mode)))
+                charged = emu.stats()["charged_usd"]
+                used.append(charged / a.cap)
+                print(f"(d) {mode} seed {100 + i}: charged ${charged:.4f} of ${a.cap:g} = {charged / a.cap:.3f}; "
+                      f"summary charged ${s['run']['charged_usd']:.4f} recorded ${s['run']['recorded_usd']:.4f} "
+                      f"wasted ${s['run']['wasted_usd']:.4f}; stop {s['stop_reason']}", flush=True)
+        print(f"(d) {mode}: {runs} runs, charged/cap min {min(used):.3f} median {statistics.median(used):.3f} "
+              f"max {max(used):.3f}; over the cap in {sum(u > 1 for u in used)} runs")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("which", choices=["seed", "background", "capacity", "capped", "all"])
+    ap.add_argument("--scale", type=float, default=4.0, help="answers this many times shorter, prices higher")
+    ap.add_argument("--speed", type=float, default=1.5, help="emulator time scale (1 = the catalog's latencies)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--strict", action="store_true", help="(a): also run budget_mode strict")
+    ap.add_argument("--prompts", type=int, default=12_000)
+    ap.add_argument("--capacity", type=int, default=500)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--cap", type=float, default=3.0)
+    a = ap.parse_args()
+    for name, fn in (("seed", seed), ("background", background), ("capacity", capacity), ("capped", capped)):
+        if a.which in (name, "all"):
+            fn(a)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The pure controllers of the engine, in simulated time: admission, the books, congestion, the policy table."""
+import heapq
+import math
+import random
+
+import numpy as np
+import pytest
+
+from eagledata.generation.account import AccountReading, Books
+from eagledata.generation.admission import Admission, CostModel, bernstein_margin
+from eagledata.generation.congestion import Congestion, ProviderCooldown
+from eagledata.generation.policy import rule, retry_delay
+from eagledata.openrouter import Kind, Outcome
+
+BOUND = 1.0  # a request's worst case; answers cost ~1/19 of it on average, heavy-tailed
+
+
+def draw(rng: np.random.Generator) -> tuple[float, float]:
+    """(cost, latency): latency grows with the answer, as generation time does."""
+    cost = min(BOUND, float(rng.lognormal(math.log(0.035), 0.9)))
+    return cost, 2.0 + 600.0 * cost
+
+
+def prior(n: int = 2000) -> list[float]:
+    rng = np.random.default_rng(99)
+    return [draw(rng)[0] * 1.5 for _ in range(n)]  # a pessimistic guess, as the budget model's would be
+
+
+def simulate(mode: str, seed: int, limit: float, slots: int, tick: float = 2.0):
+    """Keep `slots` requests in flight while admission allows; returns (charged, in-flight samples by spent)."""
+    rng = np.random.default_rng(seed)
+    adm = Admission(CostModel(prior()), mode=mode)
+    ends: list[tuple[float, int, float]] = []
+    t = spent = 0.0
+    next_tick = tick
+    samples = []
+    while True:
+        while len(adm.flights) < slots and adm.fits(BOUND, spent, limit):
+            cost, latency = draw(rng)
+            heapq.heappush(ends, (t + latency, adm.start(t, BOUND), cost))
+        if not ends:
+            return spent, samples
+        if ends[0][0] <= next_tick:
+            t, ticket, cost = heapq.heappop(ends)
+            spent += cost
+            adm.end(ticket, t, cost)
+        else:
+            t = next_tick
+            next_tick += tick
+            adm.refresh(t)
+            samples.append((spent, len(adm.flights)))
+
+
+def test_in_flight_requests_are_booked_at_their_age_not_the_mean():
+    """Long answers stay in flight longer: the plain mean under-books what is in flight about twofold."""
+    rng = np.random.default_rng(1)
+    model = CostModel(prior())
+    ends, flights, t = [], {}, 0.0
+    for i in range(300):
+        cost, latency = draw(rng)
+        heapq.heappush(ends, (latency, i))
+        flights[i] = (0.0, cost)
+    ratios, naive = [], []
+    n = 300
+    while t < 3000:
+        t, i = heapq.heappop(ends)
+        start, cost = flights.pop(i)
+        model.observe(t - start, cost)
+        cost, latency = draw(rng)
+        heapq.heappush(ends, (t + latency, n))
+        flights[n] = (t, cost)
+        n += 1
+        if model.events > 2000 and model.events % 500 == 0:
+            ages = np.array([t - s for s, _ in flights.values()])
+            means, _ = model.moments(ages, np.full(ages.size, BOUND))
+            truth = sum(c for _, c in flights.values())
+            ratios.append(means.sum() / truth)
+            naive.append(len(flights) * float(np.mean(model.costs)) / truth)
+    assert 0.85 < float(np.mean(ratios)) < 1.2, ratios
+    assert float(np.mean(naive)) < 0.7, naive
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_portfolio_never_overshoots_and_spends_at_full_concurrency(seed):
+    limit, slots = 400.0, 300  # in flight: ~$30 expected (length-biased), a $400 budget
+    charged, samples = simulate("portfolio", seed, limit, slots)
+    assert charged <= limit
+    assert charged >= 0.97 * limit
+    until_90 = [n for spent, n in samples if spent < 0.9 * limit]
+    assert np.mean(until_90) >= 0.95 * slots
+
+
+def test_strict_commits_every_worst_case():
+    charged, samples = simulate("strict", 0, 20.0, 300, tick=20.0)
+    assert charged <= 20.0 and charged >= 20.0 - BOUND
+    assert max(n for _, n in samples) <= 20  # never more than limit / worst case in flight
+
+
+def test_one_request_with_nothing_in_flight_commits_its_worst_case():
+    adm = Admission(CostModel(prior()))
+    assert adm.commitment(BOUND) == pytest.approx(BOUND)
+    assert adm.fits(BOUND, spent=0.0, limit=BOUND) and not adm.fits(BOUND, spent=0.01, limit=BOUND)
+
+
+def test_bernstein_margin_solves_the_tail_bound():
+    v, m, p = 0.37, 2.0, 1e-6
+    t = bernstein_margin(v, m, math.log(1 / p))
+    assert math.exp(-t * t / (2 * v + 2 * m * t / 3)) == pytest.approx(p, rel=1e-9)
+
+
+def test_provisional_bookings_are_replaced_by_the_account():
+    books = Books(lag_s=1.0)
+    books.read(AccountReading(0.0, usage_usd=10.0, balance_usd=50.0))
+    books.book(1.0, 0.2)
+    books.book(2.0, 1.0, provisional=True)  # a cut answer, booked at its worst case
+    assert books.spent() == pytest.approx(1.2)
+    books.read(AccountReading(5.0, usage_usd=10.25, balance_usd=49.75))  # it cost 0.05 in truth
+    assert books.charged_usd == pytest.approx(0.25) and books.spent() == pytest.approx(0.25)
+    books.book(5.6, 0.1)
+    assert books.spent() == pytest.approx(0.35)
+    # The reading may lag: what was booked within lag_s before it counts again (never under-booked).
+    books.book(6.0, 0.3)
+    books.read(AccountReading(6.5, usage_usd=10.35, balance_usd=49.65))
+    assert books.spent() == pytest.approx(0.35 + 0.3 + 0.1)
+    assert books.limit(None, reserve_usd=5.0) == pytest.approx(0.35 + 49.65 - 5.0)
+    assert books.limit(0.5, reserve_usd=5.0) == 0.5
+
+
+def test_books_without_a_usage_reading_count_their_own():
+    books = Books()
+    books.book(0.0, 0.4)
+    books.book(0.1, 1.0, provisional=True)
+    assert books.spent() == pytest.approx(1.4) and books.charged_usd is None and books.limit(None, 0) == math.inf
+
+
+def test_background_429s_never_cut_concurrency():
+    rng = random.Random(0)
+    c = Congestion(2000)
+    for i in range(200_000):  # 100 answers/s for 2,000 s, 6% of them 429s
+        c.observe(i / 100, rng.random() < 0.06)
+    assert c.allowed == 2000 and c.history
+
+
+def test_congestion_lowers_then_recovers():
+    c = Congestion(2000)
+    t = 0.0
+    for _ in range(6000):  # 60 s of mostly 429s
+        t += 0.01
+        c.observe(t, random.random() < 0.6)
+    low = c.allowed
+    assert low < 1000
+    for _ in range(20000):
+        t += 0.01
+        c.observe(t, False)
+    assert c.allowed == 2000
+
+
+def test_a_provider_answering_mostly_429s_cools_off_but_never_all():
+    cd = ProviderCooldown(cooldown_s=30)
+    for i in range(100):  # noise: 2% 429s on A
+        cd.observe(i * 0.05, "A", i % 50 == 0)
+    assert cd.cooling(5.0, ["A", "B"]) == []
+    for i in range(20):
+        cd.observe(5.0 + i * 0.01, "B", True)
+    assert cd.cooling(5.5, ["A", "B"]) == ["B"] and cd.cooling(40.0, ["A", "B"]) == []
+    for i in range(40):
+        cd.observe(6.0 + i * 0.01, "A", True)
+    assert cd.cooling(6.5, ["A", "B"]) == []  # everyone is congested: leave routing to OpenRouter
+
+
+def test_policy_table():
+    assert not rule(Outcome(Kind.RETRY, "rate_limit")).counts and rule(Outcome(Kind.RETRY, "rate_limit")).rate_limited
+    assert rule(Outcome(Kind.RETRY, "malformed")).cost == "unknown" and rule(Outcome(Kind.RETRY, "bad_gateway")).counts
+    rng = random.Random(1)
+    ra = Outcome(Kind.RETRY, "rate_limit", 429, retry_after=2.0)
+    delays = [retry_delay(ra, 1, 1, base_s=1, cap_s=60, rng=rng) for _ in range(200)]
+    assert 2.0 <= min(delays) and max(delays) <= 3.0 and len(set(delays)) > 100  # Retry-After, jittered
+    assert 8.0 <= retry_delay(ra, 1, 3, base_s=1, cap_s=60, rng=rng) <= 12.0  # doubled for each 429 in a row
+    assert retry_delay(ra, 1, 20, base_s=1, cap_s=60, rng=rng) <= 90.0
