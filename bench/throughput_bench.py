@@ -12,6 +12,7 @@ the seed's (~18) and latency against client work stays realistic (tens of second
              allowed rate (capacity ÷ mean latency); the longest stretch with no answer.
   capped     (d) `--runs` seeded runs with a cap under the usual fault mix and heavy-tailed lengths:
              charged ÷ cap per run (portfolio and strict).
+  abandon    what a killed run pays for its requests in flight, streamed or not, and streaming's client CPU.
 """
 from __future__ import annotations
 
@@ -138,7 +139,8 @@ class Timed:
 async def plain_client(base_url: str, d: Path, n: int, concurrency: int, max_tokens: int, monitor: Monitor,
                        timed: Timed) -> None:
     """No budget logic, no retries policy: N workers send prompts until 90% of the money is charged."""
-    routing = await load_routing("moonshotai/kimi-k2.5", params_dir=str(d / "params"), base_url=base_url)
+    routing = await load_routing("moonshotai/kimi-k2.5", params_dir=str(d / "params"), base_url=base_url,
+                                 api_key_env="OPENROUTER_API_KEY")
     prompts = iter(range(n))
 
     async def worker(client: httpx.AsyncClient) -> None:
@@ -252,9 +254,67 @@ def capped(a: argparse.Namespace) -> None:
               f"max {max(used):.3f}; over the cap in {sum(u > 1 for u in used)} runs")
 
 
+async def _abandoning_client(base_url: str, routing: Any, stream: bool, concurrency: int, max_tokens: int,
+                             seconds: float) -> tuple[int, int, float]:
+    """N workers for `seconds`, then every connection dropped at once, as a killed process drops them.
+    Returns (answers, SSE chunks, client CPU seconds)."""
+    answers = chunks = 0
+
+    async def worker(client: httpx.AsyncClient, i: int) -> None:
+        nonlocal answers, chunks
+        while True:
+            i += concurrency
+            msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
+            body = build_request("moonshotai/kimi-k2.5", msgs, max_tokens=max_tokens, temperature=1.0,
+                                 provider=routing.provider)
+            if not stream:
+                await complete(client, body)
+            else:
+                async with client.stream("POST", "chat/completions", json={**body, "stream": True}) as r:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: ") and line != "data: [DONE]":
+                            json.loads(line[6:])
+                            chunks += 1
+            answers += 1
+
+    cpu = time.process_time()
+    pool = ClientPool(base_url, LOCAL_KEY, concurrency=concurrency, timeout=900)
+    workers = [asyncio.ensure_future(worker(pool[i], i)) for i in range(concurrency)]
+    await asyncio.sleep(seconds)
+    for w in workers:
+        w.cancel()
+    await asyncio.gather(*workers, return_exceptions=True)
+    await pool.__aexit__()
+    return answers, chunks, time.process_time() - cpu
+
+
+def abandon(a: argparse.Namespace) -> None:
+    """What a killed run still pays for: its requests in flight, streamed (providers with stream cancellation
+    stop billing) or not (every answer is generated and billed to the end); and what streaming costs the client."""
+    max_tokens = int(SEED_MAX_TOKENS / a.scale)
+    emu_cfg = scaled_emulator(a.scale, a.speed, balance=10_000, seed=a.seed)
+    with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
+        routing = asyncio.run(load_routing("moonshotai/kimi-k2.5", params_dir=str(Path(tmp) / "params"),
+                                           base_url=emu.base_url, api_key_env="OPENROUTER_API_KEY"))
+        for stream in (False, True):
+            emu.reset(emu_cfg)
+            answers, chunks, cpu = asyncio.run(_abandoning_client(emu.base_url, routing, stream, a.abandon_concurrency,
+                                                                  max_tokens, a.seconds))
+            at_kill = emu.stats()["charged_usd"]
+            while emu.stats()["in_flight_worst_usd"] > 1e-9:  # the abandoned generations run out
+                time.sleep(0.5)
+            after = emu.stats()
+            paid = after["charged_usd"] - at_kill
+            print(f"abandon: {'stream' if stream else 'plain '} {a.abandon_concurrency} in flight, killed after "
+                  f"{a.seconds:g} s ({answers:,} answers): ${at_kill:.3f} charged at the kill, ${paid:.3f} more for "
+                  f"the abandoned requests ({paid / max(at_kill, 1e-9):.1%}); outcomes {after['outcomes']}; client CPU "
+                  f"{1e3 * cpu / max(answers, 1):.2f} ms per answer" + (f", {chunks / max(answers, 1):.0f} chunks per answer, "
+                                                                        f"{1e6 * cpu / max(chunks, 1):.0f} us CPU per chunk" if stream else ""))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", choices=["seed", "background", "capacity", "capped", "all"])
+    ap.add_argument("which", choices=["seed", "background", "capacity", "capped", "abandon", "all"])
     ap.add_argument("--scale", type=float, default=4.0, help="answers this many times shorter, prices higher")
     ap.add_argument("--speed", type=float, default=1.5, help="emulator time scale (1 = the catalog's latencies)")
     ap.add_argument("--seed", type=int, default=1)
@@ -263,8 +323,11 @@ def main() -> int:
     ap.add_argument("--capacity", type=int, default=500)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--cap", type=float, default=3.0)
+    ap.add_argument("--seconds", type=float, default=60.0, help="abandon: run this long, then kill")
+    ap.add_argument("--abandon-concurrency", type=int, default=1000)
     a = ap.parse_args()
-    for name, fn in (("seed", seed), ("background", background), ("capacity", capacity), ("capped", capped)):
+    for name, fn in (("seed", seed), ("background", background), ("capacity", capacity), ("capped", capped),
+                     ("abandon", abandon)):
         if a.which in (name, "all"):
             fn(a)
     return 0

@@ -22,7 +22,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = asyncio.run(run_generation(cfg))
         run = summary["run"]
         print(f"{cfg.dataset}: {summary['stop_reason']}; recorded {run['recorded']}, failed {run['failed']}, "
-              f"{run['output_tokens']:,} output tokens, ${run['spend_usd']:.4f}; dataset {summary['records']} "
+              f"{run['output_tokens']:,} output tokens, charged ${run['spend_usd']:.4f} (answers kept "
+              f"${run['recorded_usd']:.4f}); dataset {summary['records']} "
               f"records, {summary['remaining']} remaining")
 
     return run_command("generate", run)

@@ -52,6 +52,8 @@ class Job:
     created: int = field(default_factory=lambda: int(time.time()))
     started: float = field(default_factory=time.monotonic)
     settled: bool = False
+    epoch: int = 0     # the emulator state it belongs to (an admin reset starts a new one)
+    streamed: int = 0  # output tokens sent so far on a stream
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Emulator:
         self.reset(cfg)
 
     def reset(self, cfg: EmulatorConfig) -> None:
+        self.epoch = getattr(self, "epoch", 0) + 1
         self.cfg = cfg
         self.ledger = Ledger(cfg.balance)
         self.fault_rng = random.Random(cfg.seed)
@@ -109,7 +112,7 @@ class Emulator:
             raise ApiError(401, "User not found.")
 
     def admit(self, req: ChatRequest, p_ids: list[int]) -> Job:
-        """Route, pick an endpoint that is neither busy nor failing, reserve credits, draw a fault."""
+        """Route, pick an endpoint that is neither busy nor failing, check its worst case against the balance, draw a fault."""
         n_prompt = len(p_ids)
         r = route(self.cfg.endpoints, req.prefs, need_tokens=n_prompt + (req.max_tokens or 0),
                   used_parameters=req.used_parameters)
@@ -146,7 +149,7 @@ class Emulator:
         max_tokens = min(req.max_tokens or chosen.max_completion_tokens, chosen.max_completion_tokens,
                          chosen.context_length - n_prompt)
         reserve = reservation(n_prompt, max_tokens, chosen)
-        if not self.ledger.try_reserve(reserve):
+        if not self.ledger.try_start(reserve):
             can = affordable_tokens(self.ledger.available, n_prompt, chosen)
             raise ApiError(402, f"This request requires more credits, or fewer max_tokens. You requested up to "
                                 f"{max_tokens} tokens, but can only afford {can}. To increase, visit "
@@ -158,7 +161,8 @@ class Emulator:
         fault = draw_fault(self.fault_rng, self.cfg.faults.rates)
         if fault is not None:
             self.stats.faults[fault] += 1
-        job = Job(f"gen-{int(time.time())}-{uuid.uuid4().hex[:20]}", chosen, req, p_ids, phash, attempt, reserve, fault)
+        job = Job(f"gen-{int(time.time())}-{uuid.uuid4().hex[:20]}", chosen, req, p_ids, phash, attempt, reserve, fault,
+                  epoch=self.epoch)
         self.load[chosen.provider] += 1
         if fault not in HTTP_FAULTS and fault != "connection_reset":
             # Temperature 0 is (near) greedy: retries of the same prompt repeat the answer.
@@ -169,13 +173,17 @@ class Emulator:
         return job
 
     # -- completion -----------------------------------------------------------------------------
-    def settle(self, job: Job, outcome: str, charged: bool) -> None:
-        """Release the reservation once; charge usage.cost and record the generation when charged."""
-        if job.settled:
+    def settle(self, job: Job, outcome: str, charged: bool, *, partial_tokens: int | None = None) -> None:
+        """End the job once; charge usage.cost and record the generation when charged
+        (`partial_tokens`: a cancelled stream, billed for the prompt and the tokens generated so far)."""
+        if job.settled or job.epoch != self.epoch:
             return
         job.settled = True
         self.load[job.ep.provider] -= 1
-        cost = self.cost(job) if charged else 0.0
+        if partial_tokens is not None:
+            cost = usage_cost(len(job.prompt_ids), partial_tokens, job.ep)
+        else:
+            cost = self.cost(job) if charged else 0.0
         self.ledger.settle(job.reserved, cost)
         self.stats.outcomes[outcome] += 1
         if not charged:
@@ -231,7 +239,7 @@ class Emulator:
         st = self.stats
         return {"requests": st.requests, "outcomes": dict(st.outcomes), "by_provider": dict(st.by_provider),
                 "faults": {k: st.faults.get(k, 0) for k in FAULT_CLASSES}, "quirks": dict(st.quirks),
-                "charged_usd": self.ledger.total_usage, "reserved_usd": self.ledger.reserved,
+                "charged_usd": self.ledger.total_usage, "in_flight_worst_usd": self.ledger.in_flight_worst,
                 "total_credits": self.ledger.total_credits, "in_flight": st.in_flight,
                 "in_flight_peak": st.in_flight_peak, "load": {k: v for k, v in self.load.items() if v}}
 
@@ -399,8 +407,20 @@ class JobStream(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.em.settle(self.job, "cancelled", charged=False)
             self.em.stats.in_flight -= 1
+            if not self.job.settled:
+                self.abandoned()
+
+    def abandoned(self) -> None:
+        """The client went away mid-stream: a provider with stream cancellation stops and bills the tokens so
+        far; any other generates on and bills the whole answer when it would have ended."""
+        em, job = self.em, self.job
+        if job.ep.stream_cancellation or job.gen is None:
+            em.settle(job, "cancelled", charged=False, partial_tokens=job.streamed if job.gen else 0)
+            return
+        ttft, gen_time = em.delays(job)
+        left = max(0.0, job.started + ttft + gen_time - time.monotonic())
+        asyncio.get_running_loop().call_later(left, em.settle, job, "abandoned", True)
 
 
 async def _stream(em: Emulator, job: Job) -> AsyncIterator[str]:
@@ -440,6 +460,7 @@ async def _stream(em: Emulator, job: Job) -> AsyncIterator[str]:
     for i, delta in enumerate(deltas):
         if dt > 0:
             await asyncio.sleep(dt)
+        job.streamed = round(n_out * i / len(deltas))
         if i == cut_at:
             if job.fault == "truncated_json":
                 em.settle(job, job.fault, charged=True)

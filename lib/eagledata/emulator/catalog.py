@@ -50,6 +50,9 @@ class Endpoint:
     data_collection: str = "deny"  # "allow" when the provider may retain/train on prompts
     supported_parameters: tuple[str, ...] = DEFAULT_PARAMETERS
     quirks: Quirks = field(default_factory=Quirks)
+    # An aborted stream stops generation and billing (the tokens so far are billed); without it the
+    # provider generates on and bills the whole answer. A non-streaming request always runs to the end.
+    stream_cancellation: bool = False
 
     @property
     def tag(self) -> str:
@@ -85,16 +88,18 @@ def default_endpoints() -> list[Endpoint]:
     return [
         _ep("Chutes", "chutes", "int4", 0.40, 2.20, 1.6, 38, 97.1, data_collection="allow",
             quirks=Quirks(inline_think=0.02)),
-        _ep("DeepInfra", "deepinfra", "int4", 0.45, 2.20, 0.9, 45, 99.6),
+        _ep("DeepInfra", "deepinfra", "int4", 0.45, 2.20, 0.9, 45, 99.6, stream_cancellation=True),
         _ep("SiliconFlow", "siliconflow", "int4", 0.55, 2.30, 2.1, 30, 98.4,
             quirks=Quirks(reasoning_details_only=0.05)),
         _ep("AtlasCloud", "atlascloud", "int4", 0.50, 2.40, 1.4, 35, 98.9),
-        _ep("Together", "together", "int4", 0.60, 2.80, 0.7, 60, 99.8, max_completion_tokens=32_768),
-        _ep("Novita", "novita", "int4", 0.55, 2.50, 1.2, 42, 99.1, quirks=Quirks(literal_specials=0.02)),
+        _ep("Together", "together", "int4", 0.60, 2.80, 0.7, 60, 99.8, max_completion_tokens=32_768,
+            stream_cancellation=True),
+        _ep("Novita", "novita", "int4", 0.55, 2.50, 1.2, 42, 99.1, quirks=Quirks(literal_specials=0.02),
+            stream_cancellation=True),
         _ep("Parasail", "parasail", "int4", 0.55, 2.60, 1.0, 50, 99.3),
         _ep("Moonshot AI", "moonshotai", "int4", 0.60, 2.50, 1.8, 33, 99.5),
         _ep("Venice", "venice", "unknown", 0.70, 2.80, 2.5, 25, 96.0, quirks=Quirks(inline_think=0.1)),
-        _ep("Fireworks", "fireworks", "nvfp4", 0.35, 1.80, 0.5, 110, 99.9),
+        _ep("Fireworks", "fireworks", "nvfp4", 0.35, 1.80, 0.5, 110, 99.9, stream_cancellation=True),
         _ep("BaseTen", "baseten", "fp4", 0.38, 1.90, 0.6, 95, 0.0, status=STATUS_DOWN),
     ]
 

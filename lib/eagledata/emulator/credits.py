@@ -1,4 +1,8 @@
-"""Credit policy: reserve at the endpoint's price before running, charge `usage.cost` after.
+"""Credit policy: a request's worst case must fit the balance, `usage.cost` is charged when it ends.
+
+As on OpenRouter, the check is per request against credits − usage: requests in flight hold nothing,
+so a client with 2,000 in flight can drive the balance below zero (DESIGN.md, money semantics). What
+they would hold is tracked (`in_flight_worst`) for the stats only.
 
 Pure arithmetic plus a small ledger, so the 402 decision and the charge are unit-testable.
 """
@@ -30,25 +34,26 @@ def affordable_tokens(available: float, prompt_tokens: int, ep: Endpoint) -> int
 
 @dataclass
 class Ledger:
-    """Account balance: credits bought, usage charged, and what in-flight requests hold."""
+    """Account balance: credits bought, usage charged, and the worst cases of the requests in flight."""
 
     total_credits: float
     total_usage: float = 0.0
-    reserved: float = 0.0
+    in_flight_worst: float = 0.0
 
     @property
     def available(self) -> float:
-        return self.total_credits - self.total_usage - self.reserved
+        return self.total_credits - self.total_usage
 
-    def try_reserve(self, amount: float) -> bool:
-        if amount > self.available:
+    def try_start(self, worst: float) -> bool:
+        """Admit a request whose worst case the balance covers (other requests in flight do not count)."""
+        if worst > self.available:
             return False
-        self.reserved += amount
+        self.in_flight_worst += worst
         return True
 
-    def settle(self, reserved: float, charge: float) -> None:
-        """Release a reservation and charge what the request actually cost (0 for errors/empties)."""
-        self.reserved = max(0.0, self.reserved - reserved)
+    def settle(self, worst: float, charge: float) -> None:
+        """The request ended: charge what it actually cost (0 for errors/empties)."""
+        self.in_flight_worst = max(0.0, self.in_flight_worst - worst)
         self.total_usage += charge
 
     def topup(self, amount: float) -> None:

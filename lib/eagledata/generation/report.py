@@ -37,15 +37,23 @@ def summary_table(summary: dict[str, Any]):
         ("output tokens (dataset / target)", f"{summary['output_tokens']:,} / "
                                              f"{summary['target_output_tokens'] or '-'}"),
         ("output tokens this run", f"{run['output_tokens']:,}"),
-        ("spend this run", f"${run['spend_usd']:,.4f}" + (f" of ${run['max_spend_usd']:g} cap" if run['max_spend_usd'] else "")),
+        ("charged this run (the account's usage delta)",
+         _usd(run.get("charged_usd")) + (f" of ${run['max_spend_usd']:g} cap" if run['max_spend_usd'] else "")),
+        ("recorded (cost of the kept answers) / wasted (charged - recorded)",
+         f"{_usd(run.get('recorded_usd'))} / {_usd(run.get('wasted_usd'))}"),
         ("wall time", f"{summary['wall_s']:,.1f} s"),
         ("throughput", f"{run['output_tokens_per_s']:,.0f} output tok/s"),
-        ("$ per M output (run / cheapest eligible)",
+        ("$ per M output on charged (run / cheapest eligible)",
          f"{run['usd_per_m_output'] if run['usd_per_m_output'] is not None else '-'} / "
          f"{run['cheapest_eligible_usd_per_m_output'] if run['cheapest_eligible_usd_per_m_output'] is not None else '-'}"),
+        ("budget mode / concurrency cuts", f"{run.get('budget_mode', '-')} / {len(run.get('concurrency_changes', []))}"),
         ("retries", f"{run['retried']:,}"),
     ]
     return pd.DataFrame(rows, columns=["", "value"]).set_index("")
+
+
+def _usd(x: float | None) -> str:
+    return "-" if x is None else f"${x:,.4f}"
 
 
 def plot_run(summary: dict[str, Any], stats):
@@ -61,14 +69,20 @@ def plot_run(summary: dict[str, Any], stats):
     rate = [0.0] + [(b - a) / max(tb - ta, 1e-9) for a, b, ta, tb in zip(tokens, tokens[1:], t, t[1:])]
     ax = axes[0, 0]
     ax.plot(t, rate, color="tab:blue")
-    ax.set(title="throughput", xlabel="seconds", ylabel="output tokens / s")
+    ax.set(title="throughput and requests in flight", xlabel="seconds", ylabel="output tokens / s")
+    if "limit" in cols:
+        twin = ax.twinx()
+        twin.plot(t, [row[cols.index("in_flight")] for row in tl], color="tab:gray", lw=0.8, label="in flight")
+        twin.plot(t, [row[cols.index("limit")] for row in tl], color="tab:gray", ls=":", label="allowed")
+        twin.set(ylabel="requests")
+        twin.legend(loc="lower right")
     ax = axes[0, 1]
     ax.plot(t, spend, color="tab:green")
     cap = summary["run"]["max_spend_usd"]
     if cap:
         ax.axhline(cap, color="tab:red", ls="--", label=f"cap ${cap:g}")
         ax.legend()
-    ax.set(title="spend", xlabel="seconds", ylabel="USD")
+    ax.set(title="spend (the books, reconciled with the account)", xlabel="seconds", ylabel="USD")
     providers = summary["run"]["providers"] or {"none": 0}
     axes[0, 2].barh(list(providers), list(providers.values()), color="tab:purple")
     axes[0, 2].set(title="provider mix (this run)", xlabel="records")
