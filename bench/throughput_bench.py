@@ -102,7 +102,7 @@ class Monitor:
         pts = [(t, k) for t, _, _, k in self.samples]
         t_lo = next(t for t, k in pts if k >= lo * final)
         t_hi = next(t for t, k in pts if k >= hi * final)
-        gap, last_t, last_k = 0.0, pts[0][0], 0
+        gap, last_t, last_k = 0.0, t_lo, 0
         for t, k in pts:
             if t_lo <= t <= t_hi and k > last_k:
                 gap, last_t = max(gap, t - last_t), t
@@ -124,6 +124,7 @@ class Timed:
     def __init__(self) -> None:
         self.latency: list[float] = []
         self.cost: list[float] = []
+        self.tokens: list[int] = []
 
     async def __call__(self, client: httpx.AsyncClient, body: dict) -> Any:
         t = time.monotonic()
@@ -131,6 +132,7 @@ class Timed:
         if out.kind is Kind.OK:
             self.latency.append(time.monotonic() - t)
             self.cost.append(out.completion.usage.cost or 0.0)
+            self.tokens.append(out.completion.usage.completion_tokens)
         return out
 
     def ideal_s(self, money: float, concurrency: int) -> float:
@@ -223,7 +225,9 @@ def capacity(a: argparse.Namespace) -> None:
         s = asyncio.run(with_monitor(run_generation(config(d, emu.base_url, a.scale),
                                                     complete_fn=timed), mon))
         goodput, gap = mon.rate(0.1, 0.8)
-        allowed = a.capacity / statistics.fmean(timed.latency)
+        # The provider's own time per answer (first token + generation), whatever the client's queueing:
+        service = statistics.fmean(emu_cfg["speed"] * (ep["latency"] + n / ep["throughput"]) for n in timed.tokens)
+        allowed = a.capacity / service
         print(f"(c) one provider taking {a.capacity} at once, 2,000 in flight: {s['run']['recorded']:,} recorded in "
               f"{s['wall_s']:.0f} s; goodput {goodput:.1f}/s vs allowed {allowed:.1f}/s = {goodput / allowed:.3f}; "
               f"longest stretch without an answer {gap:.2f} s; 429s {s['run']['errors'].get('upstream_rate_limit', 0):,}; "
@@ -233,7 +237,7 @@ def capacity(a: argparse.Namespace) -> None:
 def capped(a: argparse.Namespace) -> None:
     used = []
     for i in range(a.runs):
-        emu_cfg = scaled_emulator(a.scale, a.speed / 5, balance=1000, seed=100 + i, faults=USUAL_FAULTS,
+        emu_cfg = scaled_emulator(a.scale, a.speed / 15, balance=1000, seed=100 + i, faults=USUAL_FAULTS,
                                   content={"reasoning_sigma": 1.2, "content_sigma": 1.0})
         with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp)

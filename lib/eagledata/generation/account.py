@@ -34,6 +34,8 @@ class Books:
     last: AccountReading | None = None
     _spent_at_last: float = 0.0     # our own figure when the last reading was asked
     _recent: deque = field(default_factory=deque)  # (time, amount, provisional) booked since a reading − lag
+    _recent_total: float = 0.0
+    _recent_provisional: float = 0.0
 
     def book(self, now: float, amount: float, *, provisional: bool = False) -> None:
         if provisional:
@@ -41,6 +43,8 @@ class Books:
         else:
             self.known_usd += amount
         self._recent.append((now, amount, provisional))
+        self._recent_total += amount
+        self._recent_provisional += amount if provisional else 0.0
 
     def read(self, reading: AccountReading, spent_then: float | None = None) -> None:
         """A fresh reading (the first is the baseline). `spent_then`: `spent()` when it was asked."""
@@ -50,7 +54,11 @@ class Books:
         self._spent_at_last = self.spent() if spent_then is None else spent_then
         horizon = reading.at - self.lag_s
         while self._recent and self._recent[0][0] <= horizon:
-            self._recent.popleft()
+            _, amount, provisional = self._recent.popleft()
+            self._recent_total -= amount
+            self._recent_provisional -= amount if provisional else 0.0
+        if not self._recent:
+            self._recent_total = self._recent_provisional = 0.0  # no float drift
 
     @property
     def charged_usd(self) -> float | None:
@@ -59,22 +67,12 @@ class Books:
             return None
         return self.last.usage_usd - self.first.usage_usd
 
-    def _since_last(self) -> tuple[float, float]:
-        """(all, provisional) booked after the last reading's horizon."""
-        horizon = self.last.at - self.lag_s if self.last is not None else -math.inf
-        total = provisional = 0.0
-        for t, amount, prov in self._recent:
-            if t > horizon:
-                total += amount
-                provisional += amount if prov else 0.0
-        return total, provisional
-
     def spent(self) -> float:
         charged = self.charged_usd
         if charged is None or self.last is None or self.last is self.first:
             return self.known_usd + self.provisional_usd
-        after, provisional_after = self._since_last()
-        return max(self.known_usd + provisional_after, charged + after)
+        # Everything still in _recent was booked after the last reading's horizon.
+        return max(self.known_usd + self._recent_provisional, charged + self._recent_total)
 
     def limit(self, max_spend_usd: float | None, reserve_usd: float) -> float:
         """The most this run may spend: the cap, and what the balance allows above the reserve."""

@@ -48,6 +48,7 @@ class CostModel:
         self._prior_suffix2 = np.cumsum((prior ** 2)[::-1])[::-1]
         self.latencies: list[float] = []
         self.costs: list[float] = []
+        self.fit(np.zeros(0))
 
     @property
     def events(self) -> int:
@@ -69,33 +70,37 @@ class CostModel:
         k = self.prior.size - i
         return float(self._prior_suffix1[i] / k), float(self._prior_suffix2[i] / k)
 
-    def moments(self, ages: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """E[C | A > age] and Var[C | A > age] for each request in flight (each capped by its bound)."""
+    def fit(self, in_flight_ages: np.ndarray) -> None:
+        """Kaplan–Meier over the finished attempts, the requests now in flight censored at their ages."""
         t = np.asarray(self.latencies[-MAX_EVENTS:], dtype=float)
         c = np.asarray(self.costs[-MAX_EVENTS:], dtype=float)
         order = np.argsort(t, kind="stable")
         t, c = t[order], c[order]
         n = t.size
-        if n:
-            at_risk = (n - np.arange(n)) + (ages.size - np.searchsorted(np.sort(ages), t, "left"))
-            survive = np.cumprod(1.0 - 1.0 / at_risk)
-            before = np.concatenate(([1.0], survive[:-1]))
-            mass = before / at_risk
-            suffix1 = np.concatenate((np.cumsum((mass * c)[::-1])[::-1], [0.0]))
-            suffix2 = np.concatenate((np.cumsum((mass * c * c)[::-1])[::-1], [0.0]))
-            residual = float(survive[-1])
-            s_at = np.concatenate((before, [residual]))
-            r1, r2 = self._tail(float(c.max()))
-        else:
-            suffix1 = suffix2 = s_at = np.array([0.0])
-            residual = 1.0
-            s_at = np.array([1.0])
-            r1, r2 = self._tail(0.0)
-        j = np.searchsorted(t, ages, "right") if n else np.zeros(ages.size, dtype=int)
-        s = s_at[j]
+        self._t = t
+        if not n:
+            self._suffix1 = self._suffix2 = np.zeros(1)
+            self._s_at, self._residual = np.ones(1), 1.0
+            self._r = self._tail(0.0)
+            return
+        at_risk = (n - np.arange(n)) + (in_flight_ages.size - np.searchsorted(np.sort(in_flight_ages), t, "left"))
+        survive = np.cumprod(1.0 - 1.0 / at_risk)
+        before = np.concatenate(([1.0], survive[:-1]))
+        mass = before / at_risk
+        self._suffix1 = np.concatenate((np.cumsum((mass * c)[::-1])[::-1], [0.0]))
+        self._suffix2 = np.concatenate((np.cumsum((mass * c * c)[::-1])[::-1], [0.0]))
+        self._residual = float(survive[-1])
+        self._s_at = np.concatenate((before, [self._residual]))
+        self._r = self._tail(float(c.max()))
+
+    def moments(self, ages: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """E[C | A > age] and Var[C | A > age] by the last `fit` (each capped by its bound)."""
+        j = np.searchsorted(self._t, ages, "right")
+        s = self._s_at[j]
+        (r1, r2), residual = self._r, self._residual
         with np.errstate(divide="ignore", invalid="ignore"):
-            m1 = np.where(s > 0, (suffix1[j] + residual * r1) / s, r1)
-            m2 = np.where(s > 0, (suffix2[j] + residual * r2) / s, r2)
+            m1 = np.where(s > 0, (self._suffix1[j] + residual * r1) / s, r1)
+            m2 = np.where(s > 0, (self._suffix2[j] + residual * r2) / s, r2)
         m1 = np.minimum(m1, bounds)
         m2 = np.minimum(np.maximum(m2, m1 * m1), bounds * bounds)
         return m1, m2 - m1 * m1
@@ -184,11 +189,15 @@ class Admission:
     def refresh(self, now: float) -> None:
         """Re-estimate every request in flight at its current age (call a few times a second)."""
         self._mean0 = None
-        if self.mode == "strict" or not self.flights:
+        if self.mode == "strict":
+            return
+        if not self.flights:
+            self.model.fit(np.zeros(0))
             return
         flights = list(self.flights.values())
         ages = np.array([now - f.started for f in flights])
         bounds = np.array([f.bound for f in flights])
+        self.model.fit(ages)
         means, variances = self.model.moments(ages, bounds)
         for f, m, v in zip(flights, means.tolist(), variances.tolist()):
             f.mean, f.var = m, v

@@ -18,8 +18,7 @@ class Congestion:
     window_s: float = 10.0
     congested_share: float = 0.25   # 429s above this share of a window's answers: congestion
     clear_share: float = 0.10       # below this: recover
-    decrease: float = 0.85
-    increase: float = 1.25
+    increase: float = 1.2
     min_answers: int = 20           # a window with fewer answers decides nothing
     limit: float = 0.0
     _window_start: float | None = None
@@ -43,8 +42,8 @@ class Congestion:
             return
         if self._answers >= self.min_answers:
             share = self._rate_limited / self._answers
-            if share > self.congested_share:
-                self.limit = max(1.0, self.limit * self.decrease)
+            if share > self.congested_share:  # down in proportion to how congested: gently near the threshold
+                self.limit = max(1.0, self.limit * max(0.7, 1.0 - (share - self.congested_share) / 2))
             elif share < self.clear_share:
                 self.limit = min(float(self.concurrency), self.limit * self.increase + 1.0)
             self.history.append((now, share, self.limit))

@@ -42,6 +42,7 @@ from .store import Store
 
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
 PRIOR_PROMPT_TOKENS = 500  # the prompt side of the cost prior (small next to the answer)
+TAIL_IN_FLIGHT, TAIL_MONEY = 0.01, 0.02  # stop issuing below 1% of concurrency with under 2% of the money left
 NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
 
 
@@ -263,10 +264,14 @@ class Run:
             while True:
                 if self.stopping:
                     return None
-                limit = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd)
-                if self.admission.fits(item.bound, self.books.spent(), limit):
+                limit, spent = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd), self.books.spent()
+                if self.admission.fits(item.bound, spent, limit):
                     return self.admission.start(time.monotonic(), item.bound)
-                if not self.admission.flights:  # nothing in flight will free money: it is gone
+                dregs = (len(self.admission.flights) < TAIL_IN_FLIGHT * self.cfg.concurrency
+                         and limit - spent < TAIL_MONEY * limit)
+                # Nothing in flight will free money: it is gone. Or only dregs are left, which would keep a
+                # handful of requests in flight, each a possible straggler of minutes: stop issuing.
+                if not self.admission.flights or dregs:
                     cap = self.cfg.max_spend_usd
                     self.stop("max_spend_reached" if cap is not None and limit >= cap else "balance_reserve_reached")
                     self.cond.notify_all()
