@@ -237,7 +237,9 @@ def capacity(a: argparse.Namespace) -> None:
 def capped(a: argparse.Namespace) -> None:
     used = []
     for i in range(a.runs):
-        emu_cfg = scaled_emulator(a.scale, a.speed / 15, balance=1000, seed=100 + i, faults=USUAL_FAULTS,
+        speed = a.speed / 15
+        emu_cfg = scaled_emulator(a.scale, speed, balance=1000, seed=a.first_seed + i,
+                                  faults={**USUAL_FAULTS, "slow_seconds": 30 * speed},
                                   content={"reasoning_sigma": 1.2, "content_sigma": 1.0})
         with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
             d = Path(tmp)
@@ -246,7 +248,7 @@ def capped(a: argparse.Namespace) -> None:
             s = asyncio.run(run_generation(config(d, emu.base_url, a.scale, concurrency=500, max_spend_usd=a.cap)))
             charged = emu.stats()["charged_usd"]
             used.append(charged / a.cap)
-            print(f"(d) seed {100 + i}: charged ${charged:.4f} of ${a.cap:g} = {charged / a.cap:.3f} in "
+            print(f"(d) seed {a.first_seed + i}: charged ${charged:.4f} of ${a.cap:g} = {charged / a.cap:.3f} in "
                   f"{time.monotonic() - t0:.0f} s; summary charged ${s['run']['charged_usd']:.4f} recorded "
                   f"${s['run']['recorded_usd']:.4f} wasted ${s['run']['wasted_usd']:.4f}; stop {s['stop_reason']}",
                   flush=True)
@@ -323,6 +325,7 @@ def main() -> int:
     ap.add_argument("--capacity", type=int, default=500)
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--cap", type=float, default=3.0)
+    ap.add_argument("--first-seed", type=int, default=100, help="capped: seeds first_seed .. first_seed + runs - 1")
     ap.add_argument("--seconds", type=float, default=60.0, help="abandon: run this long, then kill")
     ap.add_argument("--abandon-concurrency", type=int, default=1000)
     a = ap.parse_args()
