@@ -100,6 +100,18 @@ def test_no_overshoot_when_money_is_short_and_failures_come_back_first(seed):
     assert 0.8 * 10.0 <= charged <= 10.0
 
 
+def test_first_free_failures_do_not_make_a_new_request_look_free():
+    """The requests still in flight are censored data: ten quick unbilled failures among a hundred say little
+    about what the next request costs."""
+    adm = Admission(CostModel(prior()))
+    tickets = [adm.start(0.0, BOUND) for _ in range(100)]
+    for ticket in tickets[:10]:
+        adm.end(ticket, 0.05, 0.0)
+    adm.refresh(0.5)
+    new_mean, _ = adm.model.new_request(BOUND)
+    assert new_mean >= 0.8 * float(np.mean(prior()))
+
+
 def test_strict_commits_every_worst_case():
     charged, samples = simulate("strict", 0, 20.0, 300, tick=20.0)
     assert charged <= 20.0 and charged >= 20.0 - BOUND
