@@ -46,7 +46,7 @@ class Job:
     prompt_ids: list[int]
     phash: str
     attempt: int
-    reserved: float
+    worst: float  # its worst case, checked against the balance at admission
     fault: str | None
     gen: Generation | None = None
     created: int = field(default_factory=lambda: int(time.time()))
@@ -148,8 +148,8 @@ class Emulator:
                            outcome="provider_error")
         max_tokens = min(req.max_tokens or chosen.max_completion_tokens, chosen.max_completion_tokens,
                          chosen.context_length - n_prompt)
-        reserve = reservation(n_prompt, max_tokens, chosen)
-        if not self.ledger.try_start(reserve):
+        worst = reservation(n_prompt, max_tokens, chosen)
+        if not self.ledger.try_start(worst):
             can = affordable_tokens(self.ledger.available, n_prompt, chosen)
             raise ApiError(402, f"This request requires more credits, or fewer max_tokens. You requested up to "
                                 f"{max_tokens} tokens, but can only afford {can}. To increase, visit "
@@ -161,7 +161,7 @@ class Emulator:
         fault = draw_fault(self.fault_rng, self.cfg.faults.rates)
         if fault is not None:
             self.stats.faults[fault] += 1
-        job = Job(f"gen-{int(time.time())}-{uuid.uuid4().hex[:20]}", chosen, req, p_ids, phash, attempt, reserve, fault,
+        job = Job(f"gen-{int(time.time())}-{uuid.uuid4().hex[:20]}", chosen, req, p_ids, phash, attempt, worst, fault,
                   epoch=self.epoch)
         self.load[chosen.provider] += 1
         if fault not in HTTP_FAULTS and fault != "connection_reset":
@@ -184,7 +184,7 @@ class Emulator:
             cost = usage_cost(len(job.prompt_ids), partial_tokens, job.ep)
         else:
             cost = self.cost(job) if charged else 0.0
-        self.ledger.settle(job.reserved, cost)
+        self.ledger.settle(job.worst, cost)
         self.stats.outcomes[outcome] += 1
         if not charged:
             return

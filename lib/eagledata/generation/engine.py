@@ -35,7 +35,7 @@ from .admission import Admission, BudgetMode, CostModel
 from .budget import OutputLengths
 from .congestion import Congestion, ProviderCooldown
 from .datasets import get_dataset
-from .policy import retry_delay, rule
+from .policy import Rule, retry_delay, rule
 from .progress import TIMELINE_COLUMNS, Progress, RunStats, run_figures
 from .prompts import Prompt, PromptScan, scan_prompts
 from .store import Store
@@ -324,8 +324,9 @@ class Run:
         price = self.price_by_provider.get(c.provider, self.worst)
         return price.cost(c.usage.prompt_tokens, c.usage.completion_tokens)
 
-    def _settle(self, item: _Item, ticket: int, outcome: Outcome, cost: float | None) -> None:
-        """Book what the attempt cost (see policy.RULES) and feed the estimators. Caller holds the lock."""
+    def _settle(self, item: _Item, ticket: int, outcome: Outcome, cost: float | None) -> Rule:
+        """Book what the attempt cost (see policy.RULES) and feed the estimators; returns the outcome's rule.
+        Caller holds the lock."""
         r = rule(outcome)
         now = time.monotonic()
         if r.cost == "known" and cost is not None:
@@ -339,6 +340,7 @@ class Run:
         self.congestion.observe(now, r.rate_limited)
         provider = outcome.completion.provider if outcome.completion is not None else outcome.provider
         self.cooldown.observe(now, provider, r.rate_limited)
+        return r
 
     def _build_record(self, item: _Item, c: Completion) -> Record:
         a = c.answer
@@ -382,9 +384,8 @@ class Run:
 
     async def _not_ok(self, item: _Item, outcome: Outcome, ticket: int, cost: float | None = None) -> None:
         cls = outcome.error_class
-        r = rule(outcome)
         async with self.cond:
-            self._settle(item, ticket, outcome, cost)
+            r = self._settle(item, ticket, outcome, cost)
             self.stats.errors[cls] += 1
             item.last_error = outcome.error_dict()
             item.attempts += r.counts
