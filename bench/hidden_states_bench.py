@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from eagledata.training import ExtractOptions, Sample, eagle3_layers, extract, find_decoder
-from eagledata.training.extraction import STORAGE_DTYPES, Capture, _pad, plan_batches, quantize_fp8
+from eagledata.training.extraction import Capture, _pad, plan_batches
+from eagledata.training.storage import STORAGE_DTYPES, quantize_fp8
 
 
 @dataclass(frozen=True)

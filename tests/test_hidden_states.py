@@ -6,11 +6,12 @@ import torch
 
 from eagledata.errors import InputError
 from eagledata.records import Record
-from eagledata.training import (AssemblyPolicy, ExtractOptions, HiddenStates, Sample, assemble, build_tiny_model,
+from eagledata.training import (AssemblyPolicy, ExtractOptions, HiddenStates, Sample, assemble,
                                 eagle3_layers, export_specforge, export_speculators, extract, find_decoder,
                                 read_samples)
 from eagledata.training.assembly import apply_length_policy
 from eagledata.training.extraction import owner, plan_batches
+from eagledata.training.tiny import build_tiny_model
 
 H, L = 64, 8
 LAYERS = eagle3_layers(L)  # (2, 4, 5)

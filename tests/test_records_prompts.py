@@ -60,15 +60,19 @@ def test_torn_tail_dropped_only_when_tolerated(tmp_path):
         load_records(path)
 
 
-def test_prompts_both_shapes(tmp_path):
+def test_prompts_all_three_shapes(tmp_path):
     path = write_lines(tmp_path / "p.jsonl", [
         json.dumps({"id": "a", "messages": [{"role": "user", "content": "hi"}]}),
         json.dumps({"id": 7, "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"},
                                                {"from": "gpt", "value": "old answer"}]}),
+        # SpecForge's prompt files: `conversations` with {role, content} turns
+        json.dumps({"id": "sf", "conversations": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                                                  {"role": "assistant", "content": "old answer"}]}),
     ])
-    a, b = load_prompts(path)
+    a, b, c = load_prompts(path)
     assert a.id == "a" and a.messages == [{"role": "user", "content": "hi"}]
     assert b.id == "7" and b.messages == [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+    assert c.id == "sf" and c.messages == b.messages
 
 
 @pytest.mark.parametrize("line, match", [
@@ -76,6 +80,8 @@ def test_prompts_both_shapes(tmp_path):
     ('{"id": "", "messages": []}', "field 'id'"),
     ('{"id": "x", "messages": [{"role": "bot", "content": "hi"}]}', r"field 'messages\[0\]\.role'"),
     ('{"id": "x", "conversations": [{"from": "alien", "value": "hi"}]}', r"field 'conversations\[0\]\.from'"),
+    ('{"id": "x", "conversations": [{"role": "user", "content": "q"}, {"from": "gpt", "value": "a"}]}',
+     r"field 'conversations\[1\]\.role'"),
     ('{"id": "x", "messages": [{"role": "assistant", "content": "hi"}]}', "no user turn"),
     ('[1, 2]', "JSON object"),
     ('{"id": "x", "messages": [', "not valid JSON"),

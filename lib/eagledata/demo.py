@@ -17,7 +17,7 @@ from .emulator import run_emulator
 from .layout import (DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file,
                      runs_dir)
 from .notebooks import NOTEBOOK_DIR, run_notebook
-from .training import build_tiny_model
+from .training.tiny import build_tiny_model
 
 ROOT = NOTEBOOK_DIR.parent
 DEMO_DATASETS = ("demo-a", "demo-b")

@@ -1,4 +1,5 @@
-"""Prompt files: JSONL of `{id, messages}` or ShareGPT `{id, conversations}`; bad lines name file:line."""
+"""Prompt files: JSONL of `{id, messages}`, ShareGPT `{id, conversations: [{from, value}]}` or SpecForge
+`{id, conversations: [{role, content}]}`; bad lines name file:line."""
 from __future__ import annotations
 
 import json
@@ -37,13 +38,23 @@ class _Shape:
 SHAPES = (
     _Shape("messages", "role", "content", {r: r for r in ROLES}, (str, list, type(None)), keep_turn=True),
     _Shape("conversations", "from", "value", SHAREGPT_ROLES, (str,), keep_turn=False),
+    # SpecForge's prompt files: the ShareGPT key with OpenAI-style turns.
+    _Shape("conversations", "role", "content", {r: r for r in ROLES}, (str,), keep_turn=False),
 )
 
 
+def _shape(obj: dict) -> _Shape | None:
+    """The first shape whose key is present and whose first turn uses its role key (ShareGPT when unsure)."""
+    shapes = [s for s in SHAPES if s.key in obj]
+    first = obj[shapes[0].key][0] if shapes and isinstance(obj[shapes[0].key], list) and obj[shapes[0].key] else None
+    fits = [s for s in shapes if isinstance(first, dict) and s.role_key in first]
+    return (fits or shapes or [None])[0]
+
+
 def _turns(obj: dict) -> list[dict]:
-    shape = next((s for s in SHAPES if s.key in obj), None)
+    shape = _shape(obj)
     if shape is None:
-        raise InputError("needs 'messages' (or ShareGPT 'conversations')", field="messages")
+        raise InputError("needs 'messages' (or 'conversations', ShareGPT or SpecForge style)", field="messages")
     turns = obj[shape.key]
     if not isinstance(turns, list):
         raise InputError(f"must be a list of {{{shape.role_key}, {shape.text_key}}}", field=shape.key)

@@ -5,9 +5,9 @@ from .assembly import (Assembly, AssemblyPolicy, Sample, assemble, export_specfo
 from .extraction import (ExtractionJob, ExtractOptions, ExtractResult, HiddenStatesConfig, eagle3_layers, extract,
                          finalize, torchrun_world)
 from .loader import HiddenStates, plot_state_norms, summary
-from .models import build_tiny_model, find_decoder, load_model
+from .models import find_decoder, load_model
 
 __all__ = ["Assembly", "AssemblyPolicy", "ExtractOptions", "ExtractResult", "ExtractionJob", "HiddenStates",
-           "HiddenStatesConfig", "Sample", "assemble", "build_tiny_model", "eagle3_layers", "export_specforge",
+           "HiddenStatesConfig", "Sample", "assemble", "eagle3_layers", "export_specforge",
            "export_speculators", "extract", "finalize", "find_decoder", "load_model", "plot_sequence_lengths",
            "plot_state_norms", "read_samples", "summary", "torchrun_world"]

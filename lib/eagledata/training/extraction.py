@@ -4,37 +4,29 @@ Only the decoder stack runs (never the LM head: B×T×V logits would dwarf every
 hooks take the three aux states as they ENTER their layers (HF `hidden_states[i]`), and the final
 state from the decoder's own output (post-norm) or the last layer's output (pre-norm), keeping
 real tokens only. Work is split by a hash of the sample id, so a resume with another batch size
-or world size skips exactly what is stored: a shard is claimed with `os.link` (atomic, never
-overwrites) and only then listed in an index part; `finalize` merges the parts once all is done.
+or world size skips exactly what is stored. How the states land on disk (eagledata's shards or a
+trainer's own layout) and how a resume knows what is stored is `storage`'s business.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
 
 from ..errors import InputError
-from ..files import atomic_write_text
-from ..layout import OUTPUT_DIR, HiddenStateFiles, hidden_state_files
+from ..layout import OUTPUT_DIR, hidden_state_files
 from ..settings import Settings, nested, setting
-from .assembly import AssemblyPolicy, Sample, samples_hash
+from .assembly import AssemblyPolicy, Sample
 from .models import Decoder, config_vocab_size, find_decoder, load_model, model_name
-
-Final = Literal["post_norm", "pre_norm"]
-Storage = Literal["bf16", "fp8", "fp32"]
-STORAGE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp32": torch.float32}
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-FORMAT = "eagledata.hidden_states/1"
-ERROR_STRIDE = 8  # the storage error is estimated on every 8th token: exact enough, nearly free
+from .storage import (STORAGE_DTYPES, Final, LayoutName, Storage, check_plan, check_stored, finalize, get_layout,
+                      read_parts)
 
 
 # -- the layer rule -----------------------------------------------------------------------------
@@ -136,169 +128,25 @@ class Capture:
         return out
 
 
-def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float8_e4m3fn with one float32 scale per token and layer ([N, 4]): amax maps to 448."""
-    x = x.float()
-    scales = (x.abs().amax(dim=-1) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
-    return (x / scales.unsqueeze(-1)).to(torch.float8_e4m3fn), scales
-
-
-def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    return q.float() * scales.unsqueeze(-1)
-
-
-# -- storage --------------------------------------------------------------------------------------
+# -- settings ------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True)
 class ExtractOptions(Settings):
     """What to capture and how to store it (the notebook's and the command's settings)."""
 
     layers: list[int] | None = setting(None, "three HF hidden_states indices; None -> EAGLE-3 rule {2, L//2, L-3}")
-    final: Final = setting("post_norm", "post_norm (SpecForge) or pre_norm (vLLM / speculators)")
-    storage: Storage = setting("bf16", "bf16 (8*H bytes/token), fp8 (e4m3 + per-token scale, 4*H + 16) or fp32")
+    layout: LayoutName = setting("eagledata", "eagledata (shards), speculators (Arrow dataset + hs_{i} files) "
+                                              "or specforge (a torch file per sample)")
+    final: Final | None = setting(None, "post_norm or pre_norm; None -> the layout's trainer convention "
+                                        "(post_norm for eagledata)")
+    storage: Storage = setting("bf16", "bf16 (8*H bytes/token), fp8 (e4m3 + per-token scale, 4*H + 16; "
+                                       "eagledata layout only) or fp32")
     max_tokens_per_batch: int = setting(16_384, "padded tokens (rows x longest) per forward")
     max_batch_size: int | None = setting(None, "rows per forward; None -> as many as the token budget allows")
-    shard_bytes: int = setting(1 << 30, "a shard is written once its hidden states reach this size")
+    shard_bytes: int = setting(1 << 30, "states are written (a shard, or a batch of per-sample files) once "
+                                        "they reach this size")
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _claim_shard(directory: Path, tmp: Path) -> str:
-    """Give a finished temp file the lowest free `shard-NNNNN` name: `os.link` never overwrites,
-    so ranks and runs of any world size never collide."""
-    n = len(list(directory.glob("shard-*.safetensors")))
-    while True:
-        name = f"shard-{n:05d}.safetensors"
-        try:
-            os.link(tmp, directory / name)
-        except FileExistsError:
-            n += 1
-            continue
-        tmp.unlink()
-        _fsync_dir(directory)
-        return name
-
-
-@dataclass
-class IndexEntry:
-    id: str
-    shard: str
-    offset: int
-    length: int
-    digest: str = ""  # of the ids and mask, checked on resume; not in the final index.jsonl
-
-    def line(self, with_digest: bool = True) -> str:
-        d = asdict(self)
-        if not with_digest:
-            d.pop("digest")
-        return json.dumps(d, separators=(",", ":")) + "\n"
-
-
-def read_parts(files: HiddenStateFiles) -> dict[str, IndexEntry]:
-    """Every stored sample from all index parts (any rank, any world size); a torn last line is a kill."""
-    done: dict[str, IndexEntry] = {}
-    parts = files.parts
-    for part in sorted(parts.glob("*.jsonl")) if parts.is_dir() else []:
-        with part.open("rb") as f:
-            for raw in f:
-                if not raw.endswith(b"\n"):
-                    break
-                e = IndexEntry(**json.loads(raw))
-                done.setdefault(e.id, e)
-    return done
-
-
-class _ShardWriter:
-    """Buffers whole batches and writes one shard at a time: temp file, fsync, claim, then index.
-
-    Writing overlaps compute (a thread: safetensors and fsync release the GIL), so disk speed only
-    shows when it is slower than the model."""
-
-    def __init__(self, directory: Path, part: Path, storage: Storage, shard_bytes: int, hidden_size: int):
-        self.directory, self.part, self.storage = directory, part, storage
-        per_token = 4 * hidden_size * STORAGE_DTYPES[storage].itemsize
-        self.shard_tokens = max(1, shard_bytes // per_token)
-        self.samples: list[Sample] = []
-        self.states: list[torch.Tensor] = []
-        self.scales: list[torch.Tensor] = []
-        self.tokens = 0
-        self.sq_err = 0.0  # reconstruction error of the stored states vs the computed ones (sampled)
-        self.sq_ref = 0.0
-        # One shard is written in the background while the next batches compute (at most two in memory).
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="shard-writer")
-        self.pending: Future | None = None
-
-    def add(self, samples: Sequence[Sample], states: torch.Tensor) -> None:
-        """`states` [N, 4, H] of `samples` back to back; cast (or quantized) once per batch."""
-        ref = states[::ERROR_STRIDE].float()
-        if self.storage == "fp8":
-            stored, scales = quantize_fp8(states)
-            back = dequantize_fp8(stored[::ERROR_STRIDE], scales[::ERROR_STRIDE])
-            self.scales.append(scales.cpu())
-        else:
-            stored = states.to(STORAGE_DTYPES[self.storage])
-            back = stored[::ERROR_STRIDE].float()
-        self.sq_err += float((back - ref).pow(2).sum())
-        self.sq_ref += float(ref.pow(2).sum())
-        self.states.append(stored.cpu())
-        self.samples.extend(samples)
-        self.tokens += stored.shape[0]
-        if self.tokens >= self.shard_tokens:
-            self.flush()
-
-    def flush(self) -> None:
-        """Hand the buffered samples to the writer thread (after the previous shard is done)."""
-        if not self.samples:
-            return
-        job = (self.samples, self.states, self.scales, self.sq_err, self.sq_ref)
-        self.samples, self.states, self.scales, self.tokens, self.sq_err, self.sq_ref = [], [], [], 0, 0.0, 0.0
-        self.wait()
-        self.pending = self.pool.submit(self._write, *job)
-
-    def wait(self) -> None:
-        """Block until the shard in flight is written and indexed; its error, if any, is raised here."""
-        if self.pending is not None:
-            pending, self.pending = self.pending, None
-            pending.result()
-
-    def close(self) -> None:
-        """Finish the shard in flight (it is complete data); what is still buffered is dropped."""
-        try:
-            self.wait()
-        finally:
-            self.pool.shutdown()
-
-    def _write(self, samples: list[Sample], states: list[torch.Tensor], scales: list[torch.Tensor],
-               sq_err: float, sq_ref: float) -> None:
-        from safetensors.torch import save_file
-
-        tensors = {
-            "input_ids": torch.tensor([i for s in samples for i in s.input_ids], dtype=torch.int32),
-            "loss_mask": torch.tensor([m for s in samples for m in s.loss_mask], dtype=torch.uint8),
-            "hidden_states": torch.cat(states) if len(states) > 1 else states[0],
-        }
-        if self.storage == "fp8":
-            tensors["scales"] = torch.cat(scales)
-        meta = {"format": FORMAT, "sq_err": repr(sq_err), "sq_ref": repr(sq_ref)}
-        tmp = self.directory / f".shard-tmp-{uuid.uuid4().hex}.safetensors"
-        save_file(tensors, str(tmp), metadata=meta)
-        os.chmod(tmp, 0o644)  # safetensors creates 0600; shards are shared data like every other output
-        with tmp.open("rb+") as f:
-            os.fsync(f.fileno())
-        name = _claim_shard(self.directory, tmp)
-        lines, offset = [], 0
-        for sample in samples:
-            lines.append(IndexEntry(sample.id, name, offset, len(sample), sample.digest()).line())
-            offset += len(sample)
-        with self.part.open("ab") as f:  # one write: a kill leaves whole lines plus at most a torn tail
-            f.write("".join(lines).encode())
-            f.flush()
-            os.fsync(f.fileno())
+    def resolved_final(self) -> Final:
+        return self.final or get_layout(self.layout).final or "post_norm"
 
 
 # -- extraction -----------------------------------------------------------------------------------
@@ -337,25 +185,12 @@ def check_samples(samples: Sequence[Sample], vocab_size: int) -> None:
 
 def _plan_doc(model: str, decoder: Decoder, layers: tuple[int, ...], opts: ExtractOptions,
               compute_dtype: torch.dtype) -> dict[str, Any]:
-    return {"format": FORMAT, "model": model, "decoder": decoder.path, "num_layers": decoder.num_layers,
-            "layers": list(layers), "final": opts.final, "dtype": str(STORAGE_DTYPES[opts.storage]).replace("torch.", ""),
-            "storage": opts.storage, "hidden_size": decoder.hidden_size, "vocab_size": decoder.vocab_size,
+    layout = get_layout(opts.layout)
+    return {"model": model, "layout": layout.name, "trainer": layout.about, "decoder": decoder.path,
+            "num_layers": decoder.num_layers, "layers": list(layers), "final": opts.resolved_final(),
+            "dtype": str(STORAGE_DTYPES[opts.storage]).replace("torch.", ""), "storage": opts.storage,
+            "hidden_size": decoder.hidden_size, "vocab_size": decoder.vocab_size,
             "compute_dtype": str(compute_dtype).replace("torch.", "")}
-
-
-def _check_plan(files: HiddenStateFiles, plan: dict[str, Any]) -> None:
-    """A resume must take the same states in the same format; anything else is another data set."""
-    path = files.plan
-    if path.is_file():
-        old = json.loads(path.read_text())
-        keys = ("layers", "final", "storage", "hidden_size", "num_layers", "vocab_size")
-        diff = [k for k in keys if old.get(k) != plan[k]]
-        if diff:
-            raise InputError(f"{files.directory} holds states made with other settings ({', '.join(diff)}: "
-                             f"{[old.get(k) for k in diff]} vs {[plan[k] for k in diff]}); use another name",
-                             path)
-    else:
-        atomic_write_text(path, json.dumps(plan, indent=1))
 
 
 def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model: str | Path | nn.Module, *,
@@ -377,6 +212,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
         raise InputError(f"rank {rank} outside world size {world_size}", field="rank")
     files = hidden_state_files(name, output_dir)
     directory = files.directory
+    layout = get_layout(options.layout)
+    layout.check_storage(options.storage)
     if not isinstance(model, nn.Module):  # refuse bad ids before loading (minutes for Kimi), not after
         check_samples(samples, config_vocab_size(model))
     loaded = load_model(model, device=device, dtype=dtype, device_map=device_map)
@@ -389,17 +226,15 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     plan = _plan_doc(model_name(model), decoder, layers, options, compute_dtype)
     directory.mkdir(parents=True, exist_ok=True)
     files.parts.mkdir(exist_ok=True)
-    _check_plan(files, plan)
+    check_plan(files, plan)
 
+    part = files.parts / f"r{rank}-of-{world_size}-{uuid.uuid4().hex[:8]}.jsonl"
+    writer = layout.writer(files, part, options.storage, options.shard_bytes, decoder.hidden_size,
+                           {s.id: i for i, s in enumerate(samples)})
     done = read_parts(files)
-    for s in samples:
-        if s.id in done and done[s.id].digest != s.digest():
-            raise InputError(f"{directory} holds states of sample {s.id!r} over other ids; use another name",
-                             files.parts, field="id")
+    check_stored(files, writer, samples, done)
     mine = [s for s in samples if owner(s.id, world_size) == rank and s.id not in done]
     skipped = sum(1 for s in samples if owner(s.id, world_size) == rank) - len(mine)
-    part = files.parts / f"r{rank}-of-{world_size}-{uuid.uuid4().hex[:8]}.jsonl"
-    writer = _ShardWriter(directory, part, options.storage, options.shard_bytes, decoder.hidden_size)
     batches = plan_batches([len(s) for s in mine], options.max_tokens_per_batch, options.max_batch_size)
     total = sum(len(s) for s in mine)
     start = time.perf_counter()
@@ -409,7 +244,7 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
 
         bar = tqdm(total=total, unit="tok", desc=f"rank {rank}/{world_size}")
     try:
-        with torch.inference_mode(), Capture(decoder, layers, options.final) as capture:
+        with torch.inference_mode(), Capture(decoder, layers, options.resolved_final()) as capture:
             for n, batch in enumerate(batches, 1):
                 group = [mine[i] for i in batch]
                 ids, mask = _pad([s.input_ids for s in group], in_device)
@@ -446,44 +281,6 @@ def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Ten
         ids[row, :len(s)] = torch.tensor(s)
         mask[row, :len(s)] = 1
     return ids.to(device), mask.to(device)
-
-
-def finalize(files: HiddenStateFiles, samples: Sequence[Sample], *, tokenizer_fingerprint: str = "",
-             records_hashes: dict[str, str] | None = None) -> dict[str, Any] | None:
-    """Once every sample is stored: `index.jsonl` in sample order, `manifest.json`, stray files removed.
-
-    Returns None (and writes nothing) while samples are missing. Deterministic, so ranks that race
-    here write the same bytes.
-    """
-    from safetensors import safe_open
-
-    directory = files.directory
-    done = read_parts(files)
-    if any(s.id not in done for s in samples):
-        return None
-    entries = [done[s.id] for s in samples]
-    shards = sorted({e.shard for e in entries})
-    sq_err = sq_ref = 0.0
-    for shard in shards:
-        with safe_open(str(directory / shard), framework="pt") as f:
-            meta = f.metadata() or {}
-        sq_err += float(meta.get("sq_err", 0.0))
-        sq_ref += float(meta.get("sq_ref", 0.0))
-    for stray in [*directory.glob("shard-*.safetensors"), *directory.glob(".shard-tmp-*")]:
-        if stray.name not in shards:
-            stray.unlink()  # a shard claimed by a killed run before its index line was written
-    plan = json.loads(files.plan.read_text())
-    tokens = sum(e.length for e in entries)
-    shard_bytes = sum((directory / s).stat().st_size for s in shards)
-    manifest = {**plan, "shards": shards, "num_samples": len(entries), "num_tokens": tokens,
-                "num_loss_tokens": sum(sum(s.loss_mask) for s in samples),
-                "bytes": shard_bytes, "bytes_per_token": shard_bytes / tokens if tokens else 0.0,
-                "reconstruction_rel_rmse": (sq_err / sq_ref) ** 0.5 if sq_ref else 0.0,  # sampled, see ERROR_STRIDE
-                "tokenizer_fingerprint": tokenizer_fingerprint, "records_hashes": records_hashes or {},
-                "samples_hash": samples_hash(samples)}
-    atomic_write_text(files.index, "".join(e.line(with_digest=False) for e in entries))
-    atomic_write_text(files.manifest, json.dumps(manifest, indent=1))
-    return manifest
 
 
 # -- settings ----------------------------------------------------------------------------------------

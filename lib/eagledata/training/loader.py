@@ -1,30 +1,20 @@
-"""Read stored hidden states back per sample, and check them against the records they came from.
-
-Shards are opened lazily with safetensors slices, so one sample costs its own bytes only.
-"""
+"""Read a finished hidden-states set back per sample, whatever its layout, and check it against the records."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from ..errors import InputError
 from ..layout import HiddenStateFiles
 from ..records import Record
-from .extraction import IndexEntry, dequantize_fp8
-
-
-class SampleStates(NamedTuple):
-    input_ids: torch.Tensor  # [T] int64
-    loss_mask: torch.Tensor  # [T] int64
-    aux_hidden_states: torch.Tensor  # [T, 3, H]: the three aux layers, in manifest `layers` order
-    final_hidden_state: torch.Tensor  # [T, H]: post- or pre-norm, as manifest `final` says
+from .storage import SampleStates, get_layout, read_index
 
 
 class HiddenStates:
-    """A finished hidden-states directory: `len`, ids, `[id]` or `[i]` access and iteration."""
+    """A finished hidden-states directory (any layout): `len`, ids, `[id]` or `[i]` access and iteration."""
 
     def __init__(self, directory: str | Path, dtype: torch.dtype | None = None):
         """`dtype`: what states come back as; None keeps bf16/fp32 storage as is and dequantizes fp8 to fp32."""
@@ -33,11 +23,11 @@ class HiddenStates:
         if not manifest.is_file():
             raise InputError("no manifest.json: extraction has not finished (or wrong directory)", manifest)
         self.manifest: dict[str, Any] = json.loads(manifest.read_text())
-        self.entries = [IndexEntry(**json.loads(line)) for line in self.files.index.read_text().splitlines()
-                        if line.strip()]
+        self.layout = get_layout(self.manifest.get("layout", "eagledata"))
+        self.entries = read_index(self.files)
         self.by_id = {e.id: e for e in self.entries}
         self.dtype = dtype
-        self._open: dict[str, Any] = {}
+        self.reader = self.layout.reader(self.files.directory, self.manifest, self.entries)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -46,24 +36,12 @@ class HiddenStates:
     def ids(self) -> list[str]:
         return [e.id for e in self.entries]
 
-    def _shard(self, name: str) -> Any:
-        from safetensors import safe_open
-
-        if name not in self._open:
-            self._open[name] = safe_open(str(self.files.directory / name), framework="pt")
-        return self._open[name]
-
     def __getitem__(self, key: str | int) -> SampleStates:
-        e = self.entries[key] if isinstance(key, int) else self.by_id[key]
-        f = self._shard(e.shard)
-        span = slice(e.offset, e.offset + e.length)
-        states = f.get_slice("hidden_states")[span]
-        if self.manifest["storage"] == "fp8":
-            states = dequantize_fp8(states, f.get_slice("scales")[span])
+        got = self.reader.read(self.entries[key] if isinstance(key, int) else self.by_id[key])
         if self.dtype is not None:
-            states = states.to(self.dtype)
-        return SampleStates(f.get_slice("input_ids")[span].long(), f.get_slice("loss_mask")[span].long(),
-                            states[:, :3], states[:, 3])
+            got = got._replace(aux_hidden_states=got.aux_hidden_states.to(self.dtype),
+                               final_hidden_state=got.final_hidden_state.to(self.dtype))
+        return got
 
     def __iter__(self) -> Iterator[SampleStates]:
         for i in range(len(self.entries)):

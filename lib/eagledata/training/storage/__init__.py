@@ -1,0 +1,98 @@
+"""On-disk layouts of a hidden-states set: eagledata's shards, speculators' Arrow dataset + `hs_{i}` files,
+SpecForge's per-sample torch files. All share the resume index, the plan check and the manifest (here)."""
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Sequence
+
+from ...errors import InputError
+from ...files import atomic_write_text
+from ...layout import HiddenStateFiles
+from ..assembly import Sample, samples_hash
+from . import native, specforge, speculators
+from .common import (ERROR_STRIDE, STORAGE_DTYPES, Final, IndexEntry, Layout, Reader, SampleStates, StateWriter,
+                     Storage, dequantize_fp8, quantize_fp8, read_index, read_parts)
+
+LayoutName = Literal["eagledata", "speculators", "specforge"]
+LAYOUTS: dict[str, Layout] = {m.LAYOUT.name: m.LAYOUT for m in (native, speculators, specforge)}
+FORMAT = "eagledata.hidden_states/2"
+
+__all__ = ["ERROR_STRIDE", "FORMAT", "Final", "IndexEntry", "LAYOUTS", "Layout", "LayoutName", "Reader",
+           "SampleStates", "STORAGE_DTYPES", "StateWriter", "Storage", "check_plan", "dequantize_fp8", "finalize",
+           "get_layout", "quantize_fp8", "read_index", "read_parts"]
+
+
+def get_layout(name: str) -> Layout:
+    if name not in LAYOUTS:
+        raise InputError(f"unknown layout {name!r}; one of {', '.join(LAYOUTS)}", field="layout")
+    return LAYOUTS[name]
+
+
+# Settings a resume must share with what is stored: anything else is another data set.
+PLAN_KEYS = ("layout", "layers", "final", "storage", "hidden_size", "num_layers", "vocab_size")
+
+
+def check_plan(files: HiddenStateFiles, plan: dict[str, Any]) -> None:
+    """Write the plan of a new set, or refuse to resume a set made with other settings."""
+    path = files.plan
+    if path.is_file():
+        old = json.loads(path.read_text())
+        old.setdefault("layout", "eagledata")
+        diff = [k for k in PLAN_KEYS if old.get(k) != plan[k]]
+        if diff:
+            raise InputError(f"{files.directory} holds states made with other settings ({', '.join(diff)}: "
+                             f"{[old.get(k) for k in diff]} vs {[plan[k] for k in diff]}); use another name",
+                             path)
+    else:
+        atomic_write_text(path, json.dumps(plan, indent=1))
+
+
+def check_stored(files: HiddenStateFiles, writer: StateWriter, samples: Sequence[Sample],
+                 done: dict[str, IndexEntry]) -> None:
+    """A resume must find each stored sample over the same ids, and (for a trainer's per-row files) at the
+    same row; otherwise the set belongs to other input."""
+    for position, s in enumerate(samples):
+        e = done.get(s.id)
+        if e is None:
+            continue
+        if e.digest != s.digest():
+            raise InputError(f"{files.directory} holds states of sample {s.id!r} over other ids; use another name",
+                             files.parts, field="id")
+        expected = writer.expected_file(position)
+        if expected is not None and e.shard != expected:
+            raise InputError(f"{files.directory} holds sample {s.id!r} as {e.shard}, but it is row {position} of "
+                             f"this set ({expected}): the set's order changed; use another name", files.parts,
+                             field="id")
+
+
+def finalize(files: HiddenStateFiles, samples: Sequence[Sample], *, tokenizer_fingerprint: str = "",
+             records_hashes: dict[str, str] | None = None, extra: dict[str, Any] | None = None
+             ) -> dict[str, Any] | None:
+    """Once every sample is stored: the layout's own files, `index.jsonl` in sample order, `manifest.json`.
+
+    Returns None (and writes nothing) while samples are missing. Deterministic, so ranks that race here
+    write the same bytes.
+    """
+    directory = files.directory
+    done = read_parts(files)
+    if any(s.id not in done for s in samples):
+        return None
+    plan = json.loads(files.plan.read_text())
+    layout = get_layout(plan.get("layout", "eagledata"))
+    entries = [done[s.id] for s in samples]
+    shards = list(dict.fromkeys(e.shard for e in entries))
+    sq_err, sq_ref = sum(e.sq_err for e in entries), sum(e.sq_ref for e in entries)
+    tokens = sum(e.length for e in entries)
+    state_bytes = sum((directory / s).stat().st_size for s in shards)
+    manifest = {**plan, "format": FORMAT, **(extra or {}),
+                "shards": shards if layout.name == "eagledata" else [], "num_files": len(shards),
+                "num_samples": len(entries), "num_tokens": tokens,
+                "num_loss_tokens": sum(sum(s.loss_mask) for s in samples),
+                "bytes": state_bytes, "bytes_per_token": state_bytes / tokens if tokens else 0.0,
+                "reconstruction_rel_rmse": (sq_err / sq_ref) ** 0.5 if sq_ref else 0.0,  # sampled, see ERROR_STRIDE
+                "tokenizer_fingerprint": tokenizer_fingerprint, "records_hashes": records_hashes or {},
+                "samples_hash": samples_hash(samples)}
+    layout.finish(directory, manifest, entries, list(samples))
+    atomic_write_text(files.index, "".join(e.line(private=False) for e in entries))
+    atomic_write_text(files.manifest, json.dumps(manifest, indent=1))
+    return manifest

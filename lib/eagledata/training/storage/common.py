@@ -1,0 +1,230 @@
+"""What every on-disk layout shares: the resume index, durable writes in a background thread, storage dtypes.
+
+A layout only decides how a batch of samples becomes files (`StateWriter._write`), how one sample is read
+back (`Reader.read`) and what a finished set adds beside the index and manifest (`finish`). Resume is the
+same for all: a sample counts as stored once its index-part line is written, and that line is written only
+after its data is on disk (fsync), so a kill at any point loses at most work, never data, and never lists
+a sample whose bytes are missing.
+"""
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
+
+import torch
+
+from ...errors import InputError
+from ...layout import HiddenStateFiles
+from ..assembly import Sample
+
+Storage = Literal["bf16", "fp8", "fp32"]
+Final = Literal["post_norm", "pre_norm"]
+STORAGE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp32": torch.float32}
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+ERROR_STRIDE = 8  # the storage error is estimated on every 8th token: exact enough, nearly free
+
+
+class SampleStates(NamedTuple):
+    input_ids: torch.Tensor  # [T] int64
+    loss_mask: torch.Tensor  # [T] int64
+    aux_hidden_states: torch.Tensor  # [T, 3, H]: the three aux layers, in manifest `layers` order
+    final_hidden_state: torch.Tensor  # [T, H]: post- or pre-norm, as manifest `final` says
+
+
+def quantize_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """float8_e4m3fn with one float32 scale per token and layer ([N, 4]): amax maps to 448."""
+    x = x.float()
+    scales = (x.abs().amax(dim=-1) / FP8_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return (x / scales.unsqueeze(-1)).to(torch.float8_e4m3fn), scales
+
+
+def dequantize_fp8(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return q.float() * scales.unsqueeze(-1)
+
+
+# -- the resume index ------------------------------------------------------------------------------
+@dataclass
+class IndexEntry:
+    """Where one sample's states are: `shard` is a file relative to the set's directory (a shard of many
+    samples in the native layout, the sample's own file in a trainer's layout)."""
+
+    id: str
+    shard: str
+    offset: int
+    length: int
+    digest: str = ""  # of the ids and mask, checked on resume; not in the final index.jsonl
+    sq_err: float = 0.0  # sampled storage error of this sample (see ERROR_STRIDE); not in index.jsonl
+    sq_ref: float = 0.0
+
+    def line(self, private: bool = True) -> str:
+        d = asdict(self)
+        if not private:
+            for key in ("digest", "sq_err", "sq_ref"):
+                d.pop(key)
+        return json.dumps(d, separators=(",", ":")) + "\n"
+
+
+def read_parts(files: HiddenStateFiles) -> dict[str, IndexEntry]:
+    """Every stored sample from all index parts (any rank, any world size); a torn last line is a kill."""
+    done: dict[str, IndexEntry] = {}
+    parts = files.parts
+    for part in sorted(parts.glob("*.jsonl")) if parts.is_dir() else []:
+        with part.open("rb") as f:
+            for raw in f:
+                if not raw.endswith(b"\n"):
+                    break
+                e = IndexEntry(**json.loads(raw))
+                done.setdefault(e.id, e)
+    return done
+
+
+def read_index(files: HiddenStateFiles) -> list[IndexEntry]:
+    return [IndexEntry(**json.loads(line)) for line in files.index.read_text().splitlines() if line.strip()]
+
+
+def fsync(path: Path) -> None:
+    """A file's bytes, or a directory's entries, on disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- writing ---------------------------------------------------------------------------------------
+@dataclass
+class Batch:
+    """Samples handed to the writer thread: their states back to back, already in the storage dtype."""
+
+    samples: list[Sample]
+    positions: list[int]  # each sample's row in the whole set (a trainer's file names follow it)
+    states: torch.Tensor  # [N, 4, H]
+    scales: torch.Tensor | None  # [N, 4] for fp8
+    sq_err: list[float]
+    sq_ref: list[float]
+
+    def spans(self) -> list[tuple[int, int]]:
+        out, offset = [], 0
+        for s in self.samples:
+            out.append((offset, len(s)))
+            offset += len(s)
+        return out
+
+
+class StateWriter:
+    """Buffers batches and writes them in a background thread (safetensors, torch.save and fsync release the
+    GIL), so disk speed only shows when it is slower than the model. At most two batches are in memory."""
+
+    def __init__(self, files: HiddenStateFiles, part: Path, storage: Storage, flush_bytes: int, hidden_size: int,
+                 positions: Mapping[str, int]):
+        self.files, self.part, self.storage, self.positions = files, part, storage, positions
+        per_token = 4 * hidden_size * STORAGE_DTYPES[storage].itemsize
+        self.flush_tokens = max(1, flush_bytes // per_token)
+        self._reset()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="state-writer")
+        self.pending: Future | None = None
+
+    def _reset(self) -> None:
+        self.samples: list[Sample] = []
+        self.states: list[torch.Tensor] = []
+        self.scales: list[torch.Tensor] = []
+        self.sq_err: list[float] = []
+        self.sq_ref: list[float] = []
+        self.tokens = 0
+
+    def add(self, samples: Sequence[Sample], states: torch.Tensor) -> None:
+        """`states` [N, 4, H] of `samples` back to back; cast (or quantized) once per batch."""
+        scales = None
+        if self.storage == "fp8":
+            stored, scales = quantize_fp8(states)
+            back = dequantize_fp8(stored[::ERROR_STRIDE], scales[::ERROR_STRIDE])
+            self.scales.append(scales.cpu())
+        else:
+            stored = states.to(STORAGE_DTYPES[self.storage])
+            back = stored[::ERROR_STRIDE].float()
+        ref = states[::ERROR_STRIDE].float()
+        lengths = torch.tensor([len(s) for s in samples], device=states.device)
+        sampled = torch.arange(0, states.shape[0], ERROR_STRIDE, device=states.device)
+        row = torch.bucketize(sampled, lengths.cumsum(0), right=True)  # which sample each sampled token is in
+        err = torch.zeros(len(samples), device=states.device).index_add_(0, row, (back - ref).pow(2).sum((1, 2)))
+        refsq = torch.zeros(len(samples), device=states.device).index_add_(0, row, ref.pow(2).sum((1, 2)))
+        self.sq_err.extend(err.tolist())
+        self.sq_ref.extend(refsq.tolist())
+        self.states.append(stored.cpu())
+        self.samples.extend(samples)
+        self.tokens += stored.shape[0]
+        if self.tokens >= self.flush_tokens:
+            self.flush()
+
+    def flush(self) -> None:
+        """Hand the buffered samples to the writer thread (after the previous batch is written)."""
+        if not self.samples:
+            return
+        batch = Batch(self.samples, [self.positions[s.id] for s in self.samples],
+                      torch.cat(self.states) if len(self.states) > 1 else self.states[0],
+                      (torch.cat(self.scales) if self.scales else None), self.sq_err, self.sq_ref)
+        self._reset()
+        self.wait()
+        self.pending = self.pool.submit(self._write_and_index, batch)
+
+    def wait(self) -> None:
+        """Block until the batch in flight is written and indexed; its error, if any, is raised here."""
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            pending.result()
+
+    def close(self) -> None:
+        """Finish the batch in flight (it is complete data); what is still buffered is dropped."""
+        try:
+            self.wait()
+        finally:
+            self.pool.shutdown()
+
+    def _write_and_index(self, batch: Batch) -> None:
+        entries = self._write(batch)
+        for e, s, err, ref in zip(entries, batch.samples, batch.sq_err, batch.sq_ref):
+            e.digest, e.sq_err, e.sq_ref = s.digest(), err, ref
+        with self.part.open("ab") as f:  # one write: a kill leaves whole lines plus at most a torn tail
+            f.write("".join(e.line() for e in entries).encode())
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _write(self, batch: Batch) -> list[IndexEntry]:
+        """Write `batch` durably (fsynced, under its final names) and say where each sample went."""
+        raise NotImplementedError
+
+    def expected_file(self, position: int) -> str | None:
+        """The file a sample at `position` must be in (None: anywhere); checked against what a resume finds."""
+        return None
+
+
+class Reader:
+    """One sample back from a finished set of a layout, as `SampleStates` (the loader's common view)."""
+
+    def __init__(self, directory: Path, manifest: dict[str, Any], entries: Sequence[IndexEntry]):
+        self.directory, self.manifest, self.entries = directory, manifest, entries
+
+    def read(self, entry: IndexEntry) -> SampleStates:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One on-disk layout: how batches become files, how a sample is read back, what a finished set adds."""
+
+    name: str
+    writer: type[StateWriter]
+    reader: type[Reader]
+    finish: Callable[[Path, dict[str, Any], list[IndexEntry], list[Sample]], None]
+    final: Final | None  # the 4th state the trainer expects; None: whatever the extraction says
+    about: str
+    storages: tuple[str, ...] = ("bf16", "fp32")  # what the trainer can read
+
+    def check_storage(self, storage: str) -> None:
+        if storage not in self.storages:
+            raise InputError(f"the {self.name} layout stores {' or '.join(self.storages)}, not {storage}",
+                             field="storage")

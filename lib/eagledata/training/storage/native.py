@@ -1,0 +1,88 @@
+"""eagledata's own layout: `shard-NNNNN.safetensors` files of many samples back to back, no padding.
+
+Each shard holds `input_ids` [T] int32, `loss_mask` [T] uint8, `hidden_states` [T, 4, H] (and `scales`
+[T, 4] float32 for fp8). A finished shard is claimed with `os.link` under the lowest free name, which never
+overwrites, so ranks and runs of any world size never collide.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import torch
+
+from ..assembly import Sample
+from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, dequantize_fp8, fsync
+
+
+def _claim_shard(directory: Path, tmp: Path) -> str:
+    n = len(list(directory.glob("shard-*.safetensors")))
+    while True:
+        name = f"shard-{n:05d}.safetensors"
+        try:
+            os.link(tmp, directory / name)
+        except FileExistsError:
+            n += 1
+            continue
+        tmp.unlink()
+        fsync(directory)
+        return name
+
+
+class ShardWriter(StateWriter):
+    def _write(self, batch: Batch) -> list[IndexEntry]:
+        from safetensors.torch import save_file
+
+        tensors = {
+            "input_ids": torch.tensor([i for s in batch.samples for i in s.input_ids], dtype=torch.int32),
+            "loss_mask": torch.tensor([m for s in batch.samples for m in s.loss_mask], dtype=torch.uint8),
+            "hidden_states": batch.states,
+        }
+        if batch.scales is not None:
+            tensors["scales"] = batch.scales
+        directory = self.files.directory
+        tmp = directory / f".shard-tmp-{uuid.uuid4().hex}.safetensors"
+        save_file(tensors, str(tmp), metadata={"format": "eagledata.hidden_states/1"})
+        os.chmod(tmp, 0o644)  # safetensors creates 0600; shards are shared data like every other output
+        fsync(tmp)
+        name = _claim_shard(directory, tmp)
+        return [IndexEntry(s.id, name, offset, length) for s, (offset, length) in zip(batch.samples, batch.spans())]
+
+
+def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: list[Sample]) -> None:
+    """Shards claimed by a killed run before their index line was written are removed."""
+    kept = {e.shard for e in entries}
+    for stray in [*directory.glob("shard-*.safetensors"), *directory.glob(".shard-tmp-*")]:
+        if stray.name not in kept:
+            stray.unlink()
+
+
+class ShardReader(Reader):
+    """Shards opened lazily with safetensors slices, so one sample costs its own bytes only."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._open: dict[str, object] = {}
+
+    def _shard(self, name: str):
+        from safetensors import safe_open
+
+        if name not in self._open:
+            self._open[name] = safe_open(str(self.directory / name), framework="pt")
+        return self._open[name]
+
+    def read(self, entry: IndexEntry) -> SampleStates:
+        f = self._shard(entry.shard)
+        span = slice(entry.offset, entry.offset + entry.length)
+        states = f.get_slice("hidden_states")[span]
+        if self.manifest["storage"] == "fp8":
+            states = dequantize_fp8(states, f.get_slice("scales")[span])
+        return SampleStates(f.get_slice("input_ids")[span].long(), f.get_slice("loss_mask")[span].long(),
+                            states[:, :3], states[:, 3])
+
+
+
+LAYOUT = Layout("eagledata", ShardWriter, ShardReader, finish, final=None,
+                about="eagledata's shards, read by eagledata.training.HiddenStates",
+                storages=("bf16", "fp8", "fp32"))

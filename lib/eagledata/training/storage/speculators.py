@@ -1,0 +1,91 @@
+"""speculators' layout (0.9.0, `speculators/train/data.py` `ArrowDataset` + `hs_connectors.FileTransfer`).
+
+The set's directory is the Arrow dataset the trainer's `--data-path` names (`datasets.load_from_disk`, torch
+format; columns `id`, `input_ids`, `loss_mask`, `seq_len`), with `hidden_states/hs_{i}.safetensors` beside it,
+`i` being the row: `token_ids` [T] int64 (compared with the row's `input_ids`) and `hidden_states` [T, 4, H],
+the three aux layers then the verifier's last state. The trainer flattens the first three into [T, 3H] and
+takes the last as `verifier_last_hidden_states`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import torch
+
+from ..assembly import Sample
+from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, fsync
+
+STATES_DIR = "hidden_states"
+
+
+def state_file(position: int) -> str:
+    return f"{STATES_DIR}/hs_{position}.safetensors"
+
+
+class RowFileWriter(StateWriter):
+    """One safetensors file per sample, named by its row: written to a temp name, fsynced, then renamed."""
+
+    def _write(self, batch: Batch) -> list[IndexEntry]:
+        from safetensors.torch import save_file
+
+        directory = self.files.directory / STATES_DIR
+        directory.mkdir(exist_ok=True)
+        entries = []
+        for s, position, (offset, length) in zip(batch.samples, batch.positions, batch.spans()):
+            name = state_file(position)
+            tmp = directory / f".tmp-{uuid.uuid4().hex}.safetensors"
+            save_file({"token_ids": torch.tensor(s.input_ids, dtype=torch.long),
+                       "hidden_states": batch.states[offset:offset + length]}, str(tmp))
+            os.chmod(tmp, 0o644)
+            fsync(tmp)
+            os.replace(tmp, self.files.directory / name)  # a file left by a killed run is simply replaced
+            entries.append(IndexEntry(s.id, name, 0, length))
+        fsync(directory)
+        return entries
+
+    def expected_file(self, position: int) -> str | None:
+        return state_file(position)
+
+
+def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: list[Sample]) -> None:
+    """The Arrow dataset, in sample order (row i ↔ hs_i), written beside the states; stray temp files removed."""
+    from datasets import Dataset, Features, Sequence, Value
+
+    for stray in (directory / STATES_DIR).glob(".tmp-*"):
+        stray.unlink()
+    features = Features({"id": Value("string"), "input_ids": Sequence(Value("int64")),
+                         "loss_mask": Sequence(Value("int64")), "seq_len": Value("int64")})
+    ds = Dataset.from_dict({"id": [s.id for s in samples], "input_ids": [s.input_ids for s in samples],
+                            "loss_mask": [s.loss_mask for s in samples], "seq_len": [len(s) for s in samples]},
+                           features=features)
+    ds.set_format("torch")  # the trainer compares `token_ids` with the row's input_ids as tensors
+    tmp = directory / f".arrow-tmp-{uuid.uuid4().hex[:8]}"
+    ds.save_to_disk(str(tmp))
+    for f in tmp.iterdir():
+        os.replace(f, directory / f.name)
+    shutil.rmtree(tmp)
+    manifest["arrow_rows"] = len(samples)
+
+
+class RowFileReader(Reader):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        from datasets import load_from_disk
+
+        self.data = load_from_disk(str(self.directory))
+
+    def read(self, entry: IndexEntry) -> SampleStates:
+        from safetensors.torch import load_file
+
+        got = load_file(str(self.directory / entry.shard))
+        row = int(entry.shard.rsplit("_", 1)[1].split(".")[0])
+        states = got["hidden_states"]
+        return SampleStates(got["token_ids"].long(), torch.as_tensor(self.data[row]["loss_mask"]).long(),
+                            states[:, :3], states[:, 3])
+
+
+LAYOUT = Layout("speculators", RowFileWriter, RowFileReader, finish, final="pre_norm",
+                about="speculators 0.9.0: speculators.train.data.ArrowDataset(max_len, <this directory>)")
