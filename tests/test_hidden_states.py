@@ -1,5 +1,6 @@
 """Assembly and EAGLE-3 hidden-state extraction on CPU with tiny random models (vocabulary sized for Kimi ids)."""
 import json
+import os
 
 import pytest
 import torch
@@ -370,3 +371,157 @@ def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, tmp
     assert "bytes per token" in text and "verified 12 samples" in text
     manifest = json.loads((tmp_path / "out" / "hidden_states" / "demo" / "manifest.json").read_text())
     assert manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS)
+
+
+# -- trainer layouts --------------------------------------------------------------------------------
+TRAINER_LAYOUTS = ["speculators", "specforge"]
+
+
+@pytest.mark.parametrize("layout", TRAINER_LAYOUTS)
+def test_trainer_layout_holds_exactly_the_native_states(layout, models, samples, tmp_path):
+    """Same batches, same model: the trainer's files hold bit for bit what the native shards hold, and the
+    last state is on the side of the norm the trainer expects (speculators applies the verifier's norm)."""
+    model = models["llama"]
+    got = run(samples, tmp_path, model, name=layout, layout=layout, max_batch_size=8)
+    final = {"speculators": "pre_norm", "specforge": "post_norm"}[layout]
+    native = run(samples, tmp_path, model, name="native", final=final, max_batch_size=8)
+    a, b = HiddenStates(native.directory), HiddenStates(got.directory)
+    assert b.manifest["layout"] == layout and b.manifest["final"] == final and b.ids == [s.id for s in samples]
+    assert b.manifest["num_files"] == len(samples) and b.manifest["num_tokens"] == sum(len(s) for s in samples)
+    for s in samples:
+        x, y = a[s.id], b[s.id]
+        assert y.input_ids.tolist() == s.input_ids and y.loss_mask.tolist() == s.loss_mask
+        assert torch.equal(x.aux_hidden_states, y.aux_hidden_states)
+        assert torch.equal(x.final_hidden_state, y.final_hidden_state)
+    decoder = find_decoder(model)
+    s = samples[0]
+    aux, post = reference_states(model, s)
+    last = b[s.id].final_hidden_state.float()
+    torch.testing.assert_close(b[s.id].aux_hidden_states.float(), aux, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(decoder.module.norm(last) if final == "pre_norm" else last, post, rtol=2e-2, atol=2e-2)
+
+
+def test_speculators_files_are_what_arrowdataset_reads(models, samples, tmp_path):
+    """The directory is a torch-format Arrow dataset (row i = sample i) with hidden_states/hs_{i} beside it."""
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+
+    result = run(samples, tmp_path, models["llama"], layout="speculators", max_batch_size=5)
+    data = load_from_disk(str(result.directory))
+    assert data.format["type"] == "torch" and len(data) == len(samples)
+    assert set(data.column_names) >= {"input_ids", "loss_mask", "seq_len"}
+    for i, s in enumerate(samples):
+        row = data[i]
+        assert row["input_ids"].dtype == torch.int64 and row["input_ids"].tolist() == s.input_ids
+        assert row["loss_mask"].tolist() == s.loss_mask and int(row["seq_len"]) == len(s)
+        hs = load_file(str(result.directory / "hidden_states" / f"hs_{i}.safetensors"))
+        assert torch.equal(hs["token_ids"], row["input_ids"])  # the trainer's own check
+        assert hs["hidden_states"].shape == (len(s), 4, H) and hs["hidden_states"].dtype == torch.bfloat16
+    trainer = result.manifest["trainer"]
+    assert trainer["target_layer_ids"] == list(LAYERS) and trainer["hidden_states_backend"] == "file"
+
+
+def test_specforge_files_read_as_offline_eagle3_dataset_does(models, samples, tmp_path):
+    import specforge_reader as sf
+
+    result = run(samples, tmp_path, models["llama"], layout="specforge", max_batch_size=5)
+    native = HiddenStates(run(samples, tmp_path, models["llama"], name="native", max_batch_size=5).directory)
+    files = sf.list_feature_files(str(result.directory))
+    assert len(files) == len(samples)  # nothing else under the root looks like a sample
+    by_row = {int(os.path.basename(f)[len("data_"):-len(".ckpt")]): f for f in files}
+    for i, s in enumerate(samples):
+        raw = sf.load_feature_file(by_row[i])
+        assert raw["input_ids"].shape == (len(s),) and raw["aux_hidden_state"].shape == (1, len(s), 3 * H)
+        item = sf.normalize(raw, max_len=2048)
+        assert item["input_ids"][0].tolist() == s.input_ids
+        assert item["loss_mask"][0].tolist() == s.loss_mask[:-1] + [0]  # SpecForge never supervises the last
+        ref = native[s.id]
+        assert torch.equal(item["hidden_state"][0], ref.aux_hidden_states.flatten(1))
+        assert torch.equal(item["target"][0], ref.final_hidden_state)
+    assert result.manifest["trainer"]["eagle_aux_hidden_state_layer_ids"] == [i - 1 for i in LAYERS]
+
+
+@pytest.mark.parametrize("layout", TRAINER_LAYOUTS)
+def test_trainer_layout_kill_and_resume(layout, models, samples, tmp_path):
+    model = models["deepseek_v3"]
+    small = dict(layout=layout, storage="fp32", shard_bytes=4 * H * 4 * 40)  # files land every ~40 tokens
+    whole = run(samples, tmp_path / "a", model, max_batch_size=4, **small)
+    with pytest.raises(Killed):
+        run(samples, tmp_path / "b", model, max_batch_size=4, on_batch=_kill_after(2), **small)
+    out = tmp_path / "b" / "hidden_states" / "set"
+    assert not (out / "manifest.json").exists()
+    # what a kill mid-write leaves: a temp file, and a file of a sample whose index line never landed
+    from eagledata.layout import HiddenStateFiles
+    from eagledata.training.storage import read_parts
+
+    stored = read_parts(HiddenStateFiles(out))
+    row = next(i for i, s in enumerate(samples) if s.id not in stored)
+    name = f"hidden_states/hs_{row}.safetensors" if layout == "speculators" else f"rows_0-2000/data_{row}.ckpt"
+    (out / name).parent.mkdir(exist_ok=True)
+    (out / name).write_bytes(b"partial")
+    (out / name).with_name(".tmp-0123").write_bytes(b"partial")
+    if layout == "specforge":  # SpecForge would train on any *.ckpt under the root
+        (out / "rows_0-2000" / "data_999.ckpt").write_bytes(b"not ours")
+    resumed = run(samples, tmp_path / "b", model, max_batch_size=3, **small)
+    assert resumed.complete and 0 < resumed.skipped < len(samples)
+    assert resumed.extracted + resumed.skipped == len(samples)
+    assert not (out / name).with_name(".tmp-0123").exists() and not (out / "rows_0-2000" / "data_999.ckpt").exists()
+    _assert_same_set(whole.directory, out, samples)
+
+
+def test_trainer_layout_refuses_a_reordered_set_and_fp8(models, samples, tmp_path):
+    run(samples[:5], tmp_path, models["llama"], layout="speculators")
+    with pytest.raises(InputError, match="order changed"):
+        run(samples[:5][::-1], tmp_path, models["llama"], layout="speculators")
+    with pytest.raises(InputError, match="speculators layout stores bf16 or fp32, not fp8"):
+        run(samples, tmp_path, "no-such-checkpoint", name="fp8", layout="speculators", storage="fp8")
+
+
+def test_convert_native_to_each_layout_without_recompute(models, samples, tmp_path):
+    import subprocess
+    import sys
+
+    from eagledata.training.convert import convert
+
+    model = models["llama"]
+    pre = run(samples, tmp_path, model, name="pre", final="pre_norm", max_batch_size=8)
+    direct = run(samples, tmp_path, model, name="direct", layout="speculators", max_batch_size=8)
+    converted = convert(pre.directory, tmp_path / "conv", "speculators", progress=False)
+    assert converted.converted == len(samples) and converted.manifest["converted_from"] == str(pre.directory)
+    a, b = HiddenStates(direct.directory), HiddenStates(tmp_path / "conv")
+    assert b.ids == a.ids and b.manifest["layout"] == "speculators"
+    for s in samples:
+        assert torch.equal(a[s.id].aux_hidden_states, b[s.id].aux_hidden_states)
+        assert torch.equal(a[s.id].final_hidden_state, b[s.id].final_hidden_state)
+    assert convert(pre.directory, tmp_path / "conv", "speculators", progress=False).converted == 0  # resumes
+    with pytest.raises(InputError, match="source states are pre_norm, but specforge expects post_norm"):
+        convert(pre.directory, tmp_path / "sf", "specforge", progress=False)
+
+    fp8 = run(samples, tmp_path, model, name="fp8", storage="fp8", max_batch_size=8)
+    cmd = [sys.executable, "-m", "eagledata.hidden_states", "convert", "--layout", "specforge",
+           str(fp8.directory), str(tmp_path / "sf8")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report["converted"] == len(samples) and report["layout"] == "specforge"
+    c = HiddenStates(tmp_path / "sf8")
+    assert c.manifest["storage"] == "bf16" and 0 < c.manifest["reconstruction_rel_rmse"] < 0.05
+    ref = HiddenStates(fp8.directory)
+    for s in samples[:3]:
+        torch.testing.assert_close(c[s.id].aux_hidden_states.float(), ref[s.id].aux_hidden_states,
+                                   rtol=1e-2, atol=1e-2)
+
+
+def test_exports_carry_exact_ids_text_and_an_arrow_form(tok, records_file, tmp_path):
+    from datasets import load_from_disk
+
+    asm = assemble([records_file])
+    rows = [json.loads(x) for x in export_specforge(asm, tmp_path / "sf.jsonl", tok).read_text().splitlines()]
+    for row, s in zip(rows, asm.samples):
+        assert row["input_ids"] == s.input_ids and row["loss_mask"] == s.loss_mask
+        assert row["text"] == tok.decode(s.input_ids)
+    path = export_speculators(asm, tmp_path / "speculators.jsonl")
+    lines = [json.loads(x) for x in path.read_text().splitlines()]
+    assert [r["seq_len"] for r in lines] == [len(s) for s in asm.samples]
+    arrow = load_from_disk(str(tmp_path / "speculators"))
+    assert [arrow[i]["input_ids"].tolist() for i in range(len(arrow))] == [s.input_ids for s in asm.samples]

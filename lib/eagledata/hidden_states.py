@@ -1,8 +1,12 @@
 """`torchrun --nproc-per-node N -m eagledata.hidden_states --samples speculators.jsonl --name NAME --model M …`
 
 Data parallel, one model copy per GPU (or `--device-map auto` in one process for a model that needs several).
-Flags are the fields of `eagledata.training.ExtractionJob` (`--help` lists them); the extraction itself lives
-in `eagledata.training`. Each rank prints one JSON line with what it did.
+Flags are the fields of `eagledata.training.ExtractionJob` (`--help` lists them; `--layout` picks eagledata,
+speculators or specforge); the extraction itself lives in `eagledata.training`. Each rank prints one JSON line
+with what it did.
+
+`python -m eagledata.hidden_states convert --layout speculators SRC DST` rewrites a finished set in a
+trainer's layout without recompute, and prints one JSON line.
 """
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ from .errors import run_command
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["convert"]:
+        return convert_main(argv[1:])
     import torch
 
     from .training import ExtractionJob, read_samples, torchrun_world
@@ -40,6 +47,28 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "complete": result.complete}), flush=True)
 
     return run_command("hidden_states", run)
+
+
+def convert_main(argv: Sequence[str]) -> int:
+    from .training.convert import convert
+    from .training.storage import LAYOUTS
+
+    parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states convert",
+                                     description="Rewrite a finished hidden-states set in another layout "
+                                                 "(no recompute; resumes)")
+    parser.add_argument("--layout", required=True, choices=list(LAYOUTS))
+    parser.add_argument("source", help="a finished set: <output_dir>/hidden_states/<name>")
+    parser.add_argument("destination", help="the directory the trainer will be pointed at")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        r = convert(args.source, args.destination, args.layout)
+        print(json.dumps({"directory": str(r.directory), "layout": args.layout, "converted": r.converted,
+                          "skipped": r.skipped, "seconds": round(r.seconds, 3),
+                          "mb_per_s": round(r.bytes_written / 1e6 / r.seconds, 1) if r.seconds else None}),
+              flush=True)
+
+    return run_command("hidden_states convert", run)
 
 
 def _init_distributed(device: str, rank: int, world_size: int) -> str:

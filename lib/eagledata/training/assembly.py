@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,7 +46,7 @@ class Sample:
         return sequence_digest(self.input_ids, self.loss_mask)
 
     def to_speculators(self) -> dict[str, Any]:
-        return {"id": self.id, "input_ids": self.input_ids, "loss_mask": self.loss_mask}
+        return {"id": self.id, "input_ids": self.input_ids, "loss_mask": self.loss_mask, "seq_len": len(self)}
 
 
 def sequence_digest(input_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
@@ -227,23 +230,57 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
 
 
 # -- exports ------------------------------------------------------------------------------------
-def specforge_row(record: Record) -> dict[str, Any]:
-    """SpecForge's regenerated-conversation row: the prompt turns, then the model's own answer."""
+def specforge_row(record: Record, sample: Sample, tok: KimiTokenizer | None = None) -> dict[str, Any]:
+    """SpecForge's conversation row (the prompt turns, then the model's own answer), plus the exact ids and
+    mask the states are taken over and, with `tok`, their exact text: SpecForge's template list has no
+    Kimi-K2.5 entry, so its trainer should not re-render."""
     turns = [{"role": m["role"], "content": m.get("content", "")} for m in record.messages]
     answer: dict[str, Any] = {"role": "assistant", "content": record.content}
     if record.reasoning:
         answer["reasoning_content"] = record.reasoning
-    return {"id": record.id, "conversations": [*turns, answer]}
+    row: dict[str, Any] = {"id": record.id, "conversations": [*turns, answer]}
+    if tok is not None:
+        row["text"] = tok.decode(sample.input_ids)
+    row.update(input_ids=sample.input_ids, loss_mask=sample.loss_mask)
+    return row
 
 
-def export_specforge(assembly: Assembly, path: str | Path) -> Path:
-    """Text export. Truncated or cut samples carry the full text; use the ids export to train on exact ids."""
-    return write_jsonl(path, (specforge_row(r) for r in assembly.records))
+def export_specforge(assembly: Assembly, path: str | Path, tok: KimiTokenizer | None = None) -> Path:
+    """Text export. `conversations` holds the full text even for a cut sample; `input_ids`/`text` are exact."""
+    return write_jsonl(path, (specforge_row(r, s, tok) for r, s in zip(assembly.records, assembly.samples)))
 
 
 def export_speculators(assembly: Assembly, path: str | Path) -> Path:
-    """Token export: `{id, input_ids, loss_mask}` per line, exactly the ids the states are taken over."""
+    """Token export: `{id, input_ids, loss_mask, seq_len}` per line, exactly the ids the states are taken
+    over; beside it (same name, no suffix) the same rows as the Arrow dataset speculators' trainer reads."""
+    path = Path(path)
+    save_arrow(assembly.samples, path.with_suffix(""))
     return write_jsonl(path, (s.to_speculators() for s in assembly.samples))
+
+
+def save_arrow(samples: Sequence[Sample], directory: str | Path) -> Path:
+    """`samples` as a torch-format Arrow dataset (`id`, `input_ids`, `loss_mask`, `seq_len`, int64), the form
+    speculators' preprocessing writes and `datasets.load_from_disk` reads; replaced atomically file by file."""
+    from datasets import Dataset, Features, Sequence as Seq, Value, disable_progress_bars, enable_progress_bars
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    features = Features({"id": Value("string"), "input_ids": Seq(Value("int64")), "loss_mask": Seq(Value("int64")),
+                         "seq_len": Value("int64")})
+    ds = Dataset.from_dict({"id": [s.id for s in samples], "input_ids": [s.input_ids for s in samples],
+                            "loss_mask": [s.loss_mask for s in samples], "seq_len": [len(s) for s in samples]},
+                           features=features)
+    ds.set_format("torch")  # speculators compares stored token ids with the row's input_ids as tensors
+    tmp = directory / f".arrow-tmp-{uuid.uuid4().hex[:8]}"
+    disable_progress_bars()  # a bar per save is noise in a run report
+    try:
+        ds.save_to_disk(str(tmp))
+    finally:
+        enable_progress_bars()
+    for f in tmp.iterdir():
+        os.replace(f, directory / f.name)
+    shutil.rmtree(tmp)
+    return directory
 
 
 def read_samples(path: str | Path) -> list[Sample]:

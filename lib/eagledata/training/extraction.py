@@ -148,6 +148,14 @@ class ExtractOptions(Settings):
     def resolved_final(self) -> Final:
         return self.final or get_layout(self.layout).final or "post_norm"
 
+    def convention_mismatch(self) -> str | None:
+        """Why an explicit `final` will mislead the layout's trainer (None when it agrees)."""
+        expected = get_layout(self.layout).final
+        if self.final is None or expected is None or self.final == expected:
+            return None
+        return (f"final={self.final}, but {self.layout}'s trainer expects {expected} as the last state "
+                f"({get_layout(self.layout).about})")
+
 
 # -- extraction -----------------------------------------------------------------------------------
 @dataclass(kw_only=True)
@@ -186,7 +194,7 @@ def check_samples(samples: Sequence[Sample], vocab_size: int) -> None:
 def _plan_doc(model: str, decoder: Decoder, layers: tuple[int, ...], opts: ExtractOptions,
               compute_dtype: torch.dtype) -> dict[str, Any]:
     layout = get_layout(opts.layout)
-    return {"model": model, "layout": layout.name, "trainer": layout.about, "decoder": decoder.path,
+    return {"model": model, "layout": layout.name, "decoder": decoder.path,
             "num_layers": decoder.num_layers, "layers": list(layers), "final": opts.resolved_final(),
             "dtype": str(STORAGE_DTYPES[opts.storage]).replace("torch.", ""), "storage": opts.storage,
             "hidden_size": decoder.hidden_size, "vocab_size": decoder.vocab_size,

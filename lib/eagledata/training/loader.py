@@ -125,9 +125,9 @@ def plot_state_norms(hs: HiddenStates, max_samples: int = 64) -> Any:
 def summary(hs: HiddenStates) -> dict[str, Any]:
     """The manifest's headline figures, with the bytes a token costs against the 8·H bf16 reference."""
     m = hs.manifest
-    return {"model": m["model"], "layers (HF hidden_states)": m["layers"], "final": m["final"],
-            "storage": m["dtype"], "hidden size": m["hidden_size"], "samples": m["num_samples"],
-            "tokens": m["num_tokens"], "loss tokens": m["num_loss_tokens"], "shards": len(m["shards"]),
-            "bytes": m["bytes"], "bytes per token": round(m["bytes_per_token"], 1),
-            "bf16 reference 8·H": 8 * m["hidden_size"],
+    return {"model": m["model"], "layout": hs.layout.name, "layers (HF hidden_states)": m["layers"],
+            "final": m["final"], "storage": m["dtype"], "hidden size": m["hidden_size"],
+            "samples": m["num_samples"], "tokens": m["num_tokens"], "loss tokens": m["num_loss_tokens"],
+            "files": m.get("num_files", len(m["shards"])), "bytes": m["bytes"],
+            "bytes per token": round(m["bytes_per_token"], 1), "bf16 reference 8·H": 8 * m["hidden_size"],
             "reconstruction rel. RMSE": f"{m['reconstruction_rel_rmse']:.2e}"}

@@ -17,9 +17,30 @@ LayoutName = Literal["eagledata", "speculators", "specforge"]
 LAYOUTS: dict[str, Layout] = {m.LAYOUT.name: m.LAYOUT for m in (native, speculators, specforge)}
 FORMAT = "eagledata.hidden_states/2"
 
-__all__ = ["ERROR_STRIDE", "FORMAT", "Final", "IndexEntry", "LAYOUTS", "Layout", "LayoutName", "Reader",
-           "SampleStates", "STORAGE_DTYPES", "StateWriter", "Storage", "check_plan", "dequantize_fp8", "finalize",
-           "get_layout", "quantize_fp8", "read_index", "read_parts"]
+__all__ = ["ERROR_STRIDE", "FORMAT", "Final", "IndexEntry", "LAYOUTS", "Layout", "LayoutName", "PLAN_KEYS", "Reader",
+           "SampleStates", "STORAGE_DTYPES", "StateWriter", "Storage", "check_plan", "check_stored", "conventions",
+           "dequantize_fp8",
+           "finalize", "get_layout", "quantize_fp8", "read_index", "read_parts"]
+
+
+def conventions(num_layers: int | None = None) -> list[dict[str, Any]]:
+    """Each layout's reader, files, last state and default aux layers (in HF `hidden_states` numbering and in
+    the trainer's own), read from the trainers' code; the notebook shows it beside the chosen settings."""
+    from ..extraction import eagle3_layers
+
+    rows = []
+    for layout in LAYOUTS.values():
+        off = layout.layer_offset
+        if num_layers:
+            hf: list = list(eagle3_layers(num_layers))
+            own: list = [i + off for i in hf]
+        else:
+            hf, own = ["2", "L//2", "L-3"], [f"{2 + off}", f"L//2{off:+d}" if off else "L//2", f"L{off - 3:+d}"]
+        rows.append({"layout": layout.name, "read by": layout.about, "files": layout.files,
+                     "last state": layout.final or "post_norm (default; pre_norm selectable)",
+                     "aux layers (HF hidden_states)": hf, "aux layer ids (trainer's numbering)": own,
+                     "storage": "/".join(layout.storages)})
+    return rows
 
 
 def get_layout(name: str) -> Layout:
@@ -66,12 +87,12 @@ def check_stored(files: HiddenStateFiles, writer: StateWriter, samples: Sequence
 
 
 def finalize(files: HiddenStateFiles, samples: Sequence[Sample], *, tokenizer_fingerprint: str = "",
-             records_hashes: dict[str, str] | None = None, extra: dict[str, Any] | None = None
-             ) -> dict[str, Any] | None:
+             records_hashes: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
+             prior_rel_rmse: float = 0.0) -> dict[str, Any] | None:
     """Once every sample is stored: the layout's own files, `index.jsonl` in sample order, `manifest.json`.
 
     Returns None (and writes nothing) while samples are missing. Deterministic, so ranks that race here
-    write the same bytes.
+    write the same bytes. `prior_rel_rmse`: the error of the states this set was converted from.
     """
     directory = files.directory
     done = read_parts(files)
@@ -89,7 +110,7 @@ def finalize(files: HiddenStateFiles, samples: Sequence[Sample], *, tokenizer_fi
                 "num_samples": len(entries), "num_tokens": tokens,
                 "num_loss_tokens": sum(sum(s.loss_mask) for s in samples),
                 "bytes": state_bytes, "bytes_per_token": state_bytes / tokens if tokens else 0.0,
-                "reconstruction_rel_rmse": (sq_err / sq_ref) ** 0.5 if sq_ref else 0.0,  # sampled, see ERROR_STRIDE
+                "reconstruction_rel_rmse": ((sq_err / sq_ref if sq_ref else 0.0) + prior_rel_rmse ** 2) ** 0.5,
                 "tokenizer_fingerprint": tokenizer_fingerprint, "records_hashes": records_hashes or {},
                 "samples_hash": samples_hash(samples)}
     layout.finish(directory, manifest, entries, list(samples))

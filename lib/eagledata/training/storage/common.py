@@ -211,6 +211,11 @@ class Reader:
     def read(self, entry: IndexEntry) -> SampleStates:
         raise NotImplementedError
 
+    def ids(self, entry: IndexEntry) -> tuple[list[int], list[int]]:
+        """A sample's input ids and loss mask (a layout that can, reads them without the states)."""
+        got = self.read(entry)
+        return got.input_ids.tolist(), got.loss_mask.tolist()
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -221,8 +226,10 @@ class Layout:
     reader: type[Reader]
     finish: Callable[[Path, dict[str, Any], list[IndexEntry], list[Sample]], None]
     final: Final | None  # the 4th state the trainer expects; None: whatever the extraction says
-    about: str
+    about: str  # who reads it, and how
+    files: str
     storages: tuple[str, ...] = ("bf16", "fp32")  # what the trainer can read
+    layer_offset: int = 0  # the trainer's aux layer id = HF `hidden_states` index + this
 
     def check_storage(self, storage: str) -> None:
         if storage not in self.storages:

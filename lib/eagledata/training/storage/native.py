@@ -81,8 +81,14 @@ class ShardReader(Reader):
         return SampleStates(f.get_slice("input_ids")[span].long(), f.get_slice("loss_mask")[span].long(),
                             states[:, :3], states[:, 3])
 
+    def ids(self, entry: IndexEntry) -> tuple[list[int], list[int]]:
+        f = self._shard(entry.shard)
+        span = slice(entry.offset, entry.offset + entry.length)
+        return f.get_slice("input_ids")[span].tolist(), f.get_slice("loss_mask")[span].tolist()
+
 
 
 LAYOUT = Layout("eagledata", ShardWriter, ShardReader, finish, final=None,
-                about="eagledata's shards, read by eagledata.training.HiddenStates",
+                about="eagledata.training.HiddenStates(<this directory>)",
+                files="shard-NNNNN.safetensors: input_ids [T], loss_mask [T], hidden_states [T, 4, H] of many samples",
                 storages=("bf16", "fp8", "fp32"))

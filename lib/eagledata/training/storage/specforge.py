@@ -5,7 +5,9 @@ The trainer's `--train-hidden-states-path` is the set's directory; it walks it f
 sorted by path) and `torch.load`s each with `mmap=True`. One file per sample: `input_ids` [T] and `loss_mask`
 [T] (int64, no batch dimension: the reader adds it), `hidden_state` [1, T, H] (the target, post-norm: it goes
 straight to the LM head) and `aux_hidden_state` [1, T, 3H] (the three aux layers concatenated, low layer
-first). Files sit in `rows_<start>-<end>/data_<i>.ckpt` folders of 5,000, as SpecForge's own generator writes.
+first). Files sit in `rows_<start>-<end>/data_<i>.ckpt` folders of 2,000, as `scripts/prepare_hidden_states.py`
+writes them (`--file-group-size`). SpecForge numbers aux layers by the layer whose OUTPUT is taken: its
+`eagle_aux_hidden_state_layer_ids` are our HF `hidden_states` indices minus one.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 from ..assembly import Sample
 from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, fsync
 
-ROWS_PER_DIR = 5000
+ROWS_PER_DIR = 2000
 
 
 def sample_file(position: int) -> str:
@@ -44,8 +46,10 @@ class SampleFileWriter(StateWriter):
             path.parent.mkdir(exist_ok=True)
             folders.add(path.parent)
             tmp = path.parent / f".tmp-{uuid.uuid4().hex}"  # no .ckpt suffix: the trainer never lists it
-            torch.save(sample_dict(s.input_ids, s.loss_mask, batch.states[offset:offset + length]), tmp)
-            fsync(tmp)
+            with tmp.open("wb") as f:
+                torch.save(sample_dict(s.input_ids, s.loss_mask, batch.states[offset:offset + length]), f)
+                f.flush()
+                os.fsync(f.fileno())
             os.replace(tmp, path)
             entries.append(IndexEntry(s.id, name, 0, length))
         for folder in folders:
@@ -62,6 +66,11 @@ def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: 
     for path in directory.glob("rows_*/*"):
         if f"{path.parent.name}/{path.name}" not in kept:
             path.unlink()
+    manifest["trainer"] = {
+        "reads_with": "specforge.data.preprocessing.build_offline_eagle3_dataset(<this directory>)",
+        "train_hidden_states_path": str(directory),
+        "eagle_aux_hidden_state_layer_ids": [i - 1 for i in manifest["layers"]],
+        "target_model_path": manifest["model"]}
 
 
 class SampleFileReader(Reader):
@@ -73,5 +82,7 @@ class SampleFileReader(Reader):
 
 
 LAYOUT = Layout("specforge", SampleFileWriter, SampleFileReader, finish, final="post_norm",
-                about="SpecForge: train_eagle3.py --train-hidden-states-path <this directory> "
-                      "(OfflineEagle3Dataset)")
+                about="SpecForge: build_offline_eagle3_dataset(<this directory>) (OfflineEagle3Dataset); "
+                      "the last state goes straight to the LM head",
+                files="rows_<start>-<end>/data_{row}.ckpt (torch.save): input_ids [T], loss_mask [T], "
+                      "hidden_state [1, T, H], aux_hidden_state [1, T, 3H]", layer_offset=-1)

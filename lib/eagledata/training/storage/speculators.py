@@ -9,13 +9,12 @@ takes the last as `verifier_last_hidden_states`.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from pathlib import Path
 
 import torch
 
-from ..assembly import Sample
+from ..assembly import Sample, save_arrow
 from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, fsync
 
 STATES_DIR = "hidden_states"
@@ -52,22 +51,13 @@ class RowFileWriter(StateWriter):
 
 def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: list[Sample]) -> None:
     """The Arrow dataset, in sample order (row i ↔ hs_i), written beside the states; stray temp files removed."""
-    from datasets import Dataset, Features, Sequence, Value
-
     for stray in (directory / STATES_DIR).glob(".tmp-*"):
         stray.unlink()
-    features = Features({"id": Value("string"), "input_ids": Sequence(Value("int64")),
-                         "loss_mask": Sequence(Value("int64")), "seq_len": Value("int64")})
-    ds = Dataset.from_dict({"id": [s.id for s in samples], "input_ids": [s.input_ids for s in samples],
-                            "loss_mask": [s.loss_mask for s in samples], "seq_len": [len(s) for s in samples]},
-                           features=features)
-    ds.set_format("torch")  # the trainer compares `token_ids` with the row's input_ids as tensors
-    tmp = directory / f".arrow-tmp-{uuid.uuid4().hex[:8]}"
-    ds.save_to_disk(str(tmp))
-    for f in tmp.iterdir():
-        os.replace(f, directory / f.name)
-    shutil.rmtree(tmp)
-    manifest["arrow_rows"] = len(samples)
+    save_arrow(samples, directory)
+    manifest["trainer"] = {
+        "reads_with": "speculators.train.data.ArrowDataset(max_len, <this directory>)",
+        "data_path": str(directory), "hidden_states_backend": "file",
+        "target_layer_ids": manifest["layers"], "verifier_name_or_path": manifest["model"]}
 
 
 class RowFileReader(Reader):
@@ -88,4 +78,7 @@ class RowFileReader(Reader):
 
 
 LAYOUT = Layout("speculators", RowFileWriter, RowFileReader, finish, final="pre_norm",
-                about="speculators 0.9.0: speculators.train.data.ArrowDataset(max_len, <this directory>)")
+                about="speculators 0.9.0: speculators.train.data.ArrowDataset(max_len, <this directory>); "
+                      "it applies the verifier's norm to the last state itself",
+                files="Arrow dataset (id, input_ids, loss_mask, seq_len) + hidden_states/hs_{row}.safetensors: "
+                      "token_ids [T], hidden_states [T, 4, H]")

@@ -1,0 +1,86 @@
+"""A finished hidden-states set rewritten in another layout without recompute (`python -m eagledata.hidden_states
+convert --layout speculators SRC DST`). It resumes like an extraction: what is indexed in DST is skipped."""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..layout import HiddenStateFiles
+from .assembly import Sample
+from .loader import HiddenStates
+from .storage import PLAN_KEYS, check_plan, check_stored, finalize, get_layout, read_parts
+
+
+@dataclass(kw_only=True)
+class ConvertResult:
+    directory: Path
+    converted: int
+    skipped: int
+    bytes_written: int
+    seconds: float
+    manifest: dict[str, Any]
+
+
+def check_convention(final: str, layout_name: str) -> None:
+    """States cannot change norm side without recompute: refuse a conversion the trainer would misread."""
+    layout = get_layout(layout_name)
+    if layout.final is not None and layout.final != final:
+        raise InputError(f"the source states are {final}, but {layout.name} expects {layout.final} as its last "
+                         f"state; extract again with layout={layout.name} (or final={layout.final})",
+                         field="final")
+
+
+def convert(source: str | Path, destination: str | Path, layout: str, *, flush_bytes: int = 256 << 20,
+            progress: bool = True) -> ConvertResult:
+    """`source` (a finished set, any layout) into `destination` in `layout`; fp8 sources become bf16."""
+    src = HiddenStates(source)
+    target = get_layout(layout)
+    m = src.manifest
+    storage = "bf16" if m["storage"] == "fp8" and "fp8" not in target.storages else m["storage"]
+    target.check_storage(storage)
+    check_convention(m["final"], target.name)
+    files = HiddenStateFiles(Path(destination))
+    if files.directory.resolve() == src.files.directory.resolve():
+        raise InputError("source and destination are the same directory", files.directory)
+    files.parts.mkdir(parents=True, exist_ok=True)
+    plan = {**{k: m.get(k) for k in ("model", "decoder", "compute_dtype")}, **{k: m.get(k) for k in PLAN_KEYS},
+            "layout": target.name, "storage": storage,
+            "dtype": "bfloat16" if storage == "bf16" else "float32"}
+    check_plan(files, plan)
+
+    samples = [Sample(e.id, "", *src.reader.ids(e), truncated=False) for e in src.entries]
+    part = files.parts / f"convert-{uuid.uuid4().hex[:8]}.jsonl"
+    writer = target.writer(files, part, storage, flush_bytes, m["hidden_size"], {s.id: i for i, s in enumerate(samples)})
+    done = read_parts(files)
+    check_stored(files, writer, samples, done)
+    todo = [(e, s) for e, s in zip(src.entries, samples) if s.id not in done]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sum(e.length for e, _ in todo), unit="tok", desc=f"convert to {target.name}")
+    start = time.perf_counter()
+    try:
+        for entry, sample in todo:
+            got = src.reader.read(entry)
+            writer.add([sample], torch.cat([got.aux_hidden_states, got.final_hidden_state[:, None]], 1))
+            if bar is not None:
+                bar.update(entry.length)
+        writer.flush()
+    finally:
+        writer.close()
+        if bar is not None:
+            bar.close()
+    manifest = finalize(files, samples, tokenizer_fingerprint=m.get("tokenizer_fingerprint", ""),
+                        records_hashes=m.get("records_hashes"), prior_rel_rmse=m.get("reconstruction_rel_rmse", 0.0),
+                        extra={"converted_from": str(src.files.directory), "source_format": m.get("format")})
+    assert manifest is not None  # every sample was written above
+    return ConvertResult(directory=files.directory, converted=len(todo), skipped=len(samples) - len(todo),
+                         bytes_written=sum(e.length for e, _ in todo) * 4 * m["hidden_size"]
+                         * (2 if storage == "bf16" else 4), seconds=time.perf_counter() - start, manifest=manifest)
