@@ -12,7 +12,7 @@ ifneq ($(wildcard $(TOKENIZER_ASSETS)/tiktoken.model),)
 export EAGLEDATA_TOKENIZER_DIR ?= $(TOKENIZER_ASSETS)
 endif
 
-.PHONY: setup test demo lab bench clean
+.PHONY: setup test test-interop demo lab bench clean
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -25,6 +25,18 @@ $(STAMP): requirements.txt pyproject.toml
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The trainers' own readers on our exports: speculators 0.9.0 in its own environment (it pins transformers<=5.19).
+INTEROP_VENV ?= .venv-interop
+INTEROP_STAMP := $(INTEROP_VENV)/.installed
+$(INTEROP_STAMP): tests/interop/requirements.txt
+	test -x $(INTEROP_VENV)/bin/python || python3 -m venv $(INTEROP_VENV)
+	$(INTEROP_VENV)/bin/pip install -q --disable-pip-version-check -r tests/interop/requirements.txt
+	$(INTEROP_VENV)/bin/pip uninstall -q -y torchvision torchaudio
+	touch $(INTEROP_STAMP)
+
+test-interop: $(STAMP) $(INTEROP_STAMP)
+	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python $(PY) -m pytest -m interop $(PYTEST_ARGS) tests/test_interop.py
 
 demo: $(STAMP)
 	$(PY) -m eagledata.demo --output-dir outputs
@@ -40,4 +52,4 @@ bench: $(STAMP)
 	$(PY) bench/hidden_states_bench.py --preset cpu-small --repeat 4
 
 clean:
-	rm -rf $(VENV) outputs/runs
+	rm -rf $(VENV) $(INTEROP_VENV) outputs/runs

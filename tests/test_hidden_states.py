@@ -357,20 +357,40 @@ def test_dataset_names_resolve_under_output_dir(tok, tmp_path):
 
 
 # -- notebook --------------------------------------------------------------------------------------
-def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, tmp_path):
+def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_path):
+    """hidden_states.ipynb with `-p layout specforge`, read as SpecForge's OfflineEagle3Dataset reads it: ids
+    are the records', states equal a batch-1 transformers reference within bf16 rounding."""
+    import specforge_reader as sf
+
     from eagledata.notebooks import cell_outputs_text, run_notebook
+    from eagledata.records import load_records
 
     model_dir = tmp_path / "tiny-kimi"
-    build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
+    model = build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
     # run_notebook directly: the execute_notebook fixture's own `name` argument shadows the notebook's
     parameters = dict(datasets=[str(records_file)], output_dir=str(tmp_path / "out"), name="demo",
-                      model=str(model_dir), tokenizer=str(tokenizer_dir), storage="bf16",
+                      model=str(model_dir), tokenizer=str(tokenizer_dir), layout="specforge",
                       max_tokens_per_batch=512, device="cpu")
     out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path)
     text = cell_outputs_text(out)
-    assert "bytes per token" in text and "verified 12 samples" in text
-    manifest = json.loads((tmp_path / "out" / "hidden_states" / "demo" / "manifest.json").read_text())
-    assert manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS)
+    assert "bytes per token" in text and "verified 12 samples" in text and "WARNING" not in text
+    directory = tmp_path / "out" / "hidden_states" / "demo"
+    manifest = json.loads((directory / "manifest.json").read_text())
+    assert manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS) and manifest["layout"] == "specforge"
+
+    records = {r.id: r for r in load_records(records_file)}
+    files = sf.list_feature_files(str(directory))
+    index = {e["shard"]: e["id"] for e in map(json.loads, (directory / "index.jsonl").read_text().splitlines())}
+    assert len(files) == 12
+    for path in files:
+        record = records[index[os.path.relpath(path, directory)]]
+        item = sf.normalize(sf.load_feature_file(path), max_len=4096)
+        assert item["input_ids"][0].tolist() == record.prompt_ids + record.output_ids
+        with torch.no_grad():
+            ref = model(torch.tensor([record.input_ids]), output_hidden_states=True).hidden_states
+        torch.testing.assert_close(item["hidden_state"][0].float(), torch.cat([ref[i][0] for i in LAYERS], -1),
+                                   rtol=2 ** -7, atol=1e-3)  # bf16 rounding
+        torch.testing.assert_close(item["target"][0].float(), ref[-1][0], rtol=2 ** -7, atol=1e-3)
 
 
 # -- trainer layouts --------------------------------------------------------------------------------

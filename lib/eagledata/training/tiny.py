@@ -44,6 +44,12 @@ def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: 
     cfg = tiny_config(family, **config)
     torch.manual_seed(seed)
     model = Kimi_K25ForConditionalGeneration(cfg) if family == "kimi_k25" else AutoModelForCausalLM.from_config(cfg)
+    # Norm weights start at one, which makes RMSNorm idempotent: a state taken after the final norm would then
+    # pass every check written for one taken before it. Random weights keep the two sides apart.
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
     model.eval()
     if directory is not None:
         model.save_pretrained(str(directory))
