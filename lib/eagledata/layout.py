@@ -1,4 +1,4 @@
-"""Every path the workbench reads or writes, in one place (the file contracts of DESIGN.md).
+"""Every path the workbench reads or writes, in one place (the file contracts of docs/FORMATS.md).
 
     <params_dir>/datasets.yaml                  datasets file: prompts and token targets
     <params_dir>/routing/<model name>.yaml      routing decision (providers.ipynb)

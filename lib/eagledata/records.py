@@ -1,4 +1,4 @@
-"""The vocabulary every stage shares: the model's answer as text, and the one record schema (DESIGN.md).
+"""The vocabulary every stage shares: the model's answer as text, and the one record schema (docs/FORMATS.md).
 
 Kept free of tokenizers and HTTP so that any stage (and the emulator) can import it cheaply.
 """

@@ -1,7 +1,7 @@
 """Credit policy: a request's worst case must fit the balance, `usage.cost` is charged when it ends.
 
 As on OpenRouter, the check is per request against credits − usage: requests in flight hold nothing,
-so a client with 2,000 in flight can drive the balance below zero (DESIGN.md, money semantics). What
+so a client with 2,000 in flight can drive the balance below zero (docs/FORMATS.md#billing). What
 they would hold is tracked (`in_flight_worst`) for the stats only.
 
 Pure arithmetic plus a small ledger, so the 402 decision and the charge are unit-testable.

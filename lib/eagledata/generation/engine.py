@@ -49,7 +49,7 @@ NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeed
 @dataclass(kw_only=True)
 class GenerateConfig(Settings):
     """Every setting of a generation run: generate.ipynb's parameters cell and the command's flags are
-    made from these fields (DESIGN.md fixes the first fifteen names)."""
+    made from these fields (docs/FORMATS.md#generate-parameters fixes the first fourteen names)."""
 
     dataset: str = setting("demo-a", "a name in datasets_file", cli_required=True)
     datasets_file: str = setting(DATASETS_FILE, "name -> {prompts, target_output_tokens}")

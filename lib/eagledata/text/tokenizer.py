@@ -52,7 +52,7 @@ _RUNS = re.compile(r"\s+|\S+")
 REQUIRED_FILES = ("tiktoken.model", "tokenizer_config.json")
 HUB_FILES = ["tiktoken.model", "tokenizer_config.json", "chat_template.jinja"]
 
-# The two special ids the output-id recipe places by structure (DESIGN.md).
+# The two special ids the output-id recipe places by structure (docs/FORMATS.md#output-ids-and-loss-mask).
 IM_END, END_THINK = 163586, 163607
 
 

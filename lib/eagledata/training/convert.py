@@ -8,13 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..errors import InputError
 from ..layout import HiddenStateFiles
 from .assembly import Sample
 from .loader import HiddenStates
-from .storage import PLAN_KEYS, check_plan, check_stored, finalize, get_layout, read_parts
+from .storage import PLAN_KEYS, STORAGE_DTYPES, check_plan, check_stored, finalize, get_layout, read_parts
 
 
 @dataclass(kw_only=True)
@@ -51,7 +49,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, flush_b
     files.parts.mkdir(parents=True, exist_ok=True)
     plan = {**{k: m.get(k) for k in ("model", "decoder", "compute_dtype")}, **{k: m.get(k) for k in PLAN_KEYS},
             "layout": target.name, "storage": storage,
-            "dtype": "bfloat16" if storage == "bf16" else "float32"}
+            "dtype": str(STORAGE_DTYPES[storage]).replace("torch.", "")}
     check_plan(files, plan)
 
     samples = [Sample(e.id, "", *src.reader.ids(e), truncated=False) for e in src.entries]
@@ -68,8 +66,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, flush_b
     start = time.perf_counter()
     try:
         for entry, sample in todo:
-            got = src.reader.read(entry)
-            writer.add([sample], torch.cat([got.aux_hidden_states, got.final_hidden_state[:, None]], 1))
+            writer.add([sample], src.reader.read_states(entry)[2])
             if bar is not None:
                 bar.update(entry.length)
         writer.flush()

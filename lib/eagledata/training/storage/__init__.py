@@ -10,12 +10,11 @@ from ...files import atomic_write_text
 from ...layout import HiddenStateFiles
 from ..assembly import Sample, samples_hash
 from . import native, specforge, speculators
-from .common import (ERROR_STRIDE, STORAGE_DTYPES, Final, IndexEntry, Layout, Reader, SampleStates, StateWriter,
+from .common import (ERROR_STRIDE, FORMAT, STORAGE_DTYPES, Final, IndexEntry, Layout, Reader, SampleStates, StateWriter,
                      Storage, dequantize_fp8, quantize_fp8, read_index, read_parts)
 
 LayoutName = Literal["eagledata", "speculators", "specforge"]
 LAYOUTS: dict[str, Layout] = {m.LAYOUT.name: m.LAYOUT for m in (native, speculators, specforge)}
-FORMAT = "eagledata.hidden_states/2"
 
 __all__ = ["ERROR_STRIDE", "FORMAT", "Final", "IndexEntry", "LAYOUTS", "Layout", "LayoutName", "PLAN_KEYS", "Reader",
            "SampleStates", "STORAGE_DTYPES", "StateWriter", "Storage", "check_plan", "check_stored", "conventions",

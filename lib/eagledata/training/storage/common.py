@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
 import torch
 
@@ -25,6 +26,7 @@ Storage = Literal["bf16", "fp8", "fp32"]
 Final = Literal["post_norm", "pre_norm"]
 STORAGE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp32": torch.float32}
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FORMAT = "eagledata.hidden_states/2"  # 2: layouts, per-sample error terms in the index parts
 ERROR_STRIDE = 8  # the storage error is estimated on every 8th token: exact enough, nearly free
 
 
@@ -95,24 +97,59 @@ def fsync(path: Path) -> None:
         os.close(fd)
 
 
+def write_durably(files: Sequence[tuple[Path, Callable[[Path], None]]]) -> None:
+    """Write each file through `write(temp path)`, then fsync them all, then rename them into place and fsync
+    their folders: the device sees one batch of writes, not a flush per file, and a final name only ever holds
+    complete data (a file left by a killed run is simply replaced)."""
+    tmps = []
+    for path, write in files:
+        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"  # no trainer suffix: never listed as a sample
+        write(tmp)
+        os.chmod(tmp, 0o644)  # safetensors creates 0600; states are shared data like every other output
+        tmps.append(tmp)
+    for tmp in tmps:
+        fsync(tmp)
+    for tmp, (path, _) in zip(tmps, files):
+        os.replace(tmp, path)
+    for folder in {path.parent for path, _ in files}:
+        fsync(folder)
+
+
 # -- writing ---------------------------------------------------------------------------------------
 @dataclass
 class Batch:
-    """Samples handed to the writer thread: their states back to back, already in the storage dtype."""
+    """Samples handed to the writer thread: their states back to back in chunks (one per `add`), already in the
+    storage dtype. A shard joins the chunks; a per-sample layout slices them, so nothing is copied twice."""
 
     samples: list[Sample]
     positions: list[int]  # each sample's row in the whole set (a trainer's file names follow it)
-    states: torch.Tensor  # [N, 4, H]
-    scales: torch.Tensor | None  # [N, 4] for fp8
+    chunks: list[torch.Tensor]  # [N_i, 4, H]
+    scales: list[torch.Tensor]  # [N_i, 4] for fp8
     sq_err: list[float]
     sq_ref: list[float]
 
+    def joined(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """All states [N, 4, H] (and fp8 scales [N, 4]) in sample order."""
+        states = torch.cat(self.chunks) if len(self.chunks) > 1 else self.chunks[0]
+        return states, (torch.cat(self.scales) if self.scales else None)
+
     def spans(self) -> list[tuple[int, int]]:
+        """(offset, length) of each sample in `joined()`."""
         out, offset = [], 0
         for s in self.samples:
             out.append((offset, len(s)))
             offset += len(s)
         return out
+
+    def per_sample(self) -> Iterator[tuple[Sample, int, torch.Tensor]]:
+        """(sample, row, its states [T, 4, H] as a view of its chunk)."""
+        rows = iter(zip(self.samples, self.positions))
+        for chunk in self.chunks:
+            offset = 0
+            while offset < chunk.shape[0]:
+                sample, position = next(rows)
+                yield sample, position, chunk[offset:offset + len(sample)]
+                offset += len(sample)
 
 
 class StateWriter:
@@ -138,14 +175,25 @@ class StateWriter:
 
     def add(self, samples: Sequence[Sample], states: torch.Tensor) -> None:
         """`states` [N, 4, H] of `samples` back to back; cast (or quantized) once per batch."""
-        scales = None
         if self.storage == "fp8":
             stored, scales = quantize_fp8(states)
-            back = dequantize_fp8(stored[::ERROR_STRIDE], scales[::ERROR_STRIDE])
             self.scales.append(scales.cpu())
+            self._storage_error(samples, states, dequantize_fp8(stored[::ERROR_STRIDE], scales[::ERROR_STRIDE]))
+        elif states.dtype == STORAGE_DTYPES[self.storage]:
+            stored = states  # stored as computed: no storage error (a conversion of bf16 to bf16, say)
+            self.sq_err.extend([0.0] * len(samples))
+            self.sq_ref.extend([0.0] * len(samples))
         else:
             stored = states.to(STORAGE_DTYPES[self.storage])
-            back = stored[::ERROR_STRIDE].float()
+            self._storage_error(samples, states, stored[::ERROR_STRIDE].float())
+        self.states.append(stored.cpu())
+        self.samples.extend(samples)
+        self.tokens += stored.shape[0]
+        if self.tokens >= self.flush_tokens:
+            self.flush()
+
+    def _storage_error(self, samples: Sequence[Sample], states: torch.Tensor, back: torch.Tensor) -> None:
+        """Squared error and norm of every 8th token's stored value, summed per sample."""
         ref = states[::ERROR_STRIDE].float()
         lengths = torch.tensor([len(s) for s in samples], device=states.device)
         sampled = torch.arange(0, states.shape[0], ERROR_STRIDE, device=states.device)
@@ -154,19 +202,13 @@ class StateWriter:
         refsq = torch.zeros(len(samples), device=states.device).index_add_(0, row, ref.pow(2).sum((1, 2)))
         self.sq_err.extend(err.tolist())
         self.sq_ref.extend(refsq.tolist())
-        self.states.append(stored.cpu())
-        self.samples.extend(samples)
-        self.tokens += stored.shape[0]
-        if self.tokens >= self.flush_tokens:
-            self.flush()
 
     def flush(self) -> None:
         """Hand the buffered samples to the writer thread (after the previous batch is written)."""
         if not self.samples:
             return
-        batch = Batch(self.samples, [self.positions[s.id] for s in self.samples],
-                      torch.cat(self.states) if len(self.states) > 1 else self.states[0],
-                      (torch.cat(self.scales) if self.scales else None), self.sq_err, self.sq_ref)
+        batch = Batch(self.samples, [self.positions[s.id] for s in self.samples], self.states, self.scales,
+                      self.sq_err, self.sq_ref)
         self._reset()
         self.wait()
         self.pending = self.pool.submit(self._write_and_index, batch)
@@ -208,13 +250,18 @@ class Reader:
     def __init__(self, directory: Path, manifest: dict[str, Any], entries: Sequence[IndexEntry]):
         self.directory, self.manifest, self.entries = directory, manifest, entries
 
-    def read(self, entry: IndexEntry) -> SampleStates:
+    def read_states(self, entry: IndexEntry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(input ids [T], loss mask [T], states [T, 4, H]) of one sample, states as stored (fp8 dequantized)."""
         raise NotImplementedError
+
+    def read(self, entry: IndexEntry) -> SampleStates:
+        ids, mask, states = self.read_states(entry)
+        return SampleStates(ids.long(), mask.long(), states[:, :3], states[:, 3])
 
     def ids(self, entry: IndexEntry) -> tuple[list[int], list[int]]:
         """A sample's input ids and loss mask (a layout that can, reads them without the states)."""
-        got = self.read(entry)
-        return got.input_ids.tolist(), got.loss_mask.tolist()
+        ids, mask, _ = self.read_states(entry)
+        return ids.tolist(), mask.tolist()
 
 
 @dataclass(frozen=True)

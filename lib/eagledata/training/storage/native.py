@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..assembly import Sample
-from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, dequantize_fp8, fsync
+from .common import FORMAT, Batch, IndexEntry, Layout, Reader, StateWriter, dequantize_fp8, fsync
 
 
 def _claim_shard(directory: Path, tmp: Path) -> str:
@@ -34,16 +34,17 @@ class ShardWriter(StateWriter):
     def _write(self, batch: Batch) -> list[IndexEntry]:
         from safetensors.torch import save_file
 
+        states, scales = batch.joined()
         tensors = {
             "input_ids": torch.tensor([i for s in batch.samples for i in s.input_ids], dtype=torch.int32),
             "loss_mask": torch.tensor([m for s in batch.samples for m in s.loss_mask], dtype=torch.uint8),
-            "hidden_states": batch.states,
+            "hidden_states": states,
         }
-        if batch.scales is not None:
-            tensors["scales"] = batch.scales
+        if scales is not None:
+            tensors["scales"] = scales
         directory = self.files.directory
         tmp = directory / f".shard-tmp-{uuid.uuid4().hex}.safetensors"
-        save_file(tensors, str(tmp), metadata={"format": "eagledata.hidden_states/1"})
+        save_file(tensors, str(tmp), metadata={"format": FORMAT})
         os.chmod(tmp, 0o644)  # safetensors creates 0600; shards are shared data like every other output
         fsync(tmp)
         name = _claim_shard(directory, tmp)
@@ -72,14 +73,13 @@ class ShardReader(Reader):
             self._open[name] = safe_open(str(self.directory / name), framework="pt")
         return self._open[name]
 
-    def read(self, entry: IndexEntry) -> SampleStates:
+    def read_states(self, entry: IndexEntry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         f = self._shard(entry.shard)
         span = slice(entry.offset, entry.offset + entry.length)
         states = f.get_slice("hidden_states")[span]
         if self.manifest["storage"] == "fp8":
             states = dequantize_fp8(states, f.get_slice("scales")[span])
-        return SampleStates(f.get_slice("input_ids")[span].long(), f.get_slice("loss_mask")[span].long(),
-                            states[:, :3], states[:, 3])
+        return f.get_slice("input_ids")[span], f.get_slice("loss_mask")[span], states
 
     def ids(self, entry: IndexEntry) -> tuple[list[int], list[int]]:
         f = self._shard(entry.shard)

@@ -11,14 +11,12 @@ writes them (`--file-group-size`). SpecForge numbers aux layers by the layer who
 """
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import torch
 
 from ..assembly import Sample
-from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, fsync
+from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, write_durably
 
 ROWS_PER_DIR = 2000
 
@@ -29,31 +27,31 @@ def sample_file(position: int) -> str:
 
 
 def sample_dict(input_ids: list[int], loss_mask: list[int], states: torch.Tensor) -> dict[str, torch.Tensor]:
-    """One sample as SpecForge stores it; the states are copied so that no view drags its batch along."""
+    """One sample as SpecForge stores it. torch.save writes a view's whole storage, so both states are copied
+    into storage of their own (a view of the batch would put the whole batch in every file)."""
     t, _, h = states.shape
+    own = dict(memory_format=torch.contiguous_format)
     return {"input_ids": torch.tensor(input_ids, dtype=torch.long),
             "loss_mask": torch.tensor(loss_mask, dtype=torch.long),
-            "hidden_state": states[:, 3].clone().unsqueeze(0),
-            "aux_hidden_state": states[:, :3].reshape(t, 3 * h).unsqueeze(0)}
+            "hidden_state": states[:, 3].clone(**own).unsqueeze(0),
+            "aux_hidden_state": states[:, :3].reshape(t, 3 * h).clone(**own).unsqueeze(0)}
+
+
+def _save(data: dict[str, torch.Tensor], path: Path) -> None:
+    with path.open("wb") as f:  # a file object: torch.save would derive its archive name from a path's dotted stem
+        torch.save(data, f)
 
 
 class SampleFileWriter(StateWriter):
     def _write(self, batch: Batch) -> list[IndexEntry]:
-        entries, folders = [], set()
-        for s, position, (offset, length) in zip(batch.samples, batch.positions, batch.spans()):
-            name = sample_file(position)
-            path = self.files.directory / name
+        writes, entries = [], []
+        for s, position, states in batch.per_sample():
+            path = self.files.directory / sample_file(position)
             path.parent.mkdir(exist_ok=True)
-            folders.add(path.parent)
-            tmp = path.parent / f".tmp-{uuid.uuid4().hex}"  # no .ckpt suffix: the trainer never lists it
-            with tmp.open("wb") as f:
-                torch.save(sample_dict(s.input_ids, s.loss_mask, batch.states[offset:offset + length]), f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            entries.append(IndexEntry(s.id, name, 0, length))
-        for folder in folders:
-            fsync(folder)
+            data = sample_dict(s.input_ids, s.loss_mask, states)
+            writes.append((path, lambda tmp, d=data: _save(d, tmp)))
+            entries.append(IndexEntry(s.id, sample_file(position), 0, len(s)))
+        write_durably(writes)
         return entries
 
     def expected_file(self, position: int) -> str | None:
@@ -79,6 +77,10 @@ class SampleFileReader(Reader):
         t = data["input_ids"].shape[0]
         aux = data["aux_hidden_state"].squeeze(0).reshape(t, 3, -1)
         return SampleStates(data["input_ids"].long(), data["loss_mask"].long(), aux, data["hidden_state"].squeeze(0))
+
+    def read_states(self, entry: IndexEntry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        got = self.read(entry)
+        return got.input_ids, got.loss_mask, torch.cat([got.aux_hidden_states, got.final_hidden_state[:, None]], 1)
 
 
 LAYOUT = Layout("specforge", SampleFileWriter, SampleFileReader, finish, final="post_norm",

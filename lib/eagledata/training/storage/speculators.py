@@ -8,14 +8,12 @@ takes the last as `verifier_last_hidden_states`.
 """
 from __future__ import annotations
 
-import os
-import uuid
 from pathlib import Path
 
 import torch
 
 from ..assembly import Sample, save_arrow
-from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, fsync
+from .common import Batch, IndexEntry, Layout, Reader, StateWriter, write_durably
 
 STATES_DIR = "hidden_states"
 
@@ -25,24 +23,18 @@ def state_file(position: int) -> str:
 
 
 class RowFileWriter(StateWriter):
-    """One safetensors file per sample, named by its row: written to a temp name, fsynced, then renamed."""
+    """One safetensors file per sample, named by its row."""
 
     def _write(self, batch: Batch) -> list[IndexEntry]:
         from safetensors.torch import save_file
 
-        directory = self.files.directory / STATES_DIR
-        directory.mkdir(exist_ok=True)
-        entries = []
-        for s, position, (offset, length) in zip(batch.samples, batch.positions, batch.spans()):
-            name = state_file(position)
-            tmp = directory / f".tmp-{uuid.uuid4().hex}.safetensors"
-            save_file({"token_ids": torch.tensor(s.input_ids, dtype=torch.long),
-                       "hidden_states": batch.states[offset:offset + length]}, str(tmp))
-            os.chmod(tmp, 0o644)
-            fsync(tmp)
-            os.replace(tmp, self.files.directory / name)  # a file left by a killed run is simply replaced
-            entries.append(IndexEntry(s.id, name, 0, length))
-        fsync(directory)
+        (self.files.directory / STATES_DIR).mkdir(exist_ok=True)
+        writes, entries = [], []
+        for s, position, states in batch.per_sample():
+            tensors = {"token_ids": torch.tensor(s.input_ids, dtype=torch.long), "hidden_states": states}
+            writes.append((self.files.directory / state_file(position), lambda tmp, t=tensors: save_file(t, str(tmp))))
+            entries.append(IndexEntry(s.id, state_file(position), 0, len(s)))
+        write_durably(writes)
         return entries
 
     def expected_file(self, position: int) -> str | None:
@@ -67,14 +59,12 @@ class RowFileReader(Reader):
 
         self.data = load_from_disk(str(self.directory))
 
-    def read(self, entry: IndexEntry) -> SampleStates:
+    def read_states(self, entry: IndexEntry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from safetensors.torch import load_file
 
         got = load_file(str(self.directory / entry.shard))
         row = int(entry.shard.rsplit("_", 1)[1].split(".")[0])
-        states = got["hidden_states"]
-        return SampleStates(got["token_ids"].long(), torch.as_tensor(self.data[row]["loss_mask"]).long(),
-                            states[:, :3], states[:, 3])
+        return got["token_ids"], torch.as_tensor(self.data[row]["loss_mask"]), got["hidden_states"]
 
 
 LAYOUT = Layout("speculators", RowFileWriter, RowFileReader, finish, final="pre_norm",

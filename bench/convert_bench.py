@@ -1,0 +1,110 @@
+"""Conversion of a finished native set into each trainer's layout, against the disk's own write bandwidth.
+
+A native set of N synthetic samples (random bf16 states, lengths uniform in [min_len, max_len]) is written once
+through the real shard writer; each conversion is `python -m eagledata.hidden_states convert` in a subprocess,
+as a user runs it, timed end to end (process start, reading the shards, per-sample files with fsync, index,
+Arrow dataset, manifest). The disk figure is a plain write of the same number of bytes in 16 MiB chunks with one
+fsync at the end, the best a writer can do. Goal: conversion ≥ half the disk's write bandwidth.
+
+    PYTHONPATH=lib .venv/bin/python bench/convert_bench.py --samples 10000 --hidden 256
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import torch
+
+from eagledata.layout import HiddenStateFiles
+from eagledata.training.assembly import Sample
+from eagledata.training.storage import check_plan, finalize, get_layout
+
+
+def make_native(directory: Path, samples: int, hidden: int, min_len: int, max_len: int, seed: int = 0) -> int:
+    """A finished native set written by the real writer; returns the bytes of states it holds."""
+    rng = random.Random(seed)
+    files = HiddenStateFiles(directory)
+    files.parts.mkdir(parents=True)
+    check_plan(files, {"model": "synthetic", "layout": "eagledata", "decoder": "model", "num_layers": 8,
+                       "layers": [2, 4, 5], "final": "pre_norm", "dtype": "bfloat16", "storage": "bf16",
+                       "hidden_size": hidden, "vocab_size": 163_840, "compute_dtype": "bfloat16"})
+    made = []
+    for i in range(samples):
+        n = rng.randint(min_len, max_len)
+        made.append(Sample(f"s{i}", "synthetic", [rng.randrange(163_840) for _ in range(n)], [0] * (n // 3) +
+                           [1] * (n - n // 3), False))
+    writer = get_layout("eagledata").writer(files, files.parts / f"w-{uuid.uuid4().hex[:6]}.jsonl", "bf16", 1 << 30,
+                                            hidden, {s.id: i for i, s in enumerate(made)})
+    g = torch.Generator().manual_seed(seed)
+    try:
+        for start in range(0, samples, 64):
+            group = made[start:start + 64]
+            writer.add(group, torch.randn(sum(len(s) for s in group), 4, hidden, generator=g).to(torch.bfloat16))
+        writer.flush()
+    finally:
+        writer.close()
+    finalize(files, made)
+    return sum(len(s) for s in made) * 4 * hidden * 2
+
+
+def disk_write_mb_s(directory: Path, nbytes: int) -> float:
+    chunk = os.urandom(16 << 20)
+    path = directory / "disk-probe.bin"
+    start = time.perf_counter()
+    with path.open("wb") as f:
+        for _ in range(max(1, nbytes // len(chunk))):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - start
+    size = path.stat().st_size
+    path.unlink()
+    return size / 1e6 / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--samples", type=int, default=10_000)
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--min-len", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=448)
+    parser.add_argument("--layouts", nargs="+", default=["speculators", "specforge"])
+    parser.add_argument("--dir", default=None, help="scratch directory on the disk to measure (default: a temp dir)")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="convert-bench-", dir=args.dir))
+    try:
+        t = time.perf_counter()
+        state_bytes = make_native(root / "native", args.samples, args.hidden, args.min_len, args.max_len)
+        print(f"native set: {args.samples} samples, {state_bytes / 1e9:.2f} GB of states, "
+              f"written in {time.perf_counter() - t:.1f} s")
+        disk = disk_write_mb_s(root, state_bytes)
+        print(f"disk: {disk:.0f} MB/s (one stream, 16 MiB writes, one fsync)")
+        for layout in args.layouts:
+            subprocess.run(["sync"], check=True)
+            start = time.perf_counter()
+            done = subprocess.run([sys.executable, "-m", "eagledata.hidden_states", "convert", "--layout", layout,
+                                   str(root / "native"), str(root / layout)], capture_output=True, text=True)
+            seconds = time.perf_counter() - start
+            if done.returncode:
+                raise SystemExit(done.stderr)
+            written = sum(p.stat().st_size for p in (root / layout).rglob("*") if p.is_file())
+            rate = written / 1e6 / seconds
+            print(json.dumps({"layout": layout, "samples": args.samples, "seconds": round(seconds, 1),
+                              "written_gb": round(written / 1e9, 2), "mb_per_s": round(rate),
+                              "of_disk": round(rate / disk, 2)}))
+            shutil.rmtree(root / layout)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
