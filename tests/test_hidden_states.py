@@ -364,7 +364,8 @@ def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, tmp
     parameters = dict(datasets=[str(records_file)], output_dir=str(tmp_path / "out"), name="demo",
                       model=str(model_dir), tokenizer=str(tokenizer_dir), storage="bf16",
                       max_tokens_per_batch=512, device="cpu")
-    out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path)
+    out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path,
+                       project_root=tmp_path)
     text = cell_outputs_text(out)
     assert "bytes per token" in text and "verified 12 samples" in text
     manifest = json.loads((tmp_path / "out" / "hidden_states" / "demo" / "manifest.json").read_text())
