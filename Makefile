@@ -30,9 +30,9 @@ test: $(STAMP)
 # chromium when it is missing and we are root. Where neither can be had the tests say why and skip.
 LAB_STAMP := $(VENV)/.lab-installed
 BROWSER_PACKAGE := chromium
-$(LAB_STAMP): $(STAMP) requirements-lab.txt
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements-lab.txt && touch $(LAB_STAMP) \
-		|| echo "test-lab: could not install playwright (requirements-lab.txt); the browser tests will skip"
+$(LAB_STAMP): $(STAMP) requirements-test-lab.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test-lab.txt && touch $(LAB_STAMP) \
+		|| echo "test-lab: could not install playwright (requirements-test-lab.txt); the browser tests will skip"
 
 test-lab: $(LAB_STAMP)
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || test -n "$$EAGLEDATA_LAB_BROWSER" \

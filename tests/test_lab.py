@@ -58,7 +58,7 @@ def browser_executable() -> str:
 @pytest.fixture(scope="module")
 def browser():
     sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="playwright is not installed (`make test-lab` installs requirements-lab.txt)")
+                                   reason="playwright is not installed (`make test-lab` installs requirements-test-lab.txt)")
     executable = browser_executable()
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=executable, headless=True, args=["--no-sandbox"])
