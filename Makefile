@@ -12,7 +12,7 @@ ifneq ($(wildcard $(TOKENIZER_ASSETS)/tiktoken.model),)
 export EAGLEDATA_TOKENIZER_DIR ?= $(TOKENIZER_ASSETS)
 endif
 
-.PHONY: setup test test-interop demo lab bench clean
+.PHONY: setup test test-interop test-lab demo lab bench clean
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -37,6 +37,24 @@ $(INTEROP_STAMP): tests/interop/requirements.txt
 
 test-interop: $(STAMP) $(INTEROP_STAMP)
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python $(PY) -m pytest -m interop $(PYTEST_ARGS) tests/test_interop.py
+
+# JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
+# chromium when it is missing and we are root. Where neither can be had the tests say why and skip.
+LAB_STAMP := $(VENV)/.lab-installed
+BROWSER_PACKAGE := chromium
+$(LAB_STAMP): $(STAMP) requirements-test-lab.txt
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test-lab.txt && touch $(LAB_STAMP) \
+		|| echo "test-lab: could not install playwright (requirements-test-lab.txt); the browser tests will skip"
+
+test-lab: $(LAB_STAMP)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || test -n "$$EAGLEDATA_LAB_BROWSER" \
+		|| { test "$$(id -u)" = 0 && command -v apt-get >/dev/null \
+			&& { echo "test-lab: installing $(BROWSER_PACKAGE) with apt-get"; \
+				DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BROWSER_PACKAGE) >/dev/null 2>&1 \
+				|| { apt-get update -q >/dev/null 2>&1 \
+					&& DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BROWSER_PACKAGE) >/dev/null 2>&1; }; } \
+			|| echo "test-lab: no Chromium on PATH and none could be installed; the browser tests will skip"; }
+	$(PY) -m pytest -m lab $(PYTEST_ARGS) tests/test_lab.py
 
 demo: $(STAMP)
 	$(PY) -m eagledata.demo --output-dir outputs

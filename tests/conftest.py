@@ -25,9 +25,12 @@ def tok(tokenizer_dir):
 
 @pytest.fixture
 def execute_notebook(tmp_path):
-    """Run notebooks/<name>.ipynb with papermill and parameters into tmp_path; any cell error fails."""
+    """Run notebooks/<name>.ipynb with papermill and parameters into tmp_path; any cell error fails.
+
+    tmp_path lies outside any checkout: it is named the project root (EAGLEDATA_PROJECT_ROOT), so a relative
+    default (outputs/, params/) lands there and never in the repository."""
 
     def run(name: str, /, **parameters):
-        return run_notebook(name, tmp_path / f"{name}.out.ipynb", parameters, cwd=tmp_path)
+        return run_notebook(name, tmp_path / f"{name}.out.ipynb", parameters, cwd=tmp_path, project_root=tmp_path)
 
     return run

@@ -100,6 +100,25 @@ def test_end_to_end_records_match_ground_truth(emu, tok, tmp_path):
     assert again["run"]["recorded"] == 0 and emu.stats()["requests"] == stats["requests"]
 
 
+
+def test_finished_dataset_answers_without_the_server(emu, tok, tmp_path):
+    """A finished run, run again (a report re-run in Lab months later), touches no server: no completion, no
+    account reading. The routing decision comes from its file, as providers.ipynb leaves it."""
+    from eagledata.openrouter import PrecisionPolicy, decide, fetch_catalog
+
+    reset(emu, seed=4)
+    catalog = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
+    decide(catalog.model, catalog.normalized(), PrecisionPolicy.for_model(catalog.model)).save(tmp_path / "params")
+    datasets = make_dataset(tmp_path, 12)
+    first = generate(config(emu, tmp_path, datasets))
+    assert first["stop_reason"] == "completed" and first["records"] == 12
+    gone = "http://127.0.0.1:9/api/v1"  # nothing listens there: any request would fail the run
+    again = generate(config(emu, tmp_path, datasets, base_url=gone))
+    assert again["stop_reason"] == "completed" and again["records"] == 12 and again["run"]["recorded"] == 0
+    assert again["run"]["charged_usd"] is None and again["spend_usd"] == first["spend_usd"]
+    capped = generate(config(emu, tmp_path, datasets, base_url=gone, target_output_tokens=1))
+    assert capped["stop_reason"] == "target_reached"
+
 def test_kill_at_random_moments_and_resume(emu, tok, tmp_path):
     """≥ 2,000 prompts at 500 in flight, the process group SIGKILLed at 6 random moments."""
     reset(emu, speed=0.25, seed=5)

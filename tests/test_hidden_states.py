@@ -371,7 +371,8 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
     parameters = dict(datasets=[str(records_file)], output_dir=str(tmp_path / "out"), name="demo",
                       model=str(model_dir), tokenizer=str(tokenizer_dir), layout="specforge",
                       max_tokens_per_batch=512, device="cpu")
-    out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path)
+    out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path,
+                       project_root=tmp_path)
     text = cell_outputs_text(out)
     assert "bytes per token" in text and "verified 12 samples" in text and "WARNING" not in text
     directory = tmp_path / "out" / "hidden_states" / "demo"

@@ -41,7 +41,7 @@ def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, to
     run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb",
                  dict(datasets=[str(records)], output_dir=str(tmp_path / "out"), name="spec", model=str(model_dir),
                       tokenizer=str(tok.directory), layout="speculators", max_tokens_per_batch=512, device="cpu"),
-                 cwd=tmp_path)
+                 cwd=tmp_path, project_root=tmp_path)
     data_path = tmp_path / "out" / "hidden_states" / "spec"
 
     dump = tmp_path / "read.pt"

@@ -105,17 +105,6 @@ def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tm
     assert "cheapest eligible: Chutes at $2.20/M output" in cell_outputs_text(out)
 
 
-def test_notebooks_run_from_the_project_root_in_lab(tmp_path, monkeypatch):
-    from eagledata.notebooks import use_project_root
-
-    (tmp_path / "lib" / "eagledata").mkdir(parents=True)
-    (tmp_path / "notebooks").mkdir()
-    monkeypatch.chdir(tmp_path / "notebooks")  # where JupyterLab starts a kernel
-    assert use_project_root() == tmp_path and Path.cwd() == tmp_path
-    monkeypatch.chdir(tmp_path / "lib")  # anywhere else: left alone
-    assert use_project_root() == tmp_path / "lib"
-
-
 @pytest.mark.parametrize("name", ["generate", "hidden_states"])
 def test_parameters_cell_is_made_from_the_settings(name):
     """The defaults live in the settings class only: the committed cell is exactly what it generates

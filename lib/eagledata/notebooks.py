@@ -5,22 +5,62 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tomllib
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from .errors import InputError
+from .layout import PARAMS_DIR
 from .settings import Settings
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 
 
+PROJECT_ROOT_ENV = "EAGLEDATA_PROJECT_ROOT"
+PROJECT_NAME = "eagledata"
+
+
+def is_project_root(folder: Path) -> bool:
+    """A checkout of this project: `params/` beside `lib/eagledata`, or a pyproject.toml naming eagledata."""
+    if (folder / PARAMS_DIR).is_dir() and (folder / "lib" / PROJECT_NAME).is_dir():
+        return True
+    try:
+        with (folder / "pyproject.toml").open("rb") as f:
+            return tomllib.load(f).get("project", {}).get("name") == PROJECT_NAME
+    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError, AttributeError):
+        return False
+
+
+def find_project_root(start: str | Path | None = None) -> Path:
+    """The folder relative parameters (params/, outputs/) are read against, wherever the notebook lies.
+
+    `$EAGLEDATA_PROJECT_ROOT` when set (any folder: for projects outside a checkout, and tests); else the
+    nearest folder at or above `start` (default: the working directory) that `is_project_root`.
+    """
+    explicit = os.environ.get(PROJECT_ROOT_ENV, "").strip()
+    if explicit:
+        root = Path(explicit).expanduser().resolve()
+        if not root.is_dir():
+            raise InputError(f"not a directory: {explicit}", field=PROJECT_ROOT_ENV)
+        return root
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if is_project_root(folder):
+            return folder
+    raise InputError(f"{here} is not inside an eagledata checkout (no folder above it holds pyproject.toml naming "
+                     f"eagledata, or params/ beside lib/eagledata): set the environment variable {PROJECT_ROOT_ENV} "
+                     f"to the project folder that holds params/ and outputs/ (before starting JupyterLab or "
+                     f"papermill)", field=PROJECT_ROOT_ENV)
+
+
 def use_project_root() -> Path:
-    """In JupyterLab the kernel starts in notebooks/; move to the project root so relative paths
-    (params/, outputs/) mean the same as under `papermill` run from the root."""
-    cwd = Path.cwd()
-    if cwd.name == "notebooks" and (cwd.parent / "lib" / "eagledata").is_dir():
-        os.chdir(cwd.parent)
-        return cwd.parent
-    return cwd
+    """Every notebook's first step: move to the project root (`find_project_root`), so relative parameters
+    mean the same from notebooks/, from a report in outputs/runs/, or from a copy anywhere in the project,
+    in JupyterLab (whose kernel starts in the notebook's folder) and under papermill alike."""
+    root = find_project_root()
+    os.chdir(root)
+    return root
 
 
 def notebook_path(name: str) -> Path:
@@ -31,20 +71,46 @@ def notebook_path(name: str) -> Path:
 
 
 def run_notebook(name: str, output: str | Path, parameters: dict[str, Any] | None = None,
-                 cwd: str | Path | None = None, timeout: int = 900) -> Path:
+                 cwd: str | Path | None = None, timeout: int = 900, project_root: str | Path | None = None) -> Path:
     """Run `notebooks/<name>.ipynb` into `output` with papermill; a cell error raises.
 
-    The kernel comes from the notebook's own kernelspec, as it does for `papermill in out -p …`.
-    Relative paths inside the notebook resolve against `cwd` (default: the repository root).
+    The kernel comes from the notebook's own kernelspec, as it does for `papermill in out -p …`. It starts
+    in `cwd` (default: the repository root) and its first cell moves to the project root found from there;
+    `project_root` names that folder instead (as `$EAGLEDATA_PROJECT_ROOT`), e.g. for a `cwd` outside
+    any checkout.
     """
+    return execute_notebook(notebook_path(name), output, parameters, cwd=cwd or NOTEBOOK_DIR.parent,
+                            timeout=timeout, project_root=project_root)
+
+
+def execute_notebook(notebook: str | Path, output: str | Path, parameters: dict[str, Any] | None = None, *,
+                     cwd: str | Path, timeout: int = 900, project_root: str | Path | None = None) -> Path:
+    """Run any notebook file (a workbench notebook, or a report to run again) with papermill from `cwd`."""
     import papermill
 
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    papermill.execute_notebook(str(notebook_path(name)), str(output), parameters=parameters or {},
-                               cwd=str(cwd or NOTEBOOK_DIR.parent), progress_bar=False,
-                               execution_timeout=timeout)
+    with _project_root_env(project_root):
+        papermill.execute_notebook(str(notebook), str(output), parameters=parameters or {}, cwd=str(cwd),
+                                   progress_bar=False, execution_timeout=timeout)
     return output
+
+
+@contextmanager
+def _project_root_env(root: str | Path | None) -> Iterator[None]:
+    """The kernel inherits this process's environment (papermill passes no other), so set the variable for
+    the run and put back what was there."""
+    before = os.environ.get(PROJECT_ROOT_ENV)
+    if root is not None:
+        os.environ[PROJECT_ROOT_ENV] = str(Path(root).resolve())
+    try:
+        yield
+    finally:
+        if root is not None:
+            if before is None:
+                os.environ.pop(PROJECT_ROOT_ENV, None)
+            else:
+                os.environ[PROJECT_ROOT_ENV] = before
 
 
 def cell_outputs_text(path: str | Path) -> str:

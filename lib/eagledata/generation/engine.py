@@ -135,6 +135,9 @@ class Run:
         self.cfg, self.tok, self.store, self.routing = cfg, tok, store, routing
         self.complete = complete_fn
         self.total_prompts, self.target = scan.total, target
+        # Nothing left to send (every prompt finished, or the token target met): the run answers from the
+        # checkpoint without a request, the account included, so a finished report can run again anywhere.
+        self.idle = not scan.pending or (target is not None and store.output_tokens >= target)
         self.paid = cfg.backend == "openrouter"
         worst = routing.worst_price() if self.paid else Price(0.0, 0.0)
         if worst is None:
@@ -181,7 +184,7 @@ class Run:
                 cfg.model, params_dir=cfg.params_dir, base_url=cfg.base_url, api_key_env=cfg.api_key_env)
             run = cls(cfg, tok, store, routing, scan, cfg.target_output_tokens or spec.target_output_tokens,
                       complete_fn=complete_fn)
-            if run.paid:
+            if run.paid and not run.idle:
                 await run._read_account(client, strict=True)
                 run.balance_start = run.books.last.balance_usd if run.books.last else None
         except BaseException:
@@ -463,7 +466,7 @@ class Run:
         finally:
             restore()
             ticker.cancel()
-            if self.paid:  # the account after the last answer: what the run was charged
+            if self.paid and not self.idle:  # the account after the last answer: what the run was charged
                 await self._read_account(clients[0])
             self._sample()
             if self.progress is not None:

@@ -1,0 +1,263 @@
+"""JupyterLab in a real browser (`make test-lab`): headless Chromium, driven by playwright, opens Lab on the
+repository and does Run All on generate.ipynb against the emulator, first as a notebook beside the others in
+notebooks/, then as a papermill report in outputs/runs/ (which must continue its own work where it lies).
+
+Each time: the progress widget updates while the run goes, the stop reason and the report's plots render, no
+traceback; a screenshot goes to outputs/lab-test/. Without playwright or a Chromium the tests skip and say why;
+with them they must pass. `make test` leaves them out (marker `lab`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from eagledata.notebooks import NOTEBOOK_DIR, PROJECT_ROOT_ENV, execute_notebook, notebook_path
+
+pytestmark = pytest.mark.lab
+
+ROOT = NOTEBOOK_DIR.parent
+WORK = "outputs/lab-test"  # this test's datasets, params and screenshots, relative to the project root
+REPORT = "lab-test-generate-demo-b.ipynb"  # the papermill report, in outputs/runs/
+PROMPTS = 12
+# Short answers at real latencies: a run lasts seconds, long enough to watch the widget move.
+EMULATOR = {"speed": 1.0, "seed": 11, "balance": 100.0,
+            "content": {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5,
+                        "max_total": 400}}
+SETTINGS = {  # Lab user settings for the test: every cell in the DOM, no news or update checks
+    "@jupyterlab/notebook-extension/tracker": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+}
+
+
+def browser_executable() -> str:
+    """$EAGLEDATA_LAB_BROWSER, else a Chromium on PATH; skips (saying why) when there is none."""
+    named = os.environ.get("EAGLEDATA_LAB_BROWSER")
+    if named:
+        return named
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    pytest.skip("no Chromium: `make test-lab` installs apt's chromium when run as root; or set EAGLEDATA_LAB_BROWSER")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api",
+                                   reason="playwright is not installed (`make test-lab` installs requirements-test-lab.txt)")
+    executable = browser_executable()
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=executable, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def jupyter_lab(tmp: Path) -> Iterator[tuple[str, str]]:
+    """JupyterLab on the repository (token auth, a free port, private settings); yields (URL, token).
+
+    Kernels start in the notebook's folder with this environment, minus any EAGLEDATA_PROJECT_ROOT: the
+    notebooks must find the project root themselves."""
+    token, port = secrets.token_hex(16), free_port()
+    settings = tmp / "lab-settings"
+    for plugin, values in SETTINGS.items():
+        path = settings / f"{plugin}.jupyterlab-settings"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(values))
+    env = {k: v for k, v in os.environ.items() if k != PROJECT_ROOT_ENV}
+    env.update(JUPYTERLAB_SETTINGS_DIR=str(settings), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "lab-workspaces"),
+               JUPYTER_CONFIG_DIR=str(tmp / "jupyter-config"), JUPYTER_RUNTIME_DIR=str(tmp / "jupyter-runtime"))
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}", "--port-retries=0",
+           f"--ServerApp.root_dir={ROOT}", f"--IdentityProvider.token={token}", "--allow-root"]
+    log = (tmp / "jupyter-lab.log").open("wb")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"jupyter lab exited:\n{(tmp / 'jupyter-lab.log').read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{url}/api/status", params={"token": token}, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"jupyter lab not up:\n{(tmp / 'jupyter-lab.log').read_text()[-3000:]}")
+            time.sleep(0.25)
+        yield url, token
+    finally:
+        proc.terminate()  # the server shuts its kernels down; whatever lingers goes with its process group
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory) -> Iterator[tuple[str, str]]:
+    tmp = tmp_path_factory.mktemp("lab")
+    with jupyter_lab(tmp) as url_token:
+        yield url_token
+
+
+@pytest.fixture(scope="module")
+def emu():
+    from eagledata.emulator import run_emulator
+
+    with run_emulator(EMULATOR) as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def work() -> Path:
+    """outputs/lab-test/: a datasets file naming the repository's demo prompts by project-relative paths."""
+    work = ROOT / WORK
+    shutil.rmtree(work, ignore_errors=True)
+    (ROOT / "outputs" / "runs" / REPORT).unlink(missing_ok=True)
+    (work / "params").mkdir(parents=True)
+    (work / "params" / "datasets.yaml").write_text(
+        "demo-a: {prompts: examples/prompts/demo-a.jsonl}\ndemo-b: {prompts: examples/prompts/demo-b.jsonl}\n")
+    (work / "screenshots").mkdir()
+    return work
+
+
+def generate_parameters(emu, dataset: str, **more) -> dict:
+    """Small parameters, every path relative to the project root (they must mean the same from any folder)."""
+    return dict(dataset=dataset, datasets_file=f"{WORK}/params/datasets.yaml", params_dir=f"{WORK}/params",
+                output_dir=WORK, base_url=emu.base_url, concurrency=2, max_tokens=400, reserve_usd=0.0, limit=PROMPTS,
+                **more)
+
+
+def records(dataset: str) -> int:
+    path = ROOT / WORK / "datasets" / dataset / "records.jsonl"
+    return len(path.read_text().splitlines()) if path.is_file() else 0
+
+
+# -- driving Lab ------------------------------------------------------------------------------------------
+PROGRESS = ".jp-OutputArea-output .widget-hbox"  # tqdm.notebook: description, bar, counts
+
+
+def run_all_in_lab(browser, lab, path: str, screenshot: Path) -> dict:
+    """Open `path` (relative to the repository) in Lab, Run All, wait for the kernel to finish, save.
+
+    Returns what the browser showed: the progress widget's texts in order, the output text, how many images
+    rendered and any error outputs."""
+    url, token = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    try:
+        page.goto(f"{url}/lab/tree/{path}?token={token}", wait_until="domcontentloaded")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=120_000)
+        page.wait_for_function("() => document.querySelector('.jp-NotebookPanel') && "
+                               "[...document.querySelectorAll('.jp-StatusBar-TextItem, .jp-StatusBar-Component')]"
+                               ".some(e => /Idle/.test(e.textContent))", timeout=120_000)
+        page.get_by_role("menuitem", name="Run", exact=True).click()
+        page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
+        seen: list[str] = []
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            texts = page.eval_on_selector_all(PROGRESS, "els => els.map(e => e.innerText)")
+            if texts and (not seen or texts[-1] != seen[-1]):
+                seen.append(texts[-1])
+                if len(seen) == 2:  # the widget has moved once: show it running
+                    page.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-running.png")))
+            prompts = page.eval_on_selector_all(".jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.innerText)")
+            if prompts and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts):
+                break
+            time.sleep(0.1)
+        else:
+            page.screenshot(path=str(screenshot))
+            raise TimeoutError(f"Run All did not finish; prompts {prompts}")
+        page.keyboard.press("Control+s")
+        time.sleep(1.0)
+        shown = {
+            "progress": seen,
+            "text": page.inner_text(".jp-NotebookPanel .jp-Notebook"),
+            "images": page.locator(".jp-OutputArea-output img").count(),
+            "errors": page.eval_on_selector_all('[data-mime-type="application/vnd.jupyter.error"], '
+                                                '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]',
+                                                "els => els.map(e => e.innerText)"),
+        }
+        page.locator(".jp-OutputArea-output img").last.scroll_into_view_if_needed()
+        page.screenshot(path=str(screenshot))
+        return shown
+    finally:
+        page.close()
+
+
+def check_run(shown: dict, saved: Path) -> str:
+    """The widget moved, a stop reason and the plots showed, nothing failed; the saved notebook agrees."""
+    assert not shown["errors"], shown["errors"]
+    assert "Traceback" not in shown["text"]
+    stop = re.search(r"stop reason: (\w+)", shown["text"])
+    assert stop, shown["text"][-2000:]
+    assert shown["images"] >= 1, "the report's plots did not render"
+    values = [re.search(r"(\d+)/(\d+)", t) for t in shown["progress"]]
+    counts = [int(m.group(1)) for m in values if m]
+    assert len(set(counts)) >= 2 and counts[-1] > counts[0], f"the progress widget did not move: {shown['progress']}"
+    nb = json.loads(saved.read_text())
+    outputs = [o for c in nb["cells"] for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o["output_type"] == "error"]
+    assert any("application/vnd.jupyter.widget-view+json" in o.get("data", {}) for o in outputs)
+    assert any("image/png" in o.get("data", {}) for o in outputs)
+    return stop.group(1)
+
+
+# -- the tests --------------------------------------------------------------------------------------------
+def test_generate_notebook_runs_in_lab(browser, lab, emu, work):
+    """A copy of generate.ipynb beside the others in notebooks/ (papermill --prepare-only: its parameters
+    injected, nothing run), Run All in Lab: the whole dataset."""
+    copy = NOTEBOOK_DIR / "lab-test-generate.ipynb"
+    import papermill
+
+    papermill.execute_notebook(str(notebook_path("generate")), str(copy), generate_parameters(emu, "demo-a"),
+                               prepare_only=True, progress_bar=False)
+    try:
+        shown = run_all_in_lab(browser, lab, "notebooks/lab-test-generate.ipynb",
+                               work / "screenshots" / "generate-in-notebooks.png")
+        assert check_run(shown, copy) == "completed"
+        assert records("demo-a") == PROMPTS
+        assert not (NOTEBOOK_DIR / "outputs").exists() and not (NOTEBOOK_DIR / "params").exists()
+    finally:
+        copy.unlink(missing_ok=True)
+        (NOTEBOOK_DIR / ".ipynb_checkpoints" / "lab-test-generate-checkpoint.ipynb").unlink(missing_ok=True)
+
+
+def test_report_in_outputs_runs_continues_in_lab(browser, lab, emu, work):
+    """A papermill report in outputs/runs/ that stopped at its spend cap: Run All where it lies continues the
+    same dataset in the same folder, with the widget, the stop reason and the plots."""
+    report = ROOT / "outputs" / "runs" / REPORT
+    execute_notebook(notebook_path("generate"), report, generate_parameters(
+        emu, "demo-b", max_spend_usd=0.002, prior_output_median_tokens=80.0), cwd=ROOT)
+    before = records("demo-b")
+    assert 0 < before < PROMPTS
+    requests = emu.stats()["requests"]
+    shown = run_all_in_lab(browser, lab, f"outputs/runs/{REPORT}",
+                           work / "screenshots" / "report-in-outputs-runs.png")
+    assert check_run(shown, report) in ("max_spend_reached", "completed")
+    assert records("demo-b") > before and emu.stats()["requests"] > requests
+    runs = ROOT / "outputs" / "runs"
+    assert not (runs / "outputs").exists() and not (runs / "params").exists()
