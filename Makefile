@@ -23,8 +23,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python (eagledata)" >/dev/null
 	touch $(STAMP)
 
+# Two workers: the suite is mostly notebooks and subprocesses waiting on each other (CI machines have 2 cores).
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # The trainers' own readers on our exports: speculators 0.9.0 in its own environment (it pins transformers<=5.19).
 INTEROP_VENV ?= .venv-interop

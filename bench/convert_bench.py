@@ -89,6 +89,11 @@ def main() -> None:
         disk = disk_write_mb_s(root, state_bytes)
         print(f"disk: {disk:.0f} MB/s (one stream, 16 MiB writes, one fsync)")
         for layout in args.layouts:
+            # synthetic states serve as either side of the norm: name the side each trainer expects
+            manifest = root / "native" / "manifest.json"
+            doc = json.loads(manifest.read_text())
+            doc["final"] = get_layout(layout).final or doc["final"]
+            manifest.write_text(json.dumps(doc))
             subprocess.run(["sync"], check=True)
             start = time.perf_counter()
             done = subprocess.run([sys.executable, "-m", "eagledata.hidden_states", "convert", "--layout", layout,
