@@ -99,7 +99,7 @@ def emu(tokenizer_dir):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    from eagledata.training import build_tiny_model
+    from eagledata.training.tiny import build_tiny_model
 
     directory = tmp_path_factory.mktemp("models") / "tiny-kimi"
     build_tiny_model("kimi_k25", directory, hidden_size=64, num_layers=6)
