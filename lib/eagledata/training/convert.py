@@ -57,7 +57,10 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, flush_b
     writer = target.writer(files, part, storage, flush_bytes, m["hidden_size"], {s.id: i for i, s in enumerate(samples)})
     done = read_parts(files)
     check_stored(files, writer, samples, done)
-    todo = [(e, s) for e, s in zip(src.entries, samples) if s.id not in done]
+    # In the order the source stores them: shards hold samples longest first, so sample order would read
+    # them at random (slow from a cold disk); file names follow rows whatever the order of writing.
+    todo = sorted(((e, s) for e, s in zip(src.entries, samples) if s.id not in done),
+                  key=lambda pair: (pair[0].shard, pair[0].offset))
     bar = None
     if progress:
         from tqdm.auto import tqdm
