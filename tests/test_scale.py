@@ -176,3 +176,69 @@ def test_plan_suggests_a_layout_that_fits():
     assert plan_memory(config, size, devices, Layout(tp=2, dp=2), max_tokens_per_batch=256).fits
     with pytest.raises(InputError, match="tp=4 does not divide"):
         plan_memory(config, size, devices, Layout(tp=4, dp=1))
+
+
+# -- tensor parallelism and data-parallel groups under torchrun (gloo on CPU) ------------------------------
+def torchrun(nproc, tmp_path, model_dir, name, *extra):
+    import subprocess
+    import sys
+
+    spec = tmp_path / "samples.jsonl"
+    if not spec.exists():
+        spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in make_samples()))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "-m",
+           "eagledata.hidden_states", "--samples", str(spec), "--output-dir", str(tmp_path), "--name", name,
+           "--model", str(model_dir), "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4", *extra]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return sorted((json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")), key=lambda r: r["rank"])
+
+
+def assert_same_states(a, b, atol=2e-5):
+    assert a.keys() == b.keys()
+    for sid in a:  # TP splits the MLP matmuls and sums partial products: equal up to fp32 rounding
+        torch.testing.assert_close(a[sid], b[sid], atol=atol, rtol=1e-5)
+
+
+def test_tp2_on_two_cpu_processes_equals_one_process(tmp_path):
+    """kimi_k25 (bf16 weights) with tp_plan=auto over two gloo ranks: the same states, half the MLP weights each."""
+    model_dir = tmp_path / "kimi"
+    build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
+    reports = torchrun(2, tmp_path, model_dir, "tp2", "--tp", "2")
+    assert [r["extracted"] for r in reports] == [10, 0] and reports[0]["complete"]  # one writer per copy
+    one = run(make_samples(), tmp_path, model_dir, "one", storage="fp32", max_batch_size=4)
+    assert reports[0]["weight_bytes"] < one.weight_bytes, "the weights were not sharded"
+    assert_same_states(stored(tmp_path, "tp2"), stored(tmp_path, "one"))
+
+
+def test_resume_across_a_change_of_dp_and_tp(tmp_path):
+    """Half the set at dp=2, tp=1 (one rank in-process), the rest at dp=2 × tp=2 (four torchrun processes)."""
+    model_dir = tmp_path / "ds"
+    build_tiny_model("deepseek_v3", model_dir, hidden_size=H, num_layers=L)
+    samples = make_samples()
+    first = run(samples, tmp_path, model_dir, "mixed", storage="fp32", max_batch_size=4, rank=1, world_size=2)
+    assert 0 < first.extracted < len(samples) and not first.complete
+    reports = torchrun(4, tmp_path, model_dir, "mixed", "--tp", "2")
+    assert sum(r["extracted"] for r in reports) == len(samples) - first.extracted
+    assert sum(r["skipped"] for r in reports) == first.extracted and any(r["complete"] for r in reports)
+    run(samples, tmp_path, model_dir, "one", storage="fp32", max_batch_size=4)
+    assert_same_states(stored(tmp_path, "mixed"), stored(tmp_path, "one"))
+
+
+def test_tp_with_a_compressed_tensors_checkpoint_is_refused_before_loading(int4, tmp_path, monkeypatch):
+    ck, _ = int4
+    monkeypatch.setattr("eagledata.training.extraction.load_model", _no_loading)
+    with pytest.raises(InputError, match="cannot shard packed experts") as e:
+        run(make_samples(2), tmp_path, ck.directory, tp=2, rank=0, world_size=2)
+    assert e.value.field == "tp"
+
+
+def test_device_map_auto_over_a_max_memory_split_equals_one_device(int4, tmp_path):
+    """accelerate places the INT4 checkpoint (dequantized) by a max_memory budget; the states do not change."""
+    ck, _ = int4
+    samples = make_samples(4)
+    split = run(samples, tmp_path, ck.directory, "split", storage="fp32", device_map="auto",
+                max_memory={"cpu": "2GiB"})
+    assert split.complete
+    run(samples, tmp_path, ck.directory, "whole", storage="fp32")
+    assert_same_states(stored(tmp_path, "split"), stored(tmp_path, "whole"), atol=1e-6)

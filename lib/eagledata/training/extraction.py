@@ -166,6 +166,7 @@ class ExtractResult:
     rank: int
     world_size: int
     tp: int = 1
+    weight_bytes: int = 0  # this process's share of the weights (tensor parallel: about 1/tp of the sharded ones)
     extracted: int  # samples this call computed (and wrote: 0 on a tensor-parallel group's other ranks)
     skipped: int  # samples already stored (resume)
     tokens: int
@@ -216,6 +217,12 @@ def check_before_loading(model: str | Path, *, tp: int = 1, dp: int = 1, device_
     shape = ModelShape.from_config(config)  # raises on an unsupported quantization_config
     check_layout(shape, Layout(tp=tp, dp=dp, device_map=device_map if isinstance(device_map, str) else None),
                  devices or visible_devices())
+    if tp > 1 and shape.quantization is not None:
+        # transformers 5.23 shards the checkpoint's per-expert tensors before dequantizing them, and
+        # weight_packed/weight_shape cannot be sliced that way (IndexError in sharding_utils.shard_tensor)
+        raise InputError(f"tp={tp} with a compressed-tensors checkpoint: transformers cannot shard packed "
+                         "experts; use device_map=auto (one process, all GPUs) or the vLLM backend "
+                         "(lib/eagledata/training/README.md, 'Engine backend')", field="tp")
     if device_map is not None and not isinstance(device_map, str):
         return None  # an explicit placement: the caller planned it
     plan = memory_plan(model, tp=tp, dp=dp, device_map=device_map, devices=devices,
@@ -319,15 +326,29 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - start
-    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+    distributed = world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed:
         torch.distributed.barrier()
+    # One process group over the world: its rank 0 finalizes after the barrier. One group per tensor-parallel
+    # copy (dp > 1 and tp > 1): each copy's writer tries, and the last to finish finds the set complete
+    # (finalize is deterministic, so two that race write the same bytes).
+    whole_world = distributed and torch.distributed.get_world_size() == world_size
     manifest = None
-    if rank == 0 or world_size == 1 or not torch.distributed.is_initialized():
+    if (rank == 0 if whole_world else writes):
         manifest = finalize(files, samples, tokenizer_fingerprint=tokenizer_fingerprint,
                             records_hashes=records_hashes)
-    return ExtractResult(directory=directory, rank=rank, world_size=world_size, tp=tp,
+    return ExtractResult(directory=directory, rank=rank, world_size=world_size, tp=tp, weight_bytes=local_bytes(loaded),
                          extracted=len(mine) if writes else 0, skipped=skipped if writes else 0,
                          tokens=total, seconds=seconds, complete=manifest is not None, manifest=manifest)
+
+
+def local_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters this process holds (a DTensor counts its local shard)."""
+    total = 0
+    for p in model.parameters():
+        t = p.to_local() if hasattr(p, "to_local") else p
+        total += t.numel() * t.element_size()
+    return total
 
 
 def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -53,7 +53,8 @@ def load_model(model: str | Path | nn.Module, *, device: str = "cpu", dtype: tor
     bf16 on GPU and fp32 on CPU unless told; `device_map` (e.g. "auto": accelerate spreads the layers
     over the visible devices, `max_memory` caps each) goes to `from_pretrained` as is. `tp > 1`: under
     torchrun, transformers' own tensor-parallel plan (`tp_plan="auto"`) shards the model over `tp`
-    ranks; `dp` such groups each hold a copy (the world is dp × tp). compressed-tensors checkpoints
+    ranks of the default process group; `dp` such copies each run in a group of their own (see
+    `eagledata.hidden_states._init_distributed`). compressed-tensors checkpoints
     load through transformers' quantizer (see `quantized.py` for what it keeps in memory).
     """
     if isinstance(model, nn.Module):
@@ -86,8 +87,7 @@ def load_model(model: str | Path | nn.Module, *, device: str = "cpu", dtype: tor
     if tp > 1:
         from transformers.distributed import DistributedConfig
 
-        kwargs["distributed_config"] = DistributedConfig(tp_plan="auto", tp_size=tp,
-                                                         **({"dp_replicate_size": dp} if dp > 1 else {}))
+        kwargs["distributed_config"] = DistributedConfig(tp_plan="auto", tp_size=tp)
     for auto in (AutoModelForCausalLM, AutoModelForImageTextToText, AutoModel):
         if type(config) in auto._model_mapping or (trust_remote_code and auto.__name__ in
                                                    getattr(config, "auto_map", {})):
@@ -98,7 +98,11 @@ def load_model(model: str | Path | nn.Module, *, device: str = "cpu", dtype: tor
     else:
         raise InputError(f"transformers has no model class for model_type {config.model_type!r}", src, field="model")
     if device_map is None and tp == 1:
-        loaded = loaded.to(device=device, dtype=dtype)  # dequantized experts arrive in the scales' dtype
+        loaded = loaded.to(device)
+    if quantization is not None:  # dequantized experts arrive in the scales' dtype (bf16), wherever they were placed
+        for param in loaded.parameters():
+            if param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
     return loaded.eval()
 
 
