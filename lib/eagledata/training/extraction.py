@@ -24,7 +24,8 @@ from ..errors import InputError
 from ..layout import OUTPUT_DIR, hidden_state_files
 from ..settings import Settings, nested, setting
 from .assembly import AssemblyPolicy, Sample
-from .memory import Devices, Layout, MemoryPlan, checkpoint_bytes, check_layout, ModelShape, plan_memory, visible_devices
+from .memory import (KIMI_K25_CHECKPOINT_BYTES, Devices, Layout, MemoryPlan, ModelShape, check_layout, checkpoint_bytes,
+                     kimi_k25_config, plan_memory, visible_devices)
 from .models import Decoder, config_vocab_size, find_decoder, load_model, model_name
 from .quantized import read_config
 from .storage import (STORAGE_DTYPES, Final, LayoutName, Storage, check_plan, check_stored, finalize, get_layout,
@@ -200,9 +201,12 @@ def memory_plan(model: str | Path, *, tp: int = 1, dp: int = 1, device_map: Any 
                 device: str | None = None) -> MemoryPlan | None:
     """The checkpoint's memory plan for this layout (None when its size on disk is unknown, e.g. a hub id)."""
     size = checkpoint_bytes(str(model))
-    if size is None:
+    if size is None and str(model) == "moonshotai/Kimi-K2.5":  # the published facts: no download needed
+        config, size = kimi_k25_config(), KIMI_K25_CHECKPOINT_BYTES
+    elif size is None:
         return None
-    config = read_config(model)
+    else:
+        config = read_config(model)
     devices = devices or visible_devices()
     compute_bytes = 4 if devices.kind == "cpu" or str(device or "").startswith("cpu") else 2
     return plan_memory(config, size, devices, Layout(tp=tp, dp=dp, device_map=device_map if device_map else None),
@@ -213,7 +217,7 @@ def check_before_loading(model: str | Path, *, tp: int = 1, dp: int = 1, device_
                          devices: Devices | None = None, max_tokens_per_batch: int = 16_384,
                          device: str | None = None) -> MemoryPlan | None:
     """Config-level refusals before a byte of weights loads: quantization format, tp vs heads, memory."""
-    config = read_config(model)
+    config = kimi_k25_config() if str(model) == "moonshotai/Kimi-K2.5" else read_config(model)
     shape = ModelShape.from_config(config)  # raises on an unsupported quantization_config
     check_layout(shape, Layout(tp=tp, dp=dp, device_map=device_map if isinstance(device_map, str) else None),
                  devices or visible_devices())

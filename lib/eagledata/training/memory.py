@@ -57,6 +57,7 @@ class ModelShape:
     v_head_dim: int
     quantization: Quantization | None
     stored_bytes: int = 2  # bytes per unquantized weight in the checkpoint (config dtype)
+    mlp_weights: int = 0  # dense MLPs and shared experts (what a MoE's tensor-parallel plan shards besides the experts)
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> "ModelShape":
@@ -74,6 +75,8 @@ class ModelShape:
                    experts_per_token=int(text.get("num_experts_per_tok") or 0), moe_intermediate_size=moe_inter,
                    shared_experts=int(text.get("n_shared_experts") or 0), qk_head_dim=qk,
                    v_head_dim=int(text.get("v_head_dim") or head_dim), quantization=check_quantization(config),
+                   mlp_weights=3 * h * (dense * int(text.get("intermediate_size") or 4 * h)
+                                        + (n - dense) * int(text.get("n_shared_experts") or 0) * moe_inter),
                    stored_bytes=4 if (config.get("dtype") or config.get("torch_dtype")) == "float32" else 2)
 
 
@@ -199,6 +202,12 @@ def plan_memory(config: dict[str, Any], checkpoint_bytes: int, devices: Devices,
         # accelerate places whole layers: the fullest device can hold up to one more layer than its share
         per_device = total // devices.count + total // max(shape.num_layers, 1)
         acts = activation_bytes(shape, max_tokens_per_batch, 1, compute_bytes)
+    elif backend == "transformers" and shape.routed_expert_weights:
+        # transformers' DeepseekV3 plan shards the experts and MLPs only: MLA attention, embeddings, norms and
+        # lm_head stay whole on every rank
+        mlps = (shape.routed_expert_weights + shape.mlp_weights) * compute_bytes
+        per_device = (total - mlps) + mlps // layout.tp
+        acts = activation_bytes(shape, max_tokens_per_batch, layout.tp, compute_bytes)
     else:
         per_device = total // layout.tp
         acts = activation_bytes(shape, max_tokens_per_batch, layout.tp, compute_bytes)
@@ -281,3 +290,21 @@ def kimi_k25_config() -> dict[str, Any]:
 
 
 KIMI_K25_CHECKPOINT_BYTES = 595 * 10**9  # "about 595 GB on disk"
+
+
+def kimi_k25_plans(devices: Devices = Devices(8, 96 * 10**9), max_tokens_per_batch: int = 16_384
+                   ) -> dict[str, MemoryPlan]:
+    """K2.5 INT4 on 8×96 GB (the seed's machine): the transformers path (tp=8, device_map) and the vLLM backend."""
+    config = kimi_k25_config()
+    plans = {f"transformers {layout}": plan_memory(config, KIMI_K25_CHECKPOINT_BYTES, devices, layout,
+                                                   max_tokens_per_batch=max_tokens_per_batch)
+             for layout in (Layout(tp=devices.count), Layout(device_map="auto"))}
+    plans[f"vllm tp={devices.count}"] = plan_memory(config, KIMI_K25_CHECKPOINT_BYTES, devices,
+                                                    Layout(tp=devices.count), backend="vllm",
+                                                    max_tokens_per_batch=max_tokens_per_batch)
+    return plans
+
+
+def plans_table(plans: dict[str, MemoryPlan]) -> dict[str, dict[str, Any]]:
+    """{plan name: {item: value}}: one column per plan (pandas.DataFrame(plans_table(...)))."""
+    return {name: {row["item"].split(" (")[0]: row["value"] for row in plan.rows()} for name, plan in plans.items()}
