@@ -8,7 +8,8 @@ of `--repeat`; the per-batch ratio alternates bare and capture + storage cast ba
 of `--repeat` each, no disk), the steadier figure on a machine shared with other work.
 
 CPU:  PYTHONPATH=lib .venv/bin/python bench/hidden_states_bench.py --preset cpu-small
-GPU:  PYTHONPATH=lib python bench/hidden_states_bench.py --device cuda --preset gpu-small gpu-mid
+GPU:  PYTHONPATH=lib python bench/hidden_states_bench.py --device cuda --preset gpu-7b-dense gpu-moe --storage bf16
+      (or bench/gpu_extraction.sh, which also runs the MoE-overhead bench; both print markdown/JSON for bench/README.md)
 """
 from __future__ import annotations
 
@@ -35,6 +36,10 @@ class Preset:
     min_len: int
     max_len: int
     max_tokens_per_batch: int
+    family: str = "llama"  # or deepseek_v3: MLA attention, MoE from layer 1 (transformers' eager experts loop)
+    experts: int = 0
+    top_k: int = 0
+    moe_intermediate_size: int = 0
 
 
 PRESETS = {
@@ -43,12 +48,34 @@ PRESETS = {
     # ~1B and ~7B Llama-style models in bf16, Kimi's vocabulary: ~1M and ~0.5M tokens
     "gpu-small": Preset(2048, 16, 8192, 16, 1024, 256, 2048, 65536),
     "gpu-mid": Preset(4096, 32, 14336, 32, 512, 256, 2048, 65536),
+    # the 7B-class dense preset under the issue's name, and a DeepseekV3-style MoE (~16B total, ~2.5B active,
+    # DeepSeek-V2-Lite's shape: 64 routed experts, 6 per token, 2 shared) in bf16: ~0.5M tokens each
+    "gpu-7b-dense": Preset(4096, 32, 11008, 32, 512, 256, 2048, 32768),
+    "gpu-moe": Preset(2048, 27, 10944, 16, 512, 256, 2048, 32768, family="deepseek_v3", experts=64, top_k=6,
+                      moe_intermediate_size=1408),
+    # the same MoE shape, tiny, for a CPU smoke run of the MoE path
+    "cpu-moe": Preset(256, 4, 1024, 4, 64, 32, 256, 4096, family="deepseek_v3", experts=16, top_k=4,
+                      moe_intermediate_size=128),
 }
 
 
 def build(preset: Preset, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig
 
+    if preset.family == "deepseek_v3":
+        h = preset.hidden_size
+        cfg = DeepseekV3Config(vocab_size=163_840, hidden_size=h, intermediate_size=preset.intermediate_size,
+                               num_hidden_layers=preset.num_layers, num_attention_heads=preset.heads,
+                               num_key_value_heads=preset.heads, moe_intermediate_size=preset.moe_intermediate_size,
+                               n_routed_experts=preset.experts, num_experts_per_tok=preset.top_k, n_shared_experts=2,
+                               n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=None,
+                               kv_lora_rank=512 if h >= 1024 else h // 4, qk_rope_head_dim=64 if h >= 1024 else 16,
+                               qk_nope_head_dim=128 if h >= 1024 else 32, v_head_dim=128 if h >= 1024 else 32,
+                               max_position_embeddings=8192)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        return model.eval()
     cfg = LlamaConfig(vocab_size=163_840, hidden_size=preset.hidden_size, intermediate_size=preset.intermediate_size,
                       num_hidden_layers=preset.num_layers, num_attention_heads=preset.heads,
                       num_key_value_heads=max(1, preset.heads // 4), max_position_embeddings=8192)
@@ -130,6 +157,10 @@ def interleaved(model: torch.nn.Module, samples: list[Sample], max_tokens: int, 
     return bare, ext
 
 
+def peak_gb(device: str) -> str:
+    return f"{torch.cuda.max_memory_allocated() / 1e9:.1f}" if device.startswith("cuda") else "-"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", nargs="+", default=["cpu-small"], choices=list(PRESETS))
@@ -144,10 +175,13 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     print(f"device {args.device}, compute {dtype}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print("| preset | H | layers | tokens | storage | bare forward s | extraction s | ratio | per-batch ratio (no disk) | extraction tok/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| preset | H | layers | tokens | storage | bare forward s | extraction s | ratio | per-batch ratio (no disk) "
+          "| extraction tok/s | peak GPU GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.preset:
         preset = PRESETS[name]
+        if args.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
         model = build(preset, args.device, dtype)
         samples = make_samples(preset)
         tokens = sum(len(s) for s in samples)
@@ -164,7 +198,7 @@ def main() -> None:
             e = min(ext[storage])
             pb, pe = interleaved(model, samples, preset.max_tokens_per_batch, args.device, storage, args.repeat)
             print(f"| {name} | {preset.hidden_size} | {preset.num_layers} | {tokens:,} | {storage} | {b:.2f} | "
-                  f"{e:.2f} | {e / b:.3f} | {pe / pb:.3f} | {tokens / e:,.0f} |", flush=True)
+                  f"{e:.2f} | {e / b:.3f} | {pe / pb:.3f} | {tokens / e:,.0f} | {peak_gb(args.device)} |", flush=True)
         del model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()

@@ -375,6 +375,9 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
                        project_root=tmp_path)
     text = cell_outputs_text(out)
     assert "bytes per token" in text and "verified 12 samples" in text and "WARNING" not in text
+    # the memory plans, before loading: the tiny model fits; K2.5 INT4 on 8×96 GB does not through transformers
+    assert "per device / usable" in text and "fits" in text and "transformers tp=8" in text
+    assert "dequantized to 16-bit at load" in text and "INT4 packed" in text
     directory = tmp_path / "out" / "hidden_states" / "demo"
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS) and manifest["layout"] == "specforge"

@@ -37,13 +37,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def run() -> None:
         try:
-            result = job.run(read_samples(args.samples), device=_init_distributed(device, rank, world_size),
+            result = job.run(read_samples(args.samples), device=_init_distributed(device, rank, world_size, job.tp),
                              progress=rank == 0)
         finally:
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
         print(json.dumps({"rank": rank, "world_size": world_size, "extracted": result.extracted,
-                          "skipped": result.skipped, "tokens": result.tokens, "seconds": round(result.seconds, 3),
+                          "skipped": result.skipped, "tokens": result.tokens, "tp": result.tp,
+                          "weight_bytes": result.weight_bytes, "seconds": round(result.seconds, 3),
                           "complete": result.complete}), flush=True)
 
     return run_command("hidden_states", run)
@@ -71,8 +72,14 @@ def convert_main(argv: Sequence[str]) -> int:
     return run_command("hidden_states convert", run)
 
 
-def _init_distributed(device: str, rank: int, world_size: int) -> str:
-    """Under torchrun: this rank's GPU and a process group (nccl on GPUs, gloo on CPU)."""
+def _init_distributed(device: str, rank: int, world_size: int, tp: int = 1) -> str:
+    """Under torchrun: this rank's GPU and a process group (nccl on GPUs, gloo on CPU).
+
+    With dp > 1 data-parallel copies of a tp > 1 tensor-parallel model, each copy gets a process group of
+    its own (ranks dp_rank*tp … dp_rank*tp + tp-1, rendezvous on MASTER_PORT + 1 + dp_rank): transformers'
+    tensor parallelism spans the default group's whole world, and replicas in one world would need its
+    FSDP wrappers, which do not run a decoder called on its own. The copies share nothing but the files.
+    """
     import torch
 
     if world_size > 1:
@@ -80,7 +87,13 @@ def _init_distributed(device: str, rank: int, world_size: int) -> str:
         if cuda:
             device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
             torch.cuda.set_device(device)
-        torch.distributed.init_process_group("nccl" if cuda else "gloo")
+        backend = "nccl" if cuda else "gloo"
+        if 1 < tp < world_size and world_size % tp == 0:
+            port = int(os.environ["MASTER_PORT"]) + 1 + rank // tp
+            store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], port, tp, is_master=rank % tp == 0)
+            torch.distributed.init_process_group(backend, store=store, rank=rank % tp, world_size=tp)
+        else:
+            torch.distributed.init_process_group(backend)
     return device
 
 

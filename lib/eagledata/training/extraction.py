@@ -24,7 +24,10 @@ from ..errors import InputError
 from ..layout import OUTPUT_DIR, hidden_state_files
 from ..settings import Settings, nested, setting
 from .assembly import AssemblyPolicy, Sample
+from .memory import (KIMI_K25_CHECKPOINT_BYTES, Devices, Layout, MemoryPlan, ModelShape, check_layout, checkpoint_bytes,
+                     kimi_k25_config, plan_memory, visible_devices)
 from .models import Decoder, config_vocab_size, find_decoder, load_model, model_name
+from .quantized import read_config
 from .storage import (STORAGE_DTYPES, Final, LayoutName, Storage, check_plan, check_stored, finalize, get_layout,
                       read_parts)
 
@@ -163,7 +166,9 @@ class ExtractResult:
     directory: Path
     rank: int
     world_size: int
-    extracted: int  # samples this call computed
+    tp: int = 1
+    weight_bytes: int = 0  # this process's share of the weights (tensor parallel: about 1/tp of the sharded ones)
+    extracted: int  # samples this call computed (and wrote: 0 on a tensor-parallel group's other ranks)
     skipped: int  # samples already stored (resume)
     tokens: int
     seconds: float
@@ -191,6 +196,46 @@ def check_samples(samples: Sequence[Sample], vocab_size: int) -> None:
                              f"model's vocabulary (0..{vocab_size - 1})", field="input_ids")
 
 
+def memory_plan(model: str | Path, *, tp: int = 1, dp: int = 1, device_map: Any = None,
+                devices: Devices | None = None, max_tokens_per_batch: int = 16_384,
+                device: str | None = None) -> MemoryPlan | None:
+    """The checkpoint's memory plan for this layout (None when its size on disk is unknown, e.g. a hub id)."""
+    size = checkpoint_bytes(str(model))
+    if size is None and str(model) == "moonshotai/Kimi-K2.5":  # the published facts: no download needed
+        config, size = kimi_k25_config(), KIMI_K25_CHECKPOINT_BYTES
+    elif size is None:
+        return None
+    else:
+        config = read_config(model)
+    devices = devices or visible_devices()
+    compute_bytes = 4 if devices.kind == "cpu" or str(device or "").startswith("cpu") else 2
+    return plan_memory(config, size, devices, Layout(tp=tp, dp=dp, device_map=device_map if device_map else None),
+                       max_tokens_per_batch=max_tokens_per_batch, compute_bytes=compute_bytes)
+
+
+def check_before_loading(model: str | Path, *, tp: int = 1, dp: int = 1, device_map: Any = None,
+                         devices: Devices | None = None, max_tokens_per_batch: int = 16_384,
+                         device: str | None = None) -> MemoryPlan | None:
+    """Config-level refusals before a byte of weights loads: quantization format, tp vs heads, memory."""
+    config = kimi_k25_config() if str(model) == "moonshotai/Kimi-K2.5" else read_config(model)
+    shape = ModelShape.from_config(config)  # raises on an unsupported quantization_config
+    check_layout(shape, Layout(tp=tp, dp=dp, device_map=device_map if isinstance(device_map, str) else None),
+                 devices or visible_devices())
+    if tp > 1 and shape.quantization is not None:
+        # transformers 5.23 shards the checkpoint's per-expert tensors before dequantizing them, and
+        # weight_packed/weight_shape cannot be sliced that way (IndexError in sharding_utils.shard_tensor)
+        raise InputError(f"tp={tp} with a compressed-tensors checkpoint: transformers cannot shard packed "
+                         "experts; use device_map=auto (one process, all GPUs) or the vLLM backend "
+                         "(lib/eagledata/training/README.md, 'Engine backend')", field="tp")
+    if device_map is not None and not isinstance(device_map, str):
+        return None  # an explicit placement: the caller planned it
+    plan = memory_plan(model, tp=tp, dp=dp, device_map=device_map, devices=devices,
+                       max_tokens_per_batch=max_tokens_per_batch, device=device)
+    if plan is not None:
+        plan.check()
+    return plan
+
+
 def _plan_doc(model: str, decoder: Decoder, layers: tuple[int, ...], opts: ExtractOptions,
               compute_dtype: torch.dtype) -> dict[str, Any]:
     layout = get_layout(opts.layout)
@@ -203,14 +248,19 @@ def _plan_doc(model: str, decoder: Decoder, layers: tuple[int, ...], opts: Extra
 
 def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model: str | Path | nn.Module, *,
             options: ExtractOptions | None = None, device: str = "cpu", dtype: torch.dtype | None = None,
-            device_map: Any = None, rank: int | None = None, world_size: int | None = None,
-            tokenizer_fingerprint: str = "", records_hashes: dict[str, str] | None = None,
+            device_map: Any = None, max_memory: dict | None = None, tp: int = 1, rank: int | None = None,
+            world_size: int | None = None, tokenizer_fingerprint: str = "",
+            records_hashes: dict[str, str] | None = None, devices: Devices | None = None,
             progress: bool = True, on_batch: Callable[[int], None] | None = None) -> ExtractResult:
     """Hidden states of `samples` into `<output_dir>/hidden_states/<name>/`, resuming what is stored.
 
-    `rank`/`world_size` default to torchrun's RANK/WORLD_SIZE. Each rank takes the samples whose
-    id hashes to it; the manifest and `index.jsonl` are written by whichever call finds the set
-    complete. `on_batch(n)` runs after each batch (progress reporting; tests inject a kill here).
+    `rank`/`world_size` default to torchrun's RANK/WORLD_SIZE; the world is `world_size // tp`
+    data-parallel groups of `tp` tensor-parallel ranks (consecutive ranks form a group). Each group
+    takes the samples whose id hashes to it, and only its first rank writes; the manifest and
+    `index.jsonl` are written by whichever call finds the set complete. Before any weight loads, the
+    checkpoint's config is checked (quantization format, tp against the heads) and its memory plan
+    for `devices` (default: the visible ones) must fit. `on_batch(n)` runs after each batch
+    (progress reporting; tests inject a kill here).
     """
     options = options or ExtractOptions()
     env_rank, env_world = torchrun_world()
@@ -218,13 +268,21 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     world_size = env_world if world_size is None else world_size
     if not 0 <= rank < world_size:
         raise InputError(f"rank {rank} outside world size {world_size}", field="rank")
+    if tp < 1 or world_size % tp:
+        raise InputError(f"tp={tp} does not divide the world size {world_size} (the world is dp × tp)", field="tp")
+    dp, dp_rank, tp_rank = world_size // tp, rank // tp, rank % tp
     files = hidden_state_files(name, output_dir)
     directory = files.directory
     layout = get_layout(options.layout)
     layout.check_storage(options.storage)
-    if not isinstance(model, nn.Module):  # refuse bad ids before loading (minutes for Kimi), not after
+    if not isinstance(model, nn.Module):  # refuse bad input before loading (minutes for Kimi), not after
         check_samples(samples, config_vocab_size(model))
-    loaded = load_model(model, device=device, dtype=dtype, device_map=device_map)
+        check_before_loading(model, tp=tp, dp=dp, device_map=device_map, devices=devices,
+                             max_tokens_per_batch=options.max_tokens_per_batch, device=device)
+    elif tp > 1:
+        raise InputError("tp > 1 needs a checkpoint (transformers shards it while loading), not a loaded module",
+                         field="tp")
+    loaded = load_model(model, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory, tp=tp, dp=dp)
     decoder = find_decoder(loaded)
     if isinstance(model, nn.Module):
         check_samples(samples, decoder.vocab_size)
@@ -239,10 +297,13 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     part = files.parts / f"r{rank}-of-{world_size}-{uuid.uuid4().hex[:8]}.jsonl"
     writer = layout.writer(files, part, options.storage, options.shard_bytes, decoder.hidden_size,
                            {s.id: i for i, s in enumerate(samples)})
+    writes = tp_rank == 0  # the other ranks of a tensor-parallel group compute the same states
     done = read_parts(files)
     check_stored(files, writer, samples, done)
-    mine = [s for s in samples if owner(s.id, world_size) == rank and s.id not in done]
-    skipped = sum(1 for s in samples if owner(s.id, world_size) == rank) - len(mine)
+    # A group's ranks agree on `done` for the group's own samples: only its first rank writes them, and
+    # only after a forward every rank of the group takes part in.
+    mine = [s for s in samples if owner(s.id, dp) == dp_rank and s.id not in done]
+    skipped = sum(1 for s in samples if owner(s.id, dp) == dp_rank) - len(mine)
     batches = plan_batches([len(s) for s in mine], options.max_tokens_per_batch, options.max_batch_size)
     total = sum(len(s) for s in mine)
     start = time.perf_counter()
@@ -250,14 +311,15 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total, unit="tok", desc=f"rank {rank}/{world_size}")
+        bar = tqdm(total=total, unit="tok", desc=f"dp {dp_rank}/{dp}" + (f" tp {tp_rank}/{tp}" if tp > 1 else ""))
     try:
         with torch.inference_mode(), Capture(decoder, layers, options.resolved_final()) as capture:
             for n, batch in enumerate(batches, 1):
                 group = [mine[i] for i in batch]
                 ids, mask = _pad([s.input_ids for s in group], in_device)
                 states = capture.run(ids, mask, compute_dtype)
-                writer.add(group, states)
+                if writes:
+                    writer.add(group, states)
                 if bar is not None:
                     bar.update(states.shape[0])
                 if on_batch is not None:
@@ -268,14 +330,29 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - start
-    if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+    distributed = world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed:
         torch.distributed.barrier()
+    # One process group over the world: its rank 0 finalizes after the barrier. One group per tensor-parallel
+    # copy (dp > 1 and tp > 1): each copy's writer tries, and the last to finish finds the set complete
+    # (finalize is deterministic, so two that race write the same bytes).
+    whole_world = distributed and torch.distributed.get_world_size() == world_size
     manifest = None
-    if rank == 0 or world_size == 1 or not torch.distributed.is_initialized():
+    if (rank == 0 if whole_world else writes):
         manifest = finalize(files, samples, tokenizer_fingerprint=tokenizer_fingerprint,
                             records_hashes=records_hashes)
-    return ExtractResult(directory=directory, rank=rank, world_size=world_size, extracted=len(mine), skipped=skipped,
+    return ExtractResult(directory=directory, rank=rank, world_size=world_size, tp=tp, weight_bytes=local_bytes(loaded),
+                         extracted=len(mine) if writes else 0, skipped=skipped if writes else 0,
                          tokens=total, seconds=seconds, complete=manifest is not None, manifest=manifest)
+
+
+def local_bytes(model: nn.Module) -> int:
+    """Bytes of the parameters this process holds (a DTensor counts its local shard)."""
+    total = 0
+    for p in model.parameters():
+        t = p.to_local() if hasattr(p, "to_local") else p
+        total += t.numel() * t.element_size()
+    return total
 
 
 def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -300,17 +377,26 @@ class ExtractionJob(Settings):
     name: str = setting("train", "name of the hidden-states set", cli_required=True)
     model: str = setting("moonshotai/Kimi-K2.5", "checkpoint directory or hub id", cli_required=True)
     device: str | None = setting(None, "cuda or cpu; None -> cuda when available")
-    device_map: str | None = setting(None, "e.g. auto when one process drives several GPUs")
+    device_map: str | None = setting(None, "auto: one process spreads the model over all visible GPUs (accelerate)")
+    tp: int = setting(1, "tensor-parallel ranks per model copy under torchrun (tp_plan=auto); "
+                         "the world is dp groups x tp")
     options: ExtractOptions = nested(ExtractOptions)
 
     def resolved_device(self) -> str:
         return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
+    def memory_plan(self, devices: Devices | None = None, world_size: int | None = None) -> MemoryPlan | None:
+        """The plan `run` checks before loading (None when the checkpoint's size is unknown, e.g. a hub id)."""
+        world = world_size or torchrun_world()[1]
+        return memory_plan(self.model, tp=self.tp, dp=max(world // self.tp, 1), device_map=self.device_map,
+                           devices=devices, max_tokens_per_batch=self.options.max_tokens_per_batch,
+                           device=self.resolved_device())
+
     def run(self, samples: Sequence[Sample], **kwargs: Any) -> ExtractResult:
         """`extract` with these settings; `kwargs` go to `extract` (rank, fingerprints, progress …)."""
         kwargs.setdefault("device", self.resolved_device())
         return extract(samples, self.output_dir, self.name, self.model, options=self.options,
-                       device_map=self.device_map, **kwargs)
+                       device_map=self.device_map, tp=self.tp, **kwargs)
 
 
 @dataclass(frozen=True, kw_only=True)

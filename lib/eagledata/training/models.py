@@ -1,6 +1,7 @@
 """The target model for extraction: loading a checkpoint and finding its text decoder."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from .quantized import check_quantization
 
 # -- loading ----------------------------------------------------------------------------------------
 @dataclass
@@ -44,11 +46,16 @@ def find_decoder(model: nn.Module) -> Decoder:
 
 
 def load_model(model: str | Path | nn.Module, *, device: str = "cpu", dtype: torch.dtype | None = None,
-               device_map: Any = None, trust_remote_code: bool = False) -> nn.Module:
+               device_map: Any = None, trust_remote_code: bool = False, tp: int = 1, dp: int = 1,
+               max_memory: dict | None = None) -> nn.Module:
     """A checkpoint dir or hub id through transformers (causal LM, else image-text-to-text such as kimi_k25).
 
-    bf16 on GPU and fp32 on CPU unless told; `device_map` goes to `from_pretrained` as is, for
-    a model that needs several GPUs.
+    bf16 on GPU and fp32 on CPU unless told; `device_map` (e.g. "auto": accelerate spreads the layers
+    over the visible devices, `max_memory` caps each) goes to `from_pretrained` as is. `tp > 1`: under
+    torchrun, transformers' own tensor-parallel plan (`tp_plan="auto"`) shards the model over `tp`
+    ranks of the default process group; `dp` such copies each run in a group of their own (see
+    `eagledata.hidden_states._init_distributed`). compressed-tensors checkpoints
+    load through transformers' quantizer (see `quantized.py` for what it keeps in memory).
     """
     if isinstance(model, nn.Module):
         return model.eval()
@@ -62,17 +69,40 @@ def load_model(model: str | Path | nn.Module, *, device: str = "cpu", dtype: tor
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a model config: {e}", src, field="model") from None
     kwargs: dict[str, Any] = dict(dtype=dtype, trust_remote_code=trust_remote_code)
+    quantization = check_quantization(config.to_dict())
+    if quantization is not None:
+        # Dequantize every serialized weight while loading. transformers' default compressed-tensors route
+        # also dequantizes the routed experts (its fused DeepseekV3Experts cannot hold packed INT4), but it
+        # first turns every other Linear the config targets (kimi_k25's vision tower and projector, which
+        # K2.5's `ignore` list does not name) into a packed module, and their bf16 weights then load as
+        # missing. Either way the experts end up dense: quantized.py, memory.py.
+        from transformers import CompressedTensorsConfig
+
+        raw = config.to_dict().get("quantization_config") or {}
+        kwargs["quantization_config"] = CompressedTensorsConfig(**{**raw, "dequantize": True})
     if device_map is not None:
         kwargs["device_map"] = device_map
+    if max_memory is not None:
+        kwargs["max_memory"] = max_memory
+    if tp > 1:
+        from transformers.distributed import DistributedConfig
+
+        kwargs["distributed_config"] = DistributedConfig(tp_plan="auto", tp_size=tp)
     for auto in (AutoModelForCausalLM, AutoModelForImageTextToText, AutoModel):
         if type(config) in auto._model_mapping or (trust_remote_code and auto.__name__ in
                                                    getattr(config, "auto_map", {})):
-            loaded = auto.from_pretrained(src, config=config, **kwargs)
+            with warnings.catch_warnings():  # "the quantization_config from the model will be used": intended
+                warnings.filterwarnings("ignore", message="You passed `quantization_config`")
+                loaded = auto.from_pretrained(src, config=config, **kwargs)
             break
     else:
         raise InputError(f"transformers has no model class for model_type {config.model_type!r}", src, field="model")
-    if device_map is None:
+    if device_map is None and tp == 1:
         loaded = loaded.to(device)
+    if quantization is not None:  # dequantized experts arrive in the scales' dtype (bf16), wherever they were placed
+        for param in loaded.parameters():
+            if param.is_floating_point() and param.dtype != dtype:
+                param.data = param.data.to(dtype)
     return loaded.eval()
 
 

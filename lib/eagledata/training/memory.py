@@ -1,0 +1,310 @@
+"""A memory plan before any weight loads: will this checkpoint, in this layout, fit these devices?
+
+Pure: from config.json (a dict), the checkpoint's size on disk and the devices (count × bytes each,
+injectable), it predicts per-device weight and activation memory for a layout (tp × dp, or one process
+over all devices with device_map) and a token budget, and refuses with a layout that would fit.
+Estimates, not measurements: weights are exact to the parameter count (replicated norms and routers
+ignored); activations are an upper bound of the largest live set in one decoder layer.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import InputError
+from .quantized import Quantization, check_quantization
+
+GB = 1e9
+HEADROOM = 0.90  # of each device's memory: CUDA context, allocator fragmentation, the capture buffers' churn
+
+
+@dataclass(frozen=True)
+class Devices:
+    count: int
+    bytes_each: int
+    kind: str = "cuda"
+
+    def __str__(self) -> str:
+        return f"{self.count}×{self.bytes_each / GB:.0f} GB {self.kind}"
+
+
+def visible_devices() -> Devices:
+    """The GPUs this process sees (CPU: one device with the machine's memory)."""
+    import torch
+
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        return Devices(n, min(torch.cuda.get_device_properties(i).total_memory for i in range(n)), "cuda")
+    return Devices(1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "cpu")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs from config.json (a multimodal wrapper's text_config when present)."""
+
+    hidden_size: int
+    num_layers: int
+    heads: int
+    kv_heads: int
+    vocab_size: int
+    intermediate_size: int
+    routed_expert_weights: int  # elements of all routed experts (0 for a dense model)
+    experts_per_token: int
+    moe_intermediate_size: int
+    shared_experts: int
+    qk_head_dim: int
+    v_head_dim: int
+    quantization: Quantization | None
+    stored_bytes: int = 2  # bytes per unquantized weight in the checkpoint (config dtype)
+    mlp_weights: int = 0  # dense MLPs and shared experts (what a MoE's tensor-parallel plan shards besides the experts)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> "ModelShape":
+        text = config.get("text_config") or config
+        h, n = int(text["hidden_size"]), int(text["num_hidden_layers"])
+        heads = int(text["num_attention_heads"])
+        experts = int(text.get("n_routed_experts") or text.get("num_local_experts") or 0)
+        moe_inter = int(text.get("moe_intermediate_size") or 0)
+        dense = min(int(text.get("first_k_dense_replace", 0)), n) if experts else n
+        head_dim = h // heads
+        qk = int(text.get("qk_nope_head_dim", 0)) + int(text.get("qk_rope_head_dim", 0)) or head_dim
+        return cls(hidden_size=h, num_layers=n, heads=heads, kv_heads=int(text.get("num_key_value_heads") or heads),
+                   vocab_size=int(text["vocab_size"]), intermediate_size=int(text.get("intermediate_size") or 4 * h),
+                   routed_expert_weights=(n - dense) * experts * 3 * h * moe_inter,
+                   experts_per_token=int(text.get("num_experts_per_tok") or 0), moe_intermediate_size=moe_inter,
+                   shared_experts=int(text.get("n_shared_experts") or 0), qk_head_dim=qk,
+                   v_head_dim=int(text.get("v_head_dim") or head_dim), quantization=check_quantization(config),
+                   mlp_weights=3 * h * (dense * int(text.get("intermediate_size") or 4 * h)
+                                        + (n - dense) * int(text.get("n_shared_experts") or 0) * moe_inter),
+                   stored_bytes=4 if (config.get("dtype") or config.get("torch_dtype")) == "float32" else 2)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the world is split: dp groups × tp ranks each, or one process over all devices (device_map)."""
+
+    tp: int = 1
+    dp: int = 1
+    device_map: str | None = None
+
+    def __str__(self) -> str:
+        return f"device_map={self.device_map}" if self.device_map else f"tp={self.tp} × dp={self.dp}"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    layout: Layout
+    devices: Devices
+    backend: str
+    max_tokens_per_batch: int
+    expert_storage: str
+    weights_total: int  # bytes of weights in memory, all devices together
+    weights_per_device: int
+    activations_per_device: int
+    budget_per_device: int  # HEADROOM × device memory
+    reason: str | None  # why it does not fit (None: it fits)
+    suggestion: str | None = None
+
+    @property
+    def fits(self) -> bool:
+        return self.reason is None
+
+    @property
+    def per_device(self) -> int:
+        return self.weights_per_device + self.activations_per_device
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The plan as a table (hidden_states.ipynb shows it before loading)."""
+        return [
+            {"item": "devices", "value": str(self.devices)},
+            {"item": "layout", "value": str(self.layout)},
+            {"item": "backend", "value": self.backend},
+            {"item": "routed experts in memory", "value": self.expert_storage},
+            {"item": "weights, all devices", "value": f"{self.weights_total / GB:,.1f} GB"},
+            {"item": "weights per device", "value": f"{self.weights_per_device / GB:,.1f} GB"},
+            {"item": f"activations per device ({self.max_tokens_per_batch:,} tokens)",
+             "value": f"{self.activations_per_device / GB:,.2f} GB"},
+            {"item": "per device / usable", "value": f"{self.per_device / GB:,.1f} / {self.budget_per_device / GB:,.1f} GB"},
+            {"item": "verdict", "value": "fits" if self.fits else f"does not fit: {self.reason}"},
+            *([{"item": "suggestion", "value": self.suggestion}] if self.suggestion else []),
+        ]
+
+    def check(self) -> None:
+        """Refuse a layout that cannot fit, before any weight loads."""
+        if not self.fits:
+            raise InputError(f"{self.reason}. {self.suggestion or 'No layout of these devices fits.'}",
+                             field="layout")
+
+
+BACKENDS = ("transformers", "vllm")
+
+
+def check_layout(shape: ModelShape, layout: Layout, devices: Devices) -> None:
+    """A layout the model and the devices allow: tp divides the heads, the world fits the devices."""
+    if layout.tp < 1 or layout.dp < 1:
+        raise InputError(f"tp and dp must be ≥ 1, got {layout}", field="tp")
+    if shape.heads % layout.tp or shape.kv_heads % layout.tp:
+        raise InputError(f"tp={layout.tp} does not divide the model's {shape.heads} attention heads "
+                         f"({shape.kv_heads} key/value heads); choose one of "
+                         f"{[t for t in range(1, shape.heads + 1) if shape.heads % t == 0 and shape.kv_heads % t == 0]}",
+                         field="tp")
+    if layout.device_map and (layout.tp > 1 or layout.dp > 1):
+        raise InputError(f"device_map={layout.device_map} runs one process over all devices: tp and dp must be 1",
+                         field="device_map")
+    if not layout.device_map and layout.tp * layout.dp > devices.count and devices.kind != "cpu":
+        raise InputError(f"{layout} needs {layout.tp * layout.dp} devices, {devices.count} visible", field="tp")
+
+
+def weight_bytes(shape: ModelShape, checkpoint_bytes: int, backend: str, compute_bytes: int = 2) -> tuple[int, str]:
+    """Bytes of weights in memory, and how the routed experts are held."""
+    q = shape.quantization
+    if q is None:
+        return checkpoint_bytes * compute_bytes // shape.stored_bytes, "as stored (no quantization)"
+    packed = int(shape.routed_expert_weights * q.bytes_per_weight)
+    others = max(checkpoint_bytes - packed, 0) * compute_bytes // shape.stored_bytes
+    if backend == "vllm":
+        return packed + others, f"INT{q.num_bits} packed ({q.bytes_per_weight:.4f} B/weight, vLLM kernels)"
+    return shape.routed_expert_weights * compute_bytes + others, \
+        f"dequantized to {8 * compute_bytes}-bit at load (transformers): {compute_bytes / q.bytes_per_weight:.1f}× disk"
+
+
+def activation_bytes(shape: ModelShape, tokens: int, tp: int, compute_bytes: int = 2) -> int:
+    """Largest live set of one forward over `tokens` padded tokens (one row of that length, the worst case).
+
+    Residual stream and norms (~6·H), this rank's attention projections, the attention scores of one
+    row if materialized (heads/tp × T² in fp32), the MLP or routed-expert intermediates, the captured
+    [T, 4, H] buffer. No LM head: extraction never computes logits.
+    """
+    h, heads = shape.hidden_size, shape.heads // tp
+    residual = 6 * h
+    attention = heads * (2 * shape.qk_head_dim + 2 * shape.v_head_dim)
+    if shape.routed_expert_weights:
+        mlp = 3 * shape.moe_intermediate_size * (shape.experts_per_token + shape.shared_experts) // tp
+        mlp = max(mlp, 3 * shape.intermediate_size // tp)
+    else:
+        mlp = 3 * shape.intermediate_size // tp
+    per_token = (residual + attention + mlp + 4 * h) * compute_bytes
+    scores = heads * tokens * tokens * 4
+    return tokens * per_token + scores
+
+
+def plan_memory(config: dict[str, Any], checkpoint_bytes: int, devices: Devices, layout: Layout = Layout(), *,
+                max_tokens_per_batch: int = 16_384, backend: str = "transformers", compute_bytes: int = 2,
+                suggest: bool = True) -> MemoryPlan:
+    """Per-device weights + activations for `layout`; when it does not fit, a layout that would (or why none does)."""
+    if backend not in BACKENDS:
+        raise InputError(f"backend {backend!r}; one of {BACKENDS}", field="backend")
+    shape = ModelShape.from_config(config)
+    check_layout(shape, layout, devices)
+    total, storage = weight_bytes(shape, checkpoint_bytes, backend, compute_bytes)
+    if layout.device_map:
+        # accelerate places whole layers: the fullest device can hold up to one more layer than its share
+        per_device = total // devices.count + total // max(shape.num_layers, 1)
+        acts = activation_bytes(shape, max_tokens_per_batch, 1, compute_bytes)
+    elif backend == "transformers" and shape.routed_expert_weights:
+        # transformers' DeepseekV3 plan shards the experts and MLPs only: MLA attention, embeddings, norms and
+        # lm_head stay whole on every rank
+        mlps = (shape.routed_expert_weights + shape.mlp_weights) * compute_bytes
+        per_device = (total - mlps) + mlps // layout.tp
+        acts = activation_bytes(shape, max_tokens_per_batch, layout.tp, compute_bytes)
+    else:
+        per_device = total // layout.tp
+        acts = activation_bytes(shape, max_tokens_per_batch, layout.tp, compute_bytes)
+    budget = int(devices.bytes_each * HEADROOM)
+    reason = None
+    if per_device + acts > budget:
+        reason = (f"{layout} needs {(per_device + acts) / GB:,.1f} GB per device "
+                  f"({per_device / GB:,.1f} weights + {acts / GB:,.2f} activations), "
+                  f"{budget / GB:,.1f} GB usable of {devices}")
+    plan = MemoryPlan(layout=layout, devices=devices, backend=backend, max_tokens_per_batch=max_tokens_per_batch,
+                      expert_storage=storage, weights_total=total, weights_per_device=per_device,
+                      activations_per_device=acts, budget_per_device=budget, reason=reason)
+    if reason and suggest:
+        plan = replace(plan, suggestion=suggest_layout(config, checkpoint_bytes, devices,
+                                                       max_tokens_per_batch=max_tokens_per_batch, backend=backend,
+                                                       compute_bytes=compute_bytes))
+    return plan
+
+
+def suggest_layout(config: dict[str, Any], checkpoint_bytes: int, devices: Devices, *, max_tokens_per_batch: int,
+                   backend: str = "transformers", compute_bytes: int = 2) -> str:
+    """The layout with the most data parallelism that fits (smaller token budgets next), else what would be needed."""
+    shape = ModelShape.from_config(config)
+    budgets = [t for t in (max_tokens_per_batch, 8192, 4096, 2048) if t <= max_tokens_per_batch]
+    tps = [t for t in range(1, devices.count + 1) if shape.heads % t == 0 and shape.kv_heads % t == 0]
+    for tokens in budgets:
+        candidates = [Layout(tp=t, dp=devices.count // t) for t in tps] + [Layout(device_map="auto")]
+        for layout in candidates:
+            p = plan_memory(config, checkpoint_bytes, devices, layout, max_tokens_per_batch=tokens, backend=backend,
+                            compute_bytes=compute_bytes, suggest=False)
+            if p.fits:
+                budget = "" if tokens == max_tokens_per_batch else f" with max_tokens_per_batch={tokens}"
+                return f"{layout}{budget} fits ({p.per_device / GB:,.1f} GB per device)"
+    total, _ = weight_bytes(shape, checkpoint_bytes, backend, compute_bytes)
+    usable = devices.bytes_each * HEADROOM
+    need = -(-int(total + activation_bytes(shape, min(budgets), 1, compute_bytes) * devices.count) // int(usable))
+    text = (f"no layout fits: the {backend} path holds {total / GB:,.0f} GB of weights, "
+            f"at least {need} devices of {devices.bytes_each / GB:.0f} GB")
+    if backend == "transformers" and shape.quantization is not None:
+        alt = plan_memory(config, checkpoint_bytes, devices, Layout(tp=max(tps), dp=devices.count // max(tps)),
+                          max_tokens_per_batch=min(budgets), backend="vllm", compute_bytes=compute_bytes,
+                          suggest=False)
+        text += (f"; the vLLM backend keeps INT{shape.quantization.num_bits} packed: tp={max(tps)} needs "
+                 f"{alt.per_device / GB:,.1f} GB per device ({'fits' if alt.fits else 'does not fit'}; "
+                 f"docs: lib/eagledata/training/README.md, 'Engine backend')")
+    return text
+
+
+def checkpoint_bytes(model: str) -> int | None:
+    """Bytes of the checkpoint's weights: the safetensors index's total_size, else the files' sizes (local only)."""
+    import json
+    from pathlib import Path
+
+    d = Path(model)
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        total = json.loads(index.read_text()).get("metadata", {}).get("total_size")
+        if total:
+            return int(total)
+    files = list(d.glob("*.safetensors")) if d.is_dir() else []
+    return sum(f.stat().st_size for f in files) or None
+
+
+# -- Kimi-K2.5 as published (../shared/DESIGN.md, "Kimi-K2.5 checkpoint"): plans without downloading anything --
+def kimi_k25_config() -> dict[str, Any]:
+    """K2.5's config.json, the fields a plan reads: Kimi K2 text model values, K2.5's quantization_config."""
+    from .quantized import KIMI_K25_QUANTIZATION_CONFIG
+
+    return {
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+        "quantization_config": KIMI_K25_QUANTIZATION_CONFIG,
+        "text_config": {
+            "model_type": "deepseek_v3", "hidden_size": 7168, "num_hidden_layers": 61, "first_k_dense_replace": 1,
+            "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
+            "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 384,
+            "num_experts_per_tok": 8, "n_shared_experts": 1, "moe_intermediate_size": 2048,
+            "intermediate_size": 18432, "vocab_size": 163840,
+        },
+    }
+
+
+KIMI_K25_CHECKPOINT_BYTES = 595 * 10**9  # "about 595 GB on disk"
+
+
+def kimi_k25_plans(devices: Devices = Devices(8, 96 * 10**9), max_tokens_per_batch: int = 16_384
+                   ) -> dict[str, MemoryPlan]:
+    """K2.5 INT4 on 8×96 GB (the seed's machine): the transformers path (tp=8, device_map) and the vLLM backend."""
+    config = kimi_k25_config()
+    plans = {f"transformers {layout}": plan_memory(config, KIMI_K25_CHECKPOINT_BYTES, devices, layout,
+                                                   max_tokens_per_batch=max_tokens_per_batch)
+             for layout in (Layout(tp=devices.count), Layout(device_map="auto"))}
+    plans[f"vllm tp={devices.count}"] = plan_memory(config, KIMI_K25_CHECKPOINT_BYTES, devices,
+                                                    Layout(tp=devices.count), backend="vllm",
+                                                    max_tokens_per_batch=max_tokens_per_batch)
+    return plans
+
+
+def plans_table(plans: dict[str, MemoryPlan]) -> dict[str, dict[str, Any]]:
+    """{plan name: {item: value}}: one column per plan (pandas.DataFrame(plans_table(...)))."""
+    return {name: {row["item"].split(" (")[0]: row["value"] for row in plan.rows()} for name, plan in plans.items()}
