@@ -168,14 +168,22 @@ def test_k25_plan_on_8x96gb(tmp_path):
 
 
 def test_plan_suggests_a_layout_that_fits():
-    config = build_tiny_model("deepseek_v3", hidden_size=H, num_layers=L).config.to_dict()
-    size = 60 * 10**6
-    devices = Devices(4, 60 * 10**6)
-    one = plan_memory(config, size, devices, Layout(tp=1, dp=4), max_tokens_per_batch=256)
-    assert not one.fits and one.suggestion.startswith("tp=2 × dp=2 fits")
-    assert plan_memory(config, size, devices, Layout(tp=2, dp=2), max_tokens_per_batch=256).fits
-    with pytest.raises(InputError, match="tp=4 does not divide"):
-        plan_memory(config, size, devices, Layout(tp=4, dp=1))
+    """A MoE whose experts dominate: tp=1 does not fit, tensor parallelism (which shards the experts) does."""
+    config = build_tiny_model("deepseek_v3", hidden_size=H, num_layers=L, vocab_size=1000).config.to_dict()
+    config["text_config"] = dict(config, n_routed_experts=64, num_attention_heads=4, num_key_value_heads=4)
+    size = 8 * 10**6  # bf16 checkpoint: 4M weights, most of them routed experts
+    devices = Devices(4, 6 * 10**6)
+    one = plan_memory(config, size, devices, Layout(tp=1, dp=4), max_tokens_per_batch=64)
+    assert not one.fits and one.suggested is not None and one.suggested.tp > 1
+    assert one.suggestion.startswith(str(one.suggested))
+    fit = plan_memory(config, size, devices, one.suggested, max_tokens_per_batch=one.suggested_tokens)
+    assert fit.fits and fit.per_device < one.per_device
+    # the most data parallelism that fits: halving tp again does not fit
+    if one.suggested.tp > 2:
+        smaller = Layout(tp=one.suggested.tp // 2, dp=devices.count * 2 // one.suggested.tp)
+        assert not plan_memory(config, size, devices, smaller, max_tokens_per_batch=one.suggested_tokens).fits
+    with pytest.raises(InputError, match="tp=3 does not divide"):
+        plan_memory(config, size, devices, Layout(tp=3, dp=1))
 
 
 # -- tensor parallelism and data-parallel groups under torchrun (gloo on CPU) ------------------------------

@@ -26,7 +26,7 @@ class Devices:
     kind: str = "cuda"
 
     def __str__(self) -> str:
-        return f"{self.count}×{self.bytes_each / GB:.0f} GB {self.kind}"
+        return f"{self.count}×{_size(self.bytes_each)} {self.kind}"
 
 
 def visible_devices() -> Devices:
@@ -105,6 +105,8 @@ class MemoryPlan:
     budget_per_device: int  # HEADROOM × device memory
     reason: str | None  # why it does not fit (None: it fits)
     suggestion: str | None = None
+    suggested: Layout | None = None  # the layout the suggestion names (None: none of these devices fits)
+    suggested_tokens: int | None = None  # its max_tokens_per_batch
 
     @property
     def fits(self) -> bool:
@@ -121,11 +123,11 @@ class MemoryPlan:
             {"item": "layout", "value": str(self.layout)},
             {"item": "backend", "value": self.backend},
             {"item": "routed experts in memory", "value": self.expert_storage},
-            {"item": "weights, all devices", "value": f"{self.weights_total / GB:,.1f} GB"},
-            {"item": "weights per device", "value": f"{self.weights_per_device / GB:,.1f} GB"},
+            {"item": "weights, all devices", "value": _size(self.weights_total)},
+            {"item": "weights per device", "value": _size(self.weights_per_device)},
             {"item": f"activations per device ({self.max_tokens_per_batch:,} tokens)",
-             "value": f"{self.activations_per_device / GB:,.2f} GB"},
-            {"item": "per device / usable", "value": f"{self.per_device / GB:,.1f} / {self.budget_per_device / GB:,.1f} GB"},
+             "value": _size(self.activations_per_device)},
+            {"item": "per device / usable", "value": f"{_size(self.per_device)} / {_size(self.budget_per_device)}"},
             {"item": "verdict", "value": "fits" if self.fits else f"does not fit: {self.reason}"},
             *([{"item": "suggestion", "value": self.suggestion}] if self.suggestion else []),
         ]
@@ -138,6 +140,10 @@ class MemoryPlan:
 
 
 BACKENDS = ("transformers", "vllm")
+
+
+def _size(n: float) -> str:
+    return f"{n / GB:,.1f} GB" if n >= GB else f"{n / 1e6:,.1f} MB"
 
 
 def check_layout(shape: ModelShape, layout: Layout, devices: Devices) -> None:
@@ -214,22 +220,24 @@ def plan_memory(config: dict[str, Any], checkpoint_bytes: int, devices: Devices,
     budget = int(devices.bytes_each * HEADROOM)
     reason = None
     if per_device + acts > budget:
-        reason = (f"{layout} needs {(per_device + acts) / GB:,.1f} GB per device "
-                  f"({per_device / GB:,.1f} weights + {acts / GB:,.2f} activations), "
-                  f"{budget / GB:,.1f} GB usable of {devices}")
+        reason = (f"{layout} needs {_size(per_device + acts)} per device "
+                  f"({_size(per_device)} weights + {_size(acts)} activations), "
+                  f"{_size(budget)} usable of {devices}")
     plan = MemoryPlan(layout=layout, devices=devices, backend=backend, max_tokens_per_batch=max_tokens_per_batch,
                       expert_storage=storage, weights_total=total, weights_per_device=per_device,
                       activations_per_device=acts, budget_per_device=budget, reason=reason)
     if reason and suggest:
-        plan = replace(plan, suggestion=suggest_layout(config, checkpoint_bytes, devices,
-                                                       max_tokens_per_batch=max_tokens_per_batch, backend=backend,
-                                                       compute_bytes=compute_bytes))
+        text, layout, tokens = suggest_layout(config, checkpoint_bytes, devices, max_tokens_per_batch=max_tokens_per_batch,
+                                              backend=backend, compute_bytes=compute_bytes)
+        plan = replace(plan, suggestion=text, suggested=layout, suggested_tokens=tokens)
     return plan
 
 
 def suggest_layout(config: dict[str, Any], checkpoint_bytes: int, devices: Devices, *, max_tokens_per_batch: int,
-                   backend: str = "transformers", compute_bytes: int = 2) -> str:
-    """The layout with the most data parallelism that fits (smaller token budgets next), else what would be needed."""
+                   backend: str = "transformers", compute_bytes: int = 2) -> tuple[str, Layout | None, int | None]:
+    """The layout with the most data parallelism that fits (smaller token budgets next), else what would be needed.
+
+    Returns (the sentence for the error, that layout, its token budget)."""
     shape = ModelShape.from_config(config)
     budgets = [t for t in (max_tokens_per_batch, 8192, 4096, 2048) if t <= max_tokens_per_batch]
     tps = [t for t in range(1, devices.count + 1) if shape.heads % t == 0 and shape.kv_heads % t == 0]
@@ -240,7 +248,7 @@ def suggest_layout(config: dict[str, Any], checkpoint_bytes: int, devices: Devic
                             compute_bytes=compute_bytes, suggest=False)
             if p.fits:
                 budget = "" if tokens == max_tokens_per_batch else f" with max_tokens_per_batch={tokens}"
-                return f"{layout}{budget} fits ({p.per_device / GB:,.1f} GB per device)"
+                return f"{layout}{budget} fits ({_size(p.per_device)} per device)", layout, tokens
     total, _ = weight_bytes(shape, checkpoint_bytes, backend, compute_bytes)
     usable = devices.bytes_each * HEADROOM
     need = -(-int(total + activation_bytes(shape, min(budgets), 1, compute_bytes) * devices.count) // int(usable))
@@ -253,7 +261,7 @@ def suggest_layout(config: dict[str, Any], checkpoint_bytes: int, devices: Devic
         text += (f"; the vLLM backend keeps INT{shape.quantization.num_bits} packed: tp={max(tps)} needs "
                  f"{alt.per_device / GB:,.1f} GB per device ({'fits' if alt.fits else 'does not fit'}; "
                  f"docs: lib/eagledata/training/README.md, 'Engine backend')")
-    return text
+    return text, None, None
 
 
 def checkpoint_bytes(model: str) -> int | None:
