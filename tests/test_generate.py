@@ -359,3 +359,26 @@ def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tmp_path):
     summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
     assert summary["stop_reason"] == "error: RuntimeError: boom" and 1 <= summary["records"] < 50
     Store.open(dataset_dir(tmp_path)).close()  # the lock was released
+
+
+def test_headless_run_logs_a_status_line_every_interval(emu, tmp_path, caplog):
+    """No widget frontend (this process): progress is a status line through logging every status_interval_s."""
+    import logging
+
+    reset(emu, speed=0.2, seed=17, faults={"bad_gateway": 0.05})
+    datasets = make_dataset(tmp_path, 40)
+    with caplog.at_level(logging.INFO, logger="eagledata"):
+        summary = generate(config(emu, tmp_path, datasets, concurrency=10, progress=True, status_interval_s=1.0))
+    lines = [r for r in caplog.records if r.name == "eagledata.generate"]
+    assert summary["wall_s"] > 3, "the run must last several intervals for this test to mean anything"
+    assert len(lines) >= int(summary["wall_s"]) - 1 + 1  # one per second (the ticker polls every 0.5 s), + final
+    gaps = [b.created - a.created for a, b in zip(lines, lines[1:-1])]
+    assert max(gaps) < 1.6
+    for r in lines[:-1]:
+        msg = r.getMessage()
+        assert msg.startswith("D: ") and "/40 prompts (" in msg and " output tok/s | charged $" in msg
+        assert " | in flight " in msg and " | ETA " in msg and "| errors " in msg
+    final = lines[-1].getMessage()
+    assert final.startswith("D: 40/40 prompts (100.0%)") and "ended after" in final
+    if summary["run"]["errors"]:
+        assert f"bad_gateway {summary['run']['errors']['bad_gateway']}" in final

@@ -369,3 +369,19 @@ def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, tmp
     assert "bytes per token" in text and "verified 12 samples" in text
     manifest = json.loads((tmp_path / "out" / "hidden_states" / "demo" / "manifest.json").read_text())
     assert manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS)
+
+
+def test_headless_extraction_logs_status_lines(models, samples, tmp_path, caplog):
+    """No widget frontend: a status line through logging every status_interval_s (checked at batch ends)."""
+    import logging
+    import time
+
+    total = sum(len(s) for s in samples)
+    with caplog.at_level(logging.INFO, logger="eagledata"):
+        result = extract(samples, tmp_path, "set", models["llama"], options=ExtractOptions(max_batch_size=1),
+                         status_interval_s=0.2, on_batch=lambda n: time.sleep(0.1))
+    lines = [r.getMessage() for r in caplog.records if r.name == "eagledata.hidden_states"]
+    assert result.complete and 4 <= len(lines) <= len(samples) + 1  # ~1.2 s of batches at 0.2 s, + the final one
+    assert all(line.startswith("hidden states set rank 0/1: ") and " tok/s | ETA " in line for line in lines)
+    assert lines[-1].startswith(f"hidden states set rank 0/1: {total:,}/{total:,} tokens (100.0%), "
+                                f"{len(samples)}/{len(samples)} samples") and "ended after" in lines[-1]

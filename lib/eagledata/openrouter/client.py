@@ -10,10 +10,10 @@ from urllib.parse import urlparse
 
 import httpx
 
+from ..defaults import OPENROUTER_URL  # noqa: F401  (re-exported)
 from ..errors import InputError
 from .answers import Outcome, classify_exception, classify_response
 
-OPENROUTER_URL = "https://openrouter.ai/api/v1"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 LOCAL_KEY = "local-no-key"  # the emulator accepts any non-empty key
 

@@ -24,8 +24,10 @@ from torch import nn
 
 from ..errors import InputError
 from ..files import atomic_write_text
-from ..layout import OUTPUT_DIR, HiddenStateFiles, hidden_state_files
+from ..layout import HiddenStateFiles, hidden_state_files
+from ..defaults import shared
 from ..settings import Settings, nested, setting
+from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
 from .assembly import AssemblyPolicy, Sample, samples_hash
 from .models import Decoder, config_vocab_size, find_decoder, load_model, model_name
 
@@ -362,12 +364,14 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
             options: ExtractOptions | None = None, device: str = "cpu", dtype: torch.dtype | None = None,
             device_map: Any = None, rank: int | None = None, world_size: int | None = None,
             tokenizer_fingerprint: str = "", records_hashes: dict[str, str] | None = None,
-            progress: bool = True, on_batch: Callable[[int], None] | None = None) -> ExtractResult:
+            progress: bool = True, status_interval_s: float = 10.0,
+            on_batch: Callable[[int], None] | None = None) -> ExtractResult:
     """Hidden states of `samples` into `<output_dir>/hidden_states/<name>/`, resuming what is stored.
 
     `rank`/`world_size` default to torchrun's RANK/WORLD_SIZE. Each rank takes the samples whose
     id hashes to it; the manifest and `index.jsonl` are written by whichever call finds the set
-    complete. `on_batch(n)` runs after each batch (progress reporting; tests inject a kill here).
+    complete. `on_batch(n)` runs after each batch (progress reporting; tests inject a kill here). `progress`: a
+    widget bar in JupyterLab, else a status line through logging every `status_interval_s` (at batch ends).
     """
     options = options or ExtractOptions()
     env_rank, env_world = torchrun_world()
@@ -403,11 +407,23 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     batches = plan_batches([len(s) for s in mine], options.max_tokens_per_batch, options.max_batch_size)
     total = sum(len(s) for s in mine)
     start = time.perf_counter()
-    bar = None
-    if progress:
+    bar, status = None, None
+    if progress and widget_frontend():
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, unit="tok", desc=f"rank {rank}/{world_size}")
+    elif progress:
+        ensure_log_handler()
+        status = StatusLog(status_interval_s, "eagledata.hidden_states")
+    done_tokens = done_samples = 0
+
+    def line() -> str:
+        elapsed = time.perf_counter() - start
+        share = 100 * done_tokens / total if total else 100.0
+        return (f"hidden states {name} rank {rank}/{world_size}: {done_tokens:,}/{total:,} tokens ({share:.1f}%), "
+                f"{done_samples:,}/{len(mine):,} samples | {done_tokens / max(elapsed, 1e-9):,.0f} tok/s | "
+                f"ETA {duration(eta_s(done_tokens, total, elapsed))}")
+
     try:
         with torch.inference_mode(), Capture(decoder, layers, options.final) as capture:
             for n, batch in enumerate(batches, 1):
@@ -415,8 +431,12 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
                 ids, mask = _pad([s.input_ids for s in group], in_device)
                 states = capture.run(ids, mask, compute_dtype)
                 writer.add(group, states)
+                done_tokens += states.shape[0]
+                done_samples += len(group)
                 if bar is not None:
                     bar.update(states.shape[0])
+                if status is not None:
+                    status.maybe(line)
                 if on_batch is not None:
                     on_batch(n)
             writer.flush()
@@ -424,6 +444,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
         writer.close()
     if bar is not None:
         bar.close()
+    if status is not None:
+        status.emit(line() + f" | ended after {duration(time.perf_counter() - start)}")
     seconds = time.perf_counter() - start
     if world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.barrier()
@@ -491,11 +513,12 @@ def finalize(files: HiddenStateFiles, samples: Sequence[Sample], *, tokenizer_fi
 class ExtractionJob(Settings):
     """Which model, where the states go, on what device: shared by hidden_states.ipynb and the command."""
 
-    output_dir: str = setting(OUTPUT_DIR, "states go to <output_dir>/hidden_states/<name>/")
+    output_dir: str = shared("output_dir", "states go to <output_dir>/hidden_states/<name>/")
     name: str = setting("train", "name of the hidden-states set", cli_required=True)
     model: str = setting("moonshotai/Kimi-K2.5", "checkpoint directory or hub id", cli_required=True)
     device: str | None = setting(None, "cuda or cpu; None -> cuda when available")
     device_map: str | None = setting(None, "e.g. auto when one process drives several GPUs")
+    status_interval_s: float = shared("status_interval_s")
     options: ExtractOptions = nested(ExtractOptions)
 
     def resolved_device(self) -> str:
@@ -504,6 +527,7 @@ class ExtractionJob(Settings):
     def run(self, samples: Sequence[Sample], **kwargs: Any) -> ExtractResult:
         """`extract` with these settings; `kwargs` go to `extract` (rank, fingerprints, progress …)."""
         kwargs.setdefault("device", self.resolved_device())
+        kwargs.setdefault("status_interval_s", self.status_interval_s)
         return extract(samples, self.output_dir, self.name, self.model, options=self.options,
                        device_map=self.device_map, **kwargs)
 
@@ -513,6 +537,6 @@ class HiddenStatesConfig(Settings):
     """Every setting of hidden_states.ipynb: which datasets, how they are assembled, and the extraction."""
 
     datasets: list[str] = setting(["B1"], "dataset names (their records.jsonl) or records.jsonl paths")
-    tokenizer: str | None = setting(None, "local dir or hub id; None -> $EAGLEDATA_TOKENIZER_DIR, else the hub")
+    tokenizer: str | None = shared("tokenizer")
     job: ExtractionJob = nested(ExtractionJob)
     assembly: AssemblyPolicy = nested(AssemblyPolicy)
