@@ -91,7 +91,12 @@ def sync_parameters() -> list[Path]:
     return changed
 
 
-if __name__ == "__main__":
+def main() -> int:
+    """`python -m eagledata.notebooks` / `eagledata-sync-notebooks`: rewrite the generated parameters cells."""
     for changed_path in sync_parameters():
         print(f"parameters cell rewritten: {changed_path}")
-    sys.exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
