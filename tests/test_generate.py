@@ -240,11 +240,19 @@ def test_a_provider_answering_mostly_429s_is_left_out(emu, tok, tmp_path):
     assert len(summary["run"]["providers"]) > 1  # the answers came from elsewhere meanwhile
 
 
-def test_local_backend_stores_server_ids(emu, tok, tmp_path):
+def test_local_backend_stores_server_ids(emu, tok, tmp_path, monkeypatch):
     reset(emu, seed=12)
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    keys = set()
+
+    async def spy(client, body):
+        keys.add(client.headers.get("authorization"))
+        return await complete(client, body)
+
     datasets = make_dataset(tmp_path, 30)
-    summary = generate(config(emu, tmp_path, datasets, backend="local"))
-    assert summary["run"]["recorded"] == 30
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets, backend="local"), complete_fn=spy),
+                       "run_generation")
+    assert summary["run"]["recorded"] == 30 and keys == {None}  # a local server is sent no key at all
     truth = {g["generation_id"]: g for g in emu.ground_truth()}
     for r in load_records(dataset_dir(tmp_path) / "records.jsonl"):
         assert r.meta["ids_source"] == "server" and r.output_ids == truth[r.generation_id]["output_ids"]

@@ -566,7 +566,7 @@ async def run_generation(cfg: GenerateConfig, *, complete_fn: CompleteFn = compl
     """Generate one dataset; returns the summary (also written to summary.json). Every input error is
     raised before the first completion request; a fatal API error (bad key, no endpoints) is raised
     after the summary is written. `complete_fn` sends one request (tests and benches wrap it)."""
-    key = resolve_api_key(cfg.base_url, cfg.api_key_env)
+    key = resolve_api_key(cfg.base_url, cfg.api_key_env, cfg.backend)
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
         run = await Run.start(cfg, clients[0], complete_fn=complete_fn)
         try:
