@@ -17,7 +17,7 @@ from eagledata.errors import InputError
 from eagledata.aio import run_sync
 from eagledata.generation import GenerateConfig, generate, run_generation
 from eagledata.openrouter import complete
-from eagledata.notebooks import cell_outputs_text
+from eagledata.notebooks import read_results
 from eagledata.records import load_records
 from eagledata.records import split_inline_reasoning
 from eagledata.text import parse_output_ids, prompt_ids
@@ -297,8 +297,8 @@ def test_notebook_run_leaks_no_key(emu, tokenizer_dir, tmp_path, monkeypatch, ex
                            api_key_env="EAGLEDATA_TEST_KEY", tokenizer=str(tokenizer_dir),
                            output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "params"), concurrency=50,
                            max_tokens=400, target_output_tokens=3000)
-    text = cell_outputs_text(out)
-    assert "stop reason: target_reached" in text
+    summary = read_results(out)["summary"]
+    assert summary["stop_reason"] == "target_reached" and summary["output_tokens"] >= 3000
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "records.jsonl" for p in written) and any(p.suffix == ".ipynb" for p in written)
     for p in written:
@@ -390,3 +390,21 @@ def test_headless_run_logs_a_status_line_every_interval(emu, tmp_path, caplog):
     assert final.startswith("D: 40/40 prompts (100.0%)") and "ended after" in final
     if summary["run"]["errors"]:
         assert f"bad_gateway {summary['run']['errors']['bad_gateway']}" in final
+
+
+def test_notebook_backend_local_stores_the_server_ids(emu, tok, tmp_path, monkeypatch, execute_notebook):
+    """`-p backend local` against the emulator (standing in for vLLM/SGLang): no key, the server's ids stored."""
+    reset(emu, seed=18)
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    datasets = make_dataset(tmp_path, 12)
+    out = execute_notebook("generate", dataset="D", datasets_file=str(datasets), base_url=emu.base_url,
+                           backend="local", output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "no-params"),
+                           concurrency=8, max_tokens=400)
+    summary = read_results(out)["summary"]
+    assert summary["backend"] == "local" and summary["stop_reason"] == "completed" and summary["records"] == 12
+    assert summary["run"]["retokenized_agreement_mean"] > 0.9
+    truth = {g["generation_id"]: g for g in emu.ground_truth()}
+    records = load_records(dataset_dir(tmp_path) / "records.jsonl")
+    assert len(records) == 12
+    for r in records:
+        assert r.meta["ids_source"] == "server" and r.output_ids == truth[r.generation_id]["output_ids"]

@@ -356,7 +356,7 @@ def test_dataset_names_resolve_under_output_dir(tok, tmp_path):
 
 # -- notebook --------------------------------------------------------------------------------------
 def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, tmp_path):
-    from eagledata.notebooks import cell_outputs_text, run_notebook
+    from eagledata.notebooks import read_results, run_notebook
 
     model_dir = tmp_path / "tiny-kimi"
     build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
@@ -365,10 +365,13 @@ def test_notebook_runs_on_cpu_with_a_tiny_model(records_file, tokenizer_dir, tmp
                       model=str(model_dir), tokenizer=str(tokenizer_dir), storage="bf16",
                       max_tokens_per_batch=512, device="cpu")
     out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path)
-    text = cell_outputs_text(out)
-    assert "bytes per token" in text and "verified 12 samples" in text
+    results = read_results(out)
+    assert results["verified_samples"] == 12 and results["assembly"]["samples"] == 12
+    assert results["extraction"]["complete"] and results["extraction"]["extracted"] == 12
     manifest = json.loads((tmp_path / "out" / "hidden_states" / "demo" / "manifest.json").read_text())
-    assert manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS)
+    assert results["manifest"] == manifest and manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS)
+    assert 8 * H <= manifest["bytes_per_token"] < 8 * H + 64  # bf16 states, ids and mask, headers: no padding
+    assert results["exports"]["speculators"].endswith("speculators.jsonl")
 
 
 def test_headless_extraction_logs_status_lines(models, samples, tmp_path, caplog):

@@ -28,6 +28,8 @@ SHARED: dict[str, tuple[Any, str]] = {
     "prior_output_median_tokens": (3000.0, "output-length guess before any records exist"),
     "prior_output_sigma": (0.9, "log-normal spread of that guess"),
     "status_interval_s": (10.0, "seconds between status lines when no widget shows progress"),
+    "snapshot": (None, "a saved endpoints snapshot (JSON) -> offline, no server"),
+    "limit": (None, "at most this many; None -> all"),
 }
 
 
