@@ -65,7 +65,7 @@ class GenerateConfig(Settings):
     max_spend_usd: float | None = setting(None, "per-run cap; None -> no cap")
     reserve_usd: float = shared("reserve_usd")
     output_dir: str = shared("output_dir", "records go to <output_dir>/datasets/<dataset>/")
-    limit: int | None = setting(None, "at most this many prompts; None -> all")
+    limit: int | None = shared("limit", "at most this many prompts; None -> all")
     params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
@@ -436,8 +436,11 @@ class Run:
                 self._sample()
                 self.cond.notify_all()
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, final: bool = False) -> Snapshot:
+        """Where the run stands. The final one reports what the summary reports: the account's delta."""
         spent = self.books.spent()
+        if final and self.books.charged_usd is not None:
+            spent = self.books.charged_usd
         limit = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd) if self.paid else float("inf")
         return Snapshot(t=time.monotonic() - self.t0, done=self.store.recorded + self.store.failed,
                         total_prompts=self.total_prompts, tokens=self.store.output_tokens, in_flight=self.in_flight,
@@ -474,7 +477,7 @@ class Run:
                 await self._read_account(clients[0])
             self._sample()
             if self.progress is not None:
-                self.progress.close(self._snapshot(), self.stats)
+                self.progress.close(self._snapshot(final=True), self.stats)
             self.pool.shutdown(wait=True)
             self.store.sync()
         summary = self.summary()
