@@ -18,7 +18,7 @@ from .emulator import run_emulator
 from .layout import (DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file,
                      runs_dir)
 from .errors import InputError, run_command
-from .notebooks import NOTEBOOK_DIR, run_notebook
+from .notebooks import NOTEBOOK_DIR, read_results, run_notebook
 
 ROOT = NOTEBOOK_DIR.parent
 DEMO_DATASETS = ("demo-a", "demo-b")
@@ -36,6 +36,26 @@ def prepare_params(demo_dir: Path) -> Path:
     path = params / "datasets.yaml"
     path.write_text(yaml.safe_dump(demo, sort_keys=False))
     return path
+
+
+def headline(name: str, r: dict) -> str:
+    """One line of what a notebook published, for the demo's output."""
+    if name == "providers":
+        p = r["pricing"]
+        return (f"{len(r['routing']['eligible'])} eligible, {len(r['routing']['excluded'])} excluded; cheapest eligible "
+                f"{p['cheapest_eligible']} ${p['cheapest_eligible_completion_per_m']:.2f}/M output")
+    if name == "budget":
+        return f"targets {r['plan']['targets']} for ${r['plan']['total_usd']:.2f} of ${r['plan']['usable_usd']:.2f}"
+    if name == "generate":
+        s = r["summary"]
+        return (f"{s['stop_reason']}; {s['records']} records, {s['output_tokens']:,} output tokens, "
+                f"charged ${s['run']['spend_usd']:.4f}")
+    if name == "tokenizer":
+        return r["report"]["verdict"]
+    if name == "hidden_states":
+        e = r["extraction"]
+        return f"{e['tokens']:,} tokens of {r['assembly']['samples']} samples stored, {r['verified_samples']} verified"
+    return ""
 
 
 def _missing(extras: list[str]) -> None:
@@ -65,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def step(name: str, report: str, /, **parameters) -> None:
         path = run_notebook(name, runs / f"{report}.ipynb", parameters)
-        print(f"demo: {name}.ipynb -> {path}", flush=True)
+        print(f"demo: {name}.ipynb -> {path}: {headline(name, read_results(path))}", flush=True)
 
     # A few faults of the real service, so the generate report shows retries at work.
     faults = {"rate_limit": 0.02, "bad_gateway": 0.02, "empty_content": 0.02, "truncated_json": 0.01,

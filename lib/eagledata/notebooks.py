@@ -50,17 +50,23 @@ def run_notebook(name: str, output: str | Path, parameters: dict[str, Any] | Non
 
 @lru_cache(maxsize=1)
 def _kernel_manager_class() -> type:
-    """nbclient's kernel manager, giving the kernel CurveZMQ keys when its kernelspec declares support (ours
-    does): the kernel's localhost TCP traffic is encrypted, and ipykernel has no warning to print about it."""
+    """nbclient's kernel manager, quiet: it gives the kernel CurveZMQ keys when its kernelspec declares support
+    (ours does), so the localhost TCP traffic is encrypted and ipykernel has no warning to print about it; and it
+    does not SIGINT a kernel it is shutting down after the run (ipykernel would log a KeyboardInterrupt)."""
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
-    class CurveKernelManager(AsyncKernelManager):
+    class QuietKernelManager(AsyncKernelManager):
         @default("transport_encryption")
         def _encrypt_when_supported(self) -> str:
             return "auto"
 
-    return CurveKernelManager
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:  # the notebook has finished: a shutdown request follows
+                return
+            await super()._async_interrupt_kernel()
+
+    return QuietKernelManager
 
 
 # -- published results ------------------------------------------------------------------------------

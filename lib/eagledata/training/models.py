@@ -130,7 +130,15 @@ def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: 
     model = Kimi_K25ForConditionalGeneration(cfg) if family == "kimi_k25" else AutoModelForCausalLM.from_config(cfg)
     model.eval()
     if directory is not None:
-        model.save_pretrained(str(directory))
+        from transformers.utils import logging as hf_logging
+
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a tiny model saves in a blink: no bar in the demo's output
+        try:
+            model.save_pretrained(str(directory))
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
     return model
 
 
