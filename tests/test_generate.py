@@ -408,3 +408,28 @@ def test_notebook_backend_local_stores_the_server_ids(emu, tok, tmp_path, monkey
     assert len(records) == 12
     for r in records:
         assert r.meta["ids_source"] == "server" and r.output_ids == truth[r.generation_id]["output_ids"]
+
+
+def test_papermill_log_output_shows_status_lines_while_it_runs(emu, tmp_path):
+    """`papermill --log-output` (no widget frontend): the run's status lines reach papermill's log as they happen."""
+    import re
+    from datetime import datetime
+
+    from eagledata.notebooks import notebook_path
+
+    reset(emu, speed=0.2, seed=19, faults={"rate_limit": 0.05})
+    datasets = make_dataset(tmp_path, 40)
+    cmd = [sys.executable, "-m", "papermill", str(notebook_path("generate")), str(tmp_path / "out.ipynb"),
+           "--log-output", "-p", "dataset", "D", "-p", "datasets_file", str(datasets), "-p", "base_url", emu.base_url,
+           "-p", "output_dir", str(tmp_path / "out"), "-p", "params_dir", str(tmp_path / "params"),
+           "-p", "concurrency", "10", "-p", "max_tokens", "400", "-p", "status_interval_s", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"^(\d\d:\d\d:\d\d) (D: .*)$", proc.stdout + proc.stderr, re.M)
+    summary = read_results(tmp_path / "out.ipynb")["summary"]
+    assert summary["stop_reason"] == "completed" and summary["wall_s"] > 3
+    assert len(lines) >= int(summary["wall_s"]) - 1 + 1  # one a second, and the final line
+    stamps = [datetime.strptime(t, "%H:%M:%S") for t, _ in lines]
+    assert max((b - a).total_seconds() for a, b in zip(stamps, stamps[1:])) <= 2  # none held back until the end
+    assert all(" output tok/s | charged $" in text and " | ETA " in text for _, text in lines)
+    assert lines[-1][1].startswith("D: 40/40 prompts (100.0%)")
