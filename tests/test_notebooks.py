@@ -106,28 +106,22 @@ def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_pat
     assert results["output_lengths"]["source"].startswith("lognormal(")  # no earlier records
 
 
-def test_budget_notebook_without_a_routing_decision_prices_from_the_catalog(tokenizer_dir, execute_notebook,
-                                                                            tmp_path):
-    """providers.ipynb has not run: the catalog's cheapest eligible price (snapshot, then the emulator), said so."""
-    from test_providers import catalog
-
+def test_budget_notebook_without_a_routing_decision_prices_from_the_emulators_catalog(tokenizer_dir,
+                                                                                       execute_notebook, tmp_path):
+    """providers.ipynb has not run: the catalog's cheapest eligible price, and the notebook says so."""
     from eagledata.emulator import run_emulator
 
     datasets = _budget_inputs(tmp_path)
-    common = dict(datasets_file=str(datasets), params_dir=str(tmp_path / "no-params"), budget_usd=0.2,
-                  reserve_usd=0.05, round_to=1000, output_dir=str(tmp_path), write=False)
-    snap = catalog().save(tmp_path / "snap.json")
-    prices = read_results(execute_notebook("budget", snapshot=str(snap), base_url="http://127.0.0.1:9/x",
-                                           **common))["prices"]
-    assert prices["routing_file"] is None and prices["completion_per_m"] == 2.2
-    assert "no routing decision at" in prices["note"] and "snap.json" in prices["note"]
-    assert prices["source"] == "cheapest eligible (DeepInfra)"   # the fp4 endpoints are cheaper but excluded
     with run_emulator(speed=0) as emu:
-        prices = read_results(execute_notebook("budget", base_url=emu.base_url, **common))["prices"]
-    assert prices["routing_file"] is None and emu.base_url in prices["note"]
+        out = execute_notebook("budget", datasets_file=str(datasets), params_dir=str(tmp_path / "no-params"),
+                               base_url=emu.base_url, budget_usd=0.2, reserve_usd=0.05, round_to=1000,
+                               output_dir=str(tmp_path), write=False)
+    results = read_results(out)
+    prices = results["prices"]
+    assert prices["routing_file"] is None and "no routing decision at" in prices["note"] and emu.base_url in prices["note"]
     assert prices["source"] == "cheapest eligible (Chutes)" and prices["completion_per_m"] == 2.2
-    with pytest.raises(PapermillExecutionError, match="routing decision not found"):
-        execute_notebook("budget", routing=str(tmp_path / "typo.yaml"), **common)
+    assert results["targets_written"] is False and results["plan"]["targets"]["demo-a"] > 0
+    assert "target_output_tokens" not in datasets.read_text()
 
 
 def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tmp_path):
