@@ -37,9 +37,6 @@ def widget_frontend() -> bool:
 class _Stderr(logging.StreamHandler):
     """A handler that writes to whatever `sys.stderr` is at the time (a kernel's cell output, pytest's capture)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
     @property  # type: ignore[override]
     def stream(self):  # noqa: D102
         return sys.stderr
