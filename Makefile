@@ -3,24 +3,17 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-KERNEL := eagledata
 PYTEST_ARGS ?=
-
-# Real Kimi tokenizer files for tests and the demo, when the shared assets are present.
-TOKENIZER_ASSETS := $(abspath ../shared/assets/kimi-k2.5)
-ifneq ($(wildcard $(TOKENIZER_ASSETS)/tiktoken.model),)
-export EAGLEDATA_TOKENIZER_DIR ?= $(TOKENIZER_ASSETS)
-endif
 
 .PHONY: setup test test-interop test-lab demo lab bench clean
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
-# so pip takes the CPU build instead of a multi-GB CUDA one.
-$(STAMP): requirements.txt pyproject.toml
+# so pip takes the CPU build instead of a multi-GB CUDA one. ./kernel registers the `eagledata` kernel
+# (the same route as environment.yml).
+$(STAMP): requirements.txt pyproject.toml kernel/pyproject.toml kernel/share/jupyter/kernels/eagledata/kernel.json
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -e .
-	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python (eagledata)" >/dev/null
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -e . ./kernel
 	touch $(STAMP)
 
 # Two workers: the suite is mostly notebooks and subprocesses waiting on each other (CI machines have 2 cores).

@@ -4,7 +4,7 @@ The client is a minimal HTTP/1.1 client on asyncio streams (uvloop), not httpx, 
 machine the figures measure the server rather than the client's connection pool; the emulator runs
 as a subprocess (`run_emulator`), exactly as tests and the demo run it.
 
-    PYTHONPATH=lib EAGLEDATA_TOKENIZER_DIR=../shared/assets/kimi-k2.5 python bench/emulator_bench.py
+    PYTHONPATH=lib python bench/emulator_bench.py
 """
 from __future__ import annotations
 

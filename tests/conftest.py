@@ -1,19 +1,23 @@
-import os
 from pathlib import Path
 
 import pytest
 
 from eagledata.notebooks import run_notebook
+from eagledata.text.tokenizer import default_tokenizer_source
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKENIZER_DIR = os.environ.get("EAGLEDATA_TOKENIZER_DIR")
 
 
 @pytest.fixture(scope="session")
 def tokenizer_dir() -> Path:
-    if not TOKENIZER_DIR:
-        pytest.skip("EAGLEDATA_TOKENIZER_DIR is unset (the Makefile sets it when ../shared/assets/kimi-k2.5 exists)")
-    return Path(TOKENIZER_DIR)
+    """The tokenizer every test uses: `$EAGLEDATA_TOKENIZER_DIR` when set, else the files bundled in the package.
+    Missing files fail the tests (they are part of the package), never skip them."""
+    path = Path(default_tokenizer_source())
+    missing = [name for name in ("tiktoken.model", "tokenizer_config.json", "chat_template.jinja")
+               if not (path / name).is_file()]
+    if missing:
+        pytest.fail(f"tokenizer files {missing} missing from {path} (bundled in lib/eagledata/text/assets/)")
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -245,8 +245,11 @@ def test_auth_and_validation_errors(em):
     r = chat(em, auth={})
     assert r.status_code == 401 and r.json()["error"]["code"] == 401
     assert chat(em, auth={"Authorization": "Basic abc"}).status_code == 401
+    # asked in the local servers' dialect, it answers as vLLM started without --api-key: no key needed
+    local = chat(em, auth={}, return_token_ids=True)
+    assert local.status_code == 200 and local.json()["choices"][0]["token_ids"]
     em.reset({**em.base, "api_key": "sk-right"})
-    assert chat(em).status_code == 401
+    assert chat(em).status_code == 401 and chat(em, auth={}, return_token_ids=True).status_code == 401
     assert chat(em, auth={"Authorization": "Bearer sk-right"}).status_code == 200
     em.reset(em.base)
     for kw, field in [({"max_tokens": 0}, "max_tokens"), ({"temperature": 3}, "temperature"),

@@ -17,7 +17,7 @@ from eagledata.errors import InputError
 from eagledata.aio import run_sync
 from eagledata.generation import GenerateConfig, generate, run_generation
 from eagledata.openrouter import complete
-from eagledata.notebooks import cell_outputs_text
+from eagledata.notebooks import read_results
 from eagledata.records import load_records
 from eagledata.records import split_inline_reasoning
 from eagledata.text import parse_output_ids, prompt_ids
@@ -259,11 +259,19 @@ def test_a_provider_answering_mostly_429s_is_left_out(emu, tok, tmp_path):
     assert len(summary["run"]["providers"]) > 1  # the answers came from elsewhere meanwhile
 
 
-def test_local_backend_stores_server_ids(emu, tok, tmp_path):
+def test_local_backend_stores_server_ids(emu, tok, tmp_path, monkeypatch):
     reset(emu, seed=12)
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    keys = set()
+
+    async def spy(client, body):
+        keys.add(client.headers.get("authorization"))
+        return await complete(client, body)
+
     datasets = make_dataset(tmp_path, 30)
-    summary = generate(config(emu, tmp_path, datasets, backend="local"))
-    assert summary["run"]["recorded"] == 30
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets, backend="local"), complete_fn=spy),
+                       "run_generation")
+    assert summary["run"]["recorded"] == 30 and keys == {None}  # a local server is sent no key at all
     truth = {g["generation_id"]: g for g in emu.ground_truth()}
     for r in load_records(dataset_dir(tmp_path) / "records.jsonl"):
         assert r.meta["ids_source"] == "server" and r.output_ids == truth[r.generation_id]["output_ids"]
@@ -308,8 +316,8 @@ def test_notebook_run_leaks_no_key(emu, tokenizer_dir, tmp_path, monkeypatch, ex
                            api_key_env="EAGLEDATA_TEST_KEY", tokenizer=str(tokenizer_dir),
                            output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "params"), concurrency=50,
                            max_tokens=400, target_output_tokens=3000)
-    text = cell_outputs_text(out)
-    assert "stop reason: target_reached" in text
+    summary = read_results(out)["summary"]
+    assert summary["stop_reason"] == "target_reached" and summary["output_tokens"] >= 3000
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert any(p.name == "records.jsonl" for p in written) and any(p.suffix == ".ipynb" for p in written)
     for p in written:
@@ -378,3 +386,69 @@ def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tmp_path):
     summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
     assert summary["stop_reason"] == "error: RuntimeError: boom" and 1 <= summary["records"] < 50
     Store.open(dataset_dir(tmp_path)).close()  # the lock was released
+
+
+def test_headless_run_logs_a_status_line_every_interval(emu, tmp_path, caplog):
+    """No widget frontend (this process): progress is a status line through logging every status_interval_s."""
+    import logging
+
+    reset(emu, speed=0.2, seed=17, faults={"bad_gateway": 0.05})
+    datasets = make_dataset(tmp_path, 40)
+    with caplog.at_level(logging.INFO, logger="eagledata"):
+        summary = generate(config(emu, tmp_path, datasets, concurrency=10, progress=True, status_interval_s=1.0))
+    lines = [r for r in caplog.records if r.name == "eagledata.generate"]
+    assert summary["wall_s"] > 3, "the run must last several intervals for this test to mean anything"
+    assert len(lines) >= int(summary["wall_s"]) - 1 + 1  # one per second (the ticker polls every 0.5 s), + final
+    gaps = [b.created - a.created for a, b in zip(lines, lines[1:-1])]
+    assert max(gaps) < 1.6
+    for r in lines[:-1]:
+        msg = r.getMessage()
+        assert msg.startswith("D: ") and "/40 prompts (" in msg and " output tok/s | charged $" in msg
+        assert " | in flight " in msg and " | ETA " in msg and "| errors " in msg
+    final = lines[-1].getMessage()
+    assert final.startswith("D: 40/40 prompts (100.0%)") and "ended after" in final
+    if summary["run"]["errors"]:
+        assert f"bad_gateway {summary['run']['errors']['bad_gateway']}" in final
+
+
+def test_notebook_backend_local_stores_the_server_ids(emu, tok, tmp_path, monkeypatch, execute_notebook):
+    """`-p backend local` against the emulator (standing in for vLLM/SGLang): no key, the server's ids stored."""
+    reset(emu, seed=18)
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
+    datasets = make_dataset(tmp_path, 12)
+    out = execute_notebook("generate", dataset="D", datasets_file=str(datasets), base_url=emu.base_url,
+                           backend="local", output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "no-params"),
+                           concurrency=8, max_tokens=400)
+    summary = read_results(out)["summary"]
+    assert summary["backend"] == "local" and summary["stop_reason"] == "completed" and summary["records"] == 12
+    assert summary["run"]["retokenized_agreement_mean"] > 0.9
+    truth = {g["generation_id"]: g for g in emu.ground_truth()}
+    records = load_records(dataset_dir(tmp_path) / "records.jsonl")
+    assert len(records) == 12
+    for r in records:
+        assert r.meta["ids_source"] == "server" and r.output_ids == truth[r.generation_id]["output_ids"]
+
+
+def test_papermill_log_output_shows_status_lines_while_it_runs(emu, tmp_path):
+    """`papermill --log-output` (no widget frontend): the run's status lines reach papermill's log as they happen."""
+    import re
+    from datetime import datetime
+
+    from eagledata.notebooks import notebook_path
+
+    reset(emu, speed=0.2, seed=19, faults={"rate_limit": 0.05})
+    datasets = make_dataset(tmp_path, 40)
+    cmd = [sys.executable, "-m", "papermill", str(notebook_path("generate")), str(tmp_path / "out.ipynb"),
+           "--log-output", "-p", "dataset", "D", "-p", "datasets_file", str(datasets), "-p", "base_url", emu.base_url,
+           "-p", "output_dir", str(tmp_path / "out"), "-p", "params_dir", str(tmp_path / "params"),
+           "-p", "concurrency", "10", "-p", "max_tokens", "400", "-p", "status_interval_s", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"^(\d\d:\d\d:\d\d) (D: .*)$", proc.stdout + proc.stderr, re.M)
+    summary = read_results(tmp_path / "out.ipynb")["summary"]
+    assert summary["stop_reason"] == "completed" and summary["wall_s"] > 3
+    assert len(lines) >= int(summary["wall_s"]) - 1 + 1  # one a second, and the final line
+    stamps = [datetime.strptime(t, "%H:%M:%S") for t, _ in lines]
+    assert max((b - a).total_seconds() for a, b in zip(stamps, stamps[1:])) <= 2  # none held back until the end
+    assert all(" output tok/s | charged $" in text and " | ETA " in text for _, text in lines)
+    assert lines[-1][1].startswith("D: 40/40 prompts (100.0%)")

@@ -362,7 +362,7 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
     are the records', states equal a batch-1 transformers reference within bf16 rounding."""
     import specforge_reader as sf
 
-    from eagledata.notebooks import cell_outputs_text, run_notebook
+    from eagledata.notebooks import cell_outputs_text, read_results, run_notebook
     from eagledata.records import load_records
 
     model_dir = tmp_path / "tiny-kimi"
@@ -373,14 +373,18 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
                       max_tokens_per_batch=512, device="cpu")
     out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path,
                        project_root=tmp_path)
+    results = read_results(out)
+    assert results["verified_samples"] == 12 and results["assembly"]["samples"] == 12
+    assert results["extraction"]["complete"] and results["extraction"]["extracted"] == 12
+    assert results["exports"]["speculators"].endswith("speculators.jsonl")
     text = cell_outputs_text(out)
-    assert "bytes per token" in text and "verified 12 samples" in text and "WARNING" not in text
+    assert "WARNING" not in text
     # the memory plans, before loading: the tiny model fits; K2.5 INT4 on 8×96 GB does not through transformers
     assert "per device / usable" in text and "fits" in text and "transformers tp=8" in text
     assert "dequantized to 16-bit at load" in text and "INT4 packed" in text
     directory = tmp_path / "out" / "hidden_states" / "demo"
     manifest = json.loads((directory / "manifest.json").read_text())
-    assert manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS) and manifest["layout"] == "specforge"
+    assert results["manifest"] == manifest and manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS) and manifest["layout"] == "specforge"
 
     records = {r.id: r for r in load_records(records_file)}
     files = sf.list_feature_files(str(directory))
@@ -551,3 +555,19 @@ def test_exports_carry_exact_ids_text_and_an_arrow_form(tok, records_file, tmp_p
     assert [r["seq_len"] for r in lines] == [len(s) for s in asm.samples]
     arrow = load_from_disk(str(tmp_path / "speculators"))
     assert [arrow[i]["input_ids"].tolist() for i in range(len(arrow))] == [s.input_ids for s in asm.samples]
+
+
+def test_headless_extraction_logs_status_lines(models, samples, tmp_path, caplog):
+    """No widget frontend: a status line through logging every status_interval_s (checked at batch ends)."""
+    import logging
+    import time
+
+    total = sum(len(s) for s in samples)
+    with caplog.at_level(logging.INFO, logger="eagledata"):
+        result = extract(samples, tmp_path, "set", models["llama"], options=ExtractOptions(max_batch_size=1),
+                         status_interval_s=0.2, on_batch=lambda n: time.sleep(0.1))
+    lines = [r.getMessage() for r in caplog.records if r.name == "eagledata.hidden_states"]
+    assert result.complete and 4 <= len(lines) <= len(samples) + 1  # ~1.2 s of batches at 0.2 s, + the final one
+    assert all(line.startswith("hidden states set rank 0/1: ") and " tok/s | ETA " in line for line in lines)
+    assert lines[-1].startswith(f"hidden states set rank 0/1: {total:,}/{total:,} tokens (100.0%), "
+                                f"{len(samples)}/{len(samples)} samples") and "ended after" in lines[-1]

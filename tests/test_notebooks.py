@@ -1,11 +1,11 @@
-"""Notebook hygiene for every committed notebook, and a papermill smoke run of each."""
+"""Notebook hygiene for every committed notebook, and papermill runs whose published values are checked."""
 import json
 from pathlib import Path
 
 import pytest
 from papermill.exceptions import PapermillExecutionError
 
-from eagledata.notebooks import NOTEBOOK_DIR, cell_outputs_text
+from eagledata.notebooks import NOTEBOOK_DIR, read_results
 
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 
@@ -33,10 +33,10 @@ def test_kernel_is_registered():
 
 
 def test_tokenizer_notebook_on_samples(tokenizer_dir, execute_notebook):
-    out = execute_notebook("tokenizer", tokenizer=str(tokenizer_dir))
-    text = cell_outputs_text(out)
-    assert "PASS: 15 records round-trip exactly" in text
-    assert "partial character at cut" in text and "non-canonical tokenization" in text
+    report = read_results(execute_notebook("tokenizer"))["report"]  # the bundled tokenizer: no parameter needed
+    assert report["passed"] and report["records"] == 15 and report["fatal_records"] == 0
+    assert report["classes"]["partial character at cut"] == 1 and report["classes"]["non-canonical tokenization"] == 1
+    assert 0 < report["token_agreement"] < 1 and report["verdict"].startswith("PASS: 15 records")
 
 
 def test_tokenizer_notebook_on_records_file(tok, tokenizer_dir, execute_notebook, tmp_path):
@@ -49,8 +49,9 @@ def test_tokenizer_notebook_on_records_file(tok, tokenizer_dir, execute_notebook
                     output_ids=output_ids(tok, "hmm", f"hello {i}", "stop")).to_json() for i in range(3)]
     good = tmp_path / "records.jsonl"
     good.write_text("\n".join(lines) + "\n")
-    assert "PASS: 3 records" in cell_outputs_text(execute_notebook("tokenizer", tokenizer=str(tokenizer_dir),
-                                                                   records=str(good)))
+    results = read_results(execute_notebook("tokenizer", tokenizer=str(tokenizer_dir), records=str(good)))
+    assert results["report"]["passed"] and results["report"]["records"] == 3 and results["report"]["classes"] == {}
+    assert results["tokenizer"]["fingerprint"] == tok.fingerprint
     bad = tmp_path / "bad.jsonl"
     bad.write_text(lines[0] + "\n{oops\n")
     with pytest.raises(PapermillExecutionError, match=r"bad\.jsonl:2: not valid JSON"):
@@ -67,28 +68,60 @@ def test_providers_notebook_from_snapshot_without_server(execute_notebook, tmp_p
                            base_url="http://127.0.0.1:9/unreachable")
     decision = RoutingDecision.load(tmp_path / "params" / "routing" / "kimi-k2.5.yaml")
     assert {e.provider for e in decision.excluded} == {"Fireworks", "BaseTen"}
-    assert "cheapest eligible: DeepInfra at $2.20/M output" in cell_outputs_text(out)
+    results = read_results(out)
+    assert results["routing"]["file"] == str(tmp_path / "params" / "routing" / "kimi-k2.5.yaml")
+    assert {e["provider"] for e in results["routing"]["excluded"]} == {"Fireworks", "BaseTen"}
+    pricing = results["pricing"]
+    assert pricing["cheapest_eligible"] == "DeepInfra" and pricing["cheapest_eligible_completion_per_m"] == 2.2
+    assert pricing["premium_usd"] >= 0
 
 
-def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_path):
+def _budget_inputs(tmp_path):
     import shutil
-
-    from test_providers import catalog, decision_for
-
-    from eagledata.generation.datasets import load_datasets
-    from eagledata.notebooks import NOTEBOOK_DIR
 
     examples = NOTEBOOK_DIR.parent / "examples" / "prompts"
     for name in ("demo-a", "demo-b"):
         shutil.copy(examples / f"{name}.jsonl", tmp_path)
     datasets = tmp_path / "datasets.yaml"
     datasets.write_text("demo-a: {prompts: demo-a.jsonl}\ndemo-b: {prompts: demo-b.jsonl}\n")
+    return datasets
+
+
+def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_path):
+    from test_providers import catalog, decision_for
+
+    from eagledata.generation.datasets import load_datasets
+
+    datasets = _budget_inputs(tmp_path)
     routing = decision_for(catalog()).save(tmp_path / "params")
-    out = execute_notebook("budget", tokenizer=str(tokenizer_dir), datasets_file=str(datasets), routing=str(routing),
+    out = execute_notebook("budget", datasets_file=str(datasets), routing=str(routing),
                            budget_usd=0.2, reserve_usd=0.05, round_to=1000, output_dir=str(tmp_path))
     targets = {n: s.target_output_tokens for n, s in load_datasets(datasets).items()}
+    results = read_results(out)
+    assert results["plan"]["targets"] == targets and results["targets_written"] is True
     assert targets["demo-a"] == targets["demo-b"] and 0 < targets["demo-a"] <= 0.15 / 2 / 2.2e-6
-    assert "plan: $" in cell_outputs_text(out)
+    assert results["plan"]["total_usd"] <= results["plan"]["usable_usd"] == pytest.approx(0.15)
+    assert results["prices"]["routing_file"] == str(routing) and results["prices"]["completion_per_m"] == 2.2
+    assert {row["name"] for row in results["prompts"]} == {"demo-a", "demo-b"}
+    assert results["output_lengths"]["source"].startswith("lognormal(")  # no earlier records
+
+
+def test_budget_notebook_without_a_routing_decision_prices_from_the_emulators_catalog(tokenizer_dir,
+                                                                                       execute_notebook, tmp_path):
+    """providers.ipynb has not run: the catalog's cheapest eligible price, and the notebook says so."""
+    from eagledata.emulator import run_emulator
+
+    datasets = _budget_inputs(tmp_path)
+    with run_emulator(speed=0) as emu:
+        out = execute_notebook("budget", datasets_file=str(datasets), params_dir=str(tmp_path / "no-params"),
+                               base_url=emu.base_url, budget_usd=0.2, reserve_usd=0.05, round_to=1000,
+                               output_dir=str(tmp_path), write=False)
+    results = read_results(out)
+    prices = results["prices"]
+    assert prices["routing_file"] is None and "no routing decision at" in prices["note"] and emu.base_url in prices["note"]
+    assert prices["source"] == "cheapest eligible (Chutes)" and prices["completion_per_m"] == 2.2
+    assert results["targets_written"] is False and results["plan"]["targets"]["demo-a"] > 0
+    assert "target_output_tokens" not in datasets.read_text()
 
 
 def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tmp_path):
@@ -102,13 +135,46 @@ def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tm
     assert {e.provider for e in decision.excluded} == {"Fireworks", "BaseTen"}
     snapshots = list((tmp_path / "out" / "providers").glob("kimi-k2.5-endpoints-*.json"))
     assert len(snapshots) == 1 and len(Catalog.load(snapshots[0]).endpoints) == 11
-    assert "cheapest eligible: Chutes at $2.20/M output" in cell_outputs_text(out)
+    results = read_results(out)
+    assert results["catalog"] == {"model": "moonshotai/kimi-k2.5", "source": emu.base_url, "endpoints": 11}
+    assert results["pricing"]["cheapest_eligible"] == "Chutes"
+    assert results["pricing"]["cheapest_eligible_completion_per_m"] == 2.2
 
 
-@pytest.mark.parametrize("name", ["generate", "hidden_states"])
+@pytest.mark.parametrize("name", ["providers", "budget", "tokenizer", "generate", "hidden_states"])
 def test_parameters_cell_is_made_from_the_settings(name):
     """The defaults live in the settings class only: the committed cell is exactly what it generates
     (`python -m eagledata.notebooks` rewrites it after a change)."""
     from eagledata.notebooks import notebook_path, parameter_settings, parameters_source
 
     assert parameters_source(notebook_path(name)) == parameter_settings()[name].parameters_cell()
+
+
+def test_every_notebook_has_its_settings_class():
+    from eagledata.notebooks import parameter_settings
+
+    assert set(parameter_settings()) == {p.stem for p in NOTEBOOKS}
+
+
+def test_published_values_are_read_back_as_plain_json(tmp_path):
+    """publish() in a kernel, read_results() on the executed notebook: numbers, frames and paths as JSON."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("""
+import math, pathlib
+import numpy as np, pandas as pd
+from eagledata.notebooks import publish
+publish("n", np.int64(3))
+publish("frame", pd.DataFrame({"a": [1, 2], "b": [0.5, math.nan]}))
+publish("path", pathlib.Path("/x/y"))
+publish("n", 4)
+""")]
+    from eagledata.notebooks import _kernel_manager_class
+
+    NotebookClient(nb, kernel_name="eagledata", timeout=120, kernel_manager_class=_kernel_manager_class()).execute()
+    path = tmp_path / "out.ipynb"
+    nbformat.write(nb, path)
+    assert read_results(path) == {"n": 4, "frame": [{"a": 1, "b": 0.5}, {"a": 2, "b": None}], "path": "/x/y"}
+    assert all("text/plain" not in o.get("data", {}) for o in nb.cells[0].outputs)  # invisible in JupyterLab

@@ -91,3 +91,20 @@ def test_request_body():
     assert body["max_tokens"] == 100 and body["stream"] is False
     local = build_request("kimi", [], max_tokens=5, temperature=None, provider=None, backend="local")
     assert local["return_token_ids"] is True and "provider" not in local and "temperature" not in local
+
+
+def test_api_key_from_the_environment_only_and_none_for_a_local_backend(monkeypatch):
+    from eagledata.errors import InputError
+    from eagledata.openrouter import resolve_api_key
+    from eagledata.openrouter.client import make_client
+
+    monkeypatch.delenv("EAGLEDATA_NO_SUCH_KEY", raising=False)
+    remote = "http://gpu-node-7:8000/v1"
+    assert resolve_api_key(remote, "EAGLEDATA_NO_SUCH_KEY", backend="local") is None  # no dummy key needed
+    assert "authorization" not in make_client(remote, None).headers
+    with pytest.raises(InputError, match="set the environment variable EAGLEDATA_NO_SUCH_KEY"):
+        resolve_api_key("https://openrouter.ai/api/v1", "EAGLEDATA_NO_SUCH_KEY")
+    assert resolve_api_key("http://127.0.0.1:8765/api/v1", "EAGLEDATA_NO_SUCH_KEY")  # the emulator wants one
+    monkeypatch.setenv("EAGLEDATA_NO_SUCH_KEY", "sk-local")
+    assert resolve_api_key(remote, "EAGLEDATA_NO_SUCH_KEY", backend="local") == "sk-local"  # vLLM --api-key
+    assert make_client(remote, "sk-local").headers["authorization"] == "Bearer sk-local"

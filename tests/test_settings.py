@@ -8,7 +8,13 @@ from eagledata.generation import GenerateConfig
 from eagledata.training import AssemblyPolicy, ExtractionJob, ExtractOptions, HiddenStatesConfig
 
 
-@pytest.mark.parametrize("cls", [GenerateConfig, HiddenStatesConfig])
+def all_settings():
+    from eagledata.notebooks import parameter_settings
+
+    return list(parameter_settings().values())
+
+
+@pytest.mark.parametrize("cls", all_settings(), ids=lambda c: c.__name__)
 def test_parameters_cell_gives_back_the_defaults(cls):
     namespace: dict = {}
     exec(cls.parameters_cell(), namespace)
@@ -66,3 +72,37 @@ def test_command_line_rejects_bad_values_and_missing_required(capsys):
     with pytest.raises(SystemExit):
         parse(GenerateConfig)  # --dataset is required on the command line
     assert "--dataset" in capsys.readouterr().err
+
+
+# Same name, another meaning: hidden_states.ipynb's `model` is the checkpoint (a hub id or directory) the states
+# are computed with, not the API model id of providers/budget/generate.
+OTHER_MEANING = {("HiddenStatesConfig", "model")}
+
+
+def test_one_default_per_setting_across_notebooks_and_commands():
+    """A name shared by several notebooks or commands has one default everywhere (eagledata.defaults), so e.g.
+    the reserve cannot be 1.0 in the command and 5.0 in a notebook."""
+    from eagledata.defaults import SHARED
+
+    seen: dict[str, dict[str, object]] = {}
+    for cls in all_settings():
+        for f, default, _ in cls._leaves():
+            if (cls.__name__, f.name) not in OTHER_MEANING:
+                seen.setdefault(f.name, {})[cls.__name__] = default
+    shared_names = {name for name, where in seen.items() if len(where) > 1}
+    assert shared_names <= set(SHARED), f"declare these with defaults.shared(): {shared_names - set(SHARED)}"
+    for name in shared_names:
+        assert set(map(repr, seen[name].values())) == {repr(SHARED[name][0])}, (name, seen[name])
+    assert {"reserve_usd", "tokenizer", "max_tokens", "concurrency", "model", "output_dir"} <= shared_names
+
+
+def test_command_flags_default_to_the_notebook_parameters():
+    from eagledata.generate import main  # noqa: F401  (the command builds its parser from GenerateConfig)
+
+    parser = argparse.ArgumentParser()
+    GenerateConfig.add_arguments(parser)
+    cfg = GenerateConfig.from_args(parser.parse_args(["--dataset", "B4"]))
+    namespace: dict = {}
+    exec(GenerateConfig.parameters_cell(), namespace)
+    assert cfg == GenerateConfig.from_params({**namespace, "dataset": "B4"})
+    assert cfg.reserve_usd == 5.0

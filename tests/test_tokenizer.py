@@ -115,3 +115,46 @@ def test_decode_rejects_ids_outside_vocab(tok):
 def test_batch_equals_single(tok):
     texts = ["hello world", "量子", " " * 30000, "", "🎉 emoji"] * 5
     assert tok.encode_ordinary_batch(texts, threads=2) == [tok.encode_ordinary(t) for t in texts]
+
+
+BUNDLED_SHA256 = {
+    "tiktoken.model": "b6c497a7469b33ced9c38afb1ad6e47f03f5e5dc05f15930799210ec050c5103",
+    "tokenizer_config.json": "12fcab43d2b6068f46769f5ff373960bf7c17a94d7abbc50e2491306b2f6cf58",
+    "chat_template.jinja": "b4b2cd69d0c6611deede457b6792d8ca81125461ad6d13f0153c695db885209b",
+}
+
+
+def test_bundled_files_are_the_pinned_kimi_k25_files_with_their_license():
+    import hashlib
+
+    from eagledata.text.tokenizer import BUNDLED_DIR
+
+    for name, digest in BUNDLED_SHA256.items():
+        assert hashlib.sha256((BUNDLED_DIR / name).read_bytes()).hexdigest() == digest, name
+    license_text = (BUNDLED_DIR / "LICENSE").read_text()
+    assert license_text.startswith("Modified MIT License") and 'display "Kimi K2.5"' in license_text
+
+
+def test_default_is_the_bundled_copy_without_env_or_network(monkeypatch):
+    """No directory, no $EAGLEDATA_TOKENIZER_DIR, the hub unreachable: the bundled files load."""
+    from eagledata.text.tokenizer import BUNDLED_DIR, load_tokenizer
+
+    monkeypatch.delenv("EAGLEDATA_TOKENIZER_DIR", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tok = load_tokenizer()
+    assert tok.directory == BUNDLED_DIR
+    assert tok.encode(GOLDEN_TEXT, allow_special=True) == GOLDEN_IDS
+
+
+def test_env_var_and_explicit_directory_win_over_the_bundled_copy(tokenizer_dir, tmp_path, monkeypatch):
+    from eagledata.text.tokenizer import load_tokenizer
+
+    for name in BUNDLED_SHA256:
+        shutil.copy(tokenizer_dir / name, tmp_path)
+    monkeypatch.setenv("EAGLEDATA_TOKENIZER_DIR", str(tmp_path))
+    assert load_tokenizer().directory == tmp_path
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in BUNDLED_SHA256:
+        shutil.copy(tokenizer_dir / name, other)
+    assert load_tokenizer(other).directory == other

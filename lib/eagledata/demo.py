@@ -7,6 +7,7 @@ Executed reports land in `<output_dir>/runs/`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -16,8 +17,8 @@ import yaml
 from .emulator import run_emulator
 from .layout import (DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file,
                      runs_dir)
-from .notebooks import NOTEBOOK_DIR, run_notebook
-from .training.tiny import build_tiny_model
+from .errors import InputError, run_command
+from .notebooks import NOTEBOOK_DIR, read_results, run_notebook
 
 ROOT = NOTEBOOK_DIR.parent
 DEMO_DATASETS = ("demo-a", "demo-b")
@@ -37,11 +38,40 @@ def prepare_params(demo_dir: Path) -> Path:
     return path
 
 
+def headline(name: str, r: dict) -> str:
+    """One line of what a notebook published, for the demo's output."""
+    if name == "providers":
+        p = r["pricing"]
+        return (f"{len(r['routing']['eligible'])} eligible, {len(r['routing']['excluded'])} excluded; cheapest eligible "
+                f"{p['cheapest_eligible']} ${p['cheapest_eligible_completion_per_m']:.2f}/M output")
+    if name == "budget":
+        return f"targets {r['plan']['targets']} for ${r['plan']['total_usd']:.2f} of ${r['plan']['usable_usd']:.2f}"
+    if name == "generate":
+        s = r["summary"]
+        return (f"{s['stop_reason']}; {s['records']} records, {s['output_tokens']:,} output tokens, "
+                f"charged ${s['run']['spend_usd']:.4f}")
+    if name == "tokenizer":
+        return r["report"]["verdict"]
+    if name == "hidden_states":
+        e = r["extraction"]
+        return f"{e['tokens']:,} tokens of {r['assembly']['samples']} samples stored, {r['verified_samples']} verified"
+    return ""
+
+
+def _missing(extras: list[str]) -> None:
+    raise InputError(f"the demo runs every notebook and needs {', '.join(extras)}: pip install 'eagledata[dev]'")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--output-dir", default="outputs")
     ap.add_argument("--speed", type=float, default=0.02, help="emulator delay factor (1 = real latencies)")
     args = ap.parse_args(argv)
+    missing = [f"eagledata[{extra}] ({module})" for module, extra in (("papermill", "notebooks"),
+                                                                        ("torch", "hidden-states"))
+               if importlib.util.find_spec(module) is None]
+    if missing:
+        return run_command("demo", lambda: _missing(missing))
     out = Path(args.output_dir).resolve()
     runs, demo = runs_dir(out), out / "demo"
     # A fresh demo each time: answers differ between runs (retries draw other content), so states kept from a
@@ -55,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def step(name: str, report: str, /, **parameters) -> None:
         path = run_notebook(name, runs / f"{report}.ipynb", parameters)
-        print(f"demo: {name}.ipynb -> {path}", flush=True)
+        print(f"demo: {name}.ipynb -> {path}: {headline(name, read_results(path))}", flush=True)
 
     # A few faults of the real service, so the generate report shows retries at work.
     faults = {"rate_limit": 0.02, "bad_gateway": 0.02, "empty_content": 0.02, "truncated_json": 0.01,
@@ -75,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         step("budget", "budget-actual", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
              reserve_usd=0.05, round_to=1000, output_dir=str(demo), write=False)
     # Hidden states need no API: a tiny random kimi_k25 model stands in for the target on CPU.
+    from .training.tiny import build_tiny_model
+
     model_dir = demo / "tiny-kimi-k25"
     if not (model_dir / "config.json").exists():
         build_tiny_model("kimi_k25", model_dir, hidden_size=64, num_layers=6)

@@ -7,6 +7,7 @@ import os
 import sys
 import tomllib
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -92,7 +93,8 @@ def execute_notebook(notebook: str | Path, output: str | Path, parameters: dict[
     output.parent.mkdir(parents=True, exist_ok=True)
     with _project_root_env(project_root):
         papermill.execute_notebook(str(notebook), str(output), parameters=parameters or {}, cwd=str(cwd),
-                                   progress_bar=False, execution_timeout=timeout)
+                                   progress_bar=False, execution_timeout=timeout,
+                                   kernel_manager_class=_kernel_manager_class())
     return output
 
 
@@ -113,6 +115,88 @@ def _project_root_env(root: str | Path | None) -> Iterator[None]:
                 os.environ[PROJECT_ROOT_ENV] = before
 
 
+@lru_cache(maxsize=1)
+def _kernel_manager_class() -> type:
+    """nbclient's kernel manager, quiet: it gives the kernel CurveZMQ keys when its kernelspec declares support
+    (ours does), so the localhost TCP traffic is encrypted and ipykernel has no warning to print about it; and it
+    does not SIGINT a kernel it is shutting down after the run (ipykernel would log a KeyboardInterrupt)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import default
+
+    class QuietKernelManager(AsyncKernelManager):
+        @default("transport_encryption")
+        def _encrypt_when_supported(self) -> str:
+            return "auto"
+
+        async def _async_interrupt_kernel(self) -> None:
+            if self.shutting_down:  # the notebook has finished: a shutdown request follows
+                return
+            await super()._async_interrupt_kernel()
+
+    return QuietKernelManager
+
+
+# -- published results ------------------------------------------------------------------------------
+RESULT_MIME = "application/vnd.eagledata.result+json"
+
+
+def jsonable(value: Any) -> Any:
+    """A value as plain JSON: dataclasses and mappings as objects, pandas frames as lists of rows, numpy
+    scalars as numbers, paths as strings, NaN and infinities as null."""
+    import dataclasses
+    import math
+
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (str, bool)) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, Path):
+        return str(value)
+    module = type(value).__module__
+    if module.startswith("pandas"):
+        if hasattr(value, "to_dict") and hasattr(value, "columns"):
+            return jsonable(value.reset_index(drop=value.index.name is None).to_dict(orient="records"))
+        if hasattr(value, "to_dict"):
+            return jsonable(value.to_dict())
+    if module.startswith("numpy"):
+        return jsonable(value.tolist() if hasattr(value, "tolist") else value.item())
+    raise TypeError(f"cannot publish a {type(value).__name__}: make it numbers, strings, lists or dicts")
+
+
+def publish(name: str, value: Any) -> None:
+    """Publish one of this notebook's key figures as structured data, so a test, the demo or a later notebook
+    reads the value (`read_results`) instead of searching printed text. Stored in the executed notebook as an
+    `application/vnd.eagledata.result+json` output, which JupyterLab does not render; outside a kernel, nothing."""
+    data = {"name": name, "value": jsonable(value)}
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        display({RESULT_MIME: data}, raw=True)
+
+
+def read_results(path: str | Path) -> dict[str, Any]:
+    """Every value an executed notebook published, by name (a name published twice keeps the last)."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    results: dict[str, Any] = {}
+    for cell in nb["cells"]:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {}).get(RESULT_MIME)
+            if data is not None:
+                results[data["name"]] = data["value"]
+    return results
+
+
 def cell_outputs_text(path: str | Path) -> str:
     """All text a run printed or displayed: for checks on reports (e.g. no secret leaked)."""
     nb = json.loads(Path(path).read_text())
@@ -126,11 +210,14 @@ def cell_outputs_text(path: str | Path) -> str:
 
 
 def parameter_settings() -> dict[str, type[Settings]]:
-    """Notebooks whose parameters cell is made from a settings class (the defaults live only there)."""
-    from .generation import GenerateConfig
+    """Every notebook's settings class: its parameters cell is made from it (the defaults live only there)."""
+    from .generation import BudgetConfig, GenerateConfig
+    from .openrouter import ProvidersConfig
+    from .text import TokenizerReportConfig
     from .training import HiddenStatesConfig
 
-    return {"generate": GenerateConfig, "hidden_states": HiddenStatesConfig}
+    return {"providers": ProvidersConfig, "budget": BudgetConfig, "tokenizer": TokenizerReportConfig,
+            "generate": GenerateConfig, "hidden_states": HiddenStatesConfig}
 
 
 def _parameters_cell(nb: dict) -> dict:
@@ -157,7 +244,12 @@ def sync_parameters() -> list[Path]:
     return changed
 
 
-if __name__ == "__main__":
+def main() -> int:
+    """`python -m eagledata.notebooks` / `eagledata-sync-notebooks`: rewrite the generated parameters cells."""
     for changed_path in sync_parameters():
         print(f"parameters cell rewritten: {changed_path}")
-    sys.exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -103,8 +103,12 @@ class Emulator:
             self._prompt_cache[key] = ids
         return ids
 
-    def check_auth(self, request: Request) -> None:
+    def check_auth(self, request: Request, *, local_server: bool = False) -> None:
+        """OpenRouter wants a key. A request in the local servers' dialect (`return_token_ids`) is answered as
+        vLLM/SGLang started without `--api-key` answer it: no key needed, unless `api_key` is configured."""
         header = request.headers.get("authorization", "")
+        if not header and local_server and self.cfg.api_key is None:
+            return
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise ApiError(401, "No auth credentials found")
@@ -337,14 +341,15 @@ async def chat_completions(request: Request) -> Response:
     em: Emulator = request.app.state.em
     em.stats.requests += 1
     try:
-        em.check_auth(request)
         try:
             body = json.loads(await request.body())
         except (json.JSONDecodeError, UnicodeDecodeError):
+            em.check_auth(request)
             raise ApiError(400, "request body is not valid JSON", {"field": "body"}) from None
         except ClientDisconnect:  # the client died while sending: nobody to answer
             em.stats.outcomes["client_disconnect"] += 1
             return Response(status_code=499)
+        em.check_auth(request, local_server=isinstance(body, dict) and body.get("return_token_ids") is True)
         req = parse_chat(body, (em.cfg.model, em.cfg.model_version))
         job = em.admit(req, em.prompt_ids(req))
     except ApiError as e:

@@ -59,7 +59,7 @@ class EmulatorConfig:
     model: str = "moonshotai/kimi-k2.5"
     model_version: str = "moonshotai/kimi-k2.5-0127"
     model_name: str = "MoonshotAI: Kimi K2.5"
-    tokenizer: str | None = None  # directory; None → $EAGLEDATA_TOKENIZER_DIR
+    tokenizer: str | None = None  # directory; None → $EAGLEDATA_TOKENIZER_DIR, else the bundled Kimi K2.5 files
     generation_delay: float = 0.5  # seconds /generation answers 404 after completion (not scaled)
     processing_interval: float = 1.0  # seconds between ": OPENROUTER PROCESSING" comments
     ground_truth_file: str | None = None  # JSONL to append ground truth to

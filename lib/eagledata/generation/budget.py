@@ -1,4 +1,5 @@
-"""Budget model: how many output tokens each dataset can have for the money (pure arithmetic).
+"""Budget model: how many output tokens each dataset can have for the money (pure arithmetic), and
+budget.ipynb's settings and the prices it plans with.
 
 Cost of a dataset with output target T: T × price.completion + (T / mean output per request) ×
 mean prompt tokens × price.prompt. Targets are chosen so the expected cost of the whole plan stays
@@ -15,16 +16,19 @@ from typing import Iterable, Literal, Sequence
 
 import numpy as np
 
+from ..defaults import shared
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..layout import dataset_files
-from ..openrouter import Price, RoutingDecision
+from ..layout import dataset_files, routing_file
+from ..openrouter import Price, RoutingDecision, load_routing
 from ..records import output_tokens
+from ..settings import Settings, setting
 from ..text import KimiTokenizer, prompt_ids
 from .prompts import iter_prompts
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 Policy = Literal["equal", "proportional", "weights"]
+PriceMode = Literal["cheapest", "worst", "mix"]
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,7 @@ class Prices(Price):
     source: str = ""
 
     @classmethod
-    def from_routing(cls, decision: RoutingDecision, mode: Literal["cheapest", "worst", "mix"] = "cheapest",
+    def from_routing(cls, decision: RoutingDecision, mode: PriceMode = "cheapest",
                      mix: dict[str, float] | None = None) -> "Prices":
         """Prices to plan with: the cheapest eligible endpoint (sort=price routes there), the most
         expensive eligible one (a safe bound), or a weighted mix of providers (e.g. observed shares)."""
@@ -321,3 +325,65 @@ def plot_plan(plan: Plan, stats: Sequence[DatasetStats], lengths: OutputLengths)
     ax2.set_title(f"allocation ({plan.policy})")
     fig.tight_layout()
     return fig
+
+
+# -- budget.ipynb's settings and prices --------------------------------------------------------------
+@dataclass(kw_only=True)
+class BudgetConfig(Settings):
+    """Every setting of budget.ipynb (its parameters cell is made from these fields)."""
+
+    datasets_file: str = shared("datasets_file")
+    budget_usd: float = setting(100.0, "account balance to plan with")
+    reserve_usd: float = shared("reserve_usd", "never planned: covers in-flight overshoot and price drift")
+    model: str = shared("model")
+    routing: str | None = setting(None, "routing decision (providers.ipynb); None -> <params_dir>/routing/<model>.yaml")
+    params_dir: str = shared("params_dir")
+    snapshot: str | None = shared("snapshot", "no routing decision: price from this endpoints snapshot, else base_url")
+    base_url: str = shared("base_url", "no routing decision nor snapshot: the catalog is read here (or the emulator)")
+    api_key_env: str = shared("api_key_env")
+    price_mode: PriceMode = setting("cheapest", "cheapest | worst | mix (eligible endpoints)")
+    price_mix: dict[str, float] | None = setting(None, "provider -> weight, used with the mix price mode")
+    policy: Policy = setting("equal", "equal | proportional | weights")
+    weights: dict[str, float] | None = setting(None, "dataset -> weight, used with the weights policy")
+    prior_output_median_tokens: float = shared("prior_output_median_tokens")
+    prior_output_sigma: float = shared("prior_output_sigma")
+    max_tokens: int = shared("max_tokens", "generation cap per request (caps the guess)")
+    concurrency: int = shared("concurrency", "requests in flight when a run stops issuing (cost band)")
+    round_to: int = setting(100_000, "targets are rounded down to this many tokens")
+    scenario_targets: list[int] = setting([10_000_000, 7_000_000], "per-dataset targets priced in the scenario table")
+    write: bool = setting(True, "write the chosen targets into datasets_file")
+    tokenizer: str | None = shared("tokenizer")
+    output_dir: str = shared("output_dir", "earlier runs' records are read from <output_dir>/datasets/")
+
+    def routing_path(self) -> Path:
+        return Path(self.routing) if self.routing else routing_file(self.model, self.params_dir)
+
+
+@dataclass(frozen=True)
+class PriceBasis:
+    """The prices a plan assumes and where they come from: a routing file, or the catalog judged now."""
+
+    prices: Prices
+    decision: RoutingDecision
+    routing_file: Path | None  # None: no decision on disk, derived from the catalog
+    note: str                  # one sentence for the reader
+
+
+async def plan_prices(cfg: BudgetConfig) -> PriceBasis:
+    """The prices budget.ipynb plans with.
+
+    With no routing decision yet (providers.ipynb has not run) the plan still works: the endpoint catalog (a
+    snapshot, the emulator or live OpenRouter) is judged now under the default precision policy and the plan
+    takes its cheapest eligible price, and says so. A routing file named explicitly must exist."""
+    path = cfg.routing_path()
+    if cfg.routing and not path.is_file():
+        raise InputError("routing decision not found", path, field="routing")
+    decision = await load_routing(cfg.model, base_url=cfg.base_url, api_key_env=cfg.api_key_env, path=path,
+                                  snapshot=cfg.snapshot)
+    prices = Prices.from_routing(decision, cfg.price_mode, cfg.price_mix)
+    if path.is_file():
+        return PriceBasis(prices, decision, path, f"prices from the routing decision {path}: {prices.source}")
+    catalog = decision.source.removeprefix("derived at run time from ")
+    return PriceBasis(prices, decision, None,
+                      f"no routing decision at {path} (providers.ipynb writes it): prices from the endpoint catalog "
+                      f"({catalog}) under the default precision policy: {prices.source}")

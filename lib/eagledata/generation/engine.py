@@ -24,10 +24,11 @@ import httpx
 
 from ..aio import run_sync
 from ..errors import InputError
-from ..layout import DATASETS_FILE, OUTPUT_DIR, PARAMS_DIR, dataset_files
-from ..openrouter import (OPENROUTER_URL, ClientPool, Completion, Kind, Outcome, Price, RoutingDecision,
+from ..layout import dataset_files
+from ..openrouter import (ClientPool, Completion, Kind, Outcome, Price, RoutingDecision,
                           build_request, complete, load_routing, read_account, resolve_api_key)
 from ..records import Record
+from ..defaults import shared
 from ..settings import Settings, setting
 from ..text import KimiTokenizer, agreement, load_tokenizer, output_ids, prompt_ids
 from .account import AccountReading, Books
@@ -36,7 +37,7 @@ from .budget import OutputLengths
 from .congestion import Congestion, ProviderCooldown
 from .datasets import get_dataset
 from .policy import Rule, retry_delay, rule
-from .progress import TIMELINE_COLUMNS, Progress, RunStats, run_figures
+from .progress import TIMELINE_COLUMNS, ProgressView, RunStats, Snapshot, make_progress, run_figures
 from .prompts import Prompt, PromptScan, scan_prompts
 from .store import Store
 
@@ -52,20 +53,20 @@ class GenerateConfig(Settings):
     made from these fields (docs/FORMATS.md#generate-parameters fixes the first fourteen names)."""
 
     dataset: str = setting("demo-a", "a name in datasets_file", cli_required=True)
-    datasets_file: str = setting(DATASETS_FILE, "name -> {prompts, target_output_tokens}")
-    base_url: str = setting(OPENROUTER_URL, "OpenRouter, the emulator, or a local server")
-    api_key_env: str = setting("OPENROUTER_API_KEY", "the key is read from this variable only, never stored")
-    model: str = setting("moonshotai/kimi-k2.5", "model id sent with every request")
-    tokenizer: str | None = setting(None, "local dir or hub id; None -> $EAGLEDATA_TOKENIZER_DIR, else the hub")
-    concurrency: int = setting(2000, "requests in flight")
-    max_tokens: int = setting(32768, "generation cap per request (reasoning included)")
+    datasets_file: str = shared("datasets_file")
+    base_url: str = shared("base_url")
+    api_key_env: str = shared("api_key_env", "the key is read from this variable only (none needed for a local backend)")
+    model: str = shared("model")
+    tokenizer: str | None = shared("tokenizer")
+    concurrency: int = shared("concurrency")
+    max_tokens: int = shared("max_tokens")
     temperature: float | None = setting(1.0, "None -> the server's default")
     target_output_tokens: int | None = setting(None, "None -> the datasets file")
     max_spend_usd: float | None = setting(None, "per-run cap; None -> no cap")
-    reserve_usd: float = setting(5.0, "account balance never spent")
-    output_dir: str = setting(OUTPUT_DIR, "records go to <output_dir>/datasets/<dataset>/")
-    limit: int | None = setting(None, "at most this many prompts; None -> all")
-    params_dir: str = setting(PARAMS_DIR, "the routing decision is read from <params_dir>/routing/<model>.yaml")
+    reserve_usd: float = shared("reserve_usd")
+    output_dir: str = shared("output_dir", "records go to <output_dir>/datasets/<dataset>/")
+    limit: int | None = shared("limit", "at most this many prompts; None -> all")
+    params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
     max_attempts: int = setting(8, "per prompt, then failures.jsonl")
@@ -76,12 +77,13 @@ class GenerateConfig(Settings):
     budget_mode: BudgetMode = setting(
         "portfolio", "portfolio: commit expected cost + a tail margin; strict: every request's worst case")
     overshoot_probability: float = setting(1e-6, "portfolio: chance the requests in flight overshoot the limit")
-    prior_output_median_tokens: float = setting(3000.0, "cost prior before any answer (no earlier records)")
-    prior_output_sigma: float = setting(0.9, "log-normal spread of that prior")
+    prior_output_median_tokens: float = shared("prior_output_median_tokens", "cost prior before any answer (no earlier records)")
+    prior_output_sigma: float = shared("prior_output_sigma")
     account_refresh_s: float = setting(10.0, "seconds between account readings (/key usage, /credits)")
     account_lag_s: float = setting(5.0, "how far the account's usage may lag behind its answers")
     provider_cooldown_s: float = setting(30.0, "a provider answering mostly 429s is left out this long")
-    progress: bool = setting(True, "progress bar")
+    progress: bool = setting(True, "a widget bar in JupyterLab, else a status line through logging")
+    status_interval_s: float = shared("status_interval_s")
 
     def __post_init__(self) -> None:
         """Types are checked by `Settings`; these are the ranges."""
@@ -96,7 +98,7 @@ class GenerateConfig(Settings):
             raise InputError(f"must be >= 0, got {self.reserve_usd!r}", field="reserve_usd")
         if not 0 < self.overshoot_probability < 1:
             raise InputError(f"must be in (0, 1), got {self.overshoot_probability!r}", field="overshoot_probability")
-        for name in ("prior_output_median_tokens", "account_refresh_s"):
+        for name in ("prior_output_median_tokens", "account_refresh_s", "status_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"must be > 0, got {getattr(self, name)!r}", field=name)
 
@@ -167,7 +169,7 @@ class Run:
         self.t0 = time.monotonic()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.balance_start: float | None = None
-        self.progress: Progress | None = None
+        self.progress: ProgressView | None = None
 
     # -- setup -----------------------------------------------------------------------------------
     @classmethod
@@ -437,19 +439,27 @@ class Run:
                 self._sample()
                 self.cond.notify_all()
 
-    def _sample(self) -> None:
-        t = time.monotonic() - self.t0
+    def _snapshot(self, final: bool = False) -> Snapshot:
+        """Where the run stands. The final one reports what the summary reports: the account's delta."""
         spent = self.books.spent()
-        self.stats.sample(t, spent, self.in_flight, self.congestion.allowed)
+        if final and self.books.charged_usd is not None:
+            spent = self.books.charged_usd
+        limit = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd) if self.paid else float("inf")
+        return Snapshot(t=time.monotonic() - self.t0, done=self.store.recorded + self.store.failed,
+                        total_prompts=self.total_prompts, tokens=self.store.output_tokens, in_flight=self.in_flight,
+                        limit=self.congestion.allowed, spent=spent, cap=self.cfg.max_spend_usd, money_limit=limit)
+
+    def _sample(self) -> None:
+        snap = self._snapshot()
+        self.stats.sample(snap.t, snap.spent, snap.in_flight, snap.limit)
         if self.progress is not None:
-            self.progress.update(done=self.store.recorded + self.store.failed, total_prompts=self.total_prompts,
-                                 tokens=self.store.output_tokens, t=t, stats=self.stats, in_flight=self.in_flight,
-                                 limit=self.congestion.allowed, spent=spent, cap=self.cfg.max_spend_usd)
+            self.progress.update(snap, self.stats)
 
     async def execute(self, clients: ClientPool) -> dict[str, Any]:
         if self.cfg.progress:
-            self.progress = Progress(self.cfg.dataset, total_prompts=self.total_prompts, done=len(self.store.done),
-                                     target=self.target, tokens=self.store.output_tokens)
+            self.progress = make_progress(self.cfg.dataset, interval_s=self.cfg.status_interval_s,
+                                          total_prompts=self.total_prompts, done=len(self.store.done),
+                                          target=self.target, tokens=self.store.output_tokens)
         workers = [asyncio.ensure_future(self.worker(clients[i])) for i in range(self.cfg.concurrency)]
         ticker = asyncio.ensure_future(self._ticker(clients[0]))
         restore = _install_signal_handlers(lambda: self._on_signal(workers))
@@ -470,7 +480,7 @@ class Run:
                 await self._read_account(clients[0])
             self._sample()
             if self.progress is not None:
-                self.progress.close()
+                self.progress.close(self._snapshot(final=True), self.stats)
             self.pool.shutdown(wait=True)
             self.store.sync()
         summary = self.summary()
@@ -562,7 +572,7 @@ async def run_generation(cfg: GenerateConfig, *, complete_fn: CompleteFn = compl
     """Generate one dataset; returns the summary (also written to summary.json). Every input error is
     raised before the first completion request; a fatal API error (bad key, no endpoints) is raised
     after the summary is written. `complete_fn` sends one request (tests and benches wrap it)."""
-    key = resolve_api_key(cfg.base_url, cfg.api_key_env)
+    key = resolve_api_key(cfg.base_url, cfg.api_key_env, cfg.backend)
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
         run = await Run.start(cfg, clients[0], complete_fn=complete_fn)
         try:

@@ -10,10 +10,10 @@ from urllib.parse import urlparse
 
 import httpx
 
+from ..defaults import OPENROUTER_URL  # noqa: F401  (re-exported)
 from ..errors import InputError
 from .answers import Outcome, classify_exception, classify_response
 
-OPENROUTER_URL = "https://openrouter.ai/api/v1"
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 LOCAL_KEY = "local-no-key"  # the emulator accepts any non-empty key
 
@@ -22,11 +22,15 @@ def is_local(base_url: str) -> bool:
     return (urlparse(base_url).hostname or "") in LOCAL_HOSTS
 
 
-def resolve_api_key(base_url: str, api_key_env: str = "OPENROUTER_API_KEY") -> str:
-    """The key from the environment only; a local server (the emulator) needs none."""
+def resolve_api_key(base_url: str, api_key_env: str = "OPENROUTER_API_KEY", backend: str = "openrouter") -> str | None:
+    """The key from the environment only. Without one: a local backend (vLLM, SGLang, wherever it runs) is sent
+    no key at all; the emulator on this machine gets a placeholder (it wants one, as OpenRouter does); any other
+    OpenRouter URL is an error before any request."""
     key = os.environ.get(api_key_env, "")
     if key:
         return key
+    if backend == "local":
+        return None
     if is_local(base_url):
         return LOCAL_KEY
     raise InputError(f"no API key: set the environment variable {api_key_env} (it is never a parameter)",
@@ -63,20 +67,23 @@ def _ssl_context() -> ssl.SSLContext:
     return httpx.create_ssl_context()
 
 
-def make_client(base_url: str, api_key: str, *, concurrency: int = 16, timeout: float = 60.0) -> httpx.AsyncClient:
-    """A client whose pool fits the concurrency; the key lives only in its headers."""
+def make_client(base_url: str, api_key: str | None, *, concurrency: int = 16,
+                timeout: float = 60.0) -> httpx.AsyncClient:
+    """A client whose pool fits the concurrency; the key lives only in its headers (none sent without one)."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"HTTP-Referer": "https://github.com/eagledata", "X-Title": "eagledata"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     return httpx.AsyncClient(base_url=base_url.rstrip("/") + "/", limits=limits, verify=_ssl_context(),
-                             timeout=httpx.Timeout(timeout, connect=30.0),
-                             headers={"Authorization": f"Bearer {api_key}",
-                                      "HTTP-Referer": "https://github.com/eagledata", "X-Title": "eagledata"})
+                             timeout=httpx.Timeout(timeout, connect=30.0), headers=headers)
 
 
 class ClientPool:
     """Several small connection pools instead of one big one: httpx/httpcore scan every connection
     on each request and release, so one pool of 2,000 connections costs O(n²) CPU per wave."""
 
-    def __init__(self, base_url: str, api_key: str, *, concurrency: int, timeout: float, per_client: int = 16):
+    def __init__(self, base_url: str, api_key: str | None, *, concurrency: int, timeout: float,
+                 per_client: int = 16):
         n = max(1, -(-concurrency // per_client))
         size = -(-concurrency // n)
         self.clients = [make_client(base_url, api_key, concurrency=size + 2, timeout=timeout) for _ in range(n)]

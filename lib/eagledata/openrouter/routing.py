@@ -12,10 +12,12 @@ from typing import Any, Iterable, Literal
 
 import yaml
 
+from ..defaults import shared
 from ..errors import InputError
 from ..files import atomic_write_text
 from ..layout import PARAMS_DIR, routing_file
-from .catalog import Endpoint, Price, cheapest, fetch_catalog_async, worst_price
+from ..settings import Settings, setting
+from .catalog import Catalog, Endpoint, Price, cheapest, fetch_catalog_async, worst_price
 
 # Native precision per model family (Kimi K2.x ship as INT4 from quantization-aware training).
 NATIVE_PRECISION = {"moonshotai/kimi-k2.5": "int4", "moonshotai/kimi-k2.6": "int4",
@@ -190,13 +192,14 @@ def decide(model: str, endpoints: Iterable[Endpoint], policy: PrecisionPolicy, *
                            decided_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-async def load_routing(model: str, *, params_dir: str | Path = PARAMS_DIR, base_url: str,
-                       api_key_env: str) -> RoutingDecision:
-    """`<params_dir>/routing/<model>.yaml`, else a decision made now from the live listing (default policy)."""
-    path = routing_file(model, params_dir)
+async def load_routing(model: str, *, params_dir: str | Path = PARAMS_DIR, base_url: str, api_key_env: str,
+                       path: str | Path | None = None, snapshot: str | Path | None = None) -> RoutingDecision:
+    """The routing decision file (`path`, default `<params_dir>/routing/<model>.yaml`), else a decision made now
+    under the default precision policy from a saved listing (`snapshot`) or the live one at `base_url`."""
+    path = Path(path) if path is not None else routing_file(model, params_dir)
     if path.is_file():
         return RoutingDecision.load(path)
-    catalog = await fetch_catalog_async(base_url, model, api_key_env)
+    catalog = Catalog.load(snapshot, model) if snapshot else await fetch_catalog_async(base_url, model, api_key_env)
     return decide(model, catalog.normalized(), PrecisionPolicy.for_model(model),
                   source=f"derived at run time from {catalog.source}")
 
@@ -263,3 +266,26 @@ def plot_providers(table, decision: RoutingDecision):
     axes[1].legend(handles=handles, title="quantization (hollow = excluded)", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+# -- providers.ipynb's settings --------------------------------------------------------------------
+@dataclass(kw_only=True)
+class ProvidersConfig(Settings):
+    """Every setting of providers.ipynb (its parameters cell is made from these fields)."""
+
+    model: str = shared("model")
+    base_url: str = shared("base_url")
+    api_key_env: str = shared("api_key_env")
+    snapshot: str | None = shared("snapshot", "a saved endpoints snapshot (JSON) -> re-run offline, no server")
+    native_precision: str | None = setting(None, "None -> known for the model (kimi-k2.5: int4)")
+    unknown_policy: Literal["keep", "exclude"] = setting(
+        "keep", "keep (flagged) or exclude endpoints of unknown quantization")
+    require_reasoning: bool = setting(True, "exclude endpoints that cannot return reasoning")
+    workload_prompt_tokens: int = setting(30_000_000, "planned workload for the pricing table: prompt tokens")
+    workload_output_tokens: int = setting(42_000_000, "and output tokens")
+    params_dir: str = shared("params_dir", "the decision goes to <params_dir>/routing/<model>.yaml")
+    output_dir: str = shared("output_dir", "the listing snapshot goes to <output_dir>/providers/")
+
+    def policy(self) -> PrecisionPolicy:
+        return PrecisionPolicy.for_model(self.model, self.native_precision, unknown=self.unknown_policy,
+                                         require_reasoning=self.require_reasoning)

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
+from ..defaults import shared
 from ..errors import InputError
 from ..files import iter_jsonl
 from ..records import Answer, Record
+from ..settings import Settings, setting
 from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
 from .tokenizer import END_THINK, IM_END, NUM_RANKS, KimiTokenizer
 
@@ -183,6 +185,15 @@ class Report:
             return None
         return sum(r.agreement * r.output_tokens for r in known) / max(1, sum(r.output_tokens for r in known))
 
+    def figures(self) -> dict:
+        """The report's key figures as plain data (what tokenizer.ipynb publishes)."""
+        classes: dict[str, int] = {}
+        for r in self.results:
+            for cls in r.classes:
+                classes[cls] = classes.get(cls, 0) + 1
+        return {"records": len(self.results), "passed": self.passed, "fatal_records": len(self.fatal),
+                "classes": classes, "token_agreement": self.token_agreement(), "verdict": self.verdict()}
+
     def verdict(self) -> str:
         n, bad = len(self.results), len(self.fatal)
         agree = self.token_agreement()
@@ -273,3 +284,15 @@ def plot_token_lengths(report: Report):
         ax.set_ylabel("records")
     fig.tight_layout()
     return fig
+
+
+# -- tokenizer.ipynb's settings ------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class TokenizerReportConfig(Settings):
+    """Every setting of tokenizer.ipynb (its parameters cell is made from these fields)."""
+
+    tokenizer: str | None = shared("tokenizer")
+    records: str | None = setting(None, "a records.jsonl to validate; None -> the built-in sample set")
+    truth: str | None = setting(None, "optional JSONL of true output ids ({id or generation_id, output_ids})")
+    limit: int | None = shared("limit", "validate at most this many records")
+    fail_on_mismatch: bool = setting(True, "raise in the verdict cell when a reconstruction defect is found")

@@ -7,6 +7,8 @@ structure. A literal `<think>` typed inside an answer therefore stays text, as t
 """
 from __future__ import annotations
 
+import os
+from functools import lru_cache
 from typing import Any, Sequence
 
 from ..errors import InputError
@@ -18,12 +20,28 @@ _SPECIAL_TOKEN_KWARGS = dict(bos_token="[BOS]", eos_token="[EOS]", pad_token="[P
 
 
 # -- chat template ------------------------------------------------------------------------------
+@lru_cache(maxsize=1)
+def _renderer():
+    """transformers' renderer, imported once. Without torch (the core install) transformers announces at import
+    that models are unavailable; we only need its renderer, so that notice is held back."""
+    quiet = "TRANSFORMERS_NO_ADVISORY_WARNINGS"
+    before = os.environ.get(quiet)
+    os.environ[quiet] = "1"
+    try:
+        from transformers.utils.chat_template_utils import render_jinja_template
+    finally:
+        if before is None:
+            del os.environ[quiet]
+        else:
+            os.environ[quiet] = before
+    return render_jinja_template
+
+
 def render_chat(tok: KimiTokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True,
                 thinking: bool = True, preserve_thinking: bool = False, tools: list | None = None) -> str:
     """The chat template rendered by transformers' own renderer, as the serving stacks (vLLM, SGLang) do:
     the same sandbox, filters, globals (`raise_exception`, `strftime_now`) and reasoning-field aliases."""
-    from transformers.utils.chat_template_utils import render_jinja_template
-
+    render_jinja_template = _renderer()
     if tok.chat_template is None:
         raise InputError("tokenizer has no chat template (chat_template.jinja)", tok.directory)
     kwargs: dict[str, Any] = dict(_SPECIAL_TOKEN_KWARGS, preserve_thinking=preserve_thinking)

@@ -237,11 +237,21 @@ class KimiTokenizer:
         return re.compile("|".join(re.escape(s) for s in sorted(self.special_tokens, key=len, reverse=True)))
 
 
-DEFAULT_HUB_ID = "moonshotai/Kimi-K2.5"
+DEFAULT_HUB_ID = "moonshotai/Kimi-K2.5"  # where other revisions come from (needs a network)
+# The Kimi K2.5 files shipped inside the package (README and LICENSE there): the default, so a machine with no
+# network and no hub cache has the real tokenizer.
+BUNDLED_DIR = Path(__file__).resolve().parent / "assets" / "kimi-k2.5"
+TOKENIZER_ENV = "EAGLEDATA_TOKENIZER_DIR"
+
+
+def default_tokenizer_source() -> str | Path:
+    """`$EAGLEDATA_TOKENIZER_DIR` when set, else the bundled Kimi K2.5 files."""
+    import os
+
+    return os.environ.get(TOKENIZER_ENV) or BUNDLED_DIR
 
 
 def load_tokenizer(name_or_path: str | Path | None = None) -> KimiTokenizer:
-    """The tokenizer named, else `$EAGLEDATA_TOKENIZER_DIR`, else the hub copy (needs a network)."""
-    import os
-
-    return KimiTokenizer.load(name_or_path or os.environ.get("EAGLEDATA_TOKENIZER_DIR") or DEFAULT_HUB_ID)
+    """The tokenizer named (a directory, or a hub id such as `moonshotai/Kimi-K2.5` for another revision),
+    else `$EAGLEDATA_TOKENIZER_DIR`, else the bundled Kimi K2.5 files (no network needed)."""
+    return KimiTokenizer.load(name_or_path or default_tokenizer_source())

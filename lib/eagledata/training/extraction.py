@@ -20,9 +20,11 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import nn
 
+from ..defaults import shared
 from ..errors import InputError
-from ..layout import OUTPUT_DIR, hidden_state_files
+from ..layout import hidden_state_files
 from ..settings import Settings, nested, setting
+from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
 from .assembly import AssemblyPolicy, Sample
 from .memory import (KIMI_K25_CHECKPOINT_BYTES, Devices, Layout, MemoryPlan, ModelShape, check_layout, checkpoint_bytes,
                      kimi_k25_config, plan_memory, visible_devices)
@@ -251,7 +253,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
             device_map: Any = None, max_memory: dict | None = None, tp: int = 1, rank: int | None = None,
             world_size: int | None = None, tokenizer_fingerprint: str = "",
             records_hashes: dict[str, str] | None = None, devices: Devices | None = None,
-            progress: bool = True, on_batch: Callable[[int], None] | None = None) -> ExtractResult:
+            progress: bool = True, status_interval_s: float = 10.0,
+            on_batch: Callable[[int], None] | None = None) -> ExtractResult:
     """Hidden states of `samples` into `<output_dir>/hidden_states/<name>/`, resuming what is stored.
 
     `rank`/`world_size` default to torchrun's RANK/WORLD_SIZE; the world is `world_size // tp`
@@ -260,7 +263,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     `index.jsonl` are written by whichever call finds the set complete. Before any weight loads, the
     checkpoint's config is checked (quantization format, tp against the heads) and its memory plan
     for `devices` (default: the visible ones) must fit. `on_batch(n)` runs after each batch
-    (progress reporting; tests inject a kill here).
+    (progress reporting; tests inject a kill here). `progress`: a widget bar in JupyterLab, else a status
+    line through logging every `status_interval_s` (at batch ends).
     """
     options = options or ExtractOptions()
     env_rank, env_world = torchrun_world()
@@ -307,11 +311,23 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     batches = plan_batches([len(s) for s in mine], options.max_tokens_per_batch, options.max_batch_size)
     total = sum(len(s) for s in mine)
     start = time.perf_counter()
-    bar = None
-    if progress:
+    bar, status = None, None
+    if progress and widget_frontend():
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, unit="tok", desc=f"dp {dp_rank}/{dp}" + (f" tp {tp_rank}/{tp}" if tp > 1 else ""))
+    elif progress:
+        ensure_log_handler()
+        status = StatusLog(status_interval_s, "eagledata.hidden_states")
+    done_tokens = done_samples = 0
+
+    def line() -> str:
+        elapsed = time.perf_counter() - start
+        share = 100 * done_tokens / total if total else 100.0
+        return (f"hidden states {name} rank {rank}/{world_size}: {done_tokens:,}/{total:,} tokens ({share:.1f}%), "
+                f"{done_samples:,}/{len(mine):,} samples | {done_tokens / max(elapsed, 1e-9):,.0f} tok/s | "
+                f"ETA {duration(eta_s(done_tokens, total, elapsed))}")
+
     try:
         with torch.inference_mode(), Capture(decoder, layers, options.resolved_final()) as capture:
             for n, batch in enumerate(batches, 1):
@@ -320,8 +336,12 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
                 states = capture.run(ids, mask, compute_dtype)
                 if writes:
                     writer.add(group, states)
+                done_tokens += states.shape[0]
+                done_samples += len(group)
                 if bar is not None:
                     bar.update(states.shape[0])
+                if status is not None:
+                    status.maybe(line)
                 if on_batch is not None:
                     on_batch(n)
             writer.flush()
@@ -329,6 +349,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
         writer.close()
     if bar is not None:
         bar.close()
+    if status is not None:
+        status.emit(line() + f" | ended after {duration(time.perf_counter() - start)}")
     seconds = time.perf_counter() - start
     distributed = world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized()
     if distributed:
@@ -373,13 +395,14 @@ def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Ten
 class ExtractionJob(Settings):
     """Which model, where the states go, on what device: shared by hidden_states.ipynb and the command."""
 
-    output_dir: str = setting(OUTPUT_DIR, "states go to <output_dir>/hidden_states/<name>/")
+    output_dir: str = shared("output_dir", "states go to <output_dir>/hidden_states/<name>/")
     name: str = setting("train", "name of the hidden-states set", cli_required=True)
     model: str = setting("moonshotai/Kimi-K2.5", "checkpoint directory or hub id", cli_required=True)
     device: str | None = setting(None, "cuda or cpu; None -> cuda when available")
     device_map: str | None = setting(None, "auto: one process spreads the model over all visible GPUs (accelerate)")
     tp: int = setting(1, "tensor-parallel ranks per model copy under torchrun (tp_plan=auto); "
                          "the world is dp groups x tp")
+    status_interval_s: float = shared("status_interval_s")
     options: ExtractOptions = nested(ExtractOptions)
 
     def resolved_device(self) -> str:
@@ -395,6 +418,7 @@ class ExtractionJob(Settings):
     def run(self, samples: Sequence[Sample], **kwargs: Any) -> ExtractResult:
         """`extract` with these settings; `kwargs` go to `extract` (rank, fingerprints, progress …)."""
         kwargs.setdefault("device", self.resolved_device())
+        kwargs.setdefault("status_interval_s", self.status_interval_s)
         return extract(samples, self.output_dir, self.name, self.model, options=self.options,
                        device_map=self.device_map, tp=self.tp, **kwargs)
 
@@ -404,6 +428,6 @@ class HiddenStatesConfig(Settings):
     """Every setting of hidden_states.ipynb: which datasets, how they are assembled, and the extraction."""
 
     datasets: list[str] = setting(["B1"], "dataset names (their records.jsonl) or records.jsonl paths")
-    tokenizer: str | None = setting(None, "local dir or hub id; None -> $EAGLEDATA_TOKENIZER_DIR, else the hub")
+    tokenizer: str | None = shared("tokenizer")
     job: ExtractionJob = nested(ExtractionJob)
     assembly: AssemblyPolicy = nested(AssemblyPolicy)

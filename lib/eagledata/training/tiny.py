@@ -52,7 +52,15 @@ def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: 
                 param.uniform_(0.5, 1.5)
     model.eval()
     if directory is not None:
-        model.save_pretrained(str(directory))
+        from transformers.utils import logging as hf_logging
+
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # a tiny model saves in a blink: no bar in the demo's output
+        try:
+            model.save_pretrained(str(directory))
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
     return model
 
 

@@ -1,0 +1,41 @@
+"""Settings that more than one notebook or command has, each with its one default and help.
+
+A name that appears in several stages (the reserve in budget.ipynb and generate.ipynb, the model in
+providers.ipynb and generate.ipynb, the tokenizer in four notebooks, …) is declared with `shared(name)`, which
+takes its default from here, so a notebook and a command cannot drift apart. `tests/test_settings.py` checks
+that every settings class agrees on every name it shares with another.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .layout import DATASETS_FILE, OUTPUT_DIR, PARAMS_DIR
+
+OPENROUTER_URL = "https://openrouter.ai/api/v1"
+
+# name -> (default, help)
+SHARED: dict[str, tuple[Any, str]] = {
+    "model": ("moonshotai/kimi-k2.5", "model id sent with every request"),
+    "base_url": (OPENROUTER_URL, "OpenRouter, the emulator (http://127.0.0.1:PORT/api/v1), or a local server"),
+    "api_key_env": ("OPENROUTER_API_KEY", "the key is read from this variable only, never stored"),
+    "tokenizer": (None, "local dir or hub id; None -> $EAGLEDATA_TOKENIZER_DIR, else the bundled Kimi K2.5 files"),
+    "datasets_file": (DATASETS_FILE, "name -> {prompts, target_output_tokens}"),
+    "params_dir": (PARAMS_DIR, "the routing decision is <params_dir>/routing/<model>.yaml"),
+    "output_dir": (OUTPUT_DIR, "where runs write (records under <output_dir>/datasets/)"),
+    "concurrency": (2000, "requests in flight"),
+    "max_tokens": (32768, "generation cap per request (reasoning included)"),
+    "reserve_usd": (5.0, "account balance never spent (nor planned)"),
+    "prior_output_median_tokens": (3000.0, "output-length guess before any records exist"),
+    "prior_output_sigma": (0.9, "log-normal spread of that guess"),
+    "status_interval_s": (10.0, "seconds between status lines when no widget shows progress"),
+    "snapshot": (None, "a saved endpoints snapshot (JSON) -> offline, no server"),
+    "limit": (None, "at most this many; None -> all"),
+}
+
+
+def shared(name: str, help: str | None = None, **kw: Any) -> Any:
+    """The settings field of a shared name: its one default, and its help unless a stage says more."""
+    from .settings import setting
+
+    default, text = SHARED[name]
+    return setting(default, help or text, **kw)

@@ -1,0 +1,130 @@
+"""Headless progress: the status line's content, its cadence under a fake clock, and where it is written."""
+import io
+import logging
+import math
+import sys
+from collections import Counter
+
+import pytest
+
+from eagledata.generation.progress import RunStats, Snapshot, StatusLines, make_progress, status_line
+from eagledata.status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def stats(output_tokens=0, errors=None) -> RunStats:
+    s = RunStats()
+    s.output_tokens = output_tokens
+    s.errors = Counter(errors or {})
+    return s
+
+
+def test_one_line_per_interval_on_a_fixed_schedule(caplog):
+    clock = FakeClock()
+    log = StatusLog(10.0, "eagledata.test", clock=clock)
+    times = []
+    with caplog.at_level(logging.INFO, logger="eagledata.test"):
+        while clock.t < 1060.0:  # a 60 s run polled every 0.5 s, as the engine's ticker does
+            clock.t += 0.5
+            if log.maybe(lambda: f"at {clock.t - 1000:.1f}"):
+                times.append(clock.t - 1000)
+    assert times == [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    assert [r.getMessage() for r in caplog.records] == [f"at {t:.1f}" for t in times]
+
+
+def test_a_late_poll_does_not_shift_the_schedule_or_burst():
+    clock = FakeClock()
+    log = StatusLog(10.0, clock=clock)
+    clock.t += 10.4
+    assert log.maybe(lambda: "a")        # 10.4: the line due at 10
+    clock.t += 25.0                      # 35.4: the slots at 20 and 30 were missed: one line, not two
+    assert log.maybe(lambda: "b") and not log.maybe(lambda: "c")
+    clock.t = 1000 + 39.9
+    assert not log.maybe(lambda: "d")
+    clock.t = 1000 + 40.0                # back on the 10 s grid
+    assert log.maybe(lambda: "e") and log.lines == 3
+
+
+def test_the_line_is_built_only_when_due():
+    clock = FakeClock()
+    log = StatusLog(10.0, clock=clock)
+    built = []
+    log.maybe(lambda: built.append(1) or "x")
+    assert built == []
+
+
+def test_status_line_says_speed_money_flight_progress_eta_and_errors_by_class():
+    snap = Snapshot(t=100.0, done=1500, total_prompts=5000, tokens=2_000_000, in_flight=1800, limit=2000,
+                    spent=12.5, cap=50.0, money_limit=50.0)
+    line = status_line("B4", snap, stats(1_000_000, {"rate_limit": 7, "bad_gateway": 2, "timeout": 1,
+                                                     "empty_content": 1}),
+                       target=None, done_before=500, tokens_before=0)
+    assert line.startswith("B4: 1,500/5,000 prompts (30.0%)")
+    assert "10,000 output tok/s" in line                      # this run's tokens over its time
+    assert "charged $12.5000 of $50.00 cap" in line
+    assert "in flight 1,800/2,000" in line
+    assert "ETA 5m00s (money)" in line    # work: 3,500 prompts at 10/s = 350 s; money: $37.5 at $0.125/s = 300 s
+    assert line.endswith("errors 11 (rate_limit 7, bad_gateway 2, timeout 1, empty_content 1)")
+
+
+def test_status_line_against_a_token_target():
+    snap = Snapshot(t=60.0, done=300, total_prompts=10_000, tokens=4_000_000, in_flight=5, limit=2000, spent=1.0)
+    line = status_line("B1", snap, stats(3_000_000), target=7_000_000, done_before=0, tokens_before=1_000_000)
+    assert line.startswith("B1: 4,000,000/7,000,000 output tokens (57.1%), 300/10,000 prompts")
+    assert "ETA 1m00s |" in line and "cap" not in line and line.endswith("errors 0")
+
+
+def test_eta_and_duration():
+    assert eta_s(50, 100, 10.0) == 10.0
+    assert eta_s(50, 100, 10.0, done_at_start=50) is None    # nothing done in this run yet: no rate
+    assert eta_s(100, 100, 0.0) == 0.0 and eta_s(5, None, 1.0) is None
+    assert [duration(s) for s in (None, math.inf, 42.4, 185, 7620)] == ["?", "?", "42s", "3m05s", "2h07m"]
+
+
+def test_status_lines_log_through_logging_and_end_with_a_final_line(caplog):
+    clock = FakeClock()
+    view = StatusLines("D", interval_s=10, target=None, done=0, tokens=0, clock=clock)
+    snap = Snapshot(t=5.0, done=1, total_prompts=10, tokens=100, in_flight=3, limit=8, spent=0.01)
+    with caplog.at_level(logging.INFO, logger="eagledata"):
+        view.update(snap, stats(100))
+        clock.t += 10
+        view.update(snap, stats(100))
+        view.close(snap, stats(100))
+    lines = [r.getMessage() for r in caplog.records if r.name == "eagledata.generate"]
+    assert len(lines) == 2 and lines[-1].endswith("| ended after 5s")
+
+
+def test_no_widget_frontend_outside_a_jupyter_server_kernel(monkeypatch):
+    monkeypatch.setenv("JPY_SESSION_NAME", "x.ipynb")
+    assert widget_frontend() is False  # not an IPython kernel at all
+    assert isinstance(make_progress("D", interval_s=10, total_prompts=1, done=0, target=None, tokens=0), StatusLines)
+
+
+def test_handler_writes_to_the_current_stderr_only_when_logging_is_not_set_up(monkeypatch):
+    logger = logging.getLogger("eagledata")
+    monkeypatch.setattr(logger, "handlers", [])
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.setattr(logger, "level", logging.NOTSET)
+    ensure_log_handler()
+    assert len(logger.handlers) == 1
+    ensure_log_handler()
+    assert len(logger.handlers) == 1  # once
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)  # a kernel or a test swaps stderr: the handler follows
+    logging.getLogger("eagledata.generate").info("status here")
+    assert err.getvalue().rstrip().endswith(" status here")
+
+
+@pytest.mark.parametrize("interval", [0.0, -1.0])
+def test_a_zero_interval_logs_nothing_periodic(interval):
+    clock = FakeClock()
+    log = StatusLog(interval, clock=clock)
+    clock.t += 100
+    assert not log.maybe(lambda: "x")
