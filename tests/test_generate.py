@@ -398,9 +398,11 @@ def test_headless_run_logs_a_status_line_every_interval(emu, tmp_path, caplog):
         summary = generate(config(emu, tmp_path, datasets, concurrency=10, progress=True, status_interval_s=1.0))
     lines = [r for r in caplog.records if r.name == "eagledata.generate"]
     assert summary["wall_s"] > 3, "the run must last several intervals for this test to mean anything"
-    assert len(lines) >= int(summary["wall_s"]) - 1 + 1  # one per second (the ticker polls every 0.5 s), + final
+    # one a second on a fixed schedule (the ticker polls every 0.5 s; a slot the loop was too busy for is skipped,
+    # so a loaded machine gives fewer, never a burst at the end), plus the final line
+    assert len(lines) >= max(3, summary["wall_s"] / 2)
     gaps = [b.created - a.created for a, b in zip(lines, lines[1:-1])]
-    assert max(gaps) < 1.6
+    assert max(gaps) < 3
     for r in lines[:-1]:
         msg = r.getMessage()
         assert msg.startswith("D: ") and "/40 prompts (" in msg and " output tok/s | charged $" in msg
@@ -447,8 +449,8 @@ def test_papermill_log_output_shows_status_lines_while_it_runs(emu, tmp_path):
     lines = re.findall(r"^(\d\d:\d\d:\d\d) (D: .*)$", proc.stdout + proc.stderr, re.M)
     summary = read_results(tmp_path / "out.ipynb")["summary"]
     assert summary["stop_reason"] == "completed" and summary["wall_s"] > 3
-    assert len(lines) >= int(summary["wall_s"]) - 1 + 1  # one a second, and the final line
+    assert len(lines) >= max(3, summary["wall_s"] / 2)  # one a second (fewer on a loaded machine), and the final
     stamps = [datetime.strptime(t, "%H:%M:%S") for t, _ in lines]
-    assert max((b - a).total_seconds() for a, b in zip(stamps, stamps[1:])) <= 2  # none held back until the end
+    assert max((b - a).total_seconds() for a, b in zip(stamps, stamps[1:])) <= 3  # none held back until the end
     assert all(" output tok/s | charged $" in text and " | ETA " in text for _, text in lines)
     assert lines[-1][1].startswith("D: 40/40 prompts (100.0%)")

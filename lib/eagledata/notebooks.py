@@ -126,7 +126,9 @@ def _kernel_manager_class() -> type:
     class QuietKernelManager(AsyncKernelManager):
         @default("transport_encryption")
         def _encrypt_when_supported(self) -> str:
-            return "auto"
+            import zmq
+
+            return "auto" if zmq.has("curve") else "disabled"  # a libzmq built without libsodium: plain TCP
 
         async def _async_interrupt_kernel(self) -> None:
             if self.shutting_down:  # the notebook has finished: a shutdown request follows
