@@ -459,15 +459,13 @@ def test_two_thousand_in_flight(tokenizer_dir):
                           "completion_price": 2.2, "latency": 1.0, "throughput": 1e9, "capacity": 100_000}]}
     with run_emulator(cfg) as em:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hold"}], "max_tokens": 200}
-        t0 = time.monotonic()
         codes = [r.status_code if isinstance(r, httpx.Response) else repr(r)
                  for r in fire(em.base_url, body, 2000, clients=40)]
-        elapsed = time.monotonic() - t0
         stats = em.stats()
         assert "Traceback" not in em.log() and "ERROR" not in em.log(), em.log()
     assert codes.count(200) == 2000, {c: codes.count(c) for c in set(codes)}
+    # held open together, not served one after another (how fast is bench/emulator_bench.py's business)
     assert stats["in_flight_peak"] >= 1000, stats
-    assert elapsed < 30
 
 
 def test_reasoning_options(em, tok):

@@ -444,7 +444,8 @@ def test_papermill_log_output_shows_status_lines_while_it_runs(emu, tmp_path):
            "--log-output", "-p", "dataset", "D", "-p", "datasets_file", str(datasets), "-p", "base_url", emu.base_url,
            "-p", "output_dir", str(tmp_path / "out"), "-p", "params_dir", str(tmp_path / "params"),
            "-p", "concurrency", "10", "-p", "max_tokens", "400", "-p", "status_interval_s", "1"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    env = {**os.environ, "EAGLEDATA_PROJECT_ROOT": str(tmp_path)}  # tmp_path lies outside any checkout
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = re.findall(r"^(\d\d:\d\d:\d\d) (D: .*)$", proc.stdout + proc.stderr, re.M)
     summary = read_results(tmp_path / "out.ipynb")["summary"]
