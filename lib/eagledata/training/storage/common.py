@@ -13,6 +13,7 @@ import os
 import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple, Sequence
 
@@ -247,6 +248,28 @@ class StateWriter:
     def expected_file(self, position: int) -> str | None:
         """The file a sample at `position` must be in (None: anywhere); checked against what a resume finds."""
         return None
+
+
+class PerSampleWriter(StateWriter):
+    """One file per sample, named by its row (a trainer's layout): a subclass names the file and saves it."""
+
+    def expected_file(self, position: int) -> str | None:
+        raise NotImplementedError
+
+    def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:
+        """Write one sample's file at `path` (a temp name; `write_durably` fsyncs and renames it)."""
+        raise NotImplementedError
+
+    def _write(self, batch: Batch) -> list[IndexEntry]:
+        writes, entries = [], []
+        for s, position, states in batch.per_sample():
+            name = self.expected_file(position)
+            path = self.files.directory / name
+            path.parent.mkdir(exist_ok=True)
+            writes.append((path, partial(self.save, s, states)))
+            entries.append(IndexEntry(s.id, name, 0, len(s)))
+        write_durably(writes)
+        return entries
 
 
 class Reader:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..assembly import Sample
-from .common import Batch, IndexEntry, Layout, Reader, SampleStates, StateWriter, write_durably
+from .common import IndexEntry, Layout, PerSampleWriter, Reader, SampleStates
 
 ROWS_PER_DIR = 2000
 
@@ -37,25 +37,13 @@ def sample_dict(input_ids: list[int], loss_mask: list[int], states: torch.Tensor
             "aux_hidden_state": states[:, :3].reshape(t, 3 * h).clone(**own).unsqueeze(0)}
 
 
-def _save(data: dict[str, torch.Tensor], path: Path) -> None:
-    with path.open("wb") as f:  # a file object: torch.save would derive its archive name from a path's dotted stem
-        torch.save(data, f)
-
-
-class SampleFileWriter(StateWriter):
-    def _write(self, batch: Batch) -> list[IndexEntry]:
-        writes, entries = [], []
-        for s, position, states in batch.per_sample():
-            path = self.files.directory / sample_file(position)
-            path.parent.mkdir(exist_ok=True)
-            data = sample_dict(s.input_ids, s.loss_mask, states)
-            writes.append((path, lambda tmp, d=data: _save(d, tmp)))
-            entries.append(IndexEntry(s.id, sample_file(position), 0, len(s)))
-        write_durably(writes)
-        return entries
-
+class SampleFileWriter(PerSampleWriter):
     def expected_file(self, position: int) -> str | None:
         return sample_file(position)
+
+    def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:
+        with path.open("wb") as f:  # a file object: torch.save would derive its archive name from a path's dotted stem
+            torch.save(sample_dict(sample.input_ids, sample.loss_mask, states), f)
 
 
 def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: list[Sample]) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..assembly import Sample, save_arrow
-from .common import Batch, IndexEntry, Layout, Reader, StateWriter, write_durably
+from .common import IndexEntry, Layout, PerSampleWriter, Reader
 
 STATES_DIR = "hidden_states"
 
@@ -22,23 +22,16 @@ def state_file(position: int) -> str:
     return f"{STATES_DIR}/hs_{position}.safetensors"
 
 
-class RowFileWriter(StateWriter):
+class RowFileWriter(PerSampleWriter):
     """One safetensors file per sample, named by its row."""
-
-    def _write(self, batch: Batch) -> list[IndexEntry]:
-        from safetensors.torch import save_file
-
-        (self.files.directory / STATES_DIR).mkdir(exist_ok=True)
-        writes, entries = [], []
-        for s, position, states in batch.per_sample():
-            tensors = {"token_ids": torch.tensor(s.input_ids, dtype=torch.long), "hidden_states": states}
-            writes.append((self.files.directory / state_file(position), lambda tmp, t=tensors: save_file(t, str(tmp))))
-            entries.append(IndexEntry(s.id, state_file(position), 0, len(s)))
-        write_durably(writes)
-        return entries
 
     def expected_file(self, position: int) -> str | None:
         return state_file(position)
+
+    def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({"token_ids": torch.tensor(sample.input_ids, dtype=torch.long), "hidden_states": states}, str(path))
 
 
 def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: list[Sample]) -> None:
