@@ -524,9 +524,15 @@ def test_convert_native_to_each_layout_without_recompute(models, samples, tmp_pa
         assert torch.equal(a[s.id].aux_hidden_states, b[s.id].aux_hidden_states)
         assert torch.equal(a[s.id].final_hidden_state, b[s.id].final_hidden_state)
     assert convert(pre.directory, tmp_path / "conv", "speculators", progress=False).converted == 0  # resumes
+    back = HiddenStates(convert(tmp_path / "conv", tmp_path / "back", "eagledata", progress=False).directory)
+    assert back.ids == a.ids and all(torch.equal(back[s.id].aux_hidden_states, a[s.id].aux_hidden_states)
+                                     for s in samples)  # per-sample files read one by one, stored as shards
     with pytest.raises(InputError, match="source states are pre_norm, but specforge expects post_norm"):
         convert(pre.directory, tmp_path / "sf", "specforge", progress=False)
 
+    post = run(samples, tmp_path, model, name="post", max_batch_size=8)
+    convert(post.directory, tmp_path / "sf", "specforge", progress=False)
+    assert torch.serialization.get_crc32_options()  # switched off for SpecForge's files only while they are written
     fp8 = run(samples, tmp_path, model, name="fp8", storage="fp8", max_batch_size=8)
     cmd = [sys.executable, "-m", "eagledata.hidden_states", "convert", "--layout", "specforge",
            str(fp8.directory), str(tmp_path / "sf8")]

@@ -13,6 +13,7 @@ import shutil
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
@@ -43,6 +44,10 @@ class Sample:
 
     def digest(self) -> str:
         """Identity of the ids and mask: resume refuses stored states made from other ids."""
+        return self._digest
+
+    @cached_property
+    def _digest(self) -> str:  # asked for by the writer, the resume check and the set's hash: computed once
         return sequence_digest(self.input_ids, self.loss_mask)
 
     def to_speculators(self) -> dict[str, Any]:

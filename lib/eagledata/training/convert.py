@@ -6,13 +6,16 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import InputError
 from ..layout import HiddenStateFiles
 from .assembly import Sample
 from .loader import HiddenStates
-from .storage import PLAN_KEYS, STORAGE_DTYPES, check_plan, check_stored, finalize, get_layout, read_parts
+from .storage import PLAN_KEYS, IndexEntry, STORAGE_DTYPES, check_plan, check_stored, finalize, get_layout, read_parts
+
+
+READ_BYTES = 64 << 20  # samples read from the source together: one slice of a shard instead of one per sample
 
 
 @dataclass(kw_only=True)
@@ -23,6 +26,20 @@ class ConvertResult:
     bytes_written: int
     seconds: float
     manifest: dict[str, Any]
+
+
+def runs(todo: list[tuple[IndexEntry, Sample]], max_tokens: int) -> Iterator[list[tuple[IndexEntry, Sample]]]:
+    """Consecutive samples of the source in groups of about `max_tokens`: a shard's neighbours come in one read."""
+    run: list[tuple[IndexEntry, Sample]] = []
+    tokens = 0
+    for item in todo:
+        run.append(item)
+        tokens += item[0].length
+        if tokens >= max_tokens:
+            yield run
+            run, tokens = [], 0
+    if run:
+        yield run
 
 
 def check_convention(final: str, layout_name: str) -> None:
@@ -61,6 +78,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, flush_b
     # them at random (slow from a cold disk); file names follow rows whatever the order of writing.
     todo = sorted(((e, s) for e, s in zip(src.entries, samples) if s.id not in done),
                   key=lambda pair: (pair[0].shard, pair[0].offset))
+    per_token = 4 * m["hidden_size"] * STORAGE_DTYPES[m["storage"]].itemsize
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -68,10 +86,10 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, flush_b
         bar = tqdm(total=sum(e.length for e, _ in todo), unit="tok", desc=f"convert to {target.name}")
     start = time.perf_counter()
     try:
-        for entry, sample in todo:
-            writer.add([sample], src.reader.read_states(entry)[2])
+        for run in runs(todo, max(1, READ_BYTES // per_token)):
+            writer.add([s for _, s in run], src.reader.read_run([e for e, _ in run]))
             if bar is not None:
-                bar.update(entry.length)
+                bar.update(sum(e.length for e, _ in run))
         writer.flush()
     finally:
         writer.close()

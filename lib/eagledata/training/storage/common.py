@@ -286,6 +286,10 @@ class Reader:
         ids, mask, states = self.read_states(entry)
         return SampleStates(ids.long(), mask.long(), states[:, :3], states[:, 3])
 
+    def read_run(self, entries: Sequence[IndexEntry]) -> torch.Tensor:
+        """The states of several samples back to back [sum T, 4, H] (a layout that stores them so reads once)."""
+        return torch.cat([self.read_states(e)[2] for e in entries])
+
     def ids(self, entry: IndexEntry) -> tuple[list[int], list[int]]:
         """A sample's input ids and loss mask (a layout that can, reads them without the states)."""
         ids, mask, _ = self.read_states(entry)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -65,6 +66,7 @@ class ShardReader(Reader):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._open: dict[str, object] = {}
+        self._ids: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _shard(self, name: str):
         from safetensors import safe_open
@@ -73,19 +75,30 @@ class ShardReader(Reader):
             self._open[name] = safe_open(str(self.directory / name), framework="pt")
         return self._open[name]
 
+    def _states(self, shard: str, span: slice) -> torch.Tensor:
+        f = self._shard(shard)
+        states = f.get_slice("hidden_states")[span]
+        return dequantize_fp8(states, f.get_slice("scales")[span]) if self.manifest["storage"] == "fp8" else states
+
     def read_states(self, entry: IndexEntry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         f = self._shard(entry.shard)
         span = slice(entry.offset, entry.offset + entry.length)
-        states = f.get_slice("hidden_states")[span]
-        if self.manifest["storage"] == "fp8":
-            states = dequantize_fp8(states, f.get_slice("scales")[span])
-        return f.get_slice("input_ids")[span], f.get_slice("loss_mask")[span], states
+        return f.get_slice("input_ids")[span], f.get_slice("loss_mask")[span], self._states(entry.shard, span)
+
+    def read_run(self, entries: Sequence[IndexEntry]) -> torch.Tensor:
+        first, last = entries[0], entries[-1]
+        if all(e.shard == first.shard for e in entries) and all(
+                b.offset == a.offset + a.length for a, b in zip(entries, entries[1:])):
+            return self._states(first.shard, slice(first.offset, last.offset + last.length))
+        return super().read_run(entries)
 
     def ids(self, entry: IndexEntry) -> tuple[list[int], list[int]]:
-        f = self._shard(entry.shard)
+        if entry.shard not in self._ids:  # a shard's ids are small: read them once, not once per sample
+            f = self._shard(entry.shard)
+            self._ids[entry.shard] = f.get_tensor("input_ids"), f.get_tensor("loss_mask")
+        ids, mask = self._ids[entry.shard]
         span = slice(entry.offset, entry.offset + entry.length)
-        return f.get_slice("input_ids")[span].tolist(), f.get_slice("loss_mask")[span].tolist()
-
+        return ids[span].tolist(), mask[span].tolist()
 
 
 LAYOUT = Layout("eagledata", ShardWriter, ShardReader, finish, final=None,
