@@ -11,6 +11,7 @@ layer's output before the final norm.
 """
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -343,6 +344,10 @@ def test_job_settings_and_command_line_select_the_backend(checkpoint, server, sa
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["backend"] == "vllm" and line["extracted"] == 3 and line["complete"]
     assert HiddenStates(tmp_path / "hidden_states" / "cli").manifest["backend"] == "vllm"
+    job = ExtractionJob(output_dir=str(tmp_path), name="job", model=str(checkpoint[0]), backend="vllm",
+                        engine=EngineOptions(server=server.url))
+    done = asyncio.run(job.run_async(samples[:2], progress=False))  # the notebook awaits it in its kernel's loop
+    assert done.complete and done.manifest["engine"]["layer_ids"] == IDS
     assert main(["serve-command", "--model", str(checkpoint[0]), "--tp", "2"]) == 0
     shown = capsys.readouterr().out
     assert shown.startswith(f"vllm serve {checkpoint[0]} --tensor-parallel-size 2") and "[2, 4, 5, 8]" in shown

@@ -228,7 +228,10 @@ async def _complete(client: httpx.AsyncClient, model: str, sample: Sample, opts:
             why = f"{type(e).__name__}: {e}"
         else:
             if r.status_code == 200:
-                return r.json()
+                try:
+                    return r.json()
+                except ValueError:
+                    raise EngineError(f"sample {sample.id!r}: the answer is not JSON: {r.text[:200]!r}") from None
             if r.status_code in (401, 403):
                 raise EngineError(f"sample {sample.id!r}: HTTP {r.status_code} from the server: set "
                                   f"${opts.server_api_key_env} to the key vllm serve was started with")
@@ -236,7 +239,8 @@ async def _complete(client: httpx.AsyncClient, model: str, sample: Sample, opts:
                 raise EngineError(f"sample {sample.id!r}: the server refused it: HTTP {r.status_code}: "
                                   f"{r.text[:300]}")
             why = f"HTTP {r.status_code}"
-            wait = min(30.0, _retry_after(r) or wait)
+            asked = _retry_after(r)
+            wait = min(30.0, wait if asked is None else asked)
         if attempt < opts.server_attempts:
             log.warning("sample %r: %s; retry %d/%d in %.2f s", sample.id, why, attempt, opts.server_attempts - 1,
                         wait)
@@ -294,6 +298,9 @@ def read_states(path: str, sample: Sample, expect: Expect, timeout_s: float) -> 
         raise EngineError(f"sample {sample.id!r}: the connector wrote {path}, which this machine cannot see: run "
                           "eagledata where the server's shared_storage_path is mounted at the same path")
     _wait_for_writer(path, timeout_s)
+    if not os.path.exists(path):
+        raise EngineError(f"sample {sample.id!r}: the connector released {path}.lock without writing the file "
+                          "(see the server's log)")
     data = load_file(path)
     for p in (path + ".lock", path):
         if os.path.exists(p):
@@ -323,9 +330,13 @@ async def served_model(client: httpx.AsyncClient, server: str) -> str:
         raise EngineError(f"cannot reach {public_url(server)}: {type(e).__name__}: {e}") from None
     if r.status_code in (401, 403):
         raise EngineError(f"{public_url(server)}: HTTP {r.status_code}: set the key vllm serve was started with")
-    if r.status_code != 200 or not (r.json().get("data") or []):
+    try:
+        listed = r.json().get("data") or [] if r.status_code == 200 else []
+    except ValueError:
+        listed = []
+    if not listed:
         raise EngineError(f"{public_url(server)}/models: HTTP {r.status_code}, no model listed (still loading?)")
-    return str(r.json()["data"][0]["id"])
+    return str(listed[0]["id"])
 
 
 # -- the run ------------------------------------------------------------------------------------------------
@@ -386,6 +397,10 @@ async def extract_with_engine_async(samples: Sequence[Sample], output_dir: str |
     done = read_parts(files)
     check_stored(files, writer, samples, done)
     todo = [s for s in samples if s.id not in done]
+    if not todo and files.manifest.is_file():  # finished earlier: nothing to ask the server, nothing to rewrite
+        writer.close()
+        return ExtractResult(directory=files.directory, rank=0, world_size=1, extracted=0, skipped=len(samples),
+                             tokens=0, seconds=0.0, complete=True, manifest=json.loads(files.manifest.read_text()))
     expect = Expect(len(layer_ids), hidden_size, norm)
     total = sum(len(s) for s in todo)
     key = os.environ.get(engine.server_api_key_env)
@@ -408,7 +423,6 @@ async def extract_with_engine_async(samples: Sequence[Sample], output_dir: str |
                 f"({share:.1f}%), {state['samples']:,}/{len(todo):,} samples | "
                 f"{state['tokens'] / max(elapsed, 1e-9):,.0f} tok/s | ETA {duration(eta_s(state['tokens'], total, elapsed))}")
 
-    adding = asyncio.Lock()  # the writer is not thread-safe: one add at a time, off the event loop
     queue = iter(todo)  # shared by the workers: each sample is taken once
 
     async def worker(client: httpx.AsyncClient, served: str) -> None:
@@ -416,8 +430,8 @@ async def extract_with_engine_async(samples: Sequence[Sample], output_dir: str |
             answer = await _complete(client, served, sample, engine)
             path = states_path(answer, sample)
             states = await asyncio.to_thread(read_states, path, sample, expect, engine.server_timeout_s)
-            async with adding:
-                await asyncio.to_thread(writer.add, [sample], states)
+            # in the loop's thread, never concurrently: the writer is not thread-safe (it writes in its own thread)
+            writer.add([sample], states)
             state["tokens"] += len(sample)
             state["samples"] += 1
             if bar is not None:
@@ -439,12 +453,11 @@ async def extract_with_engine_async(samples: Sequence[Sample], output_dir: str |
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-                async with adding:
-                    await asyncio.to_thread(writer.flush)  # keep what finished: a rerun resumes after it
+                writer.flush()  # keep what finished: a rerun resumes after it
                 raise
-        await asyncio.to_thread(writer.flush)
+        writer.flush()
     finally:
-        await asyncio.to_thread(writer.close)
+        writer.close()
         if bar is not None:
             bar.close()
     seconds = time.perf_counter() - start
