@@ -63,6 +63,9 @@ def test_command_line_flags():
     assert cfg.reserve_usd == GenerateConfig().reserve_usd  # unset flags keep the one default
     job = parse(ExtractionJob, "--name", "n", "--model", "m", "--layers", "[2, 3, 5]", "--storage", "fp8")
     assert job.options == ExtractOptions(layers=[2, 3, 5], storage="fp8")
+    job = parse(ExtractionJob, "--name", "n", "--model", "m", "--backend", "vllm", "--server", "http://h:8000/v1",
+                "--server-concurrency", "64")
+    assert (job.backend, job.engine.server, job.engine.server_concurrency) == ("vllm", "http://h:8000/v1", 64)
 
 
 def test_command_line_rejects_bad_values_and_missing_required(capsys):
@@ -75,8 +78,9 @@ def test_command_line_rejects_bad_values_and_missing_required(capsys):
 
 
 # Same name, another meaning: hidden_states.ipynb's `model` is the checkpoint (a hub id or directory) the states
-# are computed with, not the API model id of providers/budget/generate.
-OTHER_MEANING = {("HiddenStatesConfig", "model")}
+# are computed with, not the API model id of providers/budget/generate; its `backend` says what computes them
+# (transformers here, or a vLLM server), not which API generate talks to.
+OTHER_MEANING = {("HiddenStatesConfig", "model"), ("HiddenStatesConfig", "backend")}
 
 
 def test_one_default_per_setting_across_notebooks_and_commands():

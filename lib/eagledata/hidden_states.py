@@ -5,6 +5,10 @@ Flags are the fields of `eagledata.training.ExtractionJob` (`--help` lists them;
 speculators or specforge); the extraction itself lives in `eagledata.training`. Each rank prints one JSON line
 with what it did.
 
+`--backend vllm --server URL` takes the states from a running `vllm serve` with speculators' hidden-states
+extraction instead (one process, no torchrun, no model loaded here); `python -m eagledata.hidden_states
+serve-command --model DIR --tp 8` prints that server's command line.
+
 `python -m eagledata.hidden_states convert --layout speculators SRC DST` rewrites a finished set in a
 trainer's layout without recompute, and prints one JSON line.
 """
@@ -23,6 +27,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["convert"]:
         return convert_main(argv[1:])
+    if argv[:1] == ["serve-command"]:
+        return serve_command_main(argv[1:])
     import torch
 
     from .training import ExtractionJob, read_samples, torchrun_world
@@ -33,6 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     job = ExtractionJob.from_args(args)
     rank, world_size = torchrun_world()
+    if job.backend == "vllm":
+        def run_engine() -> None:
+            r = job.run(read_samples(args.samples))
+            print(json.dumps({"backend": "vllm", "extracted": r.extracted, "skipped": r.skipped, "tokens": r.tokens,
+                              "seconds": round(r.seconds, 3), "complete": r.complete}), flush=True)
+
+        return run_command("hidden_states", run_engine)
     device = job.resolved_device()
 
     def run() -> None:
@@ -70,6 +83,34 @@ def convert_main(argv: Sequence[str]) -> int:
               flush=True)
 
     return run_command("hidden_states convert", run)
+
+
+def serve_command_main(argv: Sequence[str]) -> int:
+    """Print the `vllm serve` line for `--backend vllm` (run it on the GPU node)."""
+    import shlex
+
+    from .training import ExtractionJob
+    from .training.engine import EngineOptions
+
+    parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states serve-command",
+                                     description=serve_command_main.__doc__)
+    parser.add_argument("--model", required=True, help="the checkpoint directory the server loads")
+    parser.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size (default: 1)")
+    parser.add_argument("--layers", type=int, nargs=3, default=None,
+                        help="three HF hidden_states indices (default: the EAGLE-3 rule {2, L//2, L-3})")
+    parser.add_argument("--shared-storage-path", default=EngineOptions().shared_storage_path,
+                        help="where the connector writes; readable at the same path where eagledata runs")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        from .training.extraction import ExtractOptions
+
+        job = ExtractionJob(model=args.model, tp=args.tp, backend="vllm",
+                            options=ExtractOptions(layers=args.layers),
+                            engine=EngineOptions(shared_storage_path=args.shared_storage_path))
+        print(shlex.join(job.vllm_command()), flush=True)
+
+    return run_command("hidden_states serve-command", run)
 
 
 def _init_distributed(device: str, rank: int, world_size: int, tp: int = 1) -> str:

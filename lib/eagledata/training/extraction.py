@@ -26,6 +26,8 @@ from ..layout import hidden_state_files
 from ..settings import Settings, nested, setting
 from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
 from .assembly import AssemblyPolicy, Sample
+from .engine import (Backend, EngineOptions, check_backend, engine_layer_ids, extract_with_engine_async, model_config,
+                     vllm_serve_command)
 from .memory import (KIMI_K25_CHECKPOINT_BYTES, Devices, Layout, MemoryPlan, ModelShape, check_layout, checkpoint_bytes,
                      kimi_k25_config, plan_memory, visible_devices)
 from .models import Decoder, config_vocab_size, find_decoder, load_model, model_name
@@ -296,6 +298,7 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     plan = _plan_doc(model_name(model), decoder, layers, options, compute_dtype)
     directory.mkdir(parents=True, exist_ok=True)
     files.parts.mkdir(exist_ok=True)
+    check_backend(files, "transformers")
     check_plan(files, plan)
 
     part = files.parts / f"r{rank}-of-{world_size}-{uuid.uuid4().hex[:8]}.jsonl"
@@ -400,10 +403,13 @@ class ExtractionJob(Settings):
     model: str = setting("moonshotai/Kimi-K2.5", "checkpoint directory or hub id", cli_required=True)
     device: str | None = setting(None, "cuda or cpu; None -> cuda when available")
     device_map: str | None = setting(None, "auto: one process spreads the model over all visible GPUs (accelerate)")
-    tp: int = setting(1, "tensor-parallel ranks per model copy under torchrun (tp_plan=auto); "
-                         "the world is dp groups x tp")
+    tp: int = setting(1, "tensor-parallel ranks per model copy: under torchrun (tp_plan=auto; the world is dp "
+                         "groups x tp), or the vllm serve command's --tensor-parallel-size")
     status_interval_s: float = shared("status_interval_s")
+    backend: Backend = setting("transformers", "transformers: load the model here; vllm: a running vllm serve "
+                                               "with speculators' hidden-states connector (server, vllm_command())")
     options: ExtractOptions = nested(ExtractOptions)
+    engine: EngineOptions = nested(EngineOptions)
 
     def resolved_device(self) -> str:
         return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -416,11 +422,36 @@ class ExtractionJob(Settings):
                            device=self.resolved_device())
 
     def run(self, samples: Sequence[Sample], **kwargs: Any) -> ExtractResult:
-        """`extract` with these settings; `kwargs` go to `extract` (rank, fingerprints, progress …)."""
+        """`extract` with these settings; `kwargs` go to `extract` (rank, fingerprints, progress …). The vllm
+        backend runs `engine.extract_with_engine_async` (from plain code; in Jupyter await `run_async`)."""
+        if self.backend == "vllm":
+            from ..aio import run_sync
+
+            return run_sync(self.run_async(samples, **kwargs), "ExtractionJob.run_async")
         kwargs.setdefault("device", self.resolved_device())
         kwargs.setdefault("status_interval_s", self.status_interval_s)
         return extract(samples, self.output_dir, self.name, self.model, options=self.options,
                        device_map=self.device_map, tp=self.tp, **kwargs)
+
+    async def run_async(self, samples: Sequence[Sample], **kwargs: Any) -> ExtractResult:
+        """Either backend from a running event loop (the notebook): the vllm client awaits the server; the
+        transformers path computes here, in this thread, as `run` does. The vllm backend takes
+        `tokenizer_fingerprint`, `records_hashes`, `progress` and `status_interval_s` only."""
+        if self.backend != "vllm":
+            return self.run(samples, **kwargs)
+        kwargs.setdefault("status_interval_s", self.status_interval_s)
+        return await extract_with_engine_async(samples, self.output_dir, self.name, self.model, engine=self.engine,
+                                               options=self.options, **kwargs)
+
+    def vllm_command(self, num_layers: int | None = None) -> list[str]:
+        """The `vllm serve` argv for the vllm backend with these settings (model, tp, layers, the connector's
+        folder); `num_layers` defaults to the checkpoint's config."""
+        if num_layers is None:
+            config = model_config(self.model)
+            num_layers = int((config.get("text_config") or config)["num_hidden_layers"])
+        layers = resolve_layers(self.options.layers, num_layers)
+        return vllm_serve_command(self.model, engine_layer_ids(layers, num_layers), tp=self.tp,
+                                  shared_storage_path=self.engine.shared_storage_path)
 
 
 @dataclass(frozen=True, kw_only=True)

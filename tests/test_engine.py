@@ -1,0 +1,356 @@
+"""The vllm backend (eagledata.training.engine) against a fake vLLM on 127.0.0.1.
+
+The fake answers as `vllm serve` with speculators' hidden-states extraction does (`--speculative-config
+extract_hidden_states` + `ExampleHiddenStatesConnector`): `/v1/completions` with a prompt of token ids and
+`max_tokens=1` writes `<dir>/<request id>.safetensors` holding `hidden_states` [T, len(ids), H] (bf16) and
+`token_ids` int64 [T], under an exclusive flock on `<file>.lock` that is released only once the file is
+complete (after the answer is sent, as the connector's thread pool does), and answers with
+`choices[0].prompt_token_ids` and `kv_transfer_params.hidden_states_path`. Its states come from the tiny
+transformers model, numbered as vLLM numbers them: id i < L is the state entering layer i, id L the last
+layer's output before the final norm.
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from eagledata.errors import InputError
+from eagledata.training import ExtractionJob, ExtractOptions, HiddenStates, Sample, extract
+from eagledata.training.engine import (EngineError, EngineOptions, FinalNorm, engine_layer_ids,
+                                       extract_with_engine, manifest_layers, public_url, vllm_serve_command)
+from eagledata.training.extraction import eagle3_layers
+from eagledata.training.models import find_decoder
+from eagledata.training.tiny import build_tiny_model
+
+L, H = 8, 64
+LAYERS = eagle3_layers(L)  # (2, 4, 5)
+IDS = [*LAYERS, L]
+
+
+class FakeVllm:
+    """A Starlette app that answers like vLLM with the hidden-states connector, counting what it is asked."""
+
+    def __init__(self, model: torch.nn.Module, layer_ids: list[int], storage: Path, served: str = "tiny-served"):
+        self.model, self.layer_ids, self.storage, self.served = model, layer_ids, storage, served
+        self.decoder = find_decoder(model)
+        self.prompts: list[list[int]] = []  # every completion request, faults included
+        self.faults: list[int] = []  # statuses to answer first, one per request
+        self.wrong_echo: set[int] = set()  # prompts (by first token) whose ids come back altered
+        self.write_delay_s = 0.02
+        self.auth: str | None = None
+
+    def states(self, ids: list[int]) -> torch.Tensor:
+        """[T, len(layer_ids), H] in bf16, vLLM's numbering."""
+        last: list[torch.Tensor] = []
+        hook = self.decoder.layers[-1].register_forward_hook(
+            lambda m, a, out: last.append(out[0] if isinstance(out, (tuple, list)) else out))
+        try:
+            with torch.inference_mode():
+                hs = self.model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        finally:
+            hook.remove()
+        cols = [last[0][0] if i == L else hs[i][0] for i in self.layer_ids]
+        return torch.stack(cols, 1).to(torch.bfloat16)
+
+    def app(self):
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import JSONResponse
+        from starlette.routing import Route
+
+        async def models(request: Request) -> JSONResponse:
+            return JSONResponse({"object": "list", "data": [{"id": self.served, "object": "model"}]})
+
+        async def completions(request: Request) -> JSONResponse:
+            if self.auth is not None and request.headers.get("authorization") != f"Bearer {self.auth}":
+                return JSONResponse({"error": {"message": "Unauthorized"}}, status_code=401)
+            body = await request.json()
+            prompt = list(body["prompt"])
+            self.prompts.append(prompt)
+            assert body["model"] == self.served and body["max_tokens"] == 1 and body["return_token_ids"] is True
+            if self.faults:
+                status = self.faults.pop(0)
+                return JSONResponse({"error": {"message": f"fault {status}"}}, status_code=status,
+                                    headers={"Retry-After": "0"} if status == 429 else {})
+            if prompt[0] == -1:
+                return JSONResponse({"error": {"message": "bad prompt"}}, status_code=400)
+            req_id = f"cmpl-{uuid.uuid4().hex}"
+            path = self.storage / f"{req_id}.safetensors"
+            self.storage.mkdir(parents=True, exist_ok=True)
+            lock = os.open(str(path) + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+            fcntl.flock(lock, fcntl.LOCK_EX)  # held until the file is complete, as the connector does
+            states = self.states(prompt)
+
+            def write() -> None:
+                from safetensors.torch import save_file
+
+                try:
+                    time.sleep(self.write_delay_s)
+                    save_file({"hidden_states": states, "token_ids": torch.tensor(prompt, dtype=torch.int64)},
+                              str(path))
+                finally:
+                    os.close(lock)
+
+            threading.Thread(target=write, daemon=True).start()
+            echoed = [prompt[0] + 1, *prompt[1:]] if prompt[0] in self.wrong_echo else prompt
+            return JSONResponse({
+                "id": req_id, "object": "text_completion", "created": int(time.time()), "model": self.served,
+                "choices": [{"index": 0, "text": "x", "finish_reason": "length", "logprobs": None,
+                             "prompt_token_ids": echoed, "token_ids": [0]}],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": len(prompt) + 1},
+                "kv_transfer_params": {"hidden_states_path": str(path)}})
+
+        return Starlette(routes=[Route("/v1/models", models), Route("/v1/completions", completions, methods=["POST"])])
+
+
+class Served:
+    """uvicorn serving a FakeVllm on 127.0.0.1 (a free port) in a thread."""
+
+    def __init__(self, fake: FakeVllm):
+        import uvicorn
+
+        self.fake = fake
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.server = uvicorn.Server(uvicorn.Config(fake.app(), log_level="warning", access_log=False,
+                                                    lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            assert time.monotonic() < deadline, "fake vLLM did not start"
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny-llama")
+    model = build_tiny_model("llama", directory, hidden_size=H, num_layers=L)
+    return directory, model
+
+
+@pytest.fixture
+def server(checkpoint, tmp_path):
+    served = Served(FakeVllm(checkpoint[1], IDS, tmp_path / "connector"))
+    yield served
+    served.close()
+
+
+@pytest.fixture(scope="module")
+def samples():
+    rng = random.Random(7)
+    out = []
+    for i in range(10):
+        n = rng.randint(5, 60)
+        ids = [rng.randrange(1, 163_840) for _ in range(n)]
+        out.append(Sample(f"s{i}", "B1", ids, [0] * (n // 3) + [1] * (n - n // 3), False))
+    return out
+
+
+def engine_run(samples, out, checkpoint, url, name="set", engine=None, **opts):
+    engine = engine or EngineOptions(server=url, server_retry_s=0.01)
+    return extract_with_engine(samples, out, name, checkpoint, engine=engine, options=ExtractOptions(**opts),
+                               progress=False)
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+def test_layer_ids_map_between_the_manifest_and_vllm():
+    assert engine_layer_ids((2, 30, 58), 61) == [2, 30, 58, 61]  # K2.5: speculators' launch_vllm.py default
+    assert manifest_layers([2, 30, 58, 61], 61) == (2, 30, 58)
+    assert engine_layer_ids(LAYERS, L) == IDS and manifest_layers(IDS, L) == LAYERS
+    for bad in ([2, 3, 3], [5, 4, 2], [2, 4], [2, 4, 8]):  # vLLM keeps each layer once, in layer order
+        with pytest.raises(InputError, match="field 'layers'"):
+            engine_layer_ids(bad, L)
+    with pytest.raises(InputError, match="field 'layer_ids'"):
+        manifest_layers([2, 4, 5], L)  # the final state's id L is missing
+
+
+def test_serve_command_is_what_speculators_launches():
+    argv = vllm_serve_command("/models/kimi-k2.5", [2, 30, 58, 61], tp=8, shared_storage_path="/shared/hs")
+    assert argv[:3] == ["vllm", "serve", "/models/kimi-k2.5"]
+    flags = dict(zip(argv[3::2], argv[4::2]))
+    assert flags["--tensor-parallel-size"] == "8" and flags["--dtype"] == "bfloat16"
+    # speculators scripts/launch_vllm.py + hs_connectors FileBackend.build_kv_transfer_config
+    assert json.loads(flags["--speculative-config"]) == {
+        "method": "extract_hidden_states", "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58, 61]}}}
+    assert json.loads(flags["--kv-transfer-config"]) == {
+        "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+        "kv_connector_extra_config": {"shared_storage_path": "/shared/hs"}}
+    job = ExtractionJob(model="moonshotai/Kimi-K2.5", tp=8, backend="vllm",
+                        engine=EngineOptions(shared_storage_path="/shared/hs"))
+    # K2.5's 61 layers from its published config, nothing downloaded
+    assert job.vllm_command() == ["vllm", "serve", "moonshotai/Kimi-K2.5", *argv[3:]]
+
+
+def test_urls_in_the_manifest_carry_no_secrets():
+    assert public_url("http://user:secret@gpu-node:8000/v1?token=x#f") == "http://gpu-node:8000/v1"
+    with pytest.raises(InputError, match="field 'server_concurrency'"):
+        EngineOptions(server_concurrency=0)
+
+
+# -- against the fake server ------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", ["eagledata", "speculators", "specforge"])
+def test_engine_states_equal_the_transformers_path(layout, checkpoint, server, samples, tmp_path):
+    directory, model = checkpoint
+    ref = extract(samples, tmp_path / "ref", "set", model, options=ExtractOptions(layout=layout), progress=False)
+    got = engine_run(samples, tmp_path / "vllm", directory, server.url, layout=layout)
+    assert got.complete and got.extracted == len(samples) and len(server.fake.prompts) == len(samples)
+    a, b = HiddenStates(ref.directory), HiddenStates(got.directory)
+    assert b.ids == a.ids == [s.id for s in samples]
+    m = b.manifest
+    final = "pre_norm" if layout == "speculators" else "post_norm"
+    assert (m["backend"], m["layout"], m["final"], m["layers"]) == ("vllm", layout, final, list(LAYERS))
+    assert m["engine"]["layer_ids"] == IDS and m["engine"]["last_state"] == "pre_norm"
+    assert m["engine"]["server"] == server.url and m["engine"]["served_model"] == "tiny-served"
+    assert (m["engine"]["final_norm"] is None) == (final == "pre_norm")
+    assert {k: m[k] for k in ("num_samples", "num_tokens", "samples_hash", "hidden_size", "storage")} == \
+        {k: a.manifest[k] for k in ("num_samples", "num_tokens", "samples_hash", "hidden_size", "storage")}
+    for s in samples:
+        x, y = a[s.id], b[s.id]
+        assert y.input_ids.tolist() == s.input_ids and y.loss_mask.tolist() == s.loss_mask
+        # both are bf16 roundings of one fp32 computation (batched there, one prompt here: at most one bf16 step
+        # apart); the final norm is applied to a bf16 state here, to the fp32 one there
+        torch.testing.assert_close(y.aux_hidden_states.float(), x.aux_hidden_states.float(), rtol=2 ** -7,
+                                   atol=1e-5)
+        torch.testing.assert_close(y.final_hidden_state.float(), x.final_hidden_state.float(), rtol=1.6e-2,
+                                   atol=1e-2)
+    assert not list((server.fake.storage).glob("*")), "the client removes each file and its lock once read"
+
+
+def test_fp8_storage_and_the_final_norm(checkpoint, server, samples, tmp_path):
+    directory, model = checkpoint
+    got = engine_run(samples[:4], tmp_path, directory, server.url, storage="fp8")
+    m = got.manifest
+    assert m["storage"] == "fp8" and 0 < m["reconstruction_rel_rmse"] < 0.05
+    norm = FinalNorm.from_checkpoint(directory, json.loads((directory / "config.json").read_text()))
+    torch.testing.assert_close(norm.weight, find_decoder(model).module.norm.weight.detach())
+    assert m["engine"]["final_norm"].startswith(f"applied by eagledata ({norm.key}")
+
+
+def test_a_token_id_mismatch_is_refused_naming_the_sample(checkpoint, server, samples, tmp_path):
+    server.fake.wrong_echo.add(samples[3].input_ids[0])
+    with pytest.raises(EngineError, match=r"sample 's3'.*prompt_token_ids differ .* position 0"):
+        engine_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators")
+
+
+def test_503_and_429_are_retried_then_succeed(checkpoint, server, samples, tmp_path):
+    server.fake.faults = [503, 429, 502]
+    got = engine_run(samples[:3], tmp_path, checkpoint[0], server.url, engine=EngineOptions(
+        server=server.url, server_concurrency=1, server_retry_s=0.01))
+    assert got.complete and len(server.fake.prompts) == 3 + 3
+    assert server.fake.prompts[:4] == [samples[0].input_ids] * 4  # the first sample, tried four times
+
+
+def test_retries_end_and_other_4xx_fail_at_once(checkpoint, server, samples, tmp_path):
+    server.fake.faults = [503] * 3
+    with pytest.raises(EngineError, match=r"sample 's0': no answer after 3 attempts; last: HTTP 503"):
+        engine_run(samples[:1], tmp_path, checkpoint[0], server.url, engine=EngineOptions(
+            server=server.url, server_attempts=3, server_retry_s=0.01))
+    bad = Sample("bad", "B1", [-1, 5], [1, 1], False)
+    with pytest.raises(InputError, match="outside the model's vocabulary"):  # refused before any request
+        engine_run([bad], tmp_path, checkpoint[0], server.url, name="bad")
+    server.fake.faults = [400]
+    with pytest.raises(EngineError, match=r"sample 's1': the server refused it: HTTP 400"):
+        engine_run(samples[1:2], tmp_path, checkpoint[0], server.url, name="other")
+
+
+def test_resume_sends_only_the_missing_samples(checkpoint, server, samples, tmp_path):
+    server.fake.wrong_echo.add(samples[7].input_ids[0])  # the first run dies at s7 (one at a time: s0..s6 stored)
+    one = EngineOptions(server=server.url, server_concurrency=1, server_retry_s=0.01)
+    with pytest.raises(EngineError, match="'s7'"):
+        engine_run(samples, tmp_path, checkpoint[0], server.url, engine=one, layout="speculators")
+    assert len(server.fake.prompts) == 8
+    server.fake.wrong_echo.clear()
+    server.fake.prompts.clear()
+    got = engine_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators")
+    assert got.complete and (got.extracted, got.skipped) == (3, 7)
+    assert server.fake.prompts == [s.input_ids for s in samples[7:]]
+    assert HiddenStates(got.directory).ids == [s.id for s in samples]
+    # a finished set: nothing is sent again, and the transformers path may not continue it
+    server.fake.prompts.clear()
+    assert engine_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators").extracted == 0
+    assert server.fake.prompts == []
+    with pytest.raises(InputError, match="made by the vllm backend"):
+        extract(samples, tmp_path, "set", checkpoint[1], options=ExtractOptions(layout="speculators"),
+                progress=False)
+
+
+def test_many_requests_in_flight(checkpoint, server, samples, tmp_path):
+    in_flight = {"now": 0, "most": 0}
+    real = httpx.AsyncClient.post
+
+    async def counting(self, *args, **kwargs):
+        in_flight["now"] += 1
+        in_flight["most"] = max(in_flight["most"], in_flight["now"])
+        try:
+            return await real(self, *args, **kwargs)
+        finally:
+            in_flight["now"] -= 1
+
+    server.fake.write_delay_s = 0.0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(httpx.AsyncClient, "post", counting)
+        got = engine_run(samples, tmp_path, checkpoint[0], server.url, engine=EngineOptions(
+            server=server.url, server_concurrency=4))
+    assert got.complete and 1 < in_flight["most"] <= 4
+
+
+def test_the_api_key_comes_from_the_environment_and_is_never_stored(checkpoint, server, samples, tmp_path,
+                                                                     monkeypatch):
+    server.fake.auth = "s3cret-key"
+    with pytest.raises(EngineError, match=r"HTTP 401.*\$VLLM_API_KEY"):
+        engine_run(samples[:1], tmp_path, checkpoint[0], server.url)
+    monkeypatch.setenv("VLLM_API_KEY", "s3cret-key")
+    got = engine_run(samples[:2], tmp_path, checkpoint[0], server.url, name="keyed")
+    assert got.complete
+    assert not any("s3cret" in p.read_text(errors="ignore") for p in got.directory.rglob("*.json*"))
+
+
+def test_a_file_this_machine_cannot_see_is_a_clear_error(checkpoint, server, samples, tmp_path, monkeypatch):
+    import eagledata.training.engine as engine
+
+    monkeypatch.setattr(engine, "states_path", lambda answer, sample: "/nonexistent/hs/x.safetensors")
+    with pytest.raises(EngineError, match="cannot see: run eagledata where the server's shared_storage_path"):
+        engine_run(samples[:1], tmp_path, checkpoint[0], server.url)
+
+
+def test_job_settings_and_command_line_select_the_backend(checkpoint, server, samples, tmp_path, capsys):
+    from eagledata.hidden_states import main
+
+    export = tmp_path / "speculators.jsonl"
+    export.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples[:3]))
+    code = main(["--samples", str(export), "--name", "cli", "--model", str(checkpoint[0]), "--output-dir",
+                 str(tmp_path), "--backend", "vllm", "--server", server.url, "--layout", "speculators"])
+    assert code == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["backend"] == "vllm" and line["extracted"] == 3 and line["complete"]
+    assert HiddenStates(tmp_path / "hidden_states" / "cli").manifest["backend"] == "vllm"
+    job = ExtractionJob(output_dir=str(tmp_path), name="job", model=str(checkpoint[0]), backend="vllm",
+                        engine=EngineOptions(server=server.url))
+    done = asyncio.run(job.run_async(samples[:2], progress=False))  # the notebook awaits it in its kernel's loop
+    assert done.complete and done.manifest["engine"]["layer_ids"] == IDS
+    assert main(["serve-command", "--model", str(checkpoint[0]), "--tp", "2"]) == 0
+    shown = capsys.readouterr().out
+    assert shown.startswith(f"vllm serve {checkpoint[0]} --tensor-parallel-size 2") and "[2, 4, 5, 8]" in shown
+    assert main(["--samples", str(export), "--name", "x", "--model", str(checkpoint[0]), "--output-dir",
+                 str(tmp_path), "--backend", "vllm"]) == 2  # no --server
+    assert "field 'server'" in capsys.readouterr().err
