@@ -548,6 +548,37 @@ def test_convert_native_to_each_layout_without_recompute(models, samples, tmp_pa
                                    rtol=1e-2, atol=1e-2)
 
 
+def test_convert_in_worker_processes_resumes_after_a_failed_part(models, samples, tmp_path, monkeypatch):
+    from eagledata.layout import HiddenStateFiles
+    from eagledata.training import convert as conv
+    from eagledata.training.storage import read_parts
+
+    pre = run(samples, tmp_path, models["llama"], name="pre", final="pre_norm", storage="fp32",
+              max_batch_size=2, shard_bytes=4 * H * 4 * 60)  # a shard every ~60 tokens
+    ref = HiddenStates(pre.directory)
+    assert len(list(pre.directory.glob("shard-*.safetensors"))) >= 4
+    monkeypatch.setattr(conv, "PART_BYTES", 4 * H * 4 * 60)  # about a part per shard: workers take several each
+    blocked = tmp_path / "conv" / "hidden_states" / f"hs_{len(samples) // 2}.safetensors"
+    blocked.mkdir(parents=True)  # one sample's file cannot be written: its part fails
+    with pytest.raises(IsADirectoryError):
+        conv.convert(pre.directory, tmp_path / "conv", "speculators", workers=2, progress=False)
+    files = HiddenStateFiles(tmp_path / "conv")
+    stored = read_parts(files)
+    assert 0 < len(stored) < len(samples) and samples[len(samples) // 2].id not in stored
+    assert not files.manifest.exists() and len(list(files.parts.glob("convert-*.jsonl"))) > 1  # a part each
+
+    blocked.rmdir()
+    again = conv.convert(pre.directory, tmp_path / "conv", "speculators", workers=2, progress=False)
+    assert again.workers == 2 and again.skipped == len(stored) and again.converted == len(samples) - len(stored)
+    out = HiddenStates(tmp_path / "conv")
+    assert out.ids == ref.ids and out.manifest["num_samples"] == len(samples)
+    for s in samples:
+        assert torch.equal(out[s.id].aux_hidden_states, ref[s.id].aux_hidden_states)
+        assert torch.equal(out[s.id].final_hidden_state, ref[s.id].final_hidden_state)
+    with pytest.raises(InputError, match="workers"):
+        conv.convert(pre.directory, tmp_path / "conv2", "speculators", workers=0, progress=False)
+
+
 def test_exports_carry_exact_ids_text_and_an_arrow_form(tok, records_file, tmp_path):
     from datasets import load_from_disk
 

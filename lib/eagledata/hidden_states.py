@@ -73,12 +73,14 @@ def convert_main(argv: Sequence[str]) -> int:
     parser.add_argument("--layout", required=True, choices=list(LAYOUTS))
     parser.add_argument("source", help="a finished set: <output_dir>/hidden_states/<name>")
     parser.add_argument("destination", help="the directory the trainer will be pointed at")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="processes writing in parallel (default: cores + 1, at most 16; one for a small set)")
     args = parser.parse_args(argv)
 
     def run() -> None:
-        r = convert(args.source, args.destination, args.layout)
+        r = convert(args.source, args.destination, args.layout, workers=args.workers)
         print(json.dumps({"directory": str(r.directory), "layout": args.layout, "converted": r.converted,
-                          "skipped": r.skipped, "seconds": round(r.seconds, 3),
+                          "skipped": r.skipped, "workers": r.workers, "seconds": round(r.seconds, 3),
                           "mb_per_s": round(r.bytes_written / 1e6 / r.seconds, 1) if r.seconds else None}),
               flush=True)
 

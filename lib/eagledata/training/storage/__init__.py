@@ -67,7 +67,7 @@ def check_plan(files: HiddenStateFiles, plan: dict[str, Any]) -> None:
         atomic_write_text(path, json.dumps(plan, indent=1))
 
 
-def check_stored(files: HiddenStateFiles, writer: StateWriter, samples: Sequence[Sample],
+def check_stored(files: HiddenStateFiles, writer: StateWriter | type[StateWriter], samples: Sequence[Sample],
                  done: dict[str, IndexEntry]) -> None:
     """A resume must find each stored sample over the same ids, and (for a trainer's per-row files) at the
     same row; otherwise the set belongs to other input."""

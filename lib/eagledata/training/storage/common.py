@@ -245,7 +245,8 @@ class StateWriter:
         """Write `batch` durably (fsynced, under its final names) and say where each sample went."""
         raise NotImplementedError
 
-    def expected_file(self, position: int) -> str | None:
+    @staticmethod
+    def expected_file(position: int) -> str | None:
         """The file a sample at `position` must be in (None: anywhere); checked against what a resume finds."""
         return None
 
@@ -253,7 +254,8 @@ class StateWriter:
 class PerSampleWriter(StateWriter):
     """One file per sample, named by its row (a trainer's layout): a subclass names the file and saves it."""
 
-    def expected_file(self, position: int) -> str | None:
+    @staticmethod
+    def expected_file(position: int) -> str | None:
         raise NotImplementedError
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:

@@ -52,7 +52,8 @@ class SampleFileWriter(PerSampleWriter):
         finally:
             torch.serialization.set_crc32_options(self._crc32)
 
-    def expected_file(self, position: int) -> str | None:
+    @staticmethod
+    def expected_file(position: int) -> str | None:
         return sample_file(position)
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:

@@ -25,7 +25,8 @@ def state_file(position: int) -> str:
 class RowFileWriter(PerSampleWriter):
     """One safetensors file per sample, named by its row."""
 
-    def expected_file(self, position: int) -> str | None:
+    @staticmethod
+    def expected_file(position: int) -> str | None:
         return state_file(position)
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:
