@@ -551,6 +551,7 @@ def test_convert_native_to_each_layout_without_recompute(models, samples, tmp_pa
 def test_convert_in_worker_processes_resumes_after_a_failed_part(models, samples, tmp_path, monkeypatch):
     from eagledata.layout import HiddenStateFiles
     from eagledata.training import convert as conv
+    from eagledata.training.assembly import samples_hash
     from eagledata.training.storage import read_parts
 
     pre = run(samples, tmp_path, models["llama"], name="pre", final="pre_norm", storage="fp32",
@@ -572,6 +573,7 @@ def test_convert_in_worker_processes_resumes_after_a_failed_part(models, samples
     assert again.workers == 2 and again.skipped == len(stored) and again.converted == len(samples) - len(stored)
     out = HiddenStates(tmp_path / "conv")
     assert out.ids == ref.ids and out.manifest["num_samples"] == len(samples)
+    assert out.manifest["samples_hash"] == ref.manifest["samples_hash"] == samples_hash(samples)  # from the parts
     for s in samples:
         assert torch.equal(out[s.id].aux_hidden_states, ref[s.id].aux_hidden_states)
         assert torch.equal(out[s.id].final_hidden_state, ref[s.id].final_hidden_state)

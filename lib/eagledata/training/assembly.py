@@ -59,11 +59,12 @@ def sequence_digest(input_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
     return h.hexdigest()[:16]
 
 
-def samples_hash(samples: Iterable[Sample]) -> str:
-    """Hash of a whole set (ids, masks, order): recorded in the hidden-states manifest."""
+def samples_hash(samples: Iterable[Sample], digests: Sequence[str] | None = None) -> str:
+    """Hash of a whole set (ids, masks, order): recorded in the hidden-states manifest. `digests`: the samples'
+    digests when already known (a set's index parts carry them: no need to hash every id again)."""
     h = hashlib.sha256()
-    for s in samples:
-        h.update(f"{s.id}\0{s.digest()}\n".encode())
+    for i, s in enumerate(samples):
+        h.update(f"{s.id}\0{digests[i] if digests else s.digest()}\n".encode())
     return h.hexdigest()
 
 

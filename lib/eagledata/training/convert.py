@@ -107,7 +107,8 @@ def check_convention(final: str, layout_name: str) -> None:
 def default_workers(todo_bytes: int) -> int:
     """One more than the cores (a worker often waits on fsync: 2 cores, 10k small files: 2 workers 169 MB/s,
     3 workers 183, 4 workers 170), one for a small set."""
-    return 1 if todo_bytes < PARALLEL_BYTES else min(MAX_WORKERS, (os.cpu_count() or 1) + 1)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return 1 if todo_bytes < PARALLEL_BYTES else min(MAX_WORKERS, cores + 1)
 
 
 def convert(source: str | Path, destination: str | Path, layout: str, *, workers: int | None = None,

@@ -111,7 +111,8 @@ def finalize(files: HiddenStateFiles, samples: Sequence[Sample], *, tokenizer_fi
                 "bytes": state_bytes, "bytes_per_token": state_bytes / tokens if tokens else 0.0,
                 "reconstruction_rel_rmse": ((sq_err / sq_ref if sq_ref else 0.0) + prior_rel_rmse ** 2) ** 0.5,
                 "tokenizer_fingerprint": tokenizer_fingerprint, "records_hashes": records_hashes or {},
-                "samples_hash": samples_hash(samples)}
+                "samples_hash": samples_hash(samples, [e.digest for e in entries] if all(e.digest for e in entries)
+                                             else None)}  # each digest was checked against its sample when stored
     layout.finish(directory, manifest, entries, list(samples))
     atomic_write_text(files.index, "".join(e.line(private=False) for e in entries))
     atomic_write_text(files.manifest, json.dumps(manifest, indent=1))
