@@ -13,7 +13,7 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import FIRST_EXCEPTION, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -160,7 +160,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
                 if bar is not None:
                     bar.update(n)
         while futures:
-            finished, futures = wait(futures, return_when=FIRST_EXCEPTION)
+            finished, futures = wait(futures, return_when=FIRST_COMPLETED)
             for future in finished:
                 n = future.result()  # a worker's error stops the run here; finished parts stay indexed
                 if bar is not None:
