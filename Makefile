@@ -33,12 +33,12 @@ test-interop: $(STAMP) $(INTEROP_STAMP)
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python $(PY) -m pytest -m interop $(PYTEST_ARGS) tests/test_interop.py
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
-# chromium when it is missing and we are root. Where neither can be had the tests say why and skip.
+# chromium when it is missing and we are root. Where neither can be had the tests fail and say why.
 LAB_STAMP := $(VENV)/.lab-installed
 BROWSER_PACKAGE := chromium
 $(LAB_STAMP): $(STAMP) requirements-test-lab.txt
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements-test-lab.txt && touch $(LAB_STAMP) \
-		|| echo "test-lab: could not install playwright (requirements-test-lab.txt); the browser tests will skip"
+		|| echo "test-lab: could not install playwright (requirements-test-lab.txt); the browser tests will fail"
 
 test-lab: $(LAB_STAMP)
 	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || test -n "$$EAGLEDATA_LAB_BROWSER" \
@@ -47,7 +47,7 @@ test-lab: $(LAB_STAMP)
 				DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BROWSER_PACKAGE) >/dev/null 2>&1 \
 				|| { apt-get update -q >/dev/null 2>&1 \
 					&& DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BROWSER_PACKAGE) >/dev/null 2>&1; }; } \
-			|| echo "test-lab: no Chromium on PATH and none could be installed; the browser tests will skip"; }
+			|| echo "test-lab: no Chromium on PATH and none could be installed; the browser tests will fail"; }
 	$(PY) -m pytest -m lab $(PYTEST_ARGS) tests/test_lab.py
 
 demo: $(STAMP)

@@ -3,8 +3,9 @@ repository and does Run All on generate.ipynb against the emulator, first as a n
 notebooks/, then as a papermill report in outputs/runs/ (which must continue its own work where it lies).
 
 Each time: the progress widget updates while the run goes, the stop reason and the report's plots render, no
-traceback; a screenshot goes to outputs/lab-test/. Without playwright or a Chromium the tests skip and say why;
-with them they must pass. `make test` leaves them out (marker `lab`).
+traceback; a screenshot goes to outputs/lab-test/. Without playwright or a Chromium they fail and say how to get
+them (`make test-lab` installs both): a browser test that skips would pass unseen. `make test` leaves them out
+(marker `lab`).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ SETTINGS = {  # Lab user settings for the test: every cell in the DOM, no news o
 
 
 def browser_executable() -> str:
-    """$EAGLEDATA_LAB_BROWSER, else a Chromium on PATH; skips (saying why) when there is none."""
+    """$EAGLEDATA_LAB_BROWSER, else a Chromium on PATH; fails (saying how to get one) when there is none."""
     named = os.environ.get("EAGLEDATA_LAB_BROWSER")
     if named:
         return named
@@ -52,13 +53,15 @@ def browser_executable() -> str:
         found = shutil.which(name)
         if found:
             return found
-    pytest.skip("no Chromium: `make test-lab` installs apt's chromium when run as root; or set EAGLEDATA_LAB_BROWSER")
+    pytest.fail("no Chromium: `make test-lab` installs apt's chromium when run as root; or set EAGLEDATA_LAB_BROWSER")
 
 
 @pytest.fixture(scope="module")
 def browser():
-    sync_api = pytest.importorskip("playwright.sync_api",
-                                   reason="playwright is not installed (`make test-lab` installs requirements-test-lab.txt)")
+    try:
+        from playwright import sync_api
+    except ImportError:
+        pytest.fail("playwright is not installed (`make test-lab` installs requirements-test-lab.txt)")
     executable = browser_executable()
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=executable, headless=True, args=["--no-sandbox"])
