@@ -366,8 +366,8 @@ async def extract_with_engine_async(samples: Sequence[Sample], output_dir: str |
     """Hidden states of `samples` from the server at `engine.server` into `<output_dir>/hidden_states/<name>/`,
     resuming what is stored: the transformers path's writers, plan check and manifest, with
     `backend: vllm` in the plan and an `engine` record in the manifest."""
-    from .extraction import ExtractOptions, ExtractResult, check_samples, resolve_layers  # it nests EngineOptions
-    from .storage import STORAGE_DTYPES, check_plan, check_stored, finalize, get_layout, read_parts
+    from .extraction import ExtractOptions, ExtractResult, check_samples, plan_doc, resolve_layers  # (a cycle)
+    from .storage import check_plan, check_stored, finalize, get_layout, read_parts
 
     options = options or ExtractOptions()
     if not engine.server:
@@ -383,11 +383,8 @@ async def extract_with_engine_async(samples: Sequence[Sample], output_dir: str |
     final = options.resolved_final()
     norm = FinalNorm.from_checkpoint(model, config) if final == "post_norm" else None
     files = hidden_state_files(name, output_dir)
-    plan = {"model": str(model), "layout": layout.name, "decoder": f"vllm:{(config.get('architectures') or ['?'])[0]}",
-            "num_layers": num_layers, "layers": list(layers), "final": final,
-            "dtype": str(STORAGE_DTYPES[options.storage]).replace("torch.", ""), "storage": options.storage,
-            "hidden_size": hidden_size, "vocab_size": vocab,
-            "compute_dtype": str(ENGINE_DTYPE).replace("torch.", ""), "backend": "vllm"}
+    plan = {**plan_doc(str(model), f"vllm:{(config.get('architectures') or ['?'])[0]}", num_layers, hidden_size, vocab,
+                       layers, options, ENGINE_DTYPE), "backend": "vllm"}
     files.directory.mkdir(parents=True, exist_ok=True)
     files.parts.mkdir(exist_ok=True)
     check_backend(files, "vllm")

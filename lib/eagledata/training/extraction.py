@@ -240,13 +240,14 @@ def check_before_loading(model: str | Path, *, tp: int = 1, dp: int = 1, device_
     return plan
 
 
-def _plan_doc(model: str, decoder: Decoder, layers: tuple[int, ...], opts: ExtractOptions,
-              compute_dtype: torch.dtype) -> dict[str, Any]:
+def plan_doc(model: str, decoder: str, num_layers: int, hidden_size: int, vocab_size: int, layers: Sequence[int],
+             opts: ExtractOptions, compute_dtype: torch.dtype) -> dict[str, Any]:
+    """`plan.json`: what every run adding to a set must share (either backend)."""
     layout = get_layout(opts.layout)
-    return {"model": model, "layout": layout.name, "decoder": decoder.path,
-            "num_layers": decoder.num_layers, "layers": list(layers), "final": opts.resolved_final(),
+    return {"model": model, "layout": layout.name, "decoder": decoder,
+            "num_layers": num_layers, "layers": list(layers), "final": opts.resolved_final(),
             "dtype": str(STORAGE_DTYPES[opts.storage]).replace("torch.", ""), "storage": opts.storage,
-            "hidden_size": decoder.hidden_size, "vocab_size": decoder.vocab_size,
+            "hidden_size": hidden_size, "vocab_size": vocab_size,
             "compute_dtype": str(compute_dtype).replace("torch.", "")}
 
 
@@ -295,7 +296,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     layers = resolve_layers(options.layers, decoder.num_layers)
     compute_dtype = next(decoder.module.parameters()).dtype
     in_device = decoder.module.embed_tokens.weight.device
-    plan = _plan_doc(model_name(model), decoder, layers, options, compute_dtype)
+    plan = plan_doc(model_name(model), decoder.path, decoder.num_layers, decoder.hidden_size, decoder.vocab_size,
+                    layers, options, compute_dtype)
     directory.mkdir(parents=True, exist_ok=True)
     files.parts.mkdir(exist_ok=True)
     check_backend(files, "transformers")
