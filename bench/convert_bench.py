@@ -8,6 +8,13 @@ fsync at the end, the best a writer can do, probed before and after each convers
 plain `cp -r` of the native set shows what moving the same bytes costs without any format. Goal: conversion ≥
 half the disk's write bandwidth.
 
+Nothing is deleted before the last measurement, and a run should start minutes after the last big deletion on
+that disk: on an ext4 without a journal (this VM's root disk; `dmesg`: "mounted filesystem ... without journal")
+creating a file skips every inode freed in the last 1-6 minutes, reading the inode table to check each one
+(`find_inode_bit` -> `recently_deleted`). After 10k files are deleted each new file costs ~1 ms instead of
+~70 us, which halves a conversion of 10k small files: deleting one conversion's output right before the next
+measured that deletion, not the conversion.
+
     PYTHONPATH=lib .venv/bin/python bench/convert_bench.py --samples 10000 --hidden 256
 """
 from __future__ import annotations
@@ -74,6 +81,15 @@ def disk_write_mb_s(directory: Path, nbytes: int) -> float:
     return size / 1e6 / seconds
 
 
+def create_us(directory: Path, n: int = 500) -> float:
+    """Mean µs to create an empty file: ~70 on this disk, ~1,000 within minutes of a big deletion (see above)."""
+    directory.mkdir()
+    start = time.perf_counter()
+    for i in range(n):
+        os.close(os.open(directory / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o644))
+    return (time.perf_counter() - start) / n * 1e6
+
+
 def copy_mb_s(source: Path, destination: Path) -> float:
     """A plain `cp -r` of the native set, synced: what moving the same bytes costs on this disk, no format."""
     subprocess.run(["sync"], check=True)
@@ -102,6 +118,7 @@ def main() -> None:
         state_bytes = make_native(root / "native", args.samples, args.hidden, args.min_len, args.max_len)
         print(f"native set: {args.samples} samples, {state_bytes / 1e9:.2f} GB of states, "
               f"written in {time.perf_counter() - t:.1f} s")
+        print(f"file creation: {create_us(root / 'create-probe'):.0f} us per empty file")
         copy = copy_mb_s(root / "native", root / "copy")
         print(f"copy: {copy:.0f} MB/s (cp -r of the native set, then sync)")
         probes = [disk_write_mb_s(root, state_bytes)]
@@ -120,7 +137,7 @@ def main() -> None:
             if done.returncode:
                 raise SystemExit(done.stderr)
             written = sum(p.stat().st_size for p in (root / layout).rglob("*") if p.is_file())
-            shutil.rmtree(root / layout)
+            # kept until the end (see above)
             # the disk's speed drifts (220-750 MB/s on this VM within an hour): judge against probes on both sides
             probes.append(disk_write_mb_s(root, state_bytes))
             print(f"disk: {probes[-1]:.0f} MB/s")

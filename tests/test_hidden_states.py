@@ -1,4 +1,5 @@
 """Assembly and EAGLE-3 hidden-state extraction on CPU with tiny random models (vocabulary sized for Kimi ids)."""
+import gc
 import json
 import os
 
@@ -584,6 +585,7 @@ def test_convert_in_worker_processes_resumes_after_a_failed_part(models, samples
 
     blocked.rmdir()
     again = conv.convert(pre.directory, tmp_path / "conv", "speculators", workers=2, progress=False)
+    assert gc.get_freeze_count() == 0  # objects frozen for forked workers are handed back to the collector
     assert again.workers == 2 and again.skipped == len(stored) and again.converted == len(samples) - len(stored)
     out = HiddenStates(tmp_path / "conv")
     assert out.ids == ref.ids and out.manifest["num_samples"] == len(samples)

@@ -8,6 +8,8 @@ a kill loses at most the parts in progress, and a resume skips every sample any 
 """
 from __future__ import annotations
 
+import gc
+import importlib
 import multiprocessing
 import os
 import threading
@@ -147,6 +149,10 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
              for items in runs(todo, max(1, PART_BYTES // per_token))]
     start = time.perf_counter()
     pool, futures = _start_workers(parts, workers) if workers > 1 else (None, set())
+    # this process only waits for the workers: meanwhile it imports what finishing the set needs (~1.6 s)
+    importer = threading.Thread(target=lambda: [importlib.import_module(m) for m in target.finish_imports],
+                                daemon=True)
+    importer.start()
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -184,5 +190,13 @@ def _start_workers(parts: Sequence[Part], workers: int) -> tuple[ProcessPoolExec
     line: workers start at once, torch already loaded, ~3 s sooner); spawned otherwise, since a notebook kernel's
     threads and OpenMP pool must not be forked. Called before the progress bar starts its thread."""
     fork = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork" if fork else "spawn"))
-    return pool, {pool.submit(_write_part_in_worker, part) for part in parts}
+    if fork:
+        # Each forked worker's garbage collector would walk the samples' millions of small objects, copying
+        # every page they sit on; frozen while the workers fork (at the first submit), it leaves them alone.
+        gc.freeze()
+    try:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork" if fork else "spawn"))
+        return pool, {pool.submit(_write_part_in_worker, part) for part in parts}
+    finally:
+        if fork:
+            gc.unfreeze()

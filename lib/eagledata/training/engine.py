@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 import torch
 
 from ..aio import run_sync
@@ -59,6 +58,8 @@ from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_fron
 from .assembly import Sample
 
 if TYPE_CHECKING:
+    import httpx
+
     from .extraction import ExtractOptions, ExtractResult
 
 log = logging.getLogger("eagledata.hidden_states")
@@ -218,6 +219,8 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 async def _complete(client: httpx.AsyncClient, model: str, sample: Sample, opts: EngineOptions) -> dict[str, Any]:
     """One prefill (speculators' request), retried on connection errors, 5xx and 429 with backoff."""
+    import httpx  # here, not at the top: the rest of `eagledata.training` (a conversion, say) loads without it
+
     body = {"model": model, "prompt": sample.input_ids, "max_tokens": 1, "return_token_ids": True}
     why = ""
     for attempt in range(1, opts.server_attempts + 1):
@@ -324,6 +327,8 @@ def read_states(path: str, sample: Sample, expect: Expect, timeout_s: float) -> 
 
 async def served_model(client: httpx.AsyncClient, server: str) -> str:
     """The id the server serves (requests must name it), and a reachability check before any work."""
+    import httpx
+
     try:
         r = await client.get("models")
     except httpx.TransportError as e:
@@ -435,6 +440,8 @@ async def extract_with_engine_async(samples: Sequence[Sample], output_dir: str |
                 bar.update(len(sample))
             if status is not None:
                 status.maybe(line)
+
+    import httpx
 
     served = ""
     limits = httpx.Limits(max_connections=engine.server_concurrency, max_keepalive_connections=engine.server_concurrency)

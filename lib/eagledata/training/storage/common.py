@@ -311,6 +311,7 @@ class Layout:
     files: str
     storages: tuple[str, ...] = ("bf16", "fp32")  # what the trainer can read
     layer_offset: int = 0  # the trainer's aux layer id = HF `hidden_states` index + this
+    finish_imports: tuple[str, ...] = ()  # modules `finish` needs: a conversion imports them while workers write
 
     def check_storage(self, storage: str) -> None:
         if storage not in self.storages:

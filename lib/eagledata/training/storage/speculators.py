@@ -65,4 +65,4 @@ LAYOUT = Layout("speculators", RowFileWriter, RowFileReader, finish, final="pre_
                 about="speculators 0.9.0: speculators.train.data.ArrowDataset(max_len, <this directory>); "
                       "it applies the verifier's norm to the last state itself",
                 files="Arrow dataset (id, input_ids, loss_mask, seq_len) + hidden_states/hs_{row}.safetensors: "
-                      "token_ids [T], hidden_states [T, 4, H]")
+                      "token_ids [T], hidden_states [T, 4, H]", finish_imports=("datasets",))
