@@ -566,6 +566,46 @@ def test_convert_native_to_each_layout_without_recompute(models, samples, tmp_pa
                                    rtol=1e-2, atol=1e-2)
 
 
+def test_filesystem_type_is_the_longest_mount_point_holding_the_path():
+    from eagledata.files import filesystem_type
+
+    mounts = ("/dev/vda / ext4 rw 0 0\nsrv:/x /mnt/my\\040data nfs4 rw 0 0\n"
+              "s3fs /mnt/my\\040data/sub fuse.s3fs rw 0 0\n")
+    assert [filesystem_type(p, mounts) for p in ("/mnt/my data/a", "/mnt/my data/sub/b", "/mnt/my datax", "/")] == \
+        ["nfs4", "fuse.s3fs", "ext4", "ext4"]
+    assert filesystem_type("/x", "") == ""
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_write_durably_syncs_a_batch_at_once_only_where_the_filesystem_allows(tmp_path, monkeypatch, together):
+    from collections import Counter
+
+    from eagledata.training.storage import common
+
+    calls: Counter = Counter()
+
+    def counted(name: str):
+        real = getattr(common, name)
+
+        def call(path):
+            calls[name] += 1
+            real(path)
+        return call
+
+    for name in ("fsync", "syncfs", "start_writeback"):
+        monkeypatch.setattr(common, name, counted(name))
+    monkeypatch.setattr(common, "batch_sync", lambda directory: together)
+    files = [(tmp_path / f"d{i % 2}" / f"f{i}.bin", lambda p, i=i: p.write_bytes(bytes([i]) * 1000))
+             for i in range(10)]
+    for folder in ("d0", "d1"):
+        (tmp_path / folder).mkdir()
+    common.write_durably(files)
+    assert all(p.read_bytes() == bytes([i]) * 1000 for i, (p, _) in enumerate(files))
+    assert sorted(q.name for q in tmp_path.rglob("*") if q.is_file()) == sorted(p.name for p, _ in files)
+    # each file written back at once and one syncfs, or an fsync each; both then fsync the two folders
+    assert calls == (Counter(start_writeback=10, syncfs=1, fsync=2) if together else Counter(fsync=12))
+
+
 def test_convert_in_worker_processes_resumes_after_a_failed_part(models, samples, tmp_path, monkeypatch):
     from eagledata.layout import HiddenStateFiles
     from eagledata.training import convert as conv

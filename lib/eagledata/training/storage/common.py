@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple, Sequen
 import torch
 
 from ...errors import InputError
+from ...files import batch_sync, fsync, start_writeback, syncfs
 from ...layout import HiddenStateFiles
 from ..assembly import Sample
 
@@ -29,7 +30,7 @@ STORAGE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp8": torch.f
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FORMAT = "eagledata.hidden_states/2"  # 2: layouts, per-sample error terms in the index parts
 ERROR_STRIDE = 8  # the storage error is estimated on every 8th token: exact enough, nearly free
-FSYNC_THREADS = 8
+WRITE_THREADS = 8
 
 
 class SampleStates(NamedTuple):
@@ -90,31 +91,30 @@ def read_index(files: HiddenStateFiles) -> list[IndexEntry]:
     return [IndexEntry(**json.loads(line)) for line in files.index.read_text().splitlines() if line.strip()]
 
 
-def fsync(path: Path) -> None:
-    """A file's bytes, or a directory's entries, on disk."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_durably(files: Sequence[tuple[Path, Callable[[Path], None]]]) -> None:
-    """Write and fsync each file through `write(temp path)`, then rename them all into place and fsync their
-    folders: a final name only ever holds complete data (a file left by a killed run is simply replaced).
+    """Write each file through `write(temp path)`, make them all durable, then rename them into place and fsync
+    their folders: a final name only ever holds complete data (a file left by a killed run is simply replaced).
 
-    Files go FSYNC_THREADS at a time: one after another they wait on the device file by file (112 MB/s for
-    0.5 MB files on this machine's disk), together the device merges them (197 MB/s; one big file: 220)."""
+    Where the filesystem allows (`batch_sync`), each file's writeback starts as soon as it is written and one
+    syncfs waits for them all; otherwise each file gets its own fsync. 6,000 files of 0.53 MB, 8 threads, this
+    machine's disk, same minutes: an fsync each 376-382 MB/s, writeback + one syncfs 589-717 MB/s, about one
+    big stream (567-638). The threads overlap one file's serialization with another's system calls."""
+    if not files:
+        return
+    together = batch_sync(files[0][0].parent)
+
     def put(item: tuple[Path, Callable[[Path], None]]) -> Path:
         path, write = item
         tmp = path.parent / f".tmp-{uuid.uuid4().hex}"  # no trainer suffix: never listed as a sample
         write(tmp)
         os.chmod(tmp, 0o644)  # safetensors creates 0600; states are shared data like every other output
-        fsync(tmp)
+        (start_writeback if together else fsync)(tmp)
         return tmp
 
-    with ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="state-file") as pool:
+    with ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="state-file") as pool:
         tmps = list(pool.map(put, files))
+    if together:
+        syncfs(files[0][0].parent)
     for tmp, (path, _) in zip(tmps, files):
         os.replace(tmp, path)
     for folder in {path.parent for path, _ in files}:

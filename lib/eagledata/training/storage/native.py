@@ -14,7 +14,8 @@ from typing import Sequence
 import torch
 
 from ..assembly import Sample
-from .common import FORMAT, Batch, IndexEntry, Layout, Reader, StateWriter, dequantize_fp8, fsync
+from ...files import fsync
+from .common import FORMAT, Batch, IndexEntry, Layout, Reader, StateWriter, dequantize_fp8
 
 
 def _claim_shard(directory: Path, tmp: Path) -> str:
