@@ -93,6 +93,14 @@ def _source(path: str) -> HiddenStates:
     return HiddenStates(path)
 
 
+def _init_worker() -> None:
+    """A worker's own threads copy and write files: torch's intra-op threads on top of them (per process, per
+    thread) only fight over the cores."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _write_part_in_worker(part: Part) -> int:
     return write_part(_source(part.source), part)
 
@@ -195,7 +203,8 @@ def _start_workers(parts: Sequence[Part], workers: int) -> tuple[ProcessPoolExec
         # every page they sit on; frozen while the workers fork (at the first submit), it leaves them alone.
         gc.freeze()
     try:
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork" if fork else "spawn"))
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork" if fork else "spawn"),
+                                   initializer=_init_worker)
         return pool, {pool.submit(_write_part_in_worker, part) for part in parts}
     finally:
         if fork:

@@ -102,17 +102,18 @@ def write_durably(files: Sequence[tuple[Path, Callable[[Path], None]]]) -> None:
     if not files:
         return
     together = batch_sync(files[0][0].parent)
+    batch = uuid.uuid4().hex
 
-    def put(item: tuple[Path, Callable[[Path], None]]) -> Path:
-        path, write = item
-        tmp = path.parent / f".tmp-{uuid.uuid4().hex}"  # no trainer suffix: never listed as a sample
+    def put(item: tuple[int, tuple[Path, Callable[[Path], None]]]) -> Path:
+        i, (path, write) = item
+        tmp = path.parent / f".tmp-{batch}-{i}"  # no trainer suffix: never listed as a sample
         write(tmp)
         os.chmod(tmp, 0o644)  # safetensors creates 0600; states are shared data like every other output
         (start_writeback if together else fsync)(tmp)
         return tmp
 
     with ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="state-file") as pool:
-        tmps = list(pool.map(put, files))
+        tmps = list(pool.map(put, enumerate(files)))
     if together:
         syncfs(files[0][0].parent)
     for tmp, (path, _) in zip(tmps, files):
@@ -266,10 +267,10 @@ class PerSampleWriter(StateWriter):
         writes, entries = [], []
         for s, position, states in batch.per_sample():
             name = self.expected_file(position)
-            path = self.files.directory / name
-            path.parent.mkdir(exist_ok=True)
-            writes.append((path, partial(self.save, s, states)))
+            writes.append((self.files.directory / name, partial(self.save, s, states)))
             entries.append(IndexEntry(s.id, name, 0, len(s)))
+        for folder in {path.parent for path, _ in writes}:
+            folder.mkdir(exist_ok=True)
         write_durably(writes)
         return entries
 

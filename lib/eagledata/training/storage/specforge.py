@@ -29,13 +29,16 @@ def sample_file(position: int) -> str:
 
 def sample_dict(input_ids: list[int], loss_mask: list[int], states: torch.Tensor) -> dict[str, torch.Tensor]:
     """One sample as SpecForge stores it. torch.save writes a view's whole storage, so both states are copied
-    into storage of their own (a view of the batch would put the whole batch in every file)."""
+    into storage of their own (a view of the batch would put the whole batch in every file), once: a reshape
+    of the aux layers then a clone copied them twice."""
     t, _, h = states.shape
-    own = dict(memory_format=torch.contiguous_format)
+    hidden = torch.empty(1, t, h, dtype=states.dtype)
+    aux = torch.empty(1, t, 3 * h, dtype=states.dtype)
+    hidden[0].copy_(states[:, 3])
+    aux.view(t, 3, h).copy_(states[:, :3])
     return {"input_ids": torch.tensor(input_ids, dtype=torch.long),
             "loss_mask": torch.tensor(loss_mask, dtype=torch.long),
-            "hidden_state": states[:, 3].clone(**own).unsqueeze(0),
-            "aux_hidden_state": states[:, :3].reshape(t, 3 * h).clone(**own).unsqueeze(0)}
+            "hidden_state": hidden, "aux_hidden_state": aux}
 
 
 class SampleFileWriter(PerSampleWriter):
