@@ -49,7 +49,7 @@ class SampleFileWriter(PerSampleWriter):
         return sample_file(position)
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:
-        # The CRC switch is a context variable: set here, in the thread that saves (write_durably's), it holds;
+        # The CRC switch is a context variable: set here, in the thread that saves (a writer's), it holds;
         # set when the writer opens, it did not reach those threads. A file object: torch.save would derive
         # the archive's name from a path's dotted stem.
         with serialization_config.patch({"save.compute_crc32": False}), path.open("wb") as f:
