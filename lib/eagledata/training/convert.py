@@ -2,9 +2,9 @@
 convert --layout speculators SRC DST`). It resumes like an extraction: what is indexed in DST is skipped.
 
 One Python process writes per-sample files at ~150 MB/s here (torch.save and safetensors hold the GIL while
-they serialize; each small file waits for its own fsync), far below a disk's bandwidth. So the work is cut into
-parts, consecutive in the source's storage, and written by `workers` processes, each with its own index part:
-a kill loses at most the parts in progress, and a resume skips every sample any part has indexed.
+they serialize), far below a disk's bandwidth. So the work is cut into parts, consecutive in the source's
+storage, and written by `workers` processes, each with its own index part: a kill loses at most the parts in
+progress, and a resume skips every sample any part has indexed.
 """
 from __future__ import annotations
 
@@ -115,8 +115,9 @@ def check_convention(final: str, layout_name: str) -> None:
 
 
 def default_workers(todo_bytes: int) -> int:
-    """One more than the cores (a worker often waits on fsync: 2 cores, 10k small files: 2 workers 169 MB/s,
-    3 workers 183, 4 workers 170), one for a small set."""
+    """One more than the cores (a worker also waits on its source and its syncs; 2 cores, 10k small files, with
+    an fsync per file: 2 workers 169 MB/s, 3 workers 183, 4 workers 170; with one syncfs per batch 2, 3 and 4
+    workers were within noise), one for a small set."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return 1 if todo_bytes < PARALLEL_BYTES else min(MAX_WORKERS, cores + 1)
 
