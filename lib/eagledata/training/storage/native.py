@@ -13,8 +13,8 @@ from typing import Sequence
 
 import torch
 
-from ..assembly import Sample
 from ...files import fsync
+from ..assembly import Sample
 from .common import FORMAT, Batch, IndexEntry, Layout, Reader, StateWriter, dequantize_fp8
 
 
