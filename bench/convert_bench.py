@@ -12,10 +12,9 @@ Nothing is deleted before the last measurement, and a run should start minutes a
 that disk: on an ext4 without a journal (this VM's root disk; `dmesg`: "mounted filesystem ... without journal")
 creating a file skips every inode freed in the last 1-6 minutes, reading the inode table to check each one
 (`find_inode_bit` -> `recently_deleted`). After 10k files are deleted each new file costs ~1 ms instead of
-~70 us, which halves a conversion of 10k small files: deleting one conversion's output right before the next
-measured that deletion, not the conversion.
+~70 us: deleting one conversion's output right before the next charged ~10 s of that deletion to the next.
 
-    PYTHONPATH=lib .venv/bin/python bench/convert_bench.py --samples 10000 --hidden 256 --repeat 3
+    PYTHONPATH=lib .venv/bin/python bench/convert_bench.py --samples 10000 --hidden 256 --repeat 2
 """
 from __future__ import annotations
 

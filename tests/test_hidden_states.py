@@ -549,7 +549,7 @@ def test_convert_native_to_each_layout_without_recompute(models, samples, tmp_pa
     post = run(samples, tmp_path, model, name="post", max_batch_size=8)
     sf = convert(post.directory, tmp_path / "sf", "specforge", progress=False)
     assert torch.serialization.get_crc32_options()  # switched off for SpecForge's files only while they are written
-    with zipfile.ZipFile(sf.directory / "rows_0-2000" / "data_0.ckpt") as z:  # saved in the writer's threads
+    with zipfile.ZipFile(sf.directory / "rows_0-2000" / "data_0.ckpt") as z:  # saved in the writer's thread
         assert [i.CRC for i in z.infolist() if "/data/" in i.filename] == [0, 0, 0, 0]
     fp8 = run(samples, tmp_path, model, name="fp8", storage="fp8", max_batch_size=8)
     cmd = [sys.executable, "-m", "eagledata.hidden_states", "convert", "--layout", "specforge",
