@@ -71,6 +71,11 @@ class Part:
     items: Sequence[Item]
 
 
+def bytes_per_token(manifest: dict[str, Any], storage: str | None = None) -> int:
+    """Bytes of one token's four states in a set's storage (or in `storage`)."""
+    return 4 * manifest["hidden_size"] * STORAGE_DTYPES[storage or manifest["storage"]].itemsize
+
+
 def write_part(src: HiddenStates, part: Part) -> int:
     """Write one part through the layout's own writer (its own index part); returns its tokens."""
     files = HiddenStateFiles(Path(part.destination))
@@ -78,9 +83,8 @@ def write_part(src: HiddenStates, part: Part) -> int:
     writer = get_layout(part.layout).writer(files, files.parts / f"convert-{uuid.uuid4().hex[:8]}.jsonl",
                                             part.storage, part.flush_bytes, m["hidden_size"],
                                             {s.id: row for _, s, row in part.items})
-    per_token = 4 * m["hidden_size"] * STORAGE_DTYPES[m["storage"]].itemsize
     try:
-        for run in runs(part.items, max(1, READ_BYTES // per_token)):
+        for run in runs(part.items, max(1, READ_BYTES // bytes_per_token(m))):
             writer.add([s for _, s, _ in run], src.reader.read_run([e for e, _, _ in run]))
         writer.flush()
     finally:
@@ -94,8 +98,8 @@ def _source(path: str) -> HiddenStates:
 
 
 def _init_worker() -> None:
-    """A worker's own threads copy and write files: torch's intra-op threads on top of them (per process, per
-    thread) only fight over the cores."""
+    """A worker's own threads copy and write its files: torch's intra-op threads on top of them only fight
+    over the cores."""
     import torch
 
     torch.set_num_threads(1)
@@ -152,7 +156,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     todo = sorted(((e, s, row) for row, (e, s) in enumerate(zip(src.entries, samples)) if s.id not in done),
                   key=lambda item: (item[0].shard, item[0].offset))
     tokens = sum(e.length for e, _, _ in todo)
-    per_token = 4 * m["hidden_size"] * STORAGE_DTYPES[m["storage"]].itemsize
+    per_token = bytes_per_token(m)
     workers = workers or default_workers(tokens * per_token)
     parts = [Part(str(src.files.directory), str(files.directory), target.name, storage, flush_bytes, items)
              for items in runs(todo, max(1, PART_BYTES // per_token))]
@@ -188,7 +192,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
                         extra={"converted_from": str(src.files.directory), "source_format": m.get("format")})
     assert manifest is not None  # every sample was written above
     return ConvertResult(directory=files.directory, converted=len(todo), skipped=len(samples) - len(todo),
-                         bytes_written=tokens * 4 * m["hidden_size"] * STORAGE_DTYPES[storage].itemsize,
+                         bytes_written=tokens * bytes_per_token(m, storage),
                          seconds=time.perf_counter() - start, workers=workers, manifest=manifest)
 
 

@@ -103,7 +103,8 @@ def write_durably(files: Sequence[tuple[Path, Callable[[Path], None]]]) -> None:
     eight 25.8)."""
     if not files:
         return
-    together = batch_sync(files[0][0].parent)
+    first_folder = files[0][0].parent
+    together = batch_sync(first_folder)
     batch = uuid.uuid4().hex
 
     def put(item: tuple[int, tuple[Path, Callable[[Path], None]]]) -> Path:
@@ -116,7 +117,7 @@ def write_durably(files: Sequence[tuple[Path, Callable[[Path], None]]]) -> None:
 
     if together:
         tmps = [put(item) for item in enumerate(files)]
-        syncfs(files[0][0].parent)
+        syncfs(first_folder)
     else:
         with ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="state-file") as pool:
             tmps = list(pool.map(put, enumerate(files)))
