@@ -3,8 +3,11 @@ half), durable writes of many files at once, and JSONL reading that names the ba
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
+import mmap
 import os
+import threading
 import re
 import sys
 import uuid
@@ -134,3 +137,103 @@ def start_writeback(path: str | Path) -> None:
 def syncfs(path: str | Path) -> None:
     """Everything written to `path`'s filesystem, data and metadata, on stable storage (syncfs)."""
     _call(path, "syncfs")
+
+
+# -- writing around the page cache -------------------------------------------------------------------
+DIRECT_ALIGN = 4096  # O_DIRECT wants address, offset and length aligned to the logical block; 4 KiB covers all
+STAGING_BYTES = 8 << 20  # one write per 8 MiB: past ~1 MiB a direct write runs at the disk's stream speed
+_staging = threading.local()
+
+
+def staging_buffer() -> mmap.mmap:
+    """This thread's page-aligned staging buffer, kept for the thread's life: memory a process touches again
+    is ~40x faster than fresh memory on a VM whose free pages go back to the host (0.4 vs 18 GB/s here)."""
+    buf = getattr(_staging, "buf", None)
+    if buf is None:
+        buf = _staging.buf = mmap.mmap(-1, STAGING_BYTES)
+    return buf
+
+
+class DirectFile:
+    """A new file written with O_DIRECT from this thread's staging buffer, where the filesystem allows it.
+
+    Why: a file written through the page cache is copied into freshly allocated cache pages; on this VM that copy
+    runs at first-touch speed (perf: `copy_folio_from_iter_atomic` was 20 % of a conversion's CPU). A conversion's
+    output is read by a trainer later, not now: written around the cache it costs no CPU and keeps the source's
+    pages cached. Only the file's last partial block goes through the cache; all of it does where O_DIRECT is
+    refused (tmpfs, some FUSE; an unusual block size). Durability is the caller's: O_DIRECT does not flush the
+    disk's cache or the file's metadata, and the last block is a dirty page (fsync or syncfs does both).
+    """
+
+    def __init__(self, path: str | Path):
+        self.buf = staging_buffer()
+        self.fill = self.size = 0
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+        try:
+            self.fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
+            self.direct = hasattr(os, "O_DIRECT")
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                raise
+            self.fd, self.direct = os.open(path, flags, 0o644), False
+
+    def space(self) -> memoryview:
+        """The free part of the staging buffer (never empty): fill some of it, then say how much with `wrote`."""
+        if self.fill == len(self.buf):
+            self._flush(self.fill)
+        return memoryview(self.buf)[self.fill:]
+
+    def wrote(self, n: int) -> None:
+        self.fill += n
+        self.size += n
+
+    def write(self, data: bytes | memoryview) -> None:
+        data = memoryview(data).cast("B")
+        while data:
+            space = self.space()
+            n = min(len(space), len(data))
+            space[:n] = data[:n]
+            self.wrote(n)
+            data = data[n:]
+
+    def _flush(self, n: int) -> None:
+        self._write(memoryview(self.buf)[:n])
+        self.fill = 0
+
+    def _write(self, view: memoryview) -> None:
+        try:
+            written = os.write(self.fd, view)
+        except OSError as e:  # a block size O_DIRECT does not accept: the rest goes through the cache
+            if e.errno != errno.EINVAL or not self.direct:
+                raise
+            self._through_cache()
+            self.direct = False
+            written = os.write(self.fd, view)
+        if written != len(view):
+            raise OSError(errno.EIO, f"short write ({written} of {len(view)} bytes)")
+
+    def _through_cache(self) -> None:
+        import fcntl
+
+        fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+    def close(self) -> None:
+        """Write what is staged and close: whole blocks directly, the last partial block through the cache
+        (cutting a padded block off with ftruncate waited on the disk: 11 % of a conversion's samples)."""
+        try:
+            whole = self.fill - self.fill % DIRECT_ALIGN if self.direct else self.fill
+            if whole:
+                self._write(memoryview(self.buf)[:whole])
+            if whole < self.fill:
+                if self.direct:
+                    self._through_cache()
+                self._write(memoryview(self.buf)[whole:self.fill])
+            self.fill = 0
+        finally:
+            os.close(self.fd)
+
+    def __enter__(self) -> "DirectFile":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -8,12 +8,15 @@ takes the last as `verifier_last_hidden_states`.
 """
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import torch
 
+from ...files import DirectFile
 from ..assembly import Sample, save_arrow
-from .common import IndexEntry, Layout, PerSampleWriter, Reader
+from .common import IndexEntry, Layout, PerSampleWriter, Reader, write_tensor
 
 STATES_DIR = "hidden_states"
 
@@ -22,17 +25,37 @@ def state_file(position: int) -> str:
     return f"{STATES_DIR}/hs_{position}.safetensors"
 
 
+SAFETENSORS_DTYPES = {torch.int64: "I64", torch.bfloat16: "BF16", torch.float32: "F32"}
+
+
+def safetensors_header(tensors: dict[str, torch.Tensor]) -> bytes:
+    """The length-prefixed JSON header `safetensors` writes for `tensors`, already in its file order (it sorts by
+    dtype, widest first, then name: int64 ids come before bf16 or fp32 states) and with no metadata."""
+    entries, offset = {}, 0
+    for name, t in tensors.items():
+        size = t.numel() * t.element_size()
+        entries[name] = {"dtype": SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset,
+                                                                                                      offset + size]}
+        offset += size
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    return struct.pack("<Q", len(text)) + text
+
+
 class RowFileWriter(PerSampleWriter):
-    """One safetensors file per sample, named by its row."""
+    """One safetensors file per sample, named by its row: byte for byte what `safetensors.torch.save_file`
+    writes, straight from the batch's states into a `DirectFile` (no copy of its own, no page cache)."""
 
     @staticmethod
     def expected_file(position: int) -> str | None:
         return state_file(position)
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:
-        from safetensors.torch import save_file
-
-        save_file({"token_ids": torch.tensor(sample.input_ids, dtype=torch.long), "hidden_states": states}, str(path))
+        tensors = {"token_ids": torch.tensor(sample.input_ids, dtype=torch.long), "hidden_states": states}
+        with DirectFile(path) as f:
+            f.write(safetensors_header(tensors))
+            for t in tensors.values():
+                write_tensor(f, t)
 
 
 def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: list[Sample]) -> None:
