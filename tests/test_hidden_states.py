@@ -669,3 +669,14 @@ def test_headless_extraction_logs_status_lines(models, samples, tmp_path, caplog
     assert all(line.startswith("hidden states set rank 0/1: ") and " tok/s | ETA " in line for line in lines)
     assert lines[-1].startswith(f"hidden states set rank 0/1: {total:,}/{total:,} tokens (100.0%), "
                                 f"{len(samples)}/{len(samples)} samples") and "ended after" in lines[-1]
+
+
+def test_conversion_reads_runs_of_neighbours_within_one_shard():
+    from eagledata.training.convert import runs
+    from eagledata.training.storage import IndexEntry
+
+    entries = [IndexEntry(f"s{i}", f"shard-{i // 5:05d}.safetensors", (i % 5) * 10, 10) for i in range(12)]
+    items = [(e, row) for row, e in enumerate(entries)]
+    got = [[e.id for e, _ in run] for run in runs(items, max_tokens=30)]
+    assert got == [["s0", "s1", "s2"], ["s3", "s4"], ["s5", "s6", "s7"], ["s8", "s9"], ["s10", "s11"]]
+    assert [len(r) for r in runs(items, max_tokens=1)] == [1] * 12

@@ -15,6 +15,7 @@ trainer's layout without recompute, and prints one JSON line.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -141,4 +142,6 @@ def _init_distributed(device: str, rank: int, world_size: int, tp: int = 1) -> s
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    gc.freeze()  # exiting: the interpreter's last collection would walk all that is left (0.5 s after a conversion)
+    sys.exit(code)

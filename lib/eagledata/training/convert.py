@@ -44,13 +44,17 @@ class ConvertResult:
     manifest: dict[str, Any]
 
 
-Item = tuple[IndexEntry, Sample, int]  # a sample's place in the source, the sample, its row in the set
+Item = tuple[IndexEntry, int]  # a sample's place in the source, its row in the set
 
 
 def runs(items: Sequence[Item], max_tokens: int) -> Iterator[Sequence[Item]]:
-    """Consecutive samples of the source in groups of about `max_tokens`: a shard's neighbours come in one read."""
+    """Consecutive samples of the source in groups of about `max_tokens`, never across shards: a shard's
+    neighbours come in one read (a group across two shards was read sample by sample and joined)."""
     start, tokens = 0, 0
-    for i, (entry, _, _) in enumerate(items):
+    for i, (entry, _) in enumerate(items):
+        if i > start and entry.shard != items[i - 1][0].shard:
+            yield items[start:i]
+            start, tokens = i, 0
         tokens += entry.length
         if tokens >= max_tokens:
             yield items[start:i + 1]
@@ -76,20 +80,26 @@ def bytes_per_token(manifest: dict[str, Any], storage: str | None = None) -> int
     return 4 * manifest["hidden_size"] * STORAGE_DTYPES[storage or manifest["storage"]].itemsize
 
 
+def source_sample(src: HiddenStates, entry: IndexEntry) -> Sample:
+    return Sample(entry.id, "", *src.reader.ids(entry), truncated=False)
+
+
 def write_part(src: HiddenStates, part: Part) -> int:
-    """Write one part through the layout's own writer (its own index part); returns its tokens."""
+    """Write one part through the layout's own writer (its own index part); returns its tokens. The part names
+    its samples only: their ids are read here, from the source (not pickled over from the parent)."""
     files = HiddenStateFiles(Path(part.destination))
     m = src.manifest
     writer = get_layout(part.layout).writer(files, files.parts / f"convert-{uuid.uuid4().hex[:8]}.jsonl",
                                             part.storage, part.flush_bytes, m["hidden_size"],
-                                            {s.id: row for _, s, row in part.items})
+                                            {e.id: row for e, row in part.items})
     try:
         for run in runs(part.items, max(1, READ_BYTES // bytes_per_token(m))):
-            writer.add([s for _, s, _ in run], src.reader.read_run([e for e, _, _ in run]))
+            entries = [e for e, _ in run]
+            writer.add([source_sample(src, e) for e in entries], src.reader.read_run(entries))
         writer.flush()
     finally:
         writer.close()
-    return sum(e.length for e, _, _ in part.items)
+    return sum(e.length for e, _ in part.items)
 
 
 @lru_cache(maxsize=2)
@@ -148,20 +158,23 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
             "dtype": str(STORAGE_DTYPES[storage]).replace("torch.", "")}
     check_plan(files, plan)
 
-    samples = [Sample(e.id, "", *src.reader.ids(e), truncated=False) for e in src.entries]
     done = read_parts(files)
-    check_stored(files, target.writer, samples, done)
+    samples = [source_sample(src, e) for e in src.entries] if done else None
+    if samples:
+        check_stored(files, target.writer, samples, done)
     # In the order the source stores them: shards hold samples longest first, so sample order would read
     # them at random (slow from a cold disk); file names follow rows whatever the order of writing.
-    todo = sorted(((e, s, row) for row, (e, s) in enumerate(zip(src.entries, samples)) if s.id not in done),
+    todo = sorted(((e, row) for row, e in enumerate(src.entries) if e.id not in done),
                   key=lambda item: (item[0].shard, item[0].offset))
-    tokens = sum(e.length for e, _, _ in todo)
+    tokens = sum(e.length for e, _ in todo)
     per_token = bytes_per_token(m)
     workers = workers or default_workers(tokens * per_token)
     parts = [Part(str(src.files.directory), str(files.directory), target.name, storage, flush_bytes, items)
              for items in runs(todo, max(1, PART_BYTES // per_token))]
     start = time.perf_counter()
     pool, futures = _start_workers(parts, workers) if workers > 1 else (None, set())
+    if samples is None:  # the set's samples are needed only at the end: read while the workers write
+        samples = [source_sample(src, e) for e in src.entries]
     for module in target.finish_imports:  # this process only waits for the workers: it imports these meanwhile
         threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
     bar = None
@@ -202,8 +215,9 @@ def _start_workers(parts: Sequence[Part], workers: int) -> tuple[ProcessPoolExec
     threads and OpenMP pool must not be forked. Called before the progress bar starts its thread."""
     fork = threading.active_count() == 1 and "fork" in multiprocessing.get_all_start_methods()
     if fork:
-        # Each forked worker's garbage collector would walk the samples' millions of small objects, copying
-        # every page they sit on; frozen while the workers fork (at the first submit), it leaves them alone.
+        # Each forked worker's garbage collector would walk every object inherited from here (torch's alone are
+        # ~170k), copying every page they sit on; frozen while the workers fork (at the first submit), it leaves
+        # them alone.
         gc.freeze()
     try:
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork" if fork else "spawn"),
