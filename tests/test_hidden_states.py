@@ -655,6 +655,25 @@ def test_exports_carry_exact_ids_text_and_an_arrow_form(tok, records_file, tmp_p
     assert [arrow[i]["input_ids"].tolist() for i in range(len(arrow))] == [s.input_ids for s in asm.samples]
 
 
+def test_arrow_form_is_what_datasets_from_dict_makes_in_any_number_of_chunks(samples, tmp_path, monkeypatch):
+    from datasets import Dataset, Features, Sequence, Value, load_from_disk
+
+    from eagledata.training import assembly
+
+    features = Features({"id": Value("string"), "input_ids": Sequence(Value("int64")),
+                         "loss_mask": Sequence(Value("int64")), "seq_len": Value("int64")})
+    ref = Dataset.from_dict({"id": [s.id for s in samples], "input_ids": [s.input_ids for s in samples],
+                             "loss_mask": [s.loss_mask for s in samples], "seq_len": [len(s) for s in samples]},
+                            features=features)  # how the Arrow form was made before
+    for chunk in (1 << 30, 25):  # 25 tokens: a chunk per sample or two
+        monkeypatch.setattr(assembly, "ARROW_CHUNK_TOKENS", chunk)
+        got = load_from_disk(str(assembly.save_arrow(samples, tmp_path / f"a{chunk}")))
+        assert got.format["type"] == "torch" and len(got) == len(samples)
+        assert got.features == ref.features
+        got.reset_format()
+        assert got.to_dict() == ref.to_dict()
+
+
 def test_headless_extraction_logs_status_lines(models, samples, tmp_path, caplog):
     """No widget frontend: a status line through logging every status_interval_s (checked at batch ends)."""
     import logging
@@ -680,3 +699,17 @@ def test_conversion_reads_runs_of_neighbours_within_one_shard():
     got = [[e.id for e, _ in run] for run in runs(items, max_tokens=30)]
     assert got == [["s0", "s1", "s2"], ["s3", "s4"], ["s5", "s6", "s7"], ["s8", "s9"], ["s10", "s11"]]
     assert [len(r) for r in runs(items, max_tokens=1)] == [1] * 12
+
+
+def test_conversion_parts_shrink_toward_the_end_so_workers_finish_together():
+    from eagledata.training import convert as conv
+    from eagledata.training.storage import IndexEntry
+
+    per_token = 4 * 256 * 2
+    items = [(IndexEntry(f"s{i}", "shard-00000.safetensors", i * 300, 300), i) for i in range(8_000)]  # 4.9 GB
+    parts = conv.split_parts(items, per_token, workers=3)
+    assert [item for part in parts for item in part] == items  # every sample once, in order
+    sizes = [sum(e.length for e, _ in part) * per_token for part in parts]
+    assert sizes == sorted(sizes, reverse=True) and sizes[0] >= conv.PART_BYTES > sizes[0] - 300 * per_token
+    assert conv.MIN_PART_BYTES <= sizes[-2] < conv.MIN_PART_BYTES + 300 * per_token  # the last is what is left
+    assert sum(s == sizes[0] for s in sizes) > 10 and len(parts) < 40

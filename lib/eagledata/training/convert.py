@@ -29,6 +29,7 @@ from .storage import PLAN_KEYS, IndexEntry, STORAGE_DTYPES, check_plan, check_st
 
 READ_BYTES = 64 << 20  # samples read from the source together: one slice of a shard instead of one per sample
 PART_BYTES = 256 << 20  # a worker's task: big enough to amortize its setup, small enough to balance and resume
+MIN_PART_BYTES = 32 << 20  # the last tasks shrink to this, so that the workers finish together
 PARALLEL_BYTES = 512 << 20  # below this a conversion runs in this process (starting a worker costs ~3 s)
 MAX_WORKERS = 16
 
@@ -61,6 +62,21 @@ def runs(items: Sequence[Item], max_tokens: int) -> Iterator[Sequence[Item]]:
             start, tokens = i + 1, 0
     if start < len(items):
         yield items[start:]
+
+
+def split_parts(items: Sequence[Item], per_token: int, workers: int) -> list[Sequence[Item]]:
+    """`items` in consecutive parts of PART_BYTES, shrinking toward the end to a 1/(2 workers) share of what is
+    left (not below MIN_PART_BYTES): equal parts left two of three workers idle for up to a part's time (~1 s)
+    while the last one finished."""
+    out, start, tokens, left = [], 0, 0, sum(e.length for e, _ in items) * per_token
+    for i, (entry, _) in enumerate(items):
+        tokens += entry.length
+        if tokens * per_token >= min(PART_BYTES, max(MIN_PART_BYTES, left // (2 * workers))):
+            out.append(items[start:i + 1])
+            start, left, tokens = i + 1, left - tokens * per_token, 0
+    if start < len(items):
+        out.append(items[start:])
+    return out
 
 
 @dataclass(frozen=True)
@@ -170,7 +186,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     per_token = bytes_per_token(m)
     workers = workers or default_workers(tokens * per_token)
     parts = [Part(str(src.files.directory), str(files.directory), target.name, storage, flush_bytes, items)
-             for items in runs(todo, max(1, PART_BYTES // per_token))]
+             for items in split_parts(todo, per_token, workers)]
     start = time.perf_counter()
     pool, futures = _start_workers(parts, workers) if workers > 1 else (None, set())
     if samples is None:  # the set's samples are needed only at the end: read while the workers write

@@ -98,9 +98,9 @@ def write_durably(files: Sequence[tuple[Path, Callable[[Path], None]]]) -> None:
     Where the filesystem allows (`batch_sync`), each file's writeback starts as soon as it is written and one
     syncfs waits for them all; otherwise each file gets its own fsync. 6,000 files of 0.53 MB, 8 threads, this
     machine's disk, same minutes: an fsync each 376-382 MB/s, writeback + one syncfs 589-717 MB/s, about one
-    big stream (567-638). Files wait for their own fsync FSYNC_THREADS at a time; with nothing to wait for, more
-    threads would only contend for the GIL (10k SpecForge files, 3 workers: one thread 22.5-22.8 s, two 24.3,
-    eight 25.8)."""
+    big stream (567-638). Files are written WRITE_THREADS at a time: a trainer's writer writes around the page
+    cache (`DirectFile`), so each thread mostly waits on the disk, and a file system without `batch_sync` waits
+    on each file's fsync."""
     if not files:
         return
     first_folder = files[0][0].parent
