@@ -128,3 +128,13 @@ def test_speculators_files_are_byte_for_byte_what_safetensors_writes(tmp_path, d
         RowFileWriter.save(None, sample, states, tmp_path / "hs.safetensors")
         want = save({"token_ids": torch.tensor(sample.input_ids), "hidden_states": states.clone()})
         assert (tmp_path / "hs.safetensors").read_bytes() == want
+
+
+def test_direct_files_open_together_in_one_thread_keep_their_own_bytes(tmp_path):
+    a, b = os.urandom(10_000), os.urandom(10_000)
+    with DirectFile(tmp_path / "a") as fa:
+        fa.write(a[:5000])
+        with DirectFile(tmp_path / "b") as fb:
+            fb.write(b)
+        fa.write(a[5000:])
+    assert (tmp_path / "a").read_bytes() == a and (tmp_path / "b").read_bytes() == b

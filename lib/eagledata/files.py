@@ -7,9 +7,9 @@ import errno
 import json
 import mmap
 import os
-import threading
 import re
 import sys
+import threading
 import uuid
 from functools import lru_cache
 from pathlib import Path
@@ -166,8 +166,6 @@ class DirectFile:
     """
 
     def __init__(self, path: str | Path):
-        self.buf = staging_buffer()
-        self.fill = self.size = 0
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
         try:
             self.fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o644)
@@ -176,6 +174,10 @@ class DirectFile:
             if e.errno != errno.EINVAL:
                 raise
             self.fd, self.direct = os.open(path, flags, 0o644), False
+        self.shared = not getattr(_staging, "busy", False)  # a second file open in this thread gets its own
+        self.buf = staging_buffer() if self.shared else mmap.mmap(-1, STAGING_BYTES)
+        _staging.busy = True
+        self.fill = self.size = 0
 
     def space(self) -> memoryview:
         """The free part of the staging buffer (never empty): fill some of it, then say how much with `wrote`."""
@@ -231,6 +233,8 @@ class DirectFile:
             self.fill = 0
         finally:
             os.close(self.fd)
+            if self.shared:
+                _staging.busy = False
 
     def __enter__(self) -> "DirectFile":
         return self
