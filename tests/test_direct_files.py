@@ -138,3 +138,17 @@ def test_direct_files_open_together_in_one_thread_keep_their_own_bytes(tmp_path)
             fb.write(b)
         fa.write(a[5000:])
     assert (tmp_path / "a").read_bytes() == a and (tmp_path / "b").read_bytes() == b
+
+
+def test_specforge_files_of_4_gib_or_more_fall_back_to_torch_save(tmp_path, monkeypatch):
+    from eagledata.training.assembly import Sample
+    from eagledata.training.storage.specforge import SampleFileWriter, sample_tensors
+
+    states = torch.randn(9, 4, 6).to(torch.bfloat16)[2:7]  # a view of a batch
+    sample = Sample("s", "", [5, 6, 7, 8, 9], [0, 1, 1, 1, 1], False)
+    SampleFileWriter.save(None, sample, states, tmp_path / "direct.ckpt")
+    monkeypatch.setattr(torchzip, "fits", lambda tensors: False)  # as for a 4 GiB sample
+    SampleFileWriter.save(None, sample, states, tmp_path / "saved.ckpt")
+    # the same bytes either way: each state in storage of its own (not the batch's), CRC32 off
+    assert (tmp_path / "saved.ckpt").read_bytes() == (tmp_path / "direct.ckpt").read_bytes() == \
+        reference(sample_tensors(sample.input_ids, sample.loss_mask, states))
