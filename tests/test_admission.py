@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from eagledata.generation.account import AccountReading, Books
-from eagledata.generation.admission import Admission, CostModel, bernstein_margin
+from eagledata.generation.admission import Admission, AgeModel, bernstein_margin
 from eagledata.generation.congestion import Congestion, ProviderCooldown
 from eagledata.generation.policy import rule, retry_delay
 from eagledata.openrouter import Kind, Outcome
@@ -30,7 +30,7 @@ def simulate(mode: str, seed: int, limit: float, slots: int, tick: float = 2.0, 
     """Keep `slots` requests in flight while admission allows; returns (charged, in-flight samples by spent).
     A share `failures` of attempts end at once, unbilled (429s, 502s)."""
     rng = np.random.default_rng(seed)
-    adm = Admission(CostModel(prior()), mode=mode)
+    adm = Admission(AgeModel(prior()), mode=mode)
     ends: list[tuple[float, int, float]] = []
     t = spent = 0.0
     next_tick = tick
@@ -55,7 +55,7 @@ def simulate(mode: str, seed: int, limit: float, slots: int, tick: float = 2.0, 
 def test_in_flight_requests_are_booked_at_their_age_not_the_mean():
     """Long answers stay in flight longer: the plain mean under-books what is in flight about twofold."""
     rng = np.random.default_rng(1)
-    model = CostModel(prior())
+    model = AgeModel(prior())
     ends, flights, t = [], {}, 0.0
     for i in range(300):
         cost, latency = draw(rng)
@@ -77,7 +77,7 @@ def test_in_flight_requests_are_booked_at_their_age_not_the_mean():
             means, _ = model.moments(ages, np.full(ages.size, BOUND))
             truth = sum(c for _, c in flights.values())
             ratios.append(means.sum() / truth)
-            naive.append(len(flights) * float(np.mean(model.costs)) / truth)
+            naive.append(len(flights) * float(np.mean(model.sizes)) / truth)
     assert 0.85 < float(np.mean(ratios)) < 1.2, ratios
     assert float(np.mean(naive)) < 0.7, naive
 
@@ -103,7 +103,7 @@ def test_no_overshoot_when_money_is_short_and_failures_come_back_first(seed):
 def test_first_free_failures_do_not_make_a_new_request_look_free():
     """The requests still in flight are censored data: ten quick unbilled failures among a hundred say little
     about what the next request costs."""
-    adm = Admission(CostModel(prior()))
+    adm = Admission(AgeModel(prior()))
     tickets = [adm.start(0.0, BOUND) for _ in range(100)]
     for ticket in tickets[:10]:
         adm.end(ticket, 0.05, 0.0)
@@ -119,7 +119,7 @@ def test_strict_commits_every_worst_case():
 
 
 def test_one_request_with_nothing_in_flight_commits_its_worst_case():
-    adm = Admission(CostModel(prior()))
+    adm = Admission(AgeModel(prior()))
     assert adm.commitment(BOUND) == pytest.approx(BOUND)
     assert adm.fits(BOUND, spent=0.0, limit=BOUND) and not adm.fits(BOUND, spent=0.01, limit=BOUND)
 

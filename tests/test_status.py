@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from eagledata.generation.progress import RunStats, Snapshot, StatusLines, make_progress, status_line
+from eagledata.generation.progress import DatasetSnapshot, RunSnapshot, RunStats, StatusLines, make_progress, status_line
 from eagledata.status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
 
 
@@ -60,12 +60,17 @@ def test_the_line_is_built_only_when_due():
     assert built == []
 
 
+def one(name, *, t, done, total_prompts, tokens, in_flight, limit, spent, run_stats, target=None, done_before=0,
+        tokens_before=0, **money):
+    d = DatasetSnapshot(name, done, total_prompts, tokens, target, in_flight, run_stats, done_before, tokens_before)
+    return RunSnapshot(t=t, in_flight=in_flight, limit=limit, spent=spent, stats=run_stats, datasets=[d], **money)
+
+
 def test_status_line_says_speed_money_flight_progress_eta_and_errors_by_class():
-    snap = Snapshot(t=100.0, done=1500, total_prompts=5000, tokens=2_000_000, in_flight=1800, limit=2000,
-                    spent=12.5, cap=50.0, money_limit=50.0)
-    line = status_line("B4", snap, stats(1_000_000, {"rate_limit": 7, "bad_gateway": 2, "timeout": 1,
-                                                     "empty_content": 1}),
-                       target=None, done_before=500, tokens_before=0)
+    snap = one("B4", t=100.0, done=1500, total_prompts=5000, tokens=2_000_000, in_flight=1800, limit=2000,
+               spent=12.5, cap=50.0, money_limit=50.0, done_before=500,
+               run_stats=stats(1_000_000, {"rate_limit": 7, "bad_gateway": 2, "timeout": 1, "empty_content": 1}))
+    line = status_line(snap)
     assert line.startswith("B4: 1,500/5,000 prompts (30.0%)")
     assert "10,000 output tok/s" in line                      # this run's tokens over its time
     assert "charged $12.5000 of $50.00 cap" in line
@@ -75,10 +80,24 @@ def test_status_line_says_speed_money_flight_progress_eta_and_errors_by_class():
 
 
 def test_status_line_against_a_token_target():
-    snap = Snapshot(t=60.0, done=300, total_prompts=10_000, tokens=4_000_000, in_flight=5, limit=2000, spent=1.0)
-    line = status_line("B1", snap, stats(3_000_000), target=7_000_000, done_before=0, tokens_before=1_000_000)
+    snap = one("B1", t=60.0, done=300, total_prompts=10_000, tokens=4_000_000, in_flight=5, limit=2000, spent=1.0,
+               run_stats=stats(3_000_000), target=7_000_000, tokens_before=1_000_000)
+    line = status_line(snap)
     assert line.startswith("B1: 4,000,000/7,000,000 output tokens (57.1%), 300/10,000 prompts")
     assert "ETA 1m00s |" in line and "cap" not in line and line.endswith("errors 0")
+
+
+def test_status_line_of_several_datasets_gives_the_totals_then_each_share():
+    """The slowest dataset's ETA is the run's; another spender on the key is said."""
+    run_stats = stats(3_000_000)
+    ds = [DatasetSnapshot("B3", 100, 1000, 1_000_000, 2_000_000, 40, run_stats),
+          DatasetSnapshot("B4", 50, 1000, 500_000, 2_000_000, 60, run_stats)]
+    snap = RunSnapshot(t=60.0, in_flight=100, limit=500, spent=2.0, stats=run_stats, datasets=ds, foreign=0.75)
+    line = status_line(snap)
+    assert line.startswith("2 datasets: 1,500,000/4,000,000 output tokens, 150/2,000 prompts | 50,000 output tok/s")
+    assert "ETA 3m00s |" in line  # B4: 1.5M tokens to go at 0.5M per minute
+    assert "charged $2.0000 | other spending on this key $0.7500 | in flight 100/500" in line
+    assert line.endswith("| B3 50.0%, B4 25.0%")
 
 
 def test_eta_and_duration():
@@ -90,13 +109,14 @@ def test_eta_and_duration():
 
 def test_status_lines_log_through_logging_and_end_with_a_final_line(caplog):
     clock = FakeClock()
-    view = StatusLines("D", interval_s=10, target=None, done=0, tokens=0, clock=clock)
-    snap = Snapshot(t=5.0, done=1, total_prompts=10, tokens=100, in_flight=3, limit=8, spent=0.01)
+    view = StatusLines(interval_s=10, clock=clock)
+    snap = one("D", t=5.0, done=1, total_prompts=10, tokens=100, in_flight=3, limit=8, spent=0.01,
+               run_stats=stats(100))
     with caplog.at_level(logging.INFO, logger="eagledata"):
-        view.update(snap, stats(100))
+        view.update(snap)
         clock.t += 10
-        view.update(snap, stats(100))
-        view.close(snap, stats(100))
+        view.update(snap)
+        view.close(snap)
     lines = [r.getMessage() for r in caplog.records if r.name == "eagledata.generate"]
     assert len(lines) == 2 and lines[-1].endswith("| ended after 5s")
 
@@ -104,7 +124,8 @@ def test_status_lines_log_through_logging_and_end_with_a_final_line(caplog):
 def test_no_widget_frontend_outside_a_jupyter_server_kernel(monkeypatch):
     monkeypatch.setenv("JPY_SESSION_NAME", "x.ipynb")
     assert widget_frontend() is False  # not an IPython kernel at all
-    assert isinstance(make_progress("D", interval_s=10, total_prompts=1, done=0, target=None, tokens=0), StatusLines)
+    snap = one("D", t=0.0, done=0, total_prompts=1, tokens=0, in_flight=0, limit=1, spent=0.0, run_stats=stats(0))
+    assert isinstance(make_progress(snap, interval_s=10), StatusLines)
 
 
 def test_handler_writes_to_the_current_stderr_only_when_logging_is_not_set_up(monkeypatch):

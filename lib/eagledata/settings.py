@@ -20,11 +20,12 @@ from .errors import InputError
 S = TypeVar("S", bound="Settings")
 
 
-def setting(default: Any, help: str, *, cli_required: bool = False) -> Any:
+def setting(default: Any, help: str, *, cli_required: bool = False, cli_many: bool = False) -> Any:
     """A field with its default and help. `cli_required`: the command line must name it (the notebook
-    still shows the default as an example)."""
+    still shows the default as an example). `cli_many`: the flag takes one or more values (`--dataset B3 B4`),
+    one value standing for itself and several for their list."""
     factory = (lambda: type(default)(default)) if isinstance(default, (list, dict)) else None
-    meta = {"help": help, "cli_required": cli_required}
+    meta = {"help": help, "cli_required": cli_required, "cli_many": cli_many}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -93,14 +94,22 @@ class Settings:
         """One `--flag-name VALUE` per setting; VALUE is YAML (`20`, `[2, 3, 5]`, `true`) or `none`."""
         for f, default, tp in cls._leaves():
             required = bool(f.metadata.get("cli_required"))
+            many = {"nargs": "+", "action": _OneOrList} if f.metadata.get("cli_many") else {}
             parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, metavar=_metavar(tp),
                                 type=_cli_parser(f.name, tp), required=required,
-                                default=argparse.SUPPRESS,
+                                default=argparse.SUPPRESS, **many,
                                 help=f.metadata.get("help", "") + ("" if required else f" (default: {default!r})"))
 
     @classmethod
     def from_args(cls: type[S], args: argparse.Namespace) -> S:
         return cls.from_params(vars(args))
+
+
+class _OneOrList(argparse.Action):
+    """`--flag A` gives "A", `--flag A B` gives ["A", "B"] (and `--flag "[A, B]"` the list as YAML)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values[0] if len(values) == 1 else list(values))
 
 
 def _union_args(tp: Any) -> tuple[Any, ...]:

@@ -1,15 +1,16 @@
 """Generation: a dataset's prompts → token-exact records, 2,000 requests in flight, crash-safe resume and a
 hard budget stop; the budget model that sets each dataset's token target; the run report."""
-from .admission import Admission, CostModel
+from .admission import Admission, AgeModel
 from .budget import (BudgetConfig, DatasetStats, OutputLengths, Plan, PriceBasis, Prices, measure_prompts, plan_budget,
                      plan_prices, planned_vs_actual, plot_plan, scenario_table)
 from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
 from .engine import GenerateConfig, generate, run_generation
+from .pacing import Pacing
 from .prompts import Prompt, load_prompts, scan_prompts
 from .report import plot_run, record_stats, summary_table
 from .store import Store, StoreLocked
 
-__all__ = ["Admission", "BudgetConfig", "CostModel", "DatasetSpec", "DatasetStats", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
+__all__ = ["Admission", "BudgetConfig", "AgeModel", "DatasetSpec", "DatasetStats", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
            "Store", "StoreLocked", "generate", "get_dataset", "load_datasets", "load_prompts",
            "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan", "plot_run",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "write_targets"]

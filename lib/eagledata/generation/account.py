@@ -16,6 +16,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 
+FOREIGN_TOLERANCE_USD, FOREIGN_TOLERANCE_SHARE = 0.01, 0.005  # rounding of the account's figures
+
+
 @dataclass(frozen=True)
 class AccountReading:
     """One look at the account: `at` is when it was asked (the caller's clock)."""
@@ -73,6 +76,23 @@ class Books:
             return self.known_usd + self.provisional_usd
         # Everything still in _recent was booked after the last reading's horizon.
         return max(self.known_usd + self._recent_provisional, charged + self._recent_total)
+
+    def pending_reconciliation(self) -> float | None:
+        """When a reading would settle the provisional bookings it has not settled yet: the time of the newest
+        one plus the lag. None when there are none, or when readings carry no usage to settle them with."""
+        if self._recent_provisional <= 0 or self.last is None or self.last.usage_usd is None:
+            return None
+        return max(at for at, _, provisional in self._recent if provisional) + self.lag_s
+
+    @property
+    def foreign_usd(self) -> float:
+        """Usage on the account that this run did not book: another spender on the key (our bookings bound
+        what we spent from above — an unreadable answer is booked at its bound — so the excess is not ours)."""
+        charged = self.charged_usd
+        if charged is None:
+            return 0.0
+        excess = charged - (self.known_usd + self.provisional_usd)
+        return excess if excess > max(FOREIGN_TOLERANCE_USD, FOREIGN_TOLERANCE_SHARE * charged) else 0.0
 
     def limit(self, max_spend_usd: float | None, reserve_usd: float) -> float:
         """The most this run may spend: the cap, and what the balance allows above the reserve."""

@@ -36,30 +36,31 @@ class Flight:
     var: float
 
 
-class CostModel:
-    """Expected cost (and variance) of a request given how long it has been running."""
+class AgeModel:
+    """What a request still in flight will amount to, given how long it has been running: its cost for
+    admission, its output tokens for pacing (pacing.py). Mean and variance of that size, conditioned on age."""
 
-    def __init__(self, prior_costs: Sequence[float]):
-        prior = np.sort(np.asarray(prior_costs, dtype=float))
+    def __init__(self, prior: Sequence[float]):
+        prior = np.sort(np.asarray(prior, dtype=float))
         if prior.size == 0 or not np.all(np.isfinite(prior)) or prior[0] < 0:
-            raise ValueError("the cost prior needs finite, non-negative samples")
+            raise ValueError("the prior needs finite, non-negative samples")
         self.prior = prior
         self._prior_suffix1 = np.cumsum(prior[::-1])[::-1]
         self._prior_suffix2 = np.cumsum((prior ** 2)[::-1])[::-1]
         self.latencies: list[float] = []
-        self.costs: list[float] = []
+        self.sizes: list[float] = []
         self.fit(np.zeros(0))
 
     @property
     def events(self) -> int:
-        return len(self.costs)
+        return len(self.sizes)
 
-    def observe(self, latency: float, cost: float) -> None:
-        """A finished attempt whose cost is known (0 for an error the service does not bill)."""
+    def observe(self, latency: float, size: float) -> None:
+        """A finished attempt whose size is known (a cost of 0 for an error the service does not bill)."""
         self.latencies.append(latency)
-        self.costs.append(cost)
-        if len(self.costs) > 2 * MAX_EVENTS:
-            del self.latencies[:MAX_EVENTS], self.costs[:MAX_EVENTS]
+        self.sizes.append(size)
+        if len(self.sizes) > 2 * MAX_EVENTS:
+            del self.latencies[:MAX_EVENTS], self.sizes[:MAX_EVENTS]
 
     def _tail(self, floor: float) -> tuple[float, float]:
         """First and second moment of the prior above `floor` (the prior's top sample when none is)."""
@@ -73,7 +74,7 @@ class CostModel:
     def fit(self, in_flight_ages: np.ndarray) -> None:
         """Kaplan–Meier over the finished attempts, the requests now in flight censored at their ages."""
         t = np.asarray(self.latencies[-MAX_EVENTS:], dtype=float)
-        c = np.asarray(self.costs[-MAX_EVENTS:], dtype=float)
+        c = np.asarray(self.sizes[-MAX_EVENTS:], dtype=float)
         order = np.argsort(t, kind="stable")
         t, c = t[order], c[order]
         n = t.size
@@ -121,7 +122,7 @@ def bernstein_margin(variance: float, largest_bound: float, log_inv_p: float) ->
 class Admission:
     """The requests in flight and what they commit. Times are the caller's clock (tests simulate it)."""
 
-    model: CostModel
+    model: AgeModel
     mode: BudgetMode = "portfolio"
     overshoot_probability: float = 1e-6
     flights: dict[int, Flight] = field(default_factory=dict)

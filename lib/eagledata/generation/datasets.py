@@ -50,10 +50,19 @@ def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:
 
 
 def get_dataset(path: str | Path, name: str) -> DatasetSpec:
+    return select_datasets(path, name)[0]
+
+
+def select_datasets(path: str | Path, dataset: str | list[str]) -> list[DatasetSpec]:
+    """`dataset` as specs: one name, a list of names, or `all` (every dataset of the file, in its order)."""
     specs = load_datasets(path)
-    if name not in specs:
-        raise InputError(f"unknown dataset {name!r}; the file has {', '.join(specs)}", path, field="dataset")
-    return specs[name]
+    if dataset == "all":
+        return list(specs.values())
+    names = [dataset] if isinstance(dataset, str) else list(dataset)
+    for name in names:
+        if name not in specs:
+            raise InputError(f"unknown dataset {name!r}; the file has {', '.join(specs)}", path, field="dataset")
+    return [specs[name] for name in names]
 
 
 def write_targets(path: str | Path, targets: dict[str, int], note: str = "") -> Path:

@@ -1,44 +1,52 @@
-"""The generation engine: a dataset's prompts → records, 2000 in flight, resumable, never over budget.
+"""The generation engine: datasets' prompts → records, 2000 in flight, resumable, never over budget.
 
-Workers (one coroutine per concurrency slot, none per prompt) pull the next prompt from the file as
-they free up, so memory stays flat however many prompts wait. A request starts only when admission
-(admission.py) says its cost fits the money left; retries wait in a heap until due so a Retry-After
-never blocks a slot; only a window of mostly 429s lowers the number in flight (congestion.py). What
-each outcome means is a table (policy.py); the books follow the account (account.py). Every finished
-prompt is appended once to the checkpoint store; a kill at any instant loses at most the requests in
-flight, which the next run issues again.
+One run serves one dataset or several on one pool of slots, one admission, one account and one congestion
+controller; each dataset keeps its own checkpoint store, target and summary. Workers (one coroutine per
+concurrency slot, none per prompt) pull the next prompt as they free up, from the dataset furthest behind its
+target (pacing.py), so memory stays flat however many prompts wait and the budget plan's shares hold. A request
+starts only when admission (admission.py) says its cost fits the money left; retries wait in a heap until due so
+a Retry-After never blocks a slot; only a window of mostly 429s lowers the number in flight (congestion.py). What
+each outcome means is a table (policy.py); the books follow the account (account.py), and one run at a time
+spends on an account (spender.py). Every finished prompt is appended once to its dataset's store; a kill at any
+instant loses at most the requests in flight, which the next run issues again.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
+import math
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Awaitable, Callable, Literal
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterator, Literal
 
 import httpx
 
 from ..aio import run_sync
+from ..defaults import shared
 from ..errors import InputError
 from ..layout import dataset_files
 from ..openrouter import (ClientPool, Completion, Kind, Outcome, Price, RoutingDecision,
                           build_request, complete, load_routing, read_account, resolve_api_key)
-from ..records import Record
-from ..defaults import shared
 from ..settings import Settings, setting
-from ..text import KimiTokenizer, agreement, load_tokenizer, output_ids, prompt_ids
+from ..text import KimiTokenizer, load_tokenizer, prompt_ids
 from .account import AccountReading, Books
-from .admission import Admission, BudgetMode, CostModel
+from .admission import Admission, AgeModel, BudgetMode
 from .budget import OutputLengths
 from .congestion import Congestion, ProviderCooldown
-from .datasets import get_dataset
-from .policy import Rule, retry_delay, rule
-from .progress import TIMELINE_COLUMNS, ProgressView, RunStats, Snapshot, make_progress, run_figures
+from .datasets import select_datasets
+from .pacing import Pacing
+from .policy import Rule, StopReason, error_stop, fatal_stop, retry_delay, rule
+from .progress import (DatasetSnapshot, ProgressView, RunSnapshot, RunStats, dataset_summary, make_progress,
+                       run_figures, run_summary)
 from .prompts import Prompt, PromptScan, scan_prompts
+from .recording import build_record
+from .spender import SpenderLock
 from .store import Store
 
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
@@ -52,7 +60,9 @@ class GenerateConfig(Settings):
     """Every setting of a generation run: generate.ipynb's parameters cell and the command's flags are
     made from these fields (docs/FORMATS.md#generate-parameters fixes the first fourteen names)."""
 
-    dataset: str = setting("demo-a", "a name in datasets_file", cli_required=True)
+    dataset: str | list[str] = setting(
+        "demo-a", "a name in datasets_file, a list of names, or all: one run, one pool, one budget",
+        cli_required=True, cli_many=True)
     datasets_file: str = shared("datasets_file")
     base_url: str = shared("base_url")
     api_key_env: str = shared("api_key_env", "the key is read from this variable only (none needed for a local backend)")
@@ -74,6 +84,8 @@ class GenerateConfig(Settings):
     retry_cap_s: float = setting(60.0, "longest backoff")
     request_timeout_s: float = setting(900.0, "client-side timeout of one request")
     drain_timeout_s: float = setting(60.0, "after a stop signal, in-flight requests get this long")
+    straggler_wait_s: float | None = setting(
+        120.0, "every target met: answers still in flight get this long (billed either way), then the run ends; None -> all")
     budget_mode: BudgetMode = setting(
         "portfolio", "portfolio: commit expected cost + a tail margin; strict: every request's worst case")
     overshoot_probability: float = setting(1e-6, "portfolio: chance the requests in flight overshoot the limit")
@@ -98,6 +110,14 @@ class GenerateConfig(Settings):
             raise InputError(f"must be >= 0, got {self.reserve_usd!r}", field="reserve_usd")
         if not 0 < self.overshoot_probability < 1:
             raise InputError(f"must be in (0, 1), got {self.overshoot_probability!r}", field="overshoot_probability")
+        names = [self.dataset] if isinstance(self.dataset, str) else self.dataset
+        if not names or not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+            raise InputError(f"must be a name, a list of distinct names, or 'all'; got {self.dataset!r}",
+                             field="dataset")
+        if isinstance(self.dataset, list) and "all" in self.dataset:
+            raise InputError("'all' stands alone, not inside a list", field="dataset")
+        if self.straggler_wait_s is not None and self.straggler_wait_s < 0:
+            raise InputError(f"must be >= 0 or None, got {self.straggler_wait_s!r}", field="straggler_wait_s")
         for name in ("prior_output_median_tokens", "account_refresh_s", "status_interval_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"must be > 0, got {getattr(self, name)!r}", field=name)
@@ -111,6 +131,7 @@ class _Item:  # a prompt on its way: due time and sequence order the retry heap
     due: float
     seq: int
     prompt: Prompt = field(compare=False)
+    lane: "DatasetRun" = field(compare=False)
     attempts: int = field(default=0, compare=False)       # those that count against max_attempts
     tries: int = field(default=0, compare=False)          # every request sent
     rate_limited: int = field(default=0, compare=False)   # 429s in a row
@@ -119,84 +140,153 @@ class _Item:  # a prompt on its way: due time and sequence order the retry heap
     last_error: dict | None = field(default=None, compare=False)
 
 
-def cost_prior(store: Store, worst: Price, cfg: GenerateConfig) -> list[float]:
-    """What an answer may cost before this run has seen any: the dataset's earlier records, else the budget
+@dataclass(eq=False)
+class DatasetRun:
+    """One dataset inside a run: its checkpoint, its prompts still to send, its retries and its counters."""
+
+    name: str
+    store: Store
+    scan: PromptScan
+    target: int | None
+    prompts: Iterator[Prompt] = field(init=False)
+    exhausted: bool = False
+    retries: list[_Item] = field(default_factory=list)   # heap by due time
+    holding: int = 0
+    stop_reason: str = ""
+    target_met_s: float | None = None                    # when its recorded tokens reached the target
+    stats: RunStats = field(default_factory=RunStats)
+
+    def __post_init__(self) -> None:
+        self.prompts = iter(self.scan)
+        self.done_before = len(self.store.done)
+        self.tokens_before = self.store.output_tokens
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to send: every prompt finished, or the target met."""
+        return not self.scan.pending or (self.target is not None and self.store.output_tokens >= self.target)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.stop_reason)
+
+
+def cost_prior(costs: list[float], worst: Price, cfg: GenerateConfig) -> list[float]:
+    """What an answer may cost before this run has seen any: the datasets' earlier records, else the budget
     model's log-normal guess of output lengths at the worst eligible price."""
-    if len(store.costs) >= 30:
-        return store.costs
-    lengths = OutputLengths.lognormal(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens,
-                                      n=20_000)
-    return [worst.cost(PRIOR_PROMPT_TOKENS, n) for n in lengths.samples]
+    if len(costs) >= 30:
+        return costs
+    return [worst.cost(PRIOR_PROMPT_TOKENS, n) for n in prior_lengths(cfg)]
+
+
+def prior_lengths(cfg: GenerateConfig) -> list[int]:
+    """The budget model's guess of output lengths (before a dataset has records of its own)."""
+    return list(OutputLengths.lognormal(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens,
+                                        n=20_000).samples)
 
 
 class Run:
-    """One generation run over one dataset. Use `await Run.start(cfg, client)` then `await run.execute(clients)`."""
+    """One generation run over one or several datasets sharing one pool of slots, one admission and one
+    account. Use `await Run.start(cfg, clients)` then `await run.execute(clients)`."""
 
-    def __init__(self, cfg: GenerateConfig, tok: KimiTokenizer, store: Store, routing: RoutingDecision,
-                 scan: PromptScan, target: int | None, *, complete_fn: CompleteFn = complete):
-        self.cfg, self.tok, self.store, self.routing = cfg, tok, store, routing
+    def __init__(self, cfg: GenerateConfig, tok: KimiTokenizer, lanes: list[DatasetRun], routing: RoutingDecision,
+                 *, complete_fn: CompleteFn = complete):
+        self.cfg, self.tok, self.routing = cfg, tok, routing
+        self.lanes = {lane.name: lane for lane in lanes}
+        self.single = isinstance(cfg.dataset, str) and cfg.dataset != "all"
         self.complete = complete_fn
-        self.total_prompts, self.target = scan.total, target
-        # Nothing left to send (every prompt finished, or the token target met): the run answers from the
-        # checkpoint without a request, the account included, so a finished report can run again anywhere.
-        self.idle = not scan.pending or (target is not None and store.output_tokens >= target)
+        # Nothing left to send (every prompt finished, or every target met): the run answers from the
+        # checkpoints without a request, the account included, so a finished report can run again anywhere.
+        self.idle = all(lane.idle for lane in lanes)
+        for lane in lanes:
+            if lane.idle:
+                met = lane.target is not None and lane.store.output_tokens >= lane.target
+                lane.stop_reason = StopReason.TARGET_REACHED if met else StopReason.COMPLETED
         self.paid = cfg.backend == "openrouter"
         worst = routing.worst_price() if self.paid else Price(0.0, 0.0)
         if worst is None:
             raise InputError("the routing decision has no price to reserve against", field="routing")
         self.worst = worst
-        self.admission = Admission(CostModel(cost_prior(store, worst, cfg) if self.paid else [0.0]),
+        costs = [c for lane in lanes for c in lane.store.costs]
+        self.admission = Admission(AgeModel(cost_prior(costs, worst, cfg) if self.paid else [0.0]),
                                    mode=cfg.budget_mode, overshoot_probability=cfg.overshoot_probability)
+        guess = prior_lengths(cfg)
+        self.pacing = Pacing(Pacing.lane(
+            lane.name, target=lane.target, prompts=lane.scan.total, recorded=lane.store.output_tokens,
+            finished=len(lane.store.done), prior_tokens=lane.store.lengths if len(lane.store.lengths) >= 30 else guess)
+            for lane in lanes)
         self.books = Books(lag_s=cfg.account_lag_s)
         self.congestion = Congestion(cfg.concurrency)
         self.cooldown = ProviderCooldown(cooldown_s=cfg.provider_cooldown_s)
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
         self.cond = asyncio.Condition()
-        self.retries: list[_Item] = []
         self.seq = itertools.count()
-        self.new_prompts = iter(scan)
-        self.prompts_exhausted = False
         self.holding = 0          # items in workers' hands (tokenizing, waiting for money, in flight)
         self.in_flight = 0        # HTTP requests under way
         self.stopping = False
         self.stop_reason = ""
-        self._signalled = False
+        self._signalled = self._abandoning = False
+        self._want_reading = False
+        self._read_attempt_at = -math.inf
+        self._stragglers_since: float | None = None
         self.fatal: Outcome | None = None
         self.no_endpoint_streak = 0
         self.stats = RunStats()
-        self.done_before = len(store.done)
         self.t0 = time.monotonic()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.balance_start: float | None = None
         self.progress: ProgressView | None = None
+        self.spender: SpenderLock | None = None
 
     # -- setup -----------------------------------------------------------------------------------
     @classmethod
-    async def start(cls, cfg: GenerateConfig, client: httpx.AsyncClient, *,
+    async def start(cls, cfg: GenerateConfig, client: httpx.AsyncClient, *, api_key: str | None = None,
                     complete_fn: CompleteFn = complete) -> "Run":
-        spec = get_dataset(cfg.datasets_file, cfg.dataset)
-        if not spec.prompts.is_file():
-            raise InputError("prompts file not found", spec.prompts, field=f"{cfg.dataset}.prompts")
-        store = Store.open(dataset_files(cfg.dataset, cfg.output_dir))
+        """Open every dataset's store and validate every prompt before any request; take the account's
+        spender lock and its first reading when there is something to send."""
+        specs = select_datasets(cfg.datasets_file, cfg.dataset)
+        names = [spec.name for spec in specs]
+        lanes: list[DatasetRun] = []
         try:
-            scan = scan_prompts(spec.prompts, store.done, cfg.limit)  # every bad line named before any request
+            for spec in specs:
+                name = spec.name
+                if not spec.prompts.is_file():
+                    raise InputError("prompts file not found", spec.prompts, field=f"{name}.prompts")
+                store = Store.open(dataset_files(name, cfg.output_dir))
+                try:
+                    scan = scan_prompts(spec.prompts, store.done, cfg.limit)  # every bad line named first
+                except BaseException:
+                    store.close()
+                    raise
+                lanes.append(DatasetRun(name, store, scan, cfg.target_output_tokens or spec.target_output_tokens))
             tok = load_tokenizer(cfg.tokenizer)
             routing = RoutingDecision(model=cfg.model) if cfg.backend == "local" else await load_routing(
                 cfg.model, params_dir=cfg.params_dir, base_url=cfg.base_url, api_key_env=cfg.api_key_env)
-            run = cls(cfg, tok, store, routing, scan, cfg.target_output_tokens or spec.target_output_tokens,
-                      complete_fn=complete_fn)
+            run = cls(cfg, tok, lanes, routing, complete_fn=complete_fn)
             if run.paid and not run.idle:
+                run.spender = SpenderLock.acquire(cfg.base_url, api_key, describe={
+                    "datasets": names, "output_dir": str(Path(cfg.output_dir).resolve())})
                 await run._read_account(client, strict=True)
                 run.balance_start = run.books.last.balance_usd if run.books.last else None
         except BaseException:
-            store.close()
+            for lane in lanes:
+                lane.store.close()
+            if "run" in locals() and run.spender is not None:
+                run.spender.close()
             raise
         return run
+
+    def close(self) -> None:
+        for lane in self.lanes.values():
+            lane.store.close()
+        if self.spender is not None:
+            self.spender.close()
 
     async def _read_account(self, client: httpx.AsyncClient, *, strict: bool = False) -> None:
         """Book an account reading; a failed refresh keeps the last one (the first must succeed)."""
         at, spent = time.monotonic(), self.books.spent()
+        self._read_attempt_at = at
         try:
             account = await read_account(client)
         except Exception:
@@ -206,21 +296,30 @@ class Run:
         self.books.read(AccountReading(at, account.usage_usd, account.balance_usd), spent)
 
     # -- scheduling -----------------------------------------------------------------------------
-    def _estimate_tokens(self) -> float:
-        """Expected output tokens of one request: measured mean once there is one, else half the cap."""
-        n = self.store.recorded
-        if n >= 10:
-            return self.store.output_tokens / n
-        return self.cfg.max_tokens / 2
-
-    def _target_reached(self) -> bool:
-        if self.target is None:
-            return False
-        return self.store.output_tokens + self.holding * self._estimate_tokens() >= self.target
-
     def stop(self, reason: str) -> None:
         if not self.stopping:
             self.stopping, self.stop_reason = True, reason
+
+    def _settle_lanes(self) -> None:
+        """Mark the datasets that are done: target recorded, or every prompt finished, nothing in hand.
+        Caller holds the lock."""
+        now = time.monotonic() - self.t0
+        for lane in self.lanes.values():
+            if lane.target is not None and lane.target_met_s is None and lane.store.output_tokens >= lane.target:
+                lane.target_met_s = now
+            if lane.finished or lane.holding:
+                continue
+            if lane.target_met_s is not None:
+                lane.stop_reason = StopReason.TARGET_REACHED
+            elif lane.exhausted and not lane.retries:
+                lane.stop_reason = StopReason.COMPLETED
+        if all(lane.finished for lane in self.lanes.values()):
+            reasons = {lane.stop_reason for lane in self.lanes.values()}
+            self.stop(StopReason.TARGET_REACHED if reasons == {StopReason.TARGET_REACHED} else StopReason.COMPLETED)
+
+    def _only_stragglers(self) -> bool:
+        """Everything still in hand is an answer to a dataset already at its target, and nothing else is left."""
+        return all(lane.target_met_s is not None or lane.finished for lane in self.lanes.values())
 
     async def _take(self) -> _Item | None:
         async with self.cond:
@@ -228,28 +327,30 @@ class Run:
                 if self.stopping:
                     return None
                 timeout = None
-                if self.holding >= self.congestion.allowed:
-                    pass  # wait for a slot
-                elif self.target is not None and self._target_reached():
-                    if self.holding == 0:
-                        self.stop("target_reached")
-                        self.cond.notify_all()
-                        return None
-                else:
+                if self.holding < self.congestion.allowed:
                     now = time.monotonic()
-                    if self.retries and self.retries[0].due <= now:
-                        self.holding += 1
-                        return heapq.heappop(self.retries)
-                    if not self.prompts_exhausted:
-                        prompt = next(self.new_prompts, None)
-                        if prompt is not None:
+                    active = [n for n, lane in self.lanes.items() if not lane.finished and lane.target_met_s is None]
+                    for name in self.pacing.order(active):
+                        lane = self.lanes[name]
+                        item = None
+                        if lane.retries and lane.retries[0].due <= now:
+                            item = heapq.heappop(lane.retries)
+                        elif not lane.exhausted:
+                            prompt = next(lane.prompts, None)
+                            if prompt is None:
+                                lane.exhausted = True
+                            else:
+                                item = _Item(0.0, next(self.seq), prompt, lane)
+                        if item is not None:
                             self.holding += 1
-                            return _Item(0.0, next(self.seq), prompt)
-                        self.prompts_exhausted = True
-                    if self.retries:
-                        timeout = self.retries[0].due - now
-                    elif self.holding == 0:
-                        self.stop("completed")
+                            lane.holding += 1
+                            self.pacing.hold(name)
+                            return item
+                        if lane.retries:
+                            due = lane.retries[0].due - now
+                            timeout = due if timeout is None else min(timeout, due)
+                    self._settle_lanes()
+                    if self.stopping:
                         self.cond.notify_all()
                         return None
                 try:
@@ -257,10 +358,18 @@ class Run:
                 except asyncio.TimeoutError:
                     pass
 
-    async def _release(self) -> None:
+    async def _release(self, item: _Item, started: bool) -> None:
         async with self.cond:
             self.holding -= 1
-            self.cond.notify(1)
+            item.lane.holding -= 1
+            if not started:
+                self.pacing.release(item.lane.name)
+            self._settle_lanes()
+            self.cond.notify(1) if not self.stopping else self.cond.notify_all()
+
+    def _money_stop(self, limit: float) -> str:
+        cap = self.cfg.max_spend_usd
+        return StopReason.MAX_SPEND_REACHED if cap is not None and limit >= cap else StopReason.BALANCE_RESERVE_REACHED
 
     async def _admit(self, item: _Item) -> int | None:
         """Start the request if its cost fits the budget (see admission.py); a ticket, or None when the
@@ -275,16 +384,21 @@ class Run:
                 dregs = (len(self.admission.flights) < TAIL_IN_FLIGHT * self.cfg.concurrency
                          and limit - spent < TAIL_MONEY * limit)
                 # Nothing in flight will free money: it is gone. Or only dregs are left, which would keep a
-                # handful of requests in flight, each a possible straggler of minutes: stop issuing.
+                # handful of requests in flight, each a possible straggler of minutes: stop issuing. But never
+                # on figures that still hold provisional bookings (unreadable answers at their bound): the
+                # account settles them first.
                 if not self.admission.flights or dregs:
-                    cap = self.cfg.max_spend_usd
-                    self.stop("max_spend_reached" if cap is not None and limit >= cap else "balance_reserve_reached")
-                    self.cond.notify_all()
-                    return None
+                    due = self.books.pending_reconciliation()
+                    if due is not None and self._read_attempt_at < due:
+                        self._want_reading = True
+                    else:
+                        self.stop(self._money_stop(limit))
+                        self.cond.notify_all()
+                        return None
                 await self.cond.wait()
 
-    async def _in_pool(self, fn: Callable, *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+    async def _in_pool(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
 
     def _provider(self) -> dict[str, Any] | None:
         """The routing decision's provider object, leaving out providers cooling off after 429s."""
@@ -297,30 +411,40 @@ class Run:
     async def worker(self, client: httpx.AsyncClient) -> None:
         """One concurrency slot: its own connection from `client` (a shard of the pool)."""
         while (item := await self._take()) is not None:
+            started = [False]
             try:
-                await self._work(client, item)
+                await self._work(client, item, started)
             finally:
-                await self._release()
+                await self._release(item, started[0])
 
-    async def _work(self, client: httpx.AsyncClient, item: _Item) -> None:
+    async def _work(self, client: httpx.AsyncClient, item: _Item, started: list[bool]) -> None:
         if item.prompt_ids is None:
             item.prompt_ids = await self._in_pool(prompt_ids, self.tok, item.prompt.messages)
             item.bound = self.worst.cost(len(item.prompt_ids), self.cfg.max_tokens)
         ticket = await self._admit(item)
         if ticket is None:
             return  # unfinished: the next run issues it again
+        async with self.cond:
+            pace = self.pacing.start(item.lane.name, time.monotonic())
+        started[0] = True
         body = build_request(self.cfg.model, item.prompt.messages, max_tokens=self.cfg.max_tokens,
                              temperature=self.cfg.temperature, provider=self._provider(), backend=self.cfg.backend)
         self.in_flight += 1
+        item.lane.stats.in_flight += 1
         try:
             outcome = await self.complete(client, body)
+        except BaseException:
+            async with self.cond:  # cancelled or a bug: the attempt ended with nothing recorded
+                self.pacing.end(pace, time.monotonic(), 0, finished=False)
+            raise
         finally:
             self.in_flight -= 1
+            item.lane.stats.in_flight -= 1
         item.tries += 1
         if outcome.kind is Kind.OK:
-            await self._record(item, outcome, ticket)
+            await self._record(item, outcome, ticket, pace)
         else:
-            await self._not_ok(item, outcome, ticket)
+            await self._not_ok(item, outcome, ticket, pace)
 
     def _cost(self, c: Completion) -> float:
         """The server's `usage.cost`, else the tokens at the serving provider's price (else the worst)."""
@@ -341,57 +465,45 @@ class Run:
             self.books.book(now, item.bound, provisional=True)
         else:
             cost = 0.0
+        item.lane.stats.booked_usd += item.bound if cost is None and self.paid else cost
         self.admission.end(ticket, now, cost)
         self.congestion.observe(now, r.rate_limited)
         provider = outcome.completion.provider if outcome.completion is not None else outcome.provider
         self.cooldown.observe(now, provider, r.rate_limited)
         return r
 
-    def _build_record(self, item: _Item, c: Completion) -> Record:
-        a = c.answer
-        # A lone surrogate (legal in JSON, not in UTF-8) has no exact ids: refuse it rather than record
-        # ids that decode to other text. Raises UnicodeEncodeError.
-        a.reasoning.encode("utf-8"), a.content.encode("utf-8")
-        ids = output_ids(self.tok, a.reasoning, a.content, a.finish_reason)
-        meta: dict[str, Any] = {"attempts": item.tries}
-        if c.reasoning_inline:
-            meta["reasoning_inline"] = True
-        p_ids = item.prompt_ids
-        if c.output_token_ids is not None:  # a local backend told us the true ids: store those
-            meta["ids_source"] = "server"
-            meta["retokenized_agreement"] = agreement(ids, c.output_token_ids)
-            ids = list(c.output_token_ids)
-            if c.prompt_token_ids is not None:
-                meta["prompt_ids_match"] = list(c.prompt_token_ids) == p_ids
-                p_ids = list(c.prompt_token_ids)
-        return Record(id=item.prompt.id, dataset=self.cfg.dataset, messages=item.prompt.messages,
-                      reasoning=a.reasoning, content=a.content, finish_reason=a.finish_reason, model=c.model,
-                      provider=c.provider, generation_id=c.generation_id, usage=c.usage, prompt_ids=p_ids,
-                      output_ids=ids, meta=meta)
-
-    async def _record(self, item: _Item, outcome: Outcome, ticket: int) -> None:
+    async def _record(self, item: _Item, outcome: Outcome, ticket: int, pace: int) -> None:
         c = outcome.completion
         assert c is not None
         cost = self._cost(c)
         try:
-            record = await self._in_pool(self._build_record, item, c)
+            record = await self._in_pool(build_record, self.tok, prompt_id=item.prompt.id, dataset=item.lane.name,
+                                         messages=item.prompt.messages, prompt_ids=item.prompt_ids, completion=c,
+                                         attempts=item.tries)
         except UnicodeEncodeError:
             spoiled = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)",
                               provider=c.provider)
-            return await self._not_ok(item, spoiled, ticket, cost)
+            return await self._not_ok(item, spoiled, ticket, pace, cost)
         async with self.cond:
             self._settle(item, ticket, outcome, cost)
-            if item.prompt.id not in self.store.done:  # a stop signal cannot make us write twice
-                self.store.add_record(record, cost)
-            self.stats.add_record(record, c.usage, cost)
+            store = item.lane.store
+            written = item.prompt.id not in store.done  # a stop signal cannot make us write twice
+            if written:
+                store.add_record(record, cost)
+            self.pacing.end(pace, time.monotonic(), record.output_tokens if written else 0, finished=written)
+            for stats in (self.stats, item.lane.stats):
+                stats.add_record(record, c.usage, cost)
             self.no_endpoint_streak = 0
             self.cond.notify(2)
 
-    async def _not_ok(self, item: _Item, outcome: Outcome, ticket: int, cost: float | None = None) -> None:
+    async def _not_ok(self, item: _Item, outcome: Outcome, ticket: int, pace: int, cost: float | None = None) -> None:
         cls = outcome.error_class
+        lane = item.lane
         async with self.cond:
             r = self._settle(item, ticket, outcome, cost)
-            self.stats.errors[cls] += 1
+            finished = False
+            for stats in (self.stats, lane.stats):
+                stats.errors[cls] += 1
             item.last_error = outcome.error_dict()
             item.attempts += r.counts
             item.rate_limited = item.rate_limited + 1 if r.rate_limited else 0
@@ -400,91 +512,134 @@ class Run:
                     self.no_endpoint_streak += 1
                     if self.no_endpoint_streak >= NO_ENDPOINT_BREAKER:
                         self.fatal = outcome
-                        self.stop("no_endpoints")
+                        self.stop(StopReason.NO_ENDPOINTS)
                 if item.attempts >= self.cfg.max_attempts:
-                    self.store.add_failure(item.prompt.id, {**item.last_error, "gave_up_after": "max_attempts"},
-                                           item.tries)
-                    self.stats.counts["failed"] += 1
+                    self._fail(item, {**item.last_error, "gave_up_after": "max_attempts"})
+                    finished = True
                 else:
                     item.due = time.monotonic() + retry_delay(outcome, item.attempts, item.rate_limited,
                                                               base_s=self.cfg.retry_base_s, cap_s=self.cfg.retry_cap_s)
                     item.seq = next(self.seq)
-                    heapq.heappush(self.retries, item)
-                    self.stats.counts["retried"] += 1
+                    heapq.heappush(lane.retries, item)
+                    for stats in (self.stats, lane.stats):
+                        stats.counts["retried"] += 1
             elif outcome.kind is Kind.FAILED:
-                self.store.add_failure(item.prompt.id, item.last_error, item.tries)
-                self.stats.counts["failed"] += 1
+                self._fail(item, item.last_error)
+                finished = True
             elif outcome.kind is Kind.OUT_OF_MONEY:
-                self.stop("out_of_credits")
+                self.stop(StopReason.OUT_OF_CREDITS)
             else:  # FATAL
                 self.fatal = outcome
-                self.stop(f"fatal_{cls}")
+                self.stop(fatal_stop(cls))
+            self.pacing.end(pace, time.monotonic(), 0, finished=finished)
             if self.stopping:
                 self.cond.notify_all()
             else:
                 self.cond.notify(2)
 
+    def _fail(self, item: _Item, error: dict) -> None:
+        item.lane.store.add_failure(item.prompt.id, error, item.tries)
+        for stats in (self.stats, item.lane.stats):
+            stats.counts["failed"] += 1
+
     # -- the run ----------------------------------------------------------------------------------
-    async def _ticker(self, client: httpx.AsyncClient) -> None:
+    async def _ticker(self, client: httpx.AsyncClient, workers: list[asyncio.Future]) -> None:
         last_account = time.monotonic()
         while True:
             await asyncio.sleep(TICK_S)
             now = time.monotonic()
-            if self.paid and now - last_account >= self.cfg.account_refresh_s:
-                last_account = now
+            due = self.books.pending_reconciliation()
+            wanted = self._want_reading and due is not None and now >= due
+            if self.paid and (now - last_account >= self.cfg.account_refresh_s or wanted):
+                last_account, self._want_reading = now, False
                 await self._read_account(client)
             async with self.cond:  # periodic wake-up: no waiter can sleep through a state change
-                self.admission.refresh(time.monotonic())
-                self.congestion.tick(time.monotonic())
+                now = time.monotonic()
+                self.admission.refresh(now)
+                self.pacing.refresh(now)
+                self.congestion.tick(now)
                 self._sample()
+                self._watch_stragglers(now, workers)
                 self.cond.notify_all()
 
-    def _snapshot(self, final: bool = False) -> Snapshot:
+    def _watch_stragglers(self, now: float, workers: list[asyncio.Future]) -> None:
+        """Every target met: the answers still in flight get `straggler_wait_s` (they are billed either way and
+        kept when they come), then the run ends without them."""
+        if self.stopping or not self.holding or not self._only_stragglers() or self.cfg.straggler_wait_s is None:
+            self._stragglers_since = None
+            return
+        if self._stragglers_since is None:
+            self._stragglers_since = now
+        elif now - self._stragglers_since >= self.cfg.straggler_wait_s:
+            self._abandoning = True
+            self.stats.abandoned = self.holding
+            for lane in self.lanes.values():
+                lane.stats.abandoned = lane.holding
+            self.stop(StopReason.TARGET_REACHED)
+            for w in workers:
+                w.cancel()
+
+    def _sample(self) -> None:
+        now = time.monotonic() - self.t0
+        spent = self.books.spent()
+        self.stats.sample(now, spent, self.in_flight, self.congestion.allowed)
+        for lane in self.lanes.values():
+            lane.stats.sample(now, lane.stats.booked_usd, lane.stats.in_flight, self.congestion.allowed)
+        if self.progress is not None:
+            self.progress.update(self._snapshot())
+
+    def _snapshot(self, final: bool = False) -> RunSnapshot:
         """Where the run stands. The final one reports what the summary reports: the account's delta."""
         spent = self.books.spent()
         if final and self.books.charged_usd is not None:
             spent = self.books.charged_usd
         limit = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd) if self.paid else float("inf")
-        return Snapshot(t=time.monotonic() - self.t0, done=self.store.recorded + self.store.failed,
-                        total_prompts=self.total_prompts, tokens=self.store.output_tokens, in_flight=self.in_flight,
-                        limit=self.congestion.allowed, spent=spent, cap=self.cfg.max_spend_usd, money_limit=limit)
-
-    def _sample(self) -> None:
-        snap = self._snapshot()
-        self.stats.sample(snap.t, snap.spent, snap.in_flight, snap.limit)
-        if self.progress is not None:
-            self.progress.update(snap, self.stats)
+        t = time.monotonic() - self.t0
+        return RunSnapshot(t=t, in_flight=self.in_flight, limit=self.congestion.allowed, spent=spent,
+                           cap=self.cfg.max_spend_usd, money_limit=limit, foreign=self.books.foreign_usd,
+                           stats=self.stats, datasets=[DatasetSnapshot(
+                               name=lane.name, done=lane.store.recorded + lane.store.failed,
+                               total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,
+                               in_flight=lane.stats.in_flight, stats=lane.stats, done_before=lane.done_before,
+                               tokens_before=lane.tokens_before) for lane in self.lanes.values()])
 
     async def execute(self, clients: ClientPool) -> dict[str, Any]:
+        """Run to the end; every dataset's summary.json is written, and the run's summary returned (for one
+        dataset named alone, that dataset's summary)."""
         if self.cfg.progress:
-            self.progress = make_progress(self.cfg.dataset, interval_s=self.cfg.status_interval_s,
-                                          total_prompts=self.total_prompts, done=len(self.store.done),
-                                          target=self.target, tokens=self.store.output_tokens)
+            self.progress = make_progress(self._snapshot(), interval_s=self.cfg.status_interval_s)
         workers = [asyncio.ensure_future(self.worker(clients[i])) for i in range(self.cfg.concurrency)]
-        ticker = asyncio.ensure_future(self._ticker(clients[0]))
+        ticker = asyncio.ensure_future(self._ticker(clients[0], workers))
         restore = _install_signal_handlers(lambda: self._on_signal(workers))
         error: BaseException | None = None
         try:
             await asyncio.gather(*workers, return_exceptions=False)
         except (asyncio.CancelledError, Exception) as e:  # a bug in one slot must not leave 1,999 running
-            self.stop("interrupted" if isinstance(e, asyncio.CancelledError) else f"error: {type(e).__name__}: {e}")
+            self.stop(StopReason.INTERRUPTED if isinstance(e, asyncio.CancelledError) else error_stop(e))
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            if not (isinstance(e, asyncio.CancelledError) and self._signalled):
+            if not (isinstance(e, asyncio.CancelledError) and (self._signalled or self._abandoning)):
                 error = e
         finally:
             restore()
             ticker.cancel()
             if self.paid and not self.idle:  # the account after the last answer: what the run was charged
                 await self._read_account(clients[0])
+            for lane in self.lanes.values():
+                if not lane.finished:
+                    lane.stop_reason = self.stop_reason or StopReason.COMPLETED
             self._sample()
             if self.progress is not None:
-                self.progress.close(self._snapshot(final=True), self.stats)
+                self.progress.close(self._snapshot(final=True))
             self.pool.shutdown(wait=True)
-            self.store.sync()
-        summary = self.summary()
-        self.store.write_summary(summary)
+            for lane in self.lanes.values():
+                lane.store.sync()
+        summaries = {}
+        for lane in self.lanes.values():
+            summaries[lane.name] = self._dataset_summary(lane)
+            lane.store.write_summary(summaries[lane.name])
+        summary = summaries[self.cfg.dataset] if self.single else self._run_summary(summaries)
         if error is not None:
             raise error
         return summary
@@ -497,7 +652,7 @@ class Run:
                 w.cancel()
             return
         self._signalled = True
-        self.stop("interrupted")
+        self.stop(StopReason.INTERRUPTED)
 
         async def drain() -> None:
             async with self.cond:
@@ -508,42 +663,55 @@ class Run:
 
         asyncio.ensure_future(drain())
 
-    def summary(self) -> dict[str, Any]:
-        wall = time.monotonic() - self.t0
-        remaining = self.total_prompts - len(self.store.done)
+    # -- summaries --------------------------------------------------------------------------------
+    def _run_settings(self) -> dict[str, Any]:
         cheapest = self.routing.cheapest()
-        s = self.stats
-        return {
-            "dataset": self.cfg.dataset, "model": self.cfg.model, "base_url": self.cfg.base_url,
-            "backend": self.cfg.backend, "started_at": self.started_at,
-            "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "wall_s": round(wall, 3),
-            "stop_reason": self.stop_reason or "completed",
-            "fatal_error": self.fatal.error_dict() if self.fatal else None,
-            # dataset totals (all runs), read by budget.ipynb's planned-vs-actual
-            "output_tokens": self.store.output_tokens, "spend_usd": round(self.store.spend_usd, 8),
-            "records": self.store.recorded, "failures": self.store.failed, "prompts": self.total_prompts,
-            "remaining": remaining, "target_output_tokens": self.target,
-            # this run
-            "run": {
-                "recorded": s.counts["recorded"], "failed": s.counts["failed"], "retried": s.counts["retried"],
-                "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens,
-                "reasoning_tokens": s.reasoning_tokens,
-                **run_figures(s, wall_s=wall, charged=self.books.charged_usd, spent=self.books.spent()),
-                "max_spend_usd": self.cfg.max_spend_usd, "reserve_usd": self.cfg.reserve_usd,
+        return {"max_spend_usd": self.cfg.max_spend_usd, "reserve_usd": self.cfg.reserve_usd,
                 "balance_start_usd": self.balance_start, "budget_mode": self.cfg.budget_mode,
                 "concurrency": self.cfg.concurrency, "max_tokens": self.cfg.max_tokens,
-                "cheapest_eligible_usd_per_m_output": cheapest.completion_per_m if cheapest else None,
-                "errors": dict(s.errors), "providers": dict(s.providers), "finish_reasons": dict(s.finish),
-                "concurrency_changes": [[round(t - self.t0, 1), round(share, 3), round(limit)]
-                                        for t, share, limit in self.congestion.history
-                                        if limit < self.cfg.concurrency][-200:],
-                "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None,
-                "torn_bytes_repaired": self.store.torn_bytes, "done_before": self.done_before,
-            },
-            "routing": {"provider": self.routing.provider, "source": self.routing.source},
-            "timeline_columns": TIMELINE_COLUMNS,
-            "timeline": s.timeline[-2000:],
-        }
+                "cheapest_eligible_usd_per_m_output": cheapest.completion_per_m if cheapest else None}
+
+    def _common(self, wall: float) -> dict[str, Any]:
+        return {"model": self.cfg.model, "base_url": self.cfg.base_url, "backend": self.cfg.backend,
+                "started_at": self.started_at, "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "wall_s": round(wall, 3)}
+
+    def _dataset_summary(self, lane: DatasetRun) -> dict[str, Any]:
+        """summary.json of one dataset. In a run over several, its money is its share of the account's delta,
+        apportioned by what its answers were booked at (`run.shared_with` names the others)."""
+        wall = time.monotonic() - self.t0
+        charged = self.books.charged_usd
+        if charged is not None and not self.single:
+            total = sum(other.stats.booked_usd for other in self.lanes.values())
+            charged = charged * lane.stats.booked_usd / total if total else 0.0
+        return dataset_summary(
+            lane.name, lane.store, lane.stats, common=self._common(wall), stop_reason=lane.stop_reason,
+            fatal=self.fatal.error_dict() if self.fatal else None, prompts=lane.scan.total, target=lane.target,
+            figures=run_figures(lane.stats, wall_s=wall, charged=charged,
+                                spent=self.books.spent() if self.single else lane.stats.booked_usd),
+            settings=self._run_settings(), done_before=lane.done_before, target_met_s=lane.target_met_s,
+            extra={**self._money_extra(),
+                   "concurrency_changes": self._concurrency_changes(),
+                   **({"shared_with": [n for n in self.lanes if n != lane.name]} if not self.single else {})},
+            routing={"provider": self.routing.provider, "source": self.routing.source})
+
+    def _money_extra(self) -> dict[str, Any]:
+        return {"foreign_usd": round(self.books.foreign_usd, 8)}
+
+    def _concurrency_changes(self) -> list:
+        return [[round(t - self.t0, 1), round(share, 3), round(limit)]
+                for t, share, limit in self.congestion.history if limit < self.cfg.concurrency][-200:]
+
+    def _run_summary(self, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        wall = time.monotonic() - self.t0
+        return run_summary(list(self.lanes), summaries, self.stats, common=self._common(wall),
+                           stop_reason=self.stop_reason or StopReason.COMPLETED,
+                           fatal=self.fatal.error_dict() if self.fatal else None,
+                           figures=run_figures(self.stats, wall_s=wall, charged=self.books.charged_usd,
+                                               spent=self.books.spent()),
+                           settings=self._run_settings(),
+                           extra={**self._money_extra(), "concurrency_changes": self._concurrency_changes()},
+                           routing={"provider": self.routing.provider, "source": self.routing.source})
 
 
 def _install_signal_handlers(callback: Callable[[], None]) -> Callable[[], None]:
@@ -569,16 +737,17 @@ def _install_signal_handlers(callback: Callable[[], None]) -> Callable[[], None]
 
 
 async def run_generation(cfg: GenerateConfig, *, complete_fn: CompleteFn = complete) -> dict[str, Any]:
-    """Generate one dataset; returns the summary (also written to summary.json). Every input error is
-    raised before the first completion request; a fatal API error (bad key, no endpoints) is raised
-    after the summary is written. `complete_fn` sends one request (tests and benches wrap it)."""
+    """Generate one dataset, or several in one pool on one budget; returns the summary (one dataset named alone:
+    its summary.json; otherwise the run's, with each dataset's inside). Every input error is raised before the
+    first completion request; a fatal API error (bad key, no endpoints) is raised after the summaries are
+    written. `complete_fn` sends one request (tests and benches wrap it)."""
     key = resolve_api_key(cfg.base_url, cfg.api_key_env, cfg.backend)
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
-        run = await Run.start(cfg, clients[0], complete_fn=complete_fn)
+        run = await Run.start(cfg, clients[0], api_key=key, complete_fn=complete_fn)
         try:
             summary = await run.execute(clients)
         finally:
-            run.store.close()
+            run.close()
     if run.fatal is not None:
         raise RuntimeError(f"generation stopped: {summary['stop_reason']}: {run.fatal.message}")
     return summary

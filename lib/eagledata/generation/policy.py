@@ -8,9 +8,36 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 from ..openrouter import Outcome
+
+
+class StopReason(StrEnum):
+    """Why a run (or one of its datasets) stopped: `summary.json`'s `stop_reason` (docs/FORMATS.md lists the same,
+    a test holds them equal). Two more are made from a value: `fatal_stop(class)` and `error_stop(exception)`."""
+
+    COMPLETED = "completed"                              # every prompt finished (recorded or failed for good)
+    TARGET_REACHED = "target_reached"                    # the output-token target is recorded
+    MAX_SPEND_REACHED = "max_spend_reached"              # not one more request fits under max_spend_usd
+    BALANCE_RESERVE_REACHED = "balance_reserve_reached"  # not one more fits above the balance's reserve
+    OUT_OF_CREDITS = "out_of_credits"                    # the service said 402: no credits
+    NO_ENDPOINTS = "no_endpoints"                        # routing leaves no endpoint, answer after answer
+    INTERRUPTED = "interrupted"                          # SIGINT/SIGTERM (Ctrl-C, a kernel interrupt)
+
+
+FATAL_PREFIX, ERROR_PREFIX = "fatal_", "error: "
+
+
+def fatal_stop(error_class: str) -> str:
+    """A fatal answer (bad key, …) stopped the run: `fatal_<class>`, e.g. `fatal_auth`."""
+    return FATAL_PREFIX + error_class
+
+
+def error_stop(exc: BaseException) -> str:
+    """A bug stopped the run: `error: <Type>: <message>`."""
+    return f"{ERROR_PREFIX}{type(exc).__name__}: {exc}"
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,9 @@ class RunStats:
     recorded_usd: float = 0.0
     agreement: list[float] = field(default_factory=list)
     timeline: list[list[float]] = field(default_factory=list)
+    in_flight: int = 0            # requests under way now
+    booked_usd: float = 0.0       # what its attempts were booked at (known costs, unreadable ones at their bound)
+    abandoned: int = 0            # requests left in flight when the run ended after every target was met
 
     def add_record(self, record: Record, usage: Usage, cost: float) -> None:
         self.counts["recorded"] += 1
@@ -51,107 +54,159 @@ class RunStats:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """Where a run stands, as the ticker sees it: what both the bar and the status line show."""
+class DatasetSnapshot:
+    """Where one dataset of the run stands."""
 
-    t: float                      # seconds since this run started
+    name: str
     done: int                     # prompts finished, all runs (records + failures)
     total_prompts: int
     tokens: int                   # output tokens recorded, all runs
+    target: int | None
+    in_flight: int
+    stats: RunStats
+    done_before: int = 0
+    tokens_before: int = 0
+
+    @property
+    def share(self) -> float:
+        """How far along: tokens ÷ target, else prompts finished ÷ prompts."""
+        if self.target is not None:
+            return min(self.tokens / self.target, 1.0) if self.target else 1.0
+        return self.done / self.total_prompts if self.total_prompts else 1.0
+
+
+@dataclass(frozen=True)
+class RunSnapshot:
+    """Where a run stands, as the ticker sees it: what both the bars and the status line show."""
+
+    t: float                      # seconds since this run started
     in_flight: int
     limit: int                    # concurrency allowed now
     spent: float                  # charged so far in this run (the account's delta, plus answers since)
+    stats: RunStats               # the whole run's counters
+    datasets: list[DatasetSnapshot]
     cap: float | None = None      # max_spend_usd
     money_limit: float = math.inf  # what this run may spend: min(cap, balance - reserve)
+    foreign: float = 0.0          # usage on the account this run did not book (another spender)
 
 
 class ProgressView(Protocol):
-    def update(self, snap: Snapshot, stats: "RunStats") -> None: ...
+    def update(self, snap: RunSnapshot) -> None: ...
 
-    def close(self, snap: Snapshot, stats: "RunStats") -> None: ...
+    def close(self, snap: RunSnapshot) -> None: ...
 
 
-def status_line(dataset: str, snap: Snapshot, stats: RunStats, *, target: int | None, done_before: int,
-                tokens_before: int) -> str:
-    """One line a log reader can act on: progress, speed, money, concurrency, time left and errors by class.
-
-    The ETA is the sooner of the work left (prompts, or output tokens when the run stops at a target) and the
-    money left, each at this run's mean rate so far."""
-    if target is not None:
-        head = (f"{snap.tokens:,}/{target:,} output tokens ({100 * min(snap.tokens / target, 1):.1f}%), "
-                f"{snap.done:,}/{snap.total_prompts:,} prompts")
-        eta = eta_s(snap.tokens, target, snap.t, tokens_before)
-    else:
-        share = 100 * snap.done / snap.total_prompts if snap.total_prompts else 100.0
-        head = f"{snap.done:,}/{snap.total_prompts:,} prompts ({share:.1f}%)"
-        eta = eta_s(snap.done, snap.total_prompts, snap.t, done_before)
-    why = ""
+def _money_eta(snap: RunSnapshot, eta: float | None) -> tuple[float | None, str]:
     if math.isfinite(snap.money_limit) and snap.spent > 0 and snap.t > 0:
         money_eta = max(snap.money_limit - snap.spent, 0.0) * snap.t / snap.spent
         if eta is None or money_eta < eta:
-            eta, why = money_eta, " (money)"
+            return money_eta, " (money)"
+    return eta, ""
+
+
+def _head(d: DatasetSnapshot, t: float) -> tuple[str, float | None]:
+    if d.target is not None:
+        head = (f"{d.tokens:,}/{d.target:,} output tokens ({100 * d.share:.1f}%), "
+                f"{d.done:,}/{d.total_prompts:,} prompts")
+        return head, eta_s(d.tokens, d.target, t, d.tokens_before)
+    share = 100 * d.done / d.total_prompts if d.total_prompts else 100.0
+    return f"{d.done:,}/{d.total_prompts:,} prompts ({share:.1f}%)", eta_s(d.done, d.total_prompts, t, d.done_before)
+
+
+def status_line(snap: RunSnapshot) -> str:
+    """One line a log reader can act on: progress, speed, money, concurrency, time left and errors by class;
+    for several datasets the totals first, then each dataset's share of its target.
+
+    The ETA is the sooner of the work left (prompts, or output tokens when the run stops at a target) and the
+    money left, each at this run's mean rate so far; for several datasets, the slowest dataset's."""
+    if len(snap.datasets) == 1:
+        d = snap.datasets[0]
+        who, (head, eta) = d.name, _head(d, snap.t)
+    else:
+        etas = [_head(d, snap.t)[1] for d in snap.datasets if d.share < 1]
+        eta = max((e for e in etas if e is not None), default=None) if etas else 0.0
+        tokens, done = sum(d.tokens for d in snap.datasets), sum(d.done for d in snap.datasets)
+        targets = [d.target for d in snap.datasets if d.target is not None]
+        who = f"{len(snap.datasets)} datasets"
+        head = (f"{tokens:,}/{sum(targets):,} output tokens" if len(targets) == len(snap.datasets)
+                else f"{tokens:,} output tokens") + f", {done:,}/{sum(d.total_prompts for d in snap.datasets):,} prompts"
+    eta, why = _money_eta(snap, eta)
     cap = f" of ${snap.cap:,.2f} cap" if snap.cap is not None else ""
-    return (f"{dataset}: {head} | {stats.output_tokens / max(snap.t, 1e-9):,.0f} output tok/s | "
-            f"charged ${snap.spent:,.4f}{cap} | in flight {snap.in_flight:,}/{snap.limit:,} | "
-            f"ETA {duration(eta)}{why} | {stats.describe_errors(top=None)}")
+    other = f" | other spending on this key ${snap.foreign:,.4f}" if snap.foreign else ""
+    line = (f"{who}: {head} | {snap.stats.output_tokens / max(snap.t, 1e-9):,.0f} output tok/s | "
+            f"charged ${snap.spent:,.4f}{cap}{other} | in flight {snap.in_flight:,}/{snap.limit:,} | "
+            f"ETA {duration(eta)}{why} | {snap.stats.describe_errors(top=None)}")
+    if len(snap.datasets) > 1:
+        line += " | " + ", ".join(f"{d.name} {100 * d.share:.1f}%" for d in snap.datasets)
+    return line
 
 
 class Progress:
-    """A tqdm widget bar over prompts (or output tokens, when the run stops at a token target): JupyterLab."""
+    """tqdm widget bars (JupyterLab): one per dataset over prompts (or output tokens, when it stops at a token
+    target), and for several datasets a first bar over the run's output tokens."""
 
-    def __init__(self, dataset: str, *, total_prompts: int, done: int, target: int | None, tokens: int):
+    def __init__(self, snap: RunSnapshot):
         from tqdm.auto import tqdm
 
-        self.by_tokens = target is not None
-        if self.by_tokens:
-            self.bar = tqdm(total=target, initial=min(tokens, target), unit="tok", unit_scale=True,
-                            desc=f"{dataset} output tokens", dynamic_ncols=True)
-        else:
-            self.bar = tqdm(total=total_prompts, initial=done, unit="prompt", desc=f"{dataset} prompts",
-                            dynamic_ncols=True)
+        self.total = None
+        if len(snap.datasets) > 1:
+            targets = [d.target for d in snap.datasets]
+            total = sum(targets) if all(t is not None for t in targets) else None
+            self.total = tqdm(total=total, initial=sum(d.tokens for d in snap.datasets), unit="tok", unit_scale=True,
+                              desc=f"{len(snap.datasets)} datasets, output tokens", dynamic_ncols=True)
+        self.bars = []
+        for d in snap.datasets:
+            if d.target is not None:
+                bar = tqdm(total=d.target, initial=min(d.tokens, d.target), unit="tok", unit_scale=True,
+                           desc=f"{d.name} output tokens", dynamic_ncols=True)
+            else:
+                bar = tqdm(total=d.total_prompts, initial=d.done, unit="prompt", desc=f"{d.name} prompts",
+                           dynamic_ncols=True)
+            self.bars.append(bar)
 
-    def update(self, snap: Snapshot, stats: RunStats) -> None:
-        now = snap.tokens if self.by_tokens else snap.done
-        self.bar.n = min(now, self.bar.total or now)
+    def update(self, snap: RunSnapshot) -> None:
         cap_s = f"/{snap.cap:g}" if snap.cap else ""
-        self.bar.set_postfix_str(
-            f"done {snap.done:,}/{snap.total_prompts:,} | {stats.output_tokens / max(snap.t, 1e-9):,.0f} tok/s | "
-            f"in flight {snap.in_flight}/{snap.limit} | ${snap.spent:,.2f}{cap_s} | {stats.describe_errors()}",
-            refresh=False)
-        self.bar.refresh()
+        for bar, d in zip(self.bars, snap.datasets):
+            now = d.tokens if d.target is not None else d.done
+            bar.n = min(now, bar.total or now)
+            bar.set_postfix_str(f"done {d.done:,}/{d.total_prompts:,} | in flight {d.in_flight} | "
+                                f"{d.stats.describe_errors()}", refresh=False)
+        head = self.total if self.total is not None else self.bars[0]
+        if self.total is not None:
+            tokens = sum(d.tokens for d in snap.datasets)
+            self.total.n = min(tokens, self.total.total or tokens)
+        head.set_postfix_str(
+            f"{snap.stats.output_tokens / max(snap.t, 1e-9):,.0f} tok/s | in flight {snap.in_flight}/{snap.limit} | "
+            f"${snap.spent:,.2f}{cap_s} | {snap.stats.describe_errors()}", refresh=False)
+        for bar in ([self.total] if self.total is not None else []) + self.bars:
+            bar.refresh()
 
-    def close(self, snap: Snapshot, stats: RunStats) -> None:
-        self.update(snap, stats)
-        self.bar.close()
+    def close(self, snap: RunSnapshot) -> None:
+        self.update(snap)
+        for bar in ([self.total] if self.total is not None else []) + self.bars:
+            bar.close()
 
 
 class StatusLines:
     """No widget frontend (papermill, the command): `status_line` through logging every `interval_s`, and once
     at the end."""
 
-    def __init__(self, dataset: str, *, interval_s: float, target: int | None, done: int, tokens: int,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(self, *, interval_s: float, clock: Callable[[], float] = time.monotonic):
         ensure_log_handler()
-        self.dataset, self.target, self.done_before, self.tokens_before = dataset, target, done, tokens
         self.log = StatusLog(interval_s, "eagledata.generate", clock=clock)
 
-    def _line(self, snap: Snapshot, stats: RunStats) -> str:
-        return status_line(self.dataset, snap, stats, target=self.target, done_before=self.done_before,
-                           tokens_before=self.tokens_before)
+    def update(self, snap: RunSnapshot) -> None:
+        self.log.maybe(lambda: status_line(snap))
 
-    def update(self, snap: Snapshot, stats: RunStats) -> None:
-        self.log.maybe(lambda: self._line(snap, stats))
-
-    def close(self, snap: Snapshot, stats: RunStats) -> None:
-        self.log.emit(self._line(snap, stats) + f" | ended after {duration(snap.t)}")
+    def close(self, snap: RunSnapshot) -> None:
+        self.log.emit(status_line(snap) + f" | ended after {duration(snap.t)}")
 
 
-def make_progress(dataset: str, *, interval_s: float, total_prompts: int, done: int, target: int | None,
-                  tokens: int, widget: bool | None = None) -> ProgressView:
-    """The bar where a widget frontend shows it, else status lines."""
+def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None = None) -> ProgressView:
+    """The bars where a widget frontend shows them, else status lines."""
     if widget_frontend() if widget is None else widget:
-        return Progress(dataset, total_prompts=total_prompts, done=done, target=target, tokens=tokens)
-    return StatusLines(dataset, interval_s=interval_s, target=target, done=done, tokens=tokens)
+        return Progress(snap)
+    return StatusLines(interval_s=interval_s)
 
 
 def run_figures(stats: RunStats, *, wall_s: float, charged: float | None, spent: float) -> dict[str, Any]:
@@ -165,4 +220,51 @@ def run_figures(stats: RunStats, *, wall_s: float, charged: float | None, spent:
         "spend_usd": round(paid, 8),
         "output_tokens_per_s": round(stats.output_tokens / max(wall_s, 1e-9), 1),
         "usd_per_m_output": round(1e6 * paid / stats.output_tokens, 4) if stats.output_tokens else None,
+    }
+
+
+def _run_counts(s: RunStats) -> dict[str, Any]:
+    return {"recorded": s.counts["recorded"], "failed": s.counts["failed"], "retried": s.counts["retried"],
+            "abandoned": s.abandoned, "output_tokens": s.output_tokens, "prompt_tokens": s.prompt_tokens,
+            "reasoning_tokens": s.reasoning_tokens}
+
+
+def _run_tail(s: RunStats) -> dict[str, Any]:
+    return {"errors": dict(s.errors), "providers": dict(s.providers), "finish_reasons": dict(s.finish),
+            "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None}
+
+
+def dataset_summary(name: str, store: Any, stats: RunStats, *, common: dict[str, Any], stop_reason: str,
+                    fatal: dict | None, prompts: int, target: int | None, figures: dict[str, Any],
+                    settings: dict[str, Any], done_before: int, target_met_s: float | None, extra: dict[str, Any],
+                    routing: dict[str, Any]) -> dict[str, Any]:
+    """summary.json of one dataset (docs/FORMATS.md#summaryjson): dataset totals over all runs, then this run."""
+    return {
+        "dataset": name, **common, "stop_reason": stop_reason, "fatal_error": fatal,
+        # dataset totals (all runs), read by budget.ipynb's planned-vs-actual
+        "output_tokens": store.output_tokens, "spend_usd": round(store.spend_usd, 8), "records": store.recorded,
+        "failures": store.failed, "prompts": prompts, "remaining": prompts - len(store.done),
+        "target_output_tokens": target,
+        "run": {**_run_counts(stats), **figures, **settings, **_run_tail(stats), **extra,
+                "target_met_s": None if target_met_s is None else round(target_met_s, 1),
+                "torn_bytes_repaired": store.torn_bytes, "done_before": done_before},
+        "routing": routing, "timeline_columns": TIMELINE_COLUMNS, "timeline": stats.timeline[-2000:],
+    }
+
+
+def run_summary(names: list[str], summaries: dict[str, dict[str, Any]], stats: RunStats, *, common: dict[str, Any],
+                stop_reason: str, fatal: dict | None, figures: dict[str, Any], settings: dict[str, Any],
+                extra: dict[str, Any], routing: dict[str, Any]) -> dict[str, Any]:
+    """The summary of a run over several datasets: the totals, the account's figures, and each dataset's
+    summary.json under `datasets` (docs/FORMATS.md#the-run-summary)."""
+    per = [summaries[n] for n in names]
+    targets = [s["target_output_tokens"] for s in per]
+    return {
+        "datasets": {n: summaries[n] for n in names}, **common, "stop_reason": stop_reason, "fatal_error": fatal,
+        "output_tokens": sum(s["output_tokens"] for s in per), "spend_usd": round(sum(s["spend_usd"] for s in per), 8),
+        "records": sum(s["records"] for s in per), "failures": sum(s["failures"] for s in per),
+        "prompts": sum(s["prompts"] for s in per), "remaining": sum(s["remaining"] for s in per),
+        "target_output_tokens": sum(targets) if all(t is not None for t in targets) else None,
+        "run": {**_run_counts(stats), **figures, **settings, **_run_tail(stats), **extra},
+        "routing": routing, "timeline_columns": TIMELINE_COLUMNS, "timeline": stats.timeline[-2000:],
     }

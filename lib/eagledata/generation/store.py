@@ -21,7 +21,7 @@ from ..layout import DatasetFiles
 from ..records import Record, output_tokens
 
 
-COSTS_KEPT = 20_000  # the newest record costs, the cost prior of the next run
+COSTS_KEPT = 20_000  # the newest records' costs and lengths: the priors of the next run
 
 
 class StoreLocked(InputError):
@@ -115,6 +115,7 @@ class Store:
     spend_usd: float = 0.0
     torn_bytes: int = 0
     costs: list[float] = field(default_factory=list, repr=False)  # per record, the newest few thousand
+    lengths: list[int] = field(default_factory=list, repr=False)  # output tokens per record, likewise
     _fds: dict[Path, int] = field(default_factory=dict, repr=False)
     _lock_fd: int | None = field(default=None, repr=False)
 
@@ -159,7 +160,8 @@ class Store:
         self.recorded = len(indexed) + len(tail)
         self.output_tokens = sum(e[2] for e in indexed) + sum(e[2] for e in tail)
         self.spend_usd = sum(e[3] for e in indexed) + sum(e[3] for e in tail)
-        self.costs = [e[3] for e in (indexed + tail)[-COSTS_KEPT:]]
+        newest = (indexed + tail)[-COSTS_KEPT:]
+        self.costs, self.lengths = [e[3] for e in newest], [e[2] for e in newest]
         if len(self.done) != self.recorded:
             raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
                              records)
@@ -194,8 +196,9 @@ class Store:
         self.output_tokens += tokens
         self.spend_usd += cost
         self.costs.append(cost)
+        self.lengths.append(tokens)
         if len(self.costs) > 2 * COSTS_KEPT:
-            del self.costs[:COSTS_KEPT]
+            del self.costs[:COSTS_KEPT], self.lengths[:COSTS_KEPT]
 
     def add_failure(self, prompt_id: str, error: dict[str, Any], attempts: int) -> None:
         if prompt_id in self.done:

@@ -1,0 +1,186 @@
+"""Pacing (pure): which dataset the next request is for, and whether a dataset may take one more.
+
+Several datasets share one pool of slots and one budget. Each dataset with a token target advances in
+proportion to it: the next request goes to the dataset furthest behind, measured as
+
+    expected = recorded tokens + Σ E[tokens | age] over its requests in flight + E[tokens] × requests about to start
+
+÷ its target. E[tokens | age] comes from the same Kaplan–Meier estimate admission uses for money
+(`AgeModel`), over this run's attempts of that dataset: requests in flight are length-biased (long answers stay
+longer), so counting them at the plain mean of the answers finished so far under-counts them about twofold. That
+bias is what made one-dataset runs end 18–31 % over target. So if the money runs out first, every dataset
+holds about the same fraction of its target, as the budget plan assumed.
+
+A dataset stops taking requests once one more would put its expected total past `target × (1 + aim)`, or
+its upper bound (expected + z·sd, the sd of what is in flight plus the estimate's own error) past
+`target × (1 + max_overshoot)`. It opens again when answers come in shorter than expected, and a dataset under
+its target with nothing in flight is always open, so every target is met. Datasets without a target come after
+those with one: they take the slots no dataset with a target can use, sharing them in proportion to their prompts.
+
+Times are the caller's clock (tests and the bench run this in simulated time).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .admission import AgeModel
+
+AIM = 0.01            # the overshoot a dataset aims at: expected final tokens ≈ target × 1.01
+MAX_OVERSHOOT = 0.05  # … and its upper bound at Z standard deviations stays under target × 1.05
+Z = 3.0
+PRIOR_WEIGHT = 30     # pseudo-observations the prior is worth in the estimation-error term
+OWN_MODEL_EVENTS = 300  # a dataset's own estimate once it has this many attempts; before, all datasets' together
+
+
+@dataclass(frozen=True)
+class LaneSpec:
+    name: str
+    target: int | None
+    prompts: int
+    recorded: int
+    finished: int
+    prior_tokens: Sequence[float]
+
+
+@dataclass
+class Lane:
+    """One dataset as pacing sees it. `recorded` and `finished` count every run (the store's totals)."""
+
+    name: str
+    target: int | None
+    prompts: int                    # prompts in the file (up to `limit`)
+    recorded: int                   # output tokens recorded
+    finished: int                   # prompts done (records + failures)
+    model: AgeModel                 # this dataset's attempts
+    pooled: AgeModel                # every dataset's attempts (age says most: generation time grows with length)
+    waiting: int = 0                # taken, not started yet (tokenizing, waiting for money)
+    flights: dict[int, list[float]] = field(default_factory=dict)  # ticket -> [started, mean, var, sd]
+    _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # Σ mean, var, sd in flight
+    _new: tuple[float, float] | None = None  # moments of a request about to start, cached between refreshes
+
+    @property
+    def estimator(self) -> AgeModel:
+        return self.model if self.model.events >= OWN_MODEL_EVENTS else self.pooled
+
+    def new_moments(self) -> tuple[float, float]:
+        if self._new is None:
+            self._new = self.estimator.new_request(math.inf)
+        return self._new
+
+    def expected(self) -> float:
+        """Output tokens this dataset will hold once everything taken has finished, in expectation."""
+        return self.recorded + self._sums[0] + self.waiting * self.new_moments()[0]
+
+    def upper(self, extra: int = 0) -> float:
+        """`expected` (plus `extra` new requests) at Z standard deviations, the estimate's error included."""
+        m0, v0 = self.new_moments()
+        n_new = self.waiting + extra
+        var = self._sums[1] + n_new * v0
+        sds = self._sums[2] + n_new * math.sqrt(v0)
+        estimate_error = sds / math.sqrt(self.estimator.events + PRIOR_WEIGHT)
+        return self.expected() + extra * m0 + Z * math.sqrt(var + estimate_error ** 2)
+
+    def progress(self) -> float:
+        """How far along: expected ÷ target, or (for no target) prompts taken ÷ prompts."""
+        if self.target is not None:
+            return self.expected() / self.target
+        taken = self.finished + len(self.flights) + self.waiting
+        return taken / self.prompts if self.prompts else 1.0
+
+    @property
+    def target_met(self) -> bool:
+        return self.target is not None and self.recorded >= self.target
+
+    def open(self) -> bool:
+        """May this dataset take one more request?"""
+        if self.target is None:
+            return True
+        if self.recorded >= self.target:
+            return False
+        if not self.flights and not self.waiting:
+            return True  # under target with nothing on the way: always top up
+        m0, _ = self.new_moments()
+        return (self.expected() + m0 <= self.target * (1 + AIM)
+                and self.upper(1) <= self.target * (1 + MAX_OVERSHOOT))
+
+
+class Pacing:
+    """The datasets of one run and their requests in flight (the caller holds the lock)."""
+
+    def __init__(self, lanes: Iterable[LaneSpec]):
+        specs = list(lanes)
+        self.pooled = AgeModel([t for spec in specs for t in spec.prior_tokens])
+        self.lanes = {spec.name: Lane(spec.name, spec.target, spec.prompts, spec.recorded, spec.finished,
+                                      AgeModel(spec.prior_tokens), self.pooled) for spec in specs}
+        self._owner: dict[int, str] = {}
+        self._next = 0
+
+    @staticmethod
+    def lane(name: str, *, target: int | None, prompts: int, recorded: int, finished: int,
+             prior_tokens: Sequence[float]) -> "LaneSpec":
+        """A dataset as it stands when the run starts; `prior_tokens`: its earlier records' lengths, else a guess."""
+        return LaneSpec(name, target, prompts, recorded, finished, prior_tokens)
+
+    def order(self, names: Iterable[str] | None = None) -> list[str]:
+        """The open datasets, the one furthest behind first; those without a target after those with one."""
+        lanes = [self.lanes[n] for n in (self.lanes if names is None else names)]
+        return [lane.name for lane in sorted((lane for lane in lanes if lane.open()),
+                                             key=lambda lane: (lane.target is None, lane.progress()))]
+
+    def hold(self, name: str) -> None:
+        """An item of `name` was taken (it will start, or be put back with `release`)."""
+        self.lanes[name].waiting += 1
+
+    def release(self, name: str) -> None:
+        """A taken item goes back unstarted (money gone, the run stopping)."""
+        self.lanes[name].waiting -= 1
+
+    def start(self, name: str, now: float) -> int:
+        lane = self.lanes[name]
+        lane.waiting -= 1
+        m, v = lane.new_moments()
+        self._next += 1
+        lane.flights[self._next] = [now, m, v, math.sqrt(v)]
+        _add(lane, lane.flights[self._next], 1.0)
+        self._owner[self._next] = name
+        return self._next
+
+    def end(self, ticket: int, now: float, tokens: int, *, finished: bool) -> None:
+        """The attempt ended with `tokens` recorded (0 for an error); `finished`: the prompt is done."""
+        lane = self.lanes[self._owner.pop(ticket)]
+        f = lane.flights.pop(ticket)
+        _add(lane, f, -1.0)
+        if not lane.flights:
+            lane._sums = [0.0, 0.0, 0.0]  # no float drift once nothing is in flight
+        lane.model.observe(now - f[0], tokens)
+        self.pooled.observe(now - f[0], tokens)
+        lane.recorded += tokens
+        lane.finished += finished
+
+    def refresh(self, now: float) -> None:
+        """Re-estimate every request in flight at its current age (a few times a second)."""
+        self.pooled.fit(np.array([now - f[0] for lane in self.lanes.values() for f in lane.flights.values()]))
+        for lane in self.lanes.values():
+            lane._new = None
+            flights = list(lane.flights.values())
+            ages = np.array([now - f[0] for f in flights])
+            if lane.estimator is lane.model:
+                lane.model.fit(ages)
+            if not flights:
+                continue
+            means, variances = lane.estimator.moments(ages, np.full(len(flights), np.inf))
+            lane._sums = [0.0, 0.0, 0.0]
+            for f, m, v in zip(flights, means.tolist(), variances.tolist()):
+                f[1:] = [m, v, math.sqrt(v)]
+                _add(lane, f, 1.0)
+
+
+def _add(lane: Lane, f: list[float], sign: float) -> None:
+    s = lane._sums
+    s[0] += sign * f[1]
+    s[1] += sign * f[2]
+    s[2] += sign * f[3]

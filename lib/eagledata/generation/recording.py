@@ -1,0 +1,36 @@
+"""What an answer becomes (pure): the record, with its exact token ids.
+
+Kept out of the engine so that the recipe (DESIGN.md: reasoning ids, `</think>`, content ids, `<|im_end|>` unless
+cut) and what a local server's own ids override can be read and tested without running anything.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..openrouter import Completion
+from ..records import Record
+from ..text import KimiTokenizer, agreement, output_ids
+
+
+def build_record(tok: KimiTokenizer, *, prompt_id: str, dataset: str, messages: list[dict], prompt_ids: list[int],
+                 completion: Completion, attempts: int) -> Record:
+    """The record of one answer. A lone surrogate (legal in JSON, not in UTF-8) has no exact ids: it raises
+    UnicodeEncodeError rather than record ids that decode to other text."""
+    a = completion.answer
+    a.reasoning.encode("utf-8"), a.content.encode("utf-8")
+    ids = output_ids(tok, a.reasoning, a.content, a.finish_reason)
+    meta: dict[str, Any] = {"attempts": attempts}
+    if completion.reasoning_inline:
+        meta["reasoning_inline"] = True
+    p_ids = prompt_ids
+    if completion.output_token_ids is not None:  # a local backend told us the true ids: store those
+        meta["ids_source"] = "server"
+        meta["retokenized_agreement"] = agreement(ids, completion.output_token_ids)
+        ids = list(completion.output_token_ids)
+        if completion.prompt_token_ids is not None:
+            meta["prompt_ids_match"] = list(completion.prompt_token_ids) == p_ids
+            p_ids = list(completion.prompt_token_ids)
+    return Record(id=prompt_id, dataset=dataset, messages=messages, reasoning=a.reasoning, content=a.content,
+                  finish_reason=a.finish_reason, model=completion.model, provider=completion.provider,
+                  generation_id=completion.generation_id, usage=completion.usage, prompt_ids=p_ids,
+                  output_ids=ids, meta=meta)

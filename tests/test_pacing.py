@@ -1,0 +1,131 @@
+"""Pacing in simulated time: several datasets on one pool end at their targets, in proportion when money is short."""
+import heapq
+import math
+import random
+
+import numpy as np
+import pytest
+
+from eagledata.generation.pacing import MAX_OVERSHOOT, Pacing
+
+
+def lengths(rng: random.Random) -> tuple[int, float]:
+    """(output tokens, latency): the emulator's answer shape (reasoning + content, log-normal), generation time
+    proportional to length, so long answers stay in flight longer."""
+    n = min(32000, round(rng.lognormvariate(math.log(1500), 0.8)) + round(rng.lognormvariate(math.log(300), 0.7)))
+    return n, 0.4 * (1.6 + n / 38)
+
+
+def prior(seed: int = 0) -> list[float]:
+    """The budget model's pessimistic guess (median 3,000, sigma 0.9), as the engine's first run has."""
+    return list(np.minimum(np.random.default_rng(seed).lognormal(math.log(3000), 0.9, 5000), 32768))
+
+
+def simulate(targets: dict[str, int | None], *, slots: int, seed: int, money_tokens: float | None = None,
+             prompts: dict[str, int] | None = None, tick: float = 0.5):
+    """Keep `slots` requests in flight for the datasets pacing picks; stop issuing when `money_tokens` worth of
+    answers have been started. Returns (pacing, started per dataset, the time each target was met)."""
+    rng = random.Random(seed)
+    prompts = prompts or {}
+    pace = Pacing(Pacing.lane(name, target=t, prompts=prompts.get(name, 10 ** 6), recorded=0, finished=0,
+                              prior_tokens=prior(seed)) for name, t in targets.items())
+    ends: list = []
+    started = dict.fromkeys(targets, 0)
+    met: dict[str, float] = {}
+    t, next_tick, issued, broke = 0.0, tick, 0, False
+    while True:
+        while len(ends) < slots and not broke:
+            order = [n for n in pace.order() if started[n] < prompts.get(n, 10 ** 6)]
+            if not order:
+                break
+            n_tokens, latency = lengths(rng)
+            if money_tokens is not None and issued + n_tokens > money_tokens:
+                broke = True
+                break
+            issued += n_tokens
+            name = order[0]
+            pace.hold(name)
+            heapq.heappush(ends, (t + latency, pace.start(name, t), name, n_tokens))
+            started[name] += 1
+        if not ends:
+            return pace, started, met
+        if ends[0][0] <= next_tick:
+            t, ticket, name, n_tokens = heapq.heappop(ends)
+            pace.end(ticket, t, n_tokens, finished=True)
+            lane = pace.lanes[name]
+            if lane.target is not None and name not in met and lane.recorded >= lane.target:
+                met[name] = t
+        else:
+            t, next_tick = next_tick, next_tick + tick
+            pace.refresh(t)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_six_datasets_end_at_their_targets_not_past_them(seed):
+    """The seed's job at a quarter scale: 500 in flight hold ~2M tokens, more than a whole 1.46M target."""
+    targets = {f"B{i}": 1_460_000 for i in range(3, 9)}
+    pace, _, met = simulate(targets, slots=500, seed=seed)
+    for name, target in targets.items():
+        got = pace.lanes[name].recorded
+        assert target <= got <= target * (1 + MAX_OVERSHOOT), (name, got / target)
+    assert set(met) == set(targets)
+
+
+def test_targets_of_different_sizes_progress_in_proportion():
+    """Money for ~60% of the targets: every dataset ends near the same fraction of its own target."""
+    targets = {"small": 1_000_000, "mid": 1_500_000, "big": 2_000_000}  # 300 in flight hold ~1.4M tokens
+    money = 0.6 * sum(targets.values())
+    pace, _, _ = simulate(targets, slots=300, seed=5, money_tokens=money)
+    shares = [pace.lanes[n].recorded / t for n, t in targets.items()]
+    assert max(shares) - min(shares) <= 0.05, shares
+    assert 0.5 < min(shares) and max(shares) < 0.7
+
+
+def test_datasets_without_a_target_take_what_the_targets_leave():
+    """While a dataset with a target can use a slot it gets it; the one without only gets slots it cannot use,
+    then every prompt it has."""
+    pace, started, _ = simulate({"T": 300_000, "free": None}, slots=200, seed=7, prompts={"free": 400})
+    assert 300_000 <= pace.lanes["T"].recorded <= 300_000 * (1 + MAX_OVERSHOOT)
+    assert started["free"] == 400
+
+
+def test_untargeted_datasets_share_in_proportion_to_their_prompts():
+    pace = Pacing(Pacing.lane(n, target=None, prompts=p, recorded=0, finished=0, prior_tokens=[1000.0])
+                  for n, p in (("a", 100), ("b", 300)))
+    picks = []
+    for i in range(200):
+        name = pace.order()[0]
+        pace.hold(name)
+        pace.start(name, 0.0)
+        picks.append(name)
+    assert picks.count("a") == 50 and picks.count("b") == 150
+
+
+def test_a_dataset_under_target_with_nothing_in_flight_is_always_open():
+    """Even a target smaller than one answer is met: nothing in flight and under target means one more."""
+    pace = Pacing([Pacing.lane("tiny", target=1, prompts=10, recorded=0, finished=0, prior_tokens=[5000.0])])
+    assert pace.order() == ["tiny"]
+    pace.hold("tiny")
+    ticket = pace.start("tiny", 0.0)
+    assert pace.order() == []  # one in flight is expected to pass the target
+    pace.end(ticket, 1.0, 0, finished=False)  # it failed: nothing recorded
+    assert pace.order() == ["tiny"]
+    pace.hold("tiny")
+    pace.end(pace.start("tiny", 1.0), 2.0, 700, finished=True)
+    assert pace.lanes["tiny"].target_met and pace.order() == []
+
+
+def test_requests_in_flight_count_at_their_age():
+    """An old request is a long one: it counts for more than the mean of the answers finished so far."""
+    pace = Pacing([Pacing.lane("D", target=10 ** 7, prompts=10, recorded=0, finished=0, prior_tokens=prior())])
+    rng = random.Random(3)
+    for _ in range(400):  # finished attempts: (latency, tokens)
+        n, latency = lengths(rng)
+        pace.hold("D")
+        pace.end(pace.start("D", 0.0), latency, n, finished=True)
+    lane = pace.lanes["D"]
+    mean = lane.recorded / 400
+    pace.hold("D")
+    pace.start("D", 0.0)
+    pace.refresh(60.0)  # in flight for 60 s: only long answers take that long
+    assert lane.expected() - lane.recorded > 2 * mean
