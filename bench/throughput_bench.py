@@ -13,6 +13,12 @@ the seed's (~18) and latency against client work stays realistic (tens of second
   capped     (d) `--runs` seeded runs with a cap under the usual fault mix and heavy-tailed lengths:
              charged ÷ cap per run (strict mode is covered by tests: it cannot pass the cap by construction).
   abandon    what a killed run pays for its requests in flight, streamed or not, and streaming's client CPU.
+  job        (e) the user's whole job (issue 23): six datasets (B3-B8), each with its own target, on one balance,
+             at seed ratios time-scaled x1/4: $25 balance, $1.25 reserve, 500 in flight, max_tokens 32768, answers
+             ~2.4k tokens at ~25 s, the usual fault mix. One run over the six, side by side with the Little's-law
+             ideal of one full pool measured on that run's own answers: time to every target ÷ ideal, each
+             dataset's tokens ÷ target, charged vs balance - reserve. `--money-share 0.6`: money for 60% of the
+             targets. `--baseline`: also the old way, six runs one after another on the same balance.
 """
 from __future__ import annotations
 
@@ -314,9 +320,76 @@ def abandon(a: argparse.Namespace) -> None:
                                                                         f"{1e6 * cpu / max(chunks, 1):.0f} us CPU per chunk" if stream else ""))
 
 
+def write_job(d: Path, names: list[str], n: int, targets: dict[str, int]) -> Path:
+    """Six prompt files and the datasets file naming them with their targets."""
+    lines = []
+    for name in names:
+        prompts = d / f"{name}.jsonl"
+        with prompts.open("w") as f:
+            for i in range(n):
+                msgs = [{"role": "user", "content": f"{name} question {i}: prove that {i} + {i} is even, then explain."}]
+                f.write(json.dumps({"id": f"{name}-{i:06d}", "messages": msgs}) + "\n")
+        lines.append(f"{name}:\n  prompts: {prompts}\n  target_output_tokens: {targets[name]}\n")
+    (d / "datasets.yaml").write_text("".join(lines))
+    return d / "datasets.yaml"
+
+
+def _job_report(label: str, per: dict[str, dict], targets: dict[str, int], met_at: list[float | None], wall: float,
+                ideal: float, charged: float, usable: float) -> None:
+    shares = {n: per[n]["output_tokens"] / targets[n] for n in targets}
+    last = None if any(m is None for m in met_at) else max(met_at)
+    ratio = f"{last / ideal:.2f}x ideal" if last is not None else "not every target met"
+    print(f"    {label}: every target met at {last if last is not None else float('nan'):.0f} s = {ratio}; run "
+          f"ended at {wall:.0f} s = {wall / ideal:.2f}x; charged ${charged:.2f} of ${usable:.2f} usable "
+          f"({charged / usable:.3f}); tokens / target " + ", ".join(f"{n} {v:.3f}" for n, v in shares.items()) +
+          f" (spread {max(shares.values()) - min(shares.values()):.3f}); stops "
+          + ", ".join(sorted({per[n]['stop_reason'] for n in targets})), flush=True)
+
+
+def job(a: argparse.Namespace) -> None:
+    balance, reserve, slots = 25.0, 1.25, 500
+    usable = balance - reserve
+    names = [f"B{i}" for i in range(3, 9)]
+    emu_cfg = {"speed": a.job_speed, "balance": balance, "seed": a.seed, "generation_delay": 0.1,
+               "faults": {**USUAL_FAULTS, "slow_seconds": 30 * a.job_speed} if a.faults else {}}
+    with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        routing = asyncio.run(load_routing("moonshotai/kimi-k2.5", params_dir=str(d / "params"), base_url=emu.base_url,
+                                           api_key_env="OPENROUTER_API_KEY"))
+        price = routing.cheapest().completion_per_m / 1e6
+        each = int(usable * a.money_share_of_targets / price / len(names))  # one target: its share of the money
+        targets = dict.fromkeys(names, each)
+        datasets = write_job(d, names, 20_000, targets)
+        print(f"(e) the job: {len(names)} datasets x {each:,} output tokens (money for {1 / a.money_share_of_targets:.0%} "
+              f"of them at ${price * 1e6:.2f}/M), ${balance:g} balance, ${reserve:g} reserve, {slots} in flight, "
+              f"max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, faults {'on' if a.faults else 'off'}", flush=True)
+        kw = dict(datasets_file=str(datasets), base_url=emu.base_url, params_dir=str(d / "params"), concurrency=slots,
+                  progress=False, reserve_usd=reserve, max_tokens=SEED_MAX_TOKENS, account_refresh_s=5.0,
+                  account_lag_s=2.0)
+        timed = Timed()
+        t0 = time.monotonic()
+        s = asyncio.run(run_generation(GenerateConfig(dataset=names, output_dir=str(d / "one"), **kw), complete_fn=timed))
+        wall = time.monotonic() - t0
+        ideal = sum(targets.values()) / (slots * statistics.fmean(timed.tokens) / statistics.fmean(timed.latency))
+        print(f"    ideal of one full pool: {ideal:.0f} s ({sum(targets.values()):,} tokens; mean answer "
+              f"{statistics.fmean(timed.tokens):,.0f} tokens in {statistics.fmean(timed.latency):.1f} s over "
+              f"{len(timed.tokens):,} answers)")
+        _job_report("one run ", s["datasets"], targets, [x["run"]["target_met_s"] for x in s["datasets"].values()],
+                    wall, ideal, emu.stats()["charged_usd"], usable)
+        if a.baseline:
+            emu.reset(emu_cfg)  # a fresh account: the same balance again
+            per, met, t0, elapsed = {}, [], time.monotonic(), 0.0
+            for name in names:
+                one = asyncio.run(run_generation(GenerateConfig(dataset=name, output_dir=str(d / "seq"), **kw)))
+                per[name] = one
+                met.append(None if one["run"]["target_met_s"] is None else elapsed + one["run"]["target_met_s"])
+                elapsed = time.monotonic() - t0
+            _job_report("six runs", per, targets, met, elapsed, ideal, emu.stats()["charged_usd"], usable)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", choices=["seed", "background", "capacity", "capped", "abandon", "all"])
+    ap.add_argument("which", choices=["seed", "background", "capacity", "capped", "abandon", "job", "all"])
     ap.add_argument("--scale", type=float, default=4.0, help="answers this many times shorter, prices higher")
     ap.add_argument("--speed", type=float, default=1.5, help="emulator time scale (1 = the catalog's latencies)")
     ap.add_argument("--seed", type=int, default=1)
@@ -328,9 +401,14 @@ def main() -> int:
     ap.add_argument("--first-seed", type=int, default=100, help="capped: seeds first_seed .. first_seed + runs - 1")
     ap.add_argument("--seconds", type=float, default=60.0, help="abandon: run this long, then kill")
     ap.add_argument("--abandon-concurrency", type=int, default=1000)
+    ap.add_argument("--job-speed", type=float, default=0.38, help="job: emulator time scale (0.38: ~25 s an answer)")
+    ap.add_argument("--money-share-of-targets", type=float, default=0.85,
+                    help="job: the targets cost this share of the usable money (0.85; >1: not enough money)")
+    ap.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True, help="job: the usual fault mix")
+    ap.add_argument("--baseline", action="store_true", help="job: also six runs one after another")
     a = ap.parse_args()
     for name, fn in (("seed", seed), ("background", background), ("capacity", capacity), ("capped", capped),
-                     ("abandon", abandon)):
+                     ("abandon", abandon), ("job", job)):
         if a.which in (name, "all"):
             fn(a)
     return 0

@@ -1,4 +1,4 @@
-"""`python -m eagledata.generate --dataset NAME [--flag VALUE …]`: generate.ipynb's run as a command.
+"""`python -m eagledata.generate --dataset NAME [NAME …] [--flag VALUE …]`: generate.ipynb's run as a command.
 
 Every flag is a field of `eagledata.generation.GenerateConfig` (same names and defaults as the notebook's
 parameters; `--help` lists them). The engine itself lives in `eagledata.generation`.
@@ -20,13 +20,22 @@ def main(argv: list[str] | None = None) -> int:
 
     def run() -> None:
         summary = asyncio.run(run_generation(cfg))
-        run = summary["run"]
-        print(f"{cfg.dataset}: {summary['stop_reason']}; recorded {run['recorded']}, failed {run['failed']}, "
-              f"{run['output_tokens']:,} output tokens, charged ${run['spend_usd']:.4f} (answers kept "
-              f"${run['recorded_usd']:.4f}); dataset {summary['records']} "
-              f"records, {summary['remaining']} remaining")
+        per = summary.get("datasets", {summary.get("dataset"): summary})
+        if "datasets" in summary:
+            print(f"{len(per)} datasets: {_line(summary)}")
+        for name, s in per.items():
+            print(f"{name}: {_line(s)}")
 
     return run_command("generate", run)
+
+
+def _line(summary: dict) -> str:
+    run = summary["run"]
+    return (f"{summary['stop_reason']}; recorded {run['recorded']}, failed {run['failed']}, "
+            f"{run['output_tokens']:,} output tokens, charged ${run['spend_usd']:.4f} (answers kept "
+            f"${run['recorded_usd']:.4f}); {summary['records']} records, {summary['remaining']} remaining"
+            + (f", {summary['output_tokens']:,} of {summary['target_output_tokens']:,} target tokens"
+               if summary.get("target_output_tokens") else ""))
 
 
 if __name__ == "__main__":

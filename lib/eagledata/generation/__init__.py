@@ -7,10 +7,12 @@ from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
 from .engine import GenerateConfig, generate, run_generation
 from .pacing import Pacing
 from .prompts import Prompt, load_prompts, scan_prompts
-from .report import plot_run, record_stats, summary_table
+from .report import (dataset_rows, dataset_summaries, datasets_table, plot_datasets, plot_run, record_stats,
+                     summary_table, without_timelines)
 from .store import Store, StoreLocked
 
-__all__ = ["Admission", "BudgetConfig", "AgeModel", "DatasetSpec", "DatasetStats", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
+__all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
            "Store", "StoreLocked", "generate", "get_dataset", "load_datasets", "load_prompts",
+           "Pacing", "dataset_rows", "dataset_summaries", "datasets_table", "plot_datasets", "without_timelines",
            "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan", "plot_run",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "write_targets"]

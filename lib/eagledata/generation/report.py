@@ -1,4 +1,4 @@
-"""The run report of generate.ipynb: tables and plots from summary.json and records.jsonl."""
+"""The run report of generate.ipynb: tables and plots from the run's summary and the records."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,20 +8,87 @@ from ..layout import DatasetFiles
 from ..records import output_tokens
 
 
-def record_stats(files: DatasetFiles):
-    """One row per record (no ids or text): provider, finish reason, token counts, cost."""
+def dataset_summaries(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each dataset's summary: the run's `datasets`, or the one dataset's summary itself."""
+    return summary["datasets"] if "datasets" in summary else {summary["dataset"]: summary}
+
+
+def without_timelines(summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary to publish: the same, less the timelines (the report's plots have them)."""
+    out = {k: v for k, v in summary.items() if not k.startswith("timeline")}
+    if "datasets" in out:
+        out["datasets"] = {n: without_timelines(s) for n, s in out["datasets"].items()}
+    return out
+
+
+def record_stats(*files: DatasetFiles):
+    """One row per record (no ids or text): dataset, provider, finish reason, token counts, cost."""
     import pandas as pd
 
     rows = []
-    if files.records.is_file():
-        for _, r in iter_jsonl(files.records, tolerate_torn_tail=True):
+    for f in files:
+        if not f.records.is_file():
+            continue
+        for _, r in iter_jsonl(f.records, tolerate_torn_tail=True):
             u = r.get("usage") or {}
-            rows.append({"provider": r.get("provider") or "?", "finish_reason": r.get("finish_reason"),
+            rows.append({"dataset": r.get("dataset"), "provider": r.get("provider") or "?",
+                         "finish_reason": r.get("finish_reason"),
                          "output_tokens": output_tokens(u.get("completion_tokens"), r.get("output_ids")),
                          "prompt_tokens": len(r.get("prompt_ids") or []),
                          "reasoning_tokens": u.get("reasoning_tokens") or 0, "cost": u.get("cost")})
-    return pd.DataFrame(rows, columns=["provider", "finish_reason", "output_tokens", "prompt_tokens",
+    return pd.DataFrame(rows, columns=["dataset", "provider", "finish_reason", "output_tokens", "prompt_tokens",
                                        "reasoning_tokens", "cost"])
+
+
+def dataset_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per dataset: target, tokens, share of target, records, $ (its share of the account's delta), stop reason."""
+    rows = []
+    for name, s in dataset_summaries(summary).items():
+        target = s["target_output_tokens"]
+        rows.append({"dataset": name, "stop_reason": s["stop_reason"], "target_output_tokens": target,
+                     "output_tokens": s["output_tokens"],
+                     "share_of_target": None if not target else round(s["output_tokens"] / target, 4),
+                     "records": s["records"], "failures": s["failures"], "remaining": s["remaining"],
+                     "output_tokens_this_run": s["run"]["output_tokens"], "charged_usd": s["run"]["charged_usd"],
+                     "target_met_s": s["run"].get("target_met_s")})
+    return rows
+
+
+def datasets_table(summary: dict[str, Any]):
+    """`dataset_rows` as a table, one row per dataset."""
+    import pandas as pd
+
+    return pd.DataFrame(dataset_rows(summary)).set_index("dataset")
+
+
+def plot_datasets(summary: dict[str, Any]):
+    """Each dataset's progress toward its target over the run (or its prompts, without a target), and where it ended."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(15, 4.5))
+    per = dataset_summaries(summary)
+    for name, s in per.items():
+        cols, tl = s["timeline_columns"], s.get("timeline") or []
+        target = s["target_output_tokens"]
+        base = s["output_tokens"] - s["run"]["output_tokens"]  # recorded before this run
+        t = [row[cols.index("t_s")] for row in tl]
+        if target:
+            ax.plot(t, [(base + row[cols.index("output_tokens")]) / target for row in tl], label=name)
+        else:
+            done_before = s["run"]["done_before"]
+            ax.plot(t, [(done_before + row[cols.index("recorded")]) / max(s["prompts"], 1) for row in tl],
+                    ls="--", label=f"{name} (prompts)")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set(title="share of target over the run", xlabel="seconds", ylabel="output tokens / target")
+    ax.legend(loc="lower right")
+    rows = dataset_rows(summary)
+    names = [r["dataset"] for r in rows]
+    shares = [r["share_of_target"] if r["share_of_target"] is not None else 0.0 for r in rows]
+    bars.bar(names, shares, color="tab:blue")
+    bars.axhline(1.0, color="black", lw=0.8)
+    bars.set(title="where each dataset ended", ylabel="output tokens / target")
+    fig.tight_layout()
+    return fig
 
 
 def summary_table(summary: dict[str, Any]):
