@@ -196,7 +196,8 @@ def test_two_commands_on_one_account_the_second_is_refused(emu, tmp_path):
         second = subprocess.run(elsewhere, capture_output=True, text=True, timeout=60)
         assert second.returncode == 2, second.stderr
         assert re.search(rf"another run is spending on this account .*pid {first.pid} ", second.stderr), second.stderr
-        assert not (tmp_path / "out2" / "datasets" / "A" / "records.jsonl").exists()
+        refused = tmp_path / "out2" / "datasets" / "A" / "records.jsonl"
+        assert not refused.exists() or refused.stat().st_size == 0  # nothing was sent, nothing recorded
     finally:
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=60)
