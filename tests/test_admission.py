@@ -124,6 +124,46 @@ def test_one_request_with_nothing_in_flight_commits_its_worst_case():
     assert adm.fits(BOUND, spent=0.0, limit=BOUND) and not adm.fits(BOUND, spent=0.01, limit=BOUND)
 
 
+@pytest.mark.parametrize("in_flight", [0, 1, 3, 50])
+def test_portfolio_never_admits_less_than_strict(in_flight):
+    """Whatever the estimates say, a request that fits every worst case in flight plus its own is admitted."""
+    adm = Admission(AgeModel([BOUND] * 100))  # a prior that says every answer costs its bound
+    for _ in range(in_flight):
+        adm.start(0.0, BOUND)
+    adm.refresh(1.0)
+    limit = (in_flight + 1) * BOUND
+    assert adm.fits(BOUND, spent=0.0, limit=limit) and not adm.fits(BOUND, spent=1e-9, limit=limit)
+
+
+def test_a_money_stop_waits_for_the_reading_that_settles_provisional_bookings():
+    books = Books(lag_s=2.0)
+    books.read(AccountReading(0.0, usage_usd=1.0, balance_usd=10.0))
+    assert books.pending_reconciliation() is None
+    books.book(5.0, 0.1, provisional=True)
+    books.book(6.0, 0.02)
+    books.book(7.0, 0.1, provisional=True)
+    assert books.pending_reconciliation() == 9.0  # the newest provisional booking + the lag
+    books.read(AccountReading(8.0, usage_usd=1.05, balance_usd=9.95))  # too early for the one at 7.0
+    assert books.pending_reconciliation() == 9.0
+    books.read(AccountReading(9.5, usage_usd=1.07, balance_usd=9.93))
+    assert books.pending_reconciliation() is None and books.spent() == pytest.approx(0.07)
+    blind = Books(lag_s=2.0)  # readings without usage cannot settle anything: never wait for them
+    blind.read(AccountReading(0.0, usage_usd=None, balance_usd=10.0))
+    blind.book(1.0, 0.1, provisional=True)
+    assert blind.pending_reconciliation() is None
+
+
+def test_usage_nobody_in_the_run_booked_is_foreign():
+    books = Books(lag_s=0.0)
+    books.read(AccountReading(0.0, usage_usd=5.0, balance_usd=20.0))
+    books.book(1.0, 1.0)
+    books.book(1.5, 0.3, provisional=True)  # booked at its bound: it may have cost less, never more
+    books.read(AccountReading(2.0, usage_usd=6.2, balance_usd=18.8))
+    assert books.foreign_usd == 0.0  # 1.2 charged ≤ 1.3 booked
+    books.read(AccountReading(3.0, usage_usd=8.3, balance_usd=16.7))
+    assert books.foreign_usd == pytest.approx(2.0)  # 3.3 charged, 1.3 of it ours
+
+
 def test_bernstein_margin_solves_the_tail_bound():
     v, m, p = 0.37, 2.0, 1e-6
     t = bernstein_margin(v, m, math.log(1 / p))

@@ -167,7 +167,10 @@ class Admission:
         return means + min(margin, max(0.0, slack))
 
     def fits(self, bound: float, spent: float, limit: float) -> bool:
-        return spent + self.commitment(bound) <= limit
+        """Never less than strict admission: what fits every worst case fits (the margin is capped by the
+        slack, so portfolio's commitment is at most the bounds; the min says so outright)."""
+        strict = self._sums[4] + bound if self.flights else bound
+        return spent + min(self.commitment(bound), strict) <= limit
 
     def start(self, now: float, bound: float) -> int:
         m, v = self._new_moments(bound)
