@@ -48,8 +48,10 @@ def headline(name: str, r: dict) -> str:
         return f"targets {r['plan']['targets']} for ${r['plan']['total_usd']:.2f} of ${r['plan']['usable_usd']:.2f}"
     if name == "generate":
         s = r["summary"]
+        per = "; ".join(f"{n} {d['stop_reason']}, {d['records']} records, {d['output_tokens']:,} tokens"
+                        for n, d in s.get("datasets", {}).items())
         return (f"{s['stop_reason']}; {s['records']} records, {s['output_tokens']:,} output tokens, "
-                f"charged ${s['run']['spend_usd']:.4f}")
+                f"charged ${s['run']['spend_usd']:.4f}" + (f" ({per})" if per else ""))
     if name == "tokenizer":
         return r["report"]["verdict"]
     if name == "hidden_states":
@@ -96,9 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         routing = routing_file("moonshotai/kimi-k2.5", params)
         step("budget", "budget", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
              reserve_usd=0.05, round_to=1000, output_dir=str(demo))
-        for name in DEMO_DATASETS:
-            step("generate", f"generate-{name}", dataset=name, datasets_file=str(datasets), base_url=emu.base_url,
-                 params_dir=str(params), output_dir=str(demo), concurrency=64, max_tokens=8192, reserve_usd=0.0)
+        # Both datasets in one run, as the job is done: one pool, one budget.
+        step("generate", "generate-demo", dataset=list(DEMO_DATASETS), datasets_file=str(datasets),
+             base_url=emu.base_url, params_dir=str(params), output_dir=str(demo), concurrency=64, max_tokens=8192,
+             reserve_usd=0.0)
         step("tokenizer", "tokenizer", records=str(dataset_files(DEMO_DATASETS[0], demo).records),
              truth=str(truth))
         step("tokenizer", "tokenizer-samples")

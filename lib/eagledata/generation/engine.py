@@ -138,6 +138,7 @@ class _Item:  # a prompt on its way: due time and sequence order the retry heap
     prompt_ids: list[int] | None = field(default=None, compare=False)
     bound: float = field(default=0.0, compare=False)      # the most one attempt can cost
     last_error: dict | None = field(default=None, compare=False)
+    started: bool = field(default=False, compare=False)   # this attempt was sent (pacing counts it in flight)
 
 
 @dataclass(eq=False)
@@ -248,6 +249,7 @@ class Run:
         specs = select_datasets(cfg.datasets_file, cfg.dataset)
         names = [spec.name for spec in specs]
         lanes: list[DatasetRun] = []
+        run: Run | None = None
         try:
             for spec in specs:
                 name = spec.name
@@ -270,10 +272,11 @@ class Run:
                 await run._read_account(client, strict=True)
                 run.balance_start = run.books.last.balance_usd if run.books.last else None
         except BaseException:
-            for lane in lanes:
-                lane.store.close()
-            if "run" in locals() and run.spender is not None:
-                run.spender.close()
+            if run is not None:
+                run.close()
+            else:
+                for lane in lanes:
+                    lane.store.close()
             raise
         return run
 
@@ -342,6 +345,7 @@ class Run:
                             else:
                                 item = _Item(0.0, next(self.seq), prompt, lane)
                         if item is not None:
+                            item.started = False
                             self.holding += 1
                             lane.holding += 1
                             self.pacing.hold(name)
@@ -358,11 +362,11 @@ class Run:
                 except asyncio.TimeoutError:
                     pass
 
-    async def _release(self, item: _Item, started: bool) -> None:
+    async def _release(self, item: _Item) -> None:
         async with self.cond:
             self.holding -= 1
             item.lane.holding -= 1
-            if not started:
+            if not item.started:
                 self.pacing.release(item.lane.name)
             self._settle_lanes()
             self.cond.notify(1) if not self.stopping else self.cond.notify_all()
@@ -411,13 +415,12 @@ class Run:
     async def worker(self, client: httpx.AsyncClient) -> None:
         """One concurrency slot: its own connection from `client` (a shard of the pool)."""
         while (item := await self._take()) is not None:
-            started = [False]
             try:
-                await self._work(client, item, started)
+                await self._work(client, item)
             finally:
-                await self._release(item, started[0])
+                await self._release(item)
 
-    async def _work(self, client: httpx.AsyncClient, item: _Item, started: list[bool]) -> None:
+    async def _work(self, client: httpx.AsyncClient, item: _Item) -> None:
         if item.prompt_ids is None:
             item.prompt_ids = await self._in_pool(prompt_ids, self.tok, item.prompt.messages)
             item.bound = self.worst.cost(len(item.prompt_ids), self.cfg.max_tokens)
@@ -426,7 +429,7 @@ class Run:
             return  # unfinished: the next run issues it again
         async with self.cond:
             pace = self.pacing.start(item.lane.name, time.monotonic())
-        started[0] = True
+            item.started = True
         body = build_request(self.cfg.model, item.prompt.messages, max_tokens=self.cfg.max_tokens,
                              temperature=self.cfg.temperature, provider=self._provider(), backend=self.cfg.backend)
         self.in_flight += 1
