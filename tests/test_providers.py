@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from eagledata.errors import InputError
-from eagledata.layout import routing_file
+from eagledata.paths import routing_file
 from eagledata.openrouter import (Catalog, Endpoint, PrecisionPolicy, Price, RoutingDecision, decide, precision_rank,
                                   price_summary, workload_costs)
 

@@ -15,7 +15,7 @@ import yaml
 from ..defaults import shared
 from ..errors import InputError
 from ..files import atomic_write_text
-from ..layout import PARAMS_DIR, routing_file
+from ..paths import PARAMS_DIR, routing_file
 from ..settings import Settings, setting
 from .catalog import Catalog, Endpoint, Price, cheapest, fetch_catalog_async, worst_price
 
