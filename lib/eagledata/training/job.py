@@ -410,8 +410,8 @@ class ExtractionJob(Settings):
     model: str = setting("moonshotai/Kimi-K2.5", "checkpoint directory or hub id", cli_required=True)
     device: str | None = setting(None, "cuda or cpu; None -> cuda when available")
     device_map: str | None = setting(None, "auto: one process spreads the model over all visible GPUs (accelerate)")
-    tp: int = setting(1, "tensor-parallel ranks per model copy: under torchrun (tp_plan=auto; the world is dp "
-                         "groups x tp), or the vllm serve command's --tensor-parallel-size")
+    tp: int = setting(1, "tensor-parallel ranks per model copy: under torchrun (transformers' tp_plan auto; the "
+                         "world is dp groups x tp), or the vllm serve command's --tensor-parallel-size")
     status_interval_s: float = shared("status_interval_s")
     backend: Literal["transformers", "vllm"] = setting(
         "transformers", "transformers: load the model here; vllm: a running vllm serve with speculators' "
