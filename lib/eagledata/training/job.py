@@ -36,8 +36,8 @@ from .layers import resolve_layers, vllm_layer_ids
 from .memory import Devices, MemoryPlan, model_config
 from .models import load_model
 from .source import StatesBatch, StateSource, Target
-from .storage import (STORAGE_DTYPES, FinalState, Layout, LayoutName, Storage, check_plan, check_stored, finalize,
-                      get_layout, read_parts)
+from .storage import (STORAGE_DTYPES, FinalState, Layout, LayoutName, StateWriter, Storage, check_plan, check_stored,
+                      finalize, get_layout, read_parts)
 from .transformers_backend import ModelLoader, TransformersSource, memory_plan
 from .vllm_backend import VllmOptions, VllmSource, public_url, vllm_serve_command
 
@@ -129,7 +129,7 @@ class World:
     def owns(self, sample: Sample) -> bool:
         return owner(sample.id, self.dp) == self.rank // self.tp
 
-    def finalizes(self) -> bool:
+    def finalizes_after_barrier(self) -> bool:
         """After every rank's batches: wait for the others, then say whether this rank writes the manifest.
 
         One process group over the world: its rank 0, after a barrier. One group per tensor-parallel copy
@@ -235,7 +235,7 @@ class _Run:
     on_batch: Callable[[int], None] | None
     todo: list[Sample] = field(default_factory=list)
     skipped: int = 0
-    writer: Any = None
+    writer: StateWriter | None = None
     progress: Progress | None = None
     batches: int = 0
 
@@ -308,7 +308,7 @@ class _Run:
         """Finalize once the set is complete (whichever rank or call finds it so)."""
         seconds = self.progress.seconds
         manifest = None
-        if self.world.finalizes():
+        if self.world.finalizes_after_barrier():
             manifest = finalize(self.files, self.samples, tokenizer_fingerprint=self.tokenizer_fingerprint,
                                 records_hashes=self.records_hashes, extra=self.source.manifest_extra())
         writes = self.world.writes
