@@ -359,6 +359,8 @@ class VllmSource:
                       vocab_size=int(text["vocab_size"]), compute_dtype=VLLM_DTYPE, plan_extra={"backend": "vllm"})
 
     def client(self) -> httpx.AsyncClient:
+        """The client every request goes through; `limits` size httpx's own pool (an injected transport brings
+        its own; either way the workers keep at most `server_concurrency` requests in flight)."""
         import httpx
 
         opts = self.options
