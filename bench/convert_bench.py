@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from eagledata.layout import HiddenStateFiles
+from eagledata.paths import HiddenStateFiles
 from eagledata.training.assembly import Sample
 from eagledata.training.storage import check_plan, finalize, get_layout
 

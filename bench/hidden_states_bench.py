@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from eagledata.training import ExtractOptions, Sample, eagle3_layers, extract, find_decoder
-from eagledata.training.extraction import Capture, _pad, plan_batches
+from eagledata.training.transformers_backend import Capture, _pad, plan_batches
 from eagledata.training.storage import STORAGE_DTYPES, quantize_fp8
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from eagledata.emulator import parse_config, run_emulator
 from eagledata.emulator.catalog import ProviderPrefs, default_endpoints, route
-from eagledata.emulator.config import FAULT_CLASSES
+from eagledata.emulator.faults import FAULT_CLASSES
 from eagledata.emulator.credits import Ledger, affordable_tokens, reservation, usage_cost
 from eagledata.emulator.faults import draw_fault
 from eagledata.errors import InputError
@@ -368,7 +368,7 @@ def test_models_listing(em):
 
 @pytest.mark.parametrize("fault", [f for f in FAULT_CLASSES if f != "slow"])
 def test_each_fault_class_shape(em, fault):
-    em.reset({**em.base, "faults": {fault: 1.0}})
+    em.reset({**em.base, "faults": {fault: 1.0, "retry_after": 7}})
     charged0 = 0.0
     try:
         r = chat(em)
@@ -380,8 +380,8 @@ def test_each_fault_class_shape(em, fault):
         code = {"rate_limit": 429, "upstream_rate_limit": 429, "budget": 402, "bad_gateway": 502,
                 "unavailable": 503, "timeout": 408}[fault]
         assert r.status_code == code and r.json()["error"]["code"] == code
-        if code in (429, 402):
-            assert int(r.headers["retry-after"]) >= 0
+        # the configured seconds on the 429s and the in-flight 402, no Retry-After on the others
+        assert r.headers.get("retry-after") == ("7" if code in (429, 402) else None)
         if fault in ("upstream_rate_limit", "bad_gateway"):
             meta = r.json()["error"]["metadata"]
             assert r.json()["error"]["message"] == "Provider returned error" and meta["provider_name"] and meta["raw"]
@@ -398,6 +398,8 @@ def test_each_fault_class_shape(em, fault):
         with pytest.raises(json.JSONDecodeError):
             r.json()
         charged0 = em.ground_truth()[0]["cost"]  # the generation ran: it is charged
+    else:
+        pytest.fail(f"no expected answer for the fault class {fault!r}: add it here")
     stats = em.stats()
     assert stats["faults"][fault] == 1 and stats["charged_usd"] == charged0
 
@@ -418,6 +420,24 @@ def test_streaming_faults(em):
     assert em.stats()["charged_usd"] == 0
 
 
+@pytest.mark.parametrize("fault, billed", [("error_in_choice", True), ("error_top_level", True),
+                                           ("midstream_error", False), ("empty_content", False),
+                                           ("truncated_json", True), ("slow", True)])
+def test_streamed_faults_are_billed_as_served(em, fault, billed):
+    """Streaming: an answer served whole (or cut in transit) is billed, an error chunk or an empty answer is not."""
+    em.reset({**em.base, "faults": {fault: 1.0, "slow_seconds": 0.05}})
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}) as r:
+        lines = list(r.iter_lines())
+    stats = _settled(em, fault)
+    assert stats["faults"][fault] == 1 and stats["in_flight"] == 0
+    truth = em.ground_truth()
+    assert (stats["charged_usd"] > 0) == billed and len(truth) == billed
+    if billed:
+        assert stats["charged_usd"] == pytest.approx(truth[0]["cost"])
+    assert ("data: [DONE]" in lines) == (fault not in ("midstream_error", "truncated_json"))
+
+
 def test_fault_rates_within_tolerance(em):
     em.reset({**em.base, "faults": {"bad_gateway": 0.2, "error_in_choice": 0.1}})
 
@@ -432,10 +452,21 @@ def test_fault_rates_within_tolerance(em):
     assert stats["charged_usd"] == pytest.approx(sum(r.json()["usage"]["cost"] for r in ok), rel=1e-12)
 
 
+def test_every_quirk_has_one_shape():
+    """A quirk is a `Quirks` field, and either changes how the fields are served or what the text holds."""
+    from eagledata.emulator.bodies import SERVED
+    from eagledata.emulator.catalog import QUIRKS
+    from eagledata.emulator.content import TEXT_QUIRKS
+
+    assert QUIRKS == ("reasoning_details_only", "inline_think", "literal_specials")
+    assert set(SERVED) | set(TEXT_QUIRKS) == set(QUIRKS) and not set(SERVED) & set(TEXT_QUIRKS)
+
+
 def test_quirks_are_served_and_recorded(em, tok):
+    from eagledata.emulator.catalog import QUIRKS
     from eagledata.text.sequences import output_ids
 
-    for quirk in ("reasoning_details_only", "inline_think", "literal_specials"):
+    for quirk in QUIRKS:
         em.reset({**em.base, "endpoints": [{"provider": "Fireworks", "quirks": {quirk: 1.0}}]})
         d = chat(em).json()
         msg, g = d["choices"][0]["message"], em.ground_truth(d["id"])
@@ -445,9 +476,11 @@ def test_quirks_are_served_and_recorded(em, tok):
         elif quirk == "inline_think":
             assert msg["reasoning"] is None and msg["content"].startswith("<think>" + g["reasoning"] + "</think>")
             assert output_ids(tok, None, msg["content"], "stop") == g["output_ids"]
-        else:
+        elif quirk == "literal_specials":
             assert any(s in msg["content"] for s in ("<|im_end|>", "<think>", "</think>", "<|im_start|>"))
             assert output_ids(tok, msg["reasoning"], msg["content"], "stop") == g["output_ids"]
+        else:
+            pytest.fail(f"no expected shape for the quirk {quirk!r}: add it here")
 
 
 def test_two_thousand_in_flight(tokenizer_dir):

@@ -222,13 +222,19 @@ def test_every_fault_class_is_survived(emu, tok, tmp_path):
     assert {"rate_limit", "upstream_rate_limit", "budget_inflight", "bad_gateway", "unavailable", "timeout",
             "error_in_choice", "error_in_body", "empty", "malformed", "connection"} <= set(seen), seen
     truth = {g["generation_id"]: g for g in emu.ground_truth()}
+    checked = {"text": {}, "ids": 0}
     for r in records:  # no junk: every record is exactly what the model produced
         g = truth[r.generation_id]
-        assert g["fault"] in (None, "slow", "truncated_json") or g["fault"] == "slow", g["fault"]
+        assert g["fault"] in (None, "slow"), g["fault"]  # never streamed: a cut body is retried, never recorded
         if g["quirk"] in (None, "reasoning_details_only", "inline_think"):
             assert (r.reasoning, r.content) == split_inline_reasoning(g["reasoning"], g["content"])
+            checked["text"][g["quirk"]] = checked["text"].get(g["quirk"], 0) + 1
             if g["retokenizes"]:
                 assert r.output_ids == g["output_ids"]
+                checked["ids"] += 1
+    # the checks above ran: on plain answers, on inline <think> ones (Venice, Chutes) and on the ids
+    assert checked["text"].get(None, 0) > n // 2 and checked["text"].get("inline_think", 0) > 0, checked
+    assert checked["ids"] > n // 2, checked
 
 
 def _spy(bodies: list):

@@ -13,7 +13,8 @@ from eagledata.training import (AssemblyPolicy, ExtractOptions, HiddenStates, Sa
                                 eagle3_layers, export_specforge, export_speculators, extract, find_decoder,
                                 read_samples)
 from eagledata.training.assembly import apply_length_policy
-from eagledata.training.extraction import owner, plan_batches
+from eagledata.training.job import owner
+from eagledata.training.transformers_backend import plan_batches
 from eagledata.training.tiny import build_tiny_model
 
 H, L = 64, 8
@@ -497,7 +498,7 @@ def test_trainer_layout_kill_and_resume(layout, models, samples, tmp_path):
     out = tmp_path / "b" / "hidden_states" / "set"
     assert not (out / "manifest.json").exists()
     # what a kill mid-write leaves: a temp file, and a file of a sample whose index line never landed
-    from eagledata.layout import HiddenStateFiles
+    from eagledata.paths import HiddenStateFiles
     from eagledata.training.storage import read_parts
 
     stored = read_parts(HiddenStateFiles(out))
@@ -607,7 +608,7 @@ def test_write_durably_syncs_a_batch_at_once_only_where_the_filesystem_allows(tm
 
 
 def test_convert_in_worker_processes_resumes_after_a_failed_part(models, samples, tmp_path, monkeypatch):
-    from eagledata.layout import HiddenStateFiles
+    from eagledata.paths import HiddenStateFiles
     from eagledata.training import convert as conv
     from eagledata.training.assembly import samples_hash
     from eagledata.training.storage import read_parts

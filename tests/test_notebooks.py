@@ -150,6 +150,40 @@ def test_parameters_cell_is_made_from_the_settings(name):
     assert parameters_source(notebook_path(name)) == parameter_settings()[name].parameters_cell()
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_papermill_reads_every_parameter_without_a_warning(path, caplog):
+    """papermill's own inspection of the committed cell (what `papermill --help-notebook` shows, and what warns
+    on every run when a line does not parse) finds each setting, with its default and help, and warns of nothing."""
+    import logging
+
+    from papermill.inspection import _infer_parameters
+    from papermill.iorw import load_notebook_node
+
+    from eagledata.notebooks import parameter_settings
+
+    nb = load_notebook_node(str(path))  # as papermill loads it (every cell gets metadata.tags)
+    with caplog.at_level(logging.DEBUG, logger="papermill"):
+        found = _infer_parameters(nb)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    leaves = list(parameter_settings()[path.stem]._leaves())
+    assert [p.name for p in found] == [f.name for f, _, _ in leaves]
+    assert [p.default for p in found] == [repr(default) for _, default, _ in leaves]
+    assert all(p.help for p in found)
+
+
+def test_a_parameters_line_papermill_cannot_parse_is_refused():
+    from dataclasses import dataclass
+
+    from eagledata.settings import Settings, setting
+
+    @dataclass(frozen=True)
+    class Bad(Settings):
+        tp: int = setting(1, "under torchrun (tp_plan=auto)")
+
+    with pytest.raises(ValueError, match="more than one '='"):
+        Bad.parameters_cell()
+
+
 def test_every_notebook_has_its_settings_class():
     from eagledata.notebooks import parameter_settings
 

@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from eagledata.errors import InputError
-from eagledata.layout import routing_file
+from eagledata.paths import routing_file
 from eagledata.openrouter import (Catalog, Endpoint, PrecisionPolicy, Price, RoutingDecision, decide, precision_rank,
                                   price_summary, workload_costs)
 
@@ -138,3 +138,30 @@ def test_emulator_catalog_decision_and_new_fp4_provider(tokenizer_dir):
         assert {e.provider for e in d2.excluded} == {"Fireworks", "BaseTen", "NewCloud"}
         with pytest.raises(InputError, match="unknown model 'moonshotai/kimi-k9'"):
             fetch_catalog(emu.base_url, "moonshotai/kimi-k9")
+
+
+def test_the_providers_plot_labels_never_overlap():
+    """The emulator's catalog puts Venice/Together, Novita/Moonshot AI and Chutes/DeepInfra on nearly one point."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from eagledata.emulator.catalog import default_endpoints
+    from eagledata.openrouter import plot_providers
+
+    eps = [ep(e.provider, e.quantization, e.prompt_price, e.completion_price, status=e.status, uptime=e.uptime,
+              tps=e.throughput) for e in default_endpoints()]
+    cat = Catalog("moonshotai/kimi-k2.5", "test", "now", eps)
+    fig = plot_providers(cat.table(), decision_for(cat))
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        texts = {t.get_text(): t.get_window_extent(renderer) for t in ax.texts if t.get_text()}  # not leader lines
+        assert set(texts) == {e.provider for e in default_endpoints()}
+        overlapping = [(a, b) for a in texts for b in texts if a < b and texts[a].overlaps(texts[b])]
+        assert overlapping == []
+        frame = ax.get_window_extent(renderer)
+        assert all(frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1
+                   for b in texts.values())
+        legend = ax.get_legend()
+        if legend is not None:
+            box = legend.get_window_extent(renderer)
+            assert not [name for name, b in texts.items() if b.overlaps(box)]

@@ -7,13 +7,13 @@ import torch
 
 from eagledata.errors import InputError
 from eagledata.training import ExtractOptions, Sample, extract
-from eagledata.training.memory import (GB, KIMI_K25_CHECKPOINT_BYTES, Devices, Layout, checkpoint_bytes,
+from eagledata.training.memory import (GB, KIMI_K25_CHECKPOINT_BYTES, Devices, Parallelism, checkpoint_bytes,
                                        kimi_k25_config, plan_memory)
 from eagledata.training.models import load_model
 from eagledata.training.quantized import (KIMI_K25_QUANTIZATION_CONFIG, check_quantization, read_config,
-                                          routed_expert_bytes, write_int4_checkpoint)
-from eagledata.training.tiny import build_tiny_model
-from eagledata.layout import hidden_state_files
+                                          routed_expert_bytes)
+from eagledata.training.tiny import build_tiny_model, write_int4_checkpoint
+from eagledata.paths import hidden_state_files
 
 H, L = 64, 8
 
@@ -108,7 +108,7 @@ def test_int4_checkpoint_loads_dequantized_and_extracts_the_reference_states(int
                                                                        "symmetric": True}}}},
      "quantization_config.config_groups.group_0.weights"),
 ])
-def test_unknown_quantization_fails_before_loading(int4, tmp_path, change, field, monkeypatch):
+def test_unknown_quantization_fails_before_loading(int4, tmp_path, change, field):
     import shutil
 
     ck, _ = int4
@@ -117,9 +117,8 @@ def test_unknown_quantization_fails_before_loading(int4, tmp_path, change, field
     config = json.loads((bad / "config.json").read_text())
     config["quantization_config"] = {**config["quantization_config"], **change}
     (bad / "config.json").write_text(json.dumps(config))
-    monkeypatch.setattr("eagledata.training.extraction.load_model", _no_loading)
     with pytest.raises(InputError) as e:
-        run(make_samples(2), tmp_path, bad)
+        run(make_samples(2), tmp_path, bad, load_fn=_no_loading)
     assert e.value.field == field
 
 
@@ -127,22 +126,34 @@ def _no_loading(*a, **k):
     raise AssertionError("weights loaded before the refusal")
 
 
-def test_tp_that_does_not_divide_the_heads_fails_before_loading(int4, tmp_path, monkeypatch):
+def test_the_model_loader_is_injected(int4, tmp_path):
+    """The transformers backend loads through `load_fn`, with the layout's settings (no module global is patched)."""
+    ck, _ = int4
+    calls = []
+
+    def loader(model, **kwargs):
+        calls.append((model, kwargs))
+        return load_model(model, **kwargs)
+
+    assert run(make_samples(2), tmp_path, ck.directory, load_fn=loader).complete
+    assert [(m, kw["tp"], kw["dp"], kw["device"]) for m, kw in calls] == [(ck.directory, 1, 1, "cpu")]
+
+
+def test_tp_that_does_not_divide_the_heads_fails_before_loading(int4, tmp_path):
     ck, _ = int4  # 2 attention heads
-    monkeypatch.setattr("eagledata.training.extraction.load_model", _no_loading)
     with pytest.raises(InputError, match=r"tp=3 does not divide the model's 2 attention heads") as e:
-        run(make_samples(2), tmp_path, ck.directory, tp=3, rank=0, world_size=3)
+        run(make_samples(2), tmp_path, ck.directory, tp=3, rank=0, world_size=3, load_fn=_no_loading)
     assert e.value.field == "tp"
     with pytest.raises(InputError, match="does not divide the world size") as e:
-        run(make_samples(2), tmp_path, ck.directory, tp=2, rank=0, world_size=3)
+        run(make_samples(2), tmp_path, ck.directory, tp=2, rank=0, world_size=3, load_fn=_no_loading)
+    assert e.value.field == "tp"
 
 
-def test_a_layout_that_does_not_fit_fails_before_loading(int4, tmp_path, monkeypatch):
+def test_a_layout_that_does_not_fit_fails_before_loading(int4, tmp_path):
     ck, _ = int4
-    monkeypatch.setattr("eagledata.training.extraction.load_model", _no_loading)
     tiny_devices = Devices(2, 40 * 2**20, "cuda")  # 40 MiB each: the 84 MB fp32 embedding alone does not fit
     with pytest.raises(InputError, match="does not fit|needs") as e:
-        run(make_samples(2), tmp_path, ck.directory, devices=tiny_devices, device="cuda")
+        run(make_samples(2), tmp_path, ck.directory, devices=tiny_devices, device="cuda", load_fn=_no_loading)
     assert e.value.field == "layout" and "tp=2" in str(e.value)  # suggestion: split the weights over both
 
 
@@ -151,14 +162,14 @@ def test_k25_plan_on_8x96gb(tmp_path):
     """K2.5 INT4 with transformers: experts dequantized to bf16 (~2 TB), cannot fit; vLLM packed TP8 does."""
     config, size = kimi_k25_config(), KIMI_K25_CHECKPOINT_BYTES
     devices = Devices(8, 96 * 10**9)
-    plan = plan_memory(config, size, devices, Layout(tp=8), max_tokens_per_batch=8192)
+    plan = plan_memory(config, size, devices, Parallelism(tp=8), max_tokens_per_batch=8192)
     assert not plan.fits
     assert 2000 * GB < plan.weights_total < 2200 * GB  # 1.01T expert weights × 2 B + the bf16 rest
     assert "no layout fits" in plan.suggestion and "vLLM" in plan.suggestion and "fits;" in plan.suggestion
     with pytest.raises(InputError) as e:
         plan.check()
     assert e.value.field == "layout"
-    packed = plan_memory(config, size, devices, Layout(tp=8), max_tokens_per_batch=8192, backend="vllm")
+    packed = plan_memory(config, size, devices, Parallelism(tp=8), max_tokens_per_batch=8192, backend="vllm")
     assert packed.fits and 70 * GB < packed.weights_per_device < 80 * GB
     # the fixture as files: config.json and the safetensors index's total_size are what a plan reads
     (tmp_path / "config.json").write_text(json.dumps(config))
@@ -173,17 +184,17 @@ def test_plan_suggests_a_layout_that_fits():
     config["text_config"] = dict(config, n_routed_experts=64, num_attention_heads=4, num_key_value_heads=4)
     size = 8 * 10**6  # bf16 checkpoint: 4M weights, most of them routed experts
     devices = Devices(4, 6 * 10**6)
-    one = plan_memory(config, size, devices, Layout(tp=1, dp=4), max_tokens_per_batch=64)
+    one = plan_memory(config, size, devices, Parallelism(tp=1, dp=4), max_tokens_per_batch=64)
     assert not one.fits and one.suggested is not None and one.suggested.tp > 1
     assert one.suggestion.startswith(str(one.suggested))
     fit = plan_memory(config, size, devices, one.suggested, max_tokens_per_batch=one.suggested_tokens)
     assert fit.fits and fit.per_device < one.per_device
     # the most data parallelism that fits: halving tp again does not fit
     if one.suggested.tp > 2:
-        smaller = Layout(tp=one.suggested.tp // 2, dp=devices.count * 2 // one.suggested.tp)
+        smaller = Parallelism(tp=one.suggested.tp // 2, dp=devices.count * 2 // one.suggested.tp)
         assert not plan_memory(config, size, devices, smaller, max_tokens_per_batch=one.suggested_tokens).fits
     with pytest.raises(InputError, match="tp=3 does not divide"):
-        plan_memory(config, size, devices, Layout(tp=3, dp=1))
+        plan_memory(config, size, devices, Parallelism(tp=3, dp=1))
 
 
 # -- tensor parallelism and data-parallel groups under torchrun (gloo on CPU) ------------------------------
@@ -233,11 +244,10 @@ def test_resume_across_a_change_of_dp_and_tp(tmp_path):
     assert_same_states(stored(tmp_path, "mixed"), stored(tmp_path, "one"))
 
 
-def test_tp_with_a_compressed_tensors_checkpoint_is_refused_before_loading(int4, tmp_path, monkeypatch):
+def test_tp_with_a_compressed_tensors_checkpoint_is_refused_before_loading(int4, tmp_path):
     ck, _ = int4
-    monkeypatch.setattr("eagledata.training.extraction.load_model", _no_loading)
     with pytest.raises(InputError, match="cannot shard packed experts") as e:
-        run(make_samples(2), tmp_path, ck.directory, tp=2, rank=0, world_size=2)
+        run(make_samples(2), tmp_path, ck.directory, tp=2, rank=0, world_size=2, load_fn=_no_loading)
     assert e.value.field == "tp"
 
 

@@ -65,7 +65,7 @@ def test_command_line_flags():
     assert job.options == ExtractOptions(layers=[2, 3, 5], storage="fp8")
     job = parse(ExtractionJob, "--name", "n", "--model", "m", "--backend", "vllm", "--server", "http://h:8000/v1",
                 "--server-concurrency", "64")
-    assert (job.backend, job.engine.server, job.engine.server_concurrency) == ("vllm", "http://h:8000/v1", 64)
+    assert (job.backend, job.vllm.server, job.vllm.server_concurrency) == ("vllm", "http://h:8000/v1", 64)
 
 
 def test_command_line_rejects_bad_values_and_missing_required(capsys):

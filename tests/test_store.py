@@ -4,7 +4,7 @@ import pytest
 
 from eagledata.records import Record, load_records
 from eagledata.generation.store import Store, StoreLocked
-from eagledata.layout import DatasetFiles
+from eagledata.paths import DatasetFiles
 
 
 def rec(i: int) -> Record:

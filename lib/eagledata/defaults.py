@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .layout import DATASETS_FILE, OUTPUT_DIR, PARAMS_DIR
+from .paths import DATASETS_FILE, OUTPUT_DIR, PARAMS_DIR
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 

@@ -41,12 +41,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     job = ExtractionJob.from_args(args)
     rank, world_size = torchrun_world()
     if job.backend == "vllm":
-        def run_engine() -> None:
+        def run_vllm() -> None:
             r = job.run(read_samples(args.samples))
             print(json.dumps({"backend": "vllm", "extracted": r.extracted, "skipped": r.skipped, "tokens": r.tokens,
                               "seconds": round(r.seconds, 3), "complete": r.complete}), flush=True)
 
-        return run_command("hidden_states", run_engine)
+        return run_command("hidden_states", run_vllm)
     device = job.resolved_device()
 
     def run() -> None:
@@ -93,7 +93,7 @@ def serve_command_main(argv: Sequence[str]) -> int:
     import shlex
 
     from .training import ExtractionJob
-    from .training.engine import EngineOptions
+    from .training.vllm_backend import VllmOptions
 
     parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states serve-command",
                                      description=serve_command_main.__doc__)
@@ -101,16 +101,16 @@ def serve_command_main(argv: Sequence[str]) -> int:
     parser.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size (default: 1)")
     parser.add_argument("--layers", type=int, nargs=3, default=None,
                         help="three HF hidden_states indices (default: the EAGLE-3 rule {2, L//2, L-3})")
-    parser.add_argument("--shared-storage-path", default=EngineOptions().shared_storage_path,
+    parser.add_argument("--shared-storage-path", default=VllmOptions().shared_storage_path,
                         help="where the connector writes; readable at the same path where eagledata runs")
     args = parser.parse_args(argv)
 
     def run() -> None:
-        from .training.extraction import ExtractOptions
+        from .training import ExtractOptions
 
         job = ExtractionJob(model=args.model, tp=args.tp, backend="vllm",
                             options=ExtractOptions(layers=args.layers),
-                            engine=EngineOptions(shared_storage_path=args.shared_storage_path))
+                            vllm=VllmOptions(shared_storage_path=args.shared_storage_path))
         print(shlex.join(job.vllm_command()), flush=True)
 
     return run_command("hidden_states serve-command", run)

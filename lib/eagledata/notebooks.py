@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from .errors import InputError
-from .layout import PARAMS_DIR
+from .paths import PARAMS_DIR
 from .settings import Settings
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"

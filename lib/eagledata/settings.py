@@ -84,10 +84,18 @@ class Settings:
 
     @classmethod
     def parameters_cell(cls) -> str:
-        """The source of the notebook's `parameters` cell: every setting, its default and its help."""
+        """The source of the notebook's `parameters` cell: every setting, its default and its help.
+
+        Each line holds exactly one `=`: papermill's parameter inspection (`papermill --help-notebook`, and the
+        warning every run prints) gives up on a line with two, so a help text or default with one is refused."""
         rows = [(f"{f.name} = {default!r}", f.metadata.get("help", "")) for f, default, _ in cls._leaves()]
         width = max(len(code) for code, _ in rows) + 2
-        return "\n".join(f"{code:<{width}}# {help}" if help else code for code, help in rows)
+        lines = [f"{code:<{width}}# {help}" if help else code for code, help in rows]
+        for line in lines:
+            if line.count("=") != 1:
+                raise ValueError(f"{cls.__name__}: papermill cannot parse a parameters line with more than one "
+                                 f"'=' (in the help or the default): {line!r}")
+        return "\n".join(lines)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:

@@ -20,7 +20,7 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
     ground_truth_file: null             # JSONL appended per charged generation;  record_prompt_ids: false
     content: {reasoning_median: 1500, reasoning_sigma: 0.8, content_median: 300, content_sigma: 0.7,
               max_total: 32000}         # lognormal lengths in tokens
-    faults: {<class>: rate, ..., retry_after: 1, slow_seconds: 30}   # classes: config.FAULT_CLASSES
+    faults: {<class>: rate, ..., retry_after: 1, slow_seconds: 30}   # classes: faults.FAULTS
     replace_endpoints: false            # true: drop the default Kimi-K2.5 catalog first
     endpoints:                          # same provider name → override fields; new name → add
       - {provider: NewCo, slug: newco, quantization: fp4, prompt_price: 0.3, completion_price: 1.5,
@@ -31,8 +31,9 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
 Admin API (not under /api/v1): GET /admin/health, POST /admin/topup {"amount": USD}, GET /admin/stats,
 GET /admin/ground_truth[?id=gen-…], POST /admin/reset [config JSON].
 """
-from .app import create_app
-from .config import FAULT_CLASSES, EmulatorConfig, load_config, parse_config
+from .routes import create_app
+from .config import EmulatorConfig, load_config, parse_config
+from .faults import FAULT_CLASSES
 from .process import EmulatorHandle, run_emulator
 
 __all__ = ["FAULT_CLASSES", "EmulatorConfig", "EmulatorHandle", "create_app", "load_config", "parse_config",

@@ -4,7 +4,7 @@ Kept free of HTTP so the routing decision a request gets can be unit-tested and 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Callable
 from decimal import Decimal
 
@@ -23,11 +23,18 @@ def per_token(usd_per_million: float) -> str:
 
 @dataclass
 class Quirks:
-    """Rates of real-provider answer shapes a client must cope with (drawn per response)."""
+    """Rates of real-provider answer shapes a client must cope with (drawn per response, in field order).
+
+    The fields are the quirks: the config's `quirks:` keys, the draw (`content.generate`) and the stats all
+    read them from here. How each one looks is `bodies.SERVED` (how the message fields are served) or
+    `content.TEXT_QUIRKS` (what the text itself contains)."""
 
     reasoning_details_only: float = 0.0  # message.reasoning null, text only in reasoning_details
     inline_think: float = 0.0  # reasoning inline as <think>…</think> at the start of content
     literal_specials: float = 0.0  # the text "<|im_end|>" or "<think>" inside content
+
+
+QUIRKS: tuple[str, ...] = tuple(f.name for f in fields(Quirks))
 
 
 @dataclass

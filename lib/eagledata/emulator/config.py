@@ -9,28 +9,13 @@ from typing import Any
 import yaml
 
 from ..errors import InputError
-from .catalog import Endpoint, Quirks, default_endpoints
-
-FAULT_CLASSES = (
-    "rate_limit",  # 429 from OpenRouter itself, with Retry-After
-    "upstream_rate_limit",  # 429 "Provider returned error" with metadata.raw / provider_name
-    "budget",  # retryable 402: in-flight budget, with Retry-After
-    "bad_gateway",  # 502
-    "unavailable",  # 503
-    "timeout",  # 408
-    "error_in_choice",  # HTTP 200, choices[0].error and finish_reason "error"
-    "error_top_level",  # HTTP 200 whose body is {"error": {...}}
-    "midstream_error",  # streaming: an error chunk after some content (non-streaming: as error_in_choice)
-    "empty_content",  # HTTP 200 with empty content and reasoning, zero usage, no charge
-    "truncated_json",  # the body (or an SSE data line) cut in the middle
-    "connection_reset",  # the connection aborted with no response
-    "slow",  # the answer delayed by `slow_seconds`
-)
+from .catalog import QUIRKS, Endpoint, default_endpoints
+from .faults import FAULT_CLASSES
 
 
 @dataclass
 class Faults:
-    """Per-class probabilities (one draw per request), seeded by the config seed."""
+    """Per-class probabilities (one draw per request, classes: `faults.FAULTS`), seeded by the config seed."""
 
     rates: dict[str, float] = field(default_factory=lambda: dict.fromkeys(FAULT_CLASSES, 0.0))
     retry_after: int = 1  # seconds, in Retry-After headers
@@ -136,7 +121,7 @@ def _endpoint(raw: Any, name: str, base: Endpoint | None) -> Endpoint:
                 raise InputError("must be a list of parameter names", field=where)
             value = tuple(value)
         elif key == "quirks":
-            _mapping(value, where, {f.name for f in fields(Quirks)})
+            _mapping(value, where, set(QUIRKS))
             for q, rate in value.items():
                 _num(rate, f"{where}.{q}", lo=0, hi=1)
             value = replace(ep.quirks, **value)

@@ -12,10 +12,10 @@ import math
 import random
 from itertools import accumulate
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import Callable, Sequence
 
 from ..text import END_THINK, IM_END, KimiTokenizer, output_ids, parse_output_ids
-from .catalog import Quirks
+from .catalog import QUIRKS, Quirks
 from .config import ContentDist
 
 _WORDS = (
@@ -57,6 +57,17 @@ def _text(rng: random.Random, n_tokens: int, opener: str) -> str:
     return opener + "".join(rng.choices(_TEXTS, cum_weights=_CUM, k=k)).strip(" ")
 
 
+def _literal_special(rng: random.Random, content: str) -> str:
+    """A special token's text ("<|im_end|>", "<think>", …) somewhere in the content, as plain text."""
+    at = rng.randrange(len(content) + 1)
+    return content[:at] + rng.choice(LITERAL_SPECIALS) + content[at:]
+
+
+# Quirks that change the text the model produced (before it is encoded); the others change only how the text
+# is served (`bodies.SERVED`).
+TEXT_QUIRKS: dict[str, Callable[[random.Random, str], str]] = {"literal_specials": _literal_special}
+
+
 @dataclass
 class Generation:
     """One answer: the ids the model produced and the text as served (before any quirk)."""
@@ -66,7 +77,7 @@ class Generation:
     content: str
     finish_reason: str  # "stop" | "length"
     reasoning_tokens: int  # ids before </think> (the whole output when cut inside the reasoning)
-    quirk: str | None  # "reasoning_details_only" | "inline_think" | "literal_specials" | None
+    quirk: str | None  # one of catalog.QUIRKS, or None
     retokenizes: bool  # output_ids(tok, reasoning, content, finish_reason) == output ids
     cut_mid_char: bool  # the cut split a multi-byte character (served as U+FFFD)
 
@@ -85,7 +96,7 @@ def generate(tok: KimiTokenizer, rng: random.Random, dist: ContentDist, quirks: 
     """
     u = rng.random()
     quirk = None
-    for name in ("reasoning_details_only", "inline_think", "literal_specials"):
+    for name in QUIRKS:
         rate = getattr(quirks, name)
         if u < rate:
             quirk = name
@@ -99,9 +110,8 @@ def generate(tok: KimiTokenizer, rng: random.Random, dist: ContentDist, quirks: 
                                                               dist.content_sigma))))
     reasoning = _text(rng, n_r, "Okay, ")
     content = _text(rng, n_c, "**Answer:** ")
-    if quirk == "literal_specials":
-        at = rng.randrange(len(content) + 1)
-        content = content[:at] + rng.choice(LITERAL_SPECIALS) + content[at:]
+    if quirk in TEXT_QUIRKS:
+        content = TEXT_QUIRKS[quirk](rng, content)
     r_ids = tok.encode_ordinary(reasoning) if thinking else []
     ids = [*r_ids, END_THINK] if thinking else []
     ids += [*tok.encode_ordinary(content), IM_END]

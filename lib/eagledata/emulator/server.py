@@ -7,7 +7,7 @@ import socket
 import uvicorn
 
 from ..text import load_tokenizer
-from .app import create_app
+from .routes import create_app
 from .config import EmulatorConfig
 
 BACKLOG = 4096

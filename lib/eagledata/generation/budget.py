@@ -19,7 +19,7 @@ import numpy as np
 from ..defaults import shared
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..layout import dataset_files, routing_file
+from ..paths import dataset_files, routing_file
 from ..openrouter import Price, RoutingDecision, load_routing
 from ..records import output_tokens
 from ..settings import Settings, setting

@@ -30,7 +30,7 @@ import httpx
 from ..aio import run_sync
 from ..defaults import shared
 from ..errors import InputError
-from ..layout import dataset_files
+from ..paths import dataset_files
 from ..openrouter import (ClientPool, Completion, Kind, Outcome, Price, RoutingDecision,
                           build_request, complete, load_routing, read_account, resolve_api_key)
 from ..settings import Settings, setting

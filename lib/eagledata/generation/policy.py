@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Literal
 
 from ..openrouter import Outcome
+from ..retry import retry_delay_s
 
 
 class StopReason(StrEnum):
@@ -66,10 +67,5 @@ def rule(outcome: Outcome) -> Rule:
 
 def retry_delay(outcome: Outcome, attempts: int, rate_limited_in_a_row: int, *, base_s: float, cap_s: float,
                 rng: random.Random | None = None) -> float:
-    """Retry-After when the service gives one (doubled for each 429 in a row, so a lasting limit is not
-    hammered), else exponential backoff; jittered either way so retries do not arrive together."""
-    r = rng or random
-    if outcome.retry_after is not None:
-        wait = outcome.retry_after * 2 ** max(0, rate_limited_in_a_row - 1)
-        return min(cap_s, max(wait, 0.05)) * r.uniform(1.0, 1.5)
-    return r.uniform(0, min(cap_s, base_s * 2 ** attempts))
+    """The shared retry rule (`eagledata.retry`) applied to an outcome's Retry-After."""
+    return retry_delay_s(outcome.retry_after, attempts, rate_limited_in_a_row, base_s=base_s, cap_s=cap_s, rng=rng)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..files import iter_jsonl
-from ..layout import DatasetFiles
+from ..paths import DatasetFiles
 from ..records import output_tokens
 
 

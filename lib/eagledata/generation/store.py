@@ -4,7 +4,7 @@ Each finished prompt is one line written by a single `write` on an O_APPEND desc
 leaves whole lines plus at most one torn tail, which the next open cuts off (kept aside in
 `records.jsonl.torn`). An index of finished ids (`done.idx`, id + byte offset) makes resume start-up
 independent of record size; it is only a cache: lines past its last offset are re-read from the file.
-Paths come from `eagledata.layout.DatasetFiles`.
+Paths come from `eagledata.paths.DatasetFiles`.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl
-from ..layout import DatasetFiles
+from ..paths import DatasetFiles
 from ..records import Record, output_tokens
 
 

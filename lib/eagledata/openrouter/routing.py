@@ -15,7 +15,7 @@ import yaml
 from ..defaults import shared
 from ..errors import InputError
 from ..files import atomic_write_text
-from ..layout import PARAMS_DIR, routing_file
+from ..paths import PARAMS_DIR, routing_file
 from ..settings import Settings, setting
 from .catalog import Catalog, Endpoint, Price, cheapest, fetch_catalog_async, worst_price
 
@@ -242,29 +242,85 @@ def price_summary(costs) -> PriceSummary:
                         float(best["total_usd"] - any_best["total_usd"]))
 
 
+def _label_places(px: float, py: float, w: float, h: float, gap: float, rings: int):
+    """(ring, side, box) of every place a w × h label may take beside a point at (px, py), best first: right of
+    it, then left, then each ring a step higher or lower (screen pixels)."""
+    from matplotlib.transforms import Bbox
+
+    step = 0.6 * h
+    for ring in range(rings):
+        for side in (1, -1):
+            for dy in ((0.0,) if ring == 0 else (ring * step, -ring * step)):
+                x0 = px + gap if side > 0 else px - gap - w
+                yield ring, side, Bbox.from_extents(x0, py + dy - h / 2, x0 + w, py + dy + h / 2)
+
+
+def place_labels(ax, points: list[tuple[float, float]], names: list[str], *, fontsize: float = 8,
+                 rings: int = 40) -> list:
+    """One text per point, none overlapping another label or another point, all inside the axes.
+
+    Each label, top to bottom, takes the first free place of `_label_places`, with a leader line once it is
+    away from its point. Deterministic and in screen space: call it once the axes' size and limits are final."""
+    from matplotlib.transforms import Bbox
+
+    renderer = ax.figure.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    marker = 5 * ax.figure.dpi / 72  # a marker's radius (s=70) in pixels
+    screen = [tuple(ax.transData.transform(p)) for p in points]
+    taken = [Bbox.from_extents(x - marker, y - marker, x + marker, y + marker) for x, y in screen]
+
+    def free(box: Bbox) -> bool:
+        return frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1 and \
+            not any(box.overlaps(t) for t in taken)
+
+    texts = []
+    for (x, y), (px, py), name in sorted(zip(points, screen, names), key=lambda t: (-t[1][1], t[1][0])):
+        text = ax.text(x, y, name, fontsize=fontsize, va="center")
+        size = text.get_window_extent(renderer)
+        places = list(_label_places(px, py, size.width, size.height, 2 * marker, rings))
+        ring, side, box = next((p for p in places if free(p[2])), places[0])  # nowhere free: beside the point
+        text.set_ha("left" if side > 0 else "right")
+        text.set_position(ax.transData.inverted().transform((box.x0 if side > 0 else box.x1, (box.y0 + box.y1) / 2)))
+        if ring > 1:
+            ax.annotate("", xy=(x, y), xytext=text.get_position(),
+                        arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5, "shrinkA": 0, "shrinkB": 4})
+        taken.append(box)
+        texts.append(text)
+    return texts
+
+
 def plot_providers(table, decision: RoutingDecision):
-    """Price vs uptime and vs throughput, coloured by quantization; excluded endpoints hollow."""
+    """Price vs uptime and vs throughput, coloured by quantization; excluded endpoints hollow. Labels never
+    overlap (`place_labels`): several providers sit at nearly the same point (Venice and Together, say)."""
     import matplotlib.pyplot as plt
 
     excluded = {e.tag for e in decision.excluded}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     quants = sorted(table["quantization"].unique())
     colors = {q: plt.cm.tab10(i % 10) for i, q in enumerate(quants)}
+    labels = []
     for ax, col, label in [(axes[0], "uptime_30m", "uptime last 30 min (%)"),
                            (axes[1], "throughput_tps", "throughput (tokens/s)")]:
+        points, names = [], []
         for _, row in table.iterrows():
             if row["completion_per_m"] is None or row[col] is None:
                 continue
             out = row["tag"] in excluded
             ax.scatter(row[col], row["completion_per_m"], s=70, edgecolors=colors[row["quantization"]],
                        facecolors="none" if out else colors[row["quantization"]], linewidths=2)
-            ax.annotate(row["provider"], (row[col], row["completion_per_m"]), fontsize=8,
-                        xytext=(4, 3), textcoords="offset points")
+            points.append((row[col], row["completion_per_m"]))
+            names.append(row["provider"])
         ax.set_xlabel(label)
         ax.set_ylabel("completion price ($/M tokens)")
+        ax.margins(x=0.15, y=0.2)  # room for the labels inside the axes
+        labels.append((ax, points, names))
     handles = [plt.Line2D([], [], marker="o", ls="", color=colors[q], label=q) for q in quants]
     axes[1].legend(handles=handles, title="quantization (hollow = excluded)", fontsize=8)
     fig.tight_layout()
+    for ax, points, names in labels:  # once sizes and limits are final: the labels are placed in screen space
+        ax.set_xlim(ax.get_xlim())
+        ax.set_ylim(ax.get_ylim())
+        place_labels(ax, points, names)
     return fig
 
 

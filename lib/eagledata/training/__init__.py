@@ -2,12 +2,14 @@
 policy, SpecForge/speculators exports), and the target model's EAGLE-3 hidden states over the exact ids."""
 from .assembly import (Assembly, AssemblyPolicy, Sample, assemble, export_specforge, export_speculators,
                        plot_sequence_lengths, read_samples)
-from .extraction import (ExtractionJob, ExtractOptions, ExtractResult, HiddenStatesConfig, eagle3_layers, extract,
-                         finalize, torchrun_world)
+from .job import (ExtractionJob, ExtractOptions, ExtractResult, HiddenStatesConfig, extract, extract_with_vllm,
+                  extract_with_vllm_async, torchrun_world)
+from .layers import eagle3_layers
 from .loader import HiddenStates, plot_state_norms, summary
 from .models import find_decoder, load_model
+from .storage import finalize
 
 __all__ = ["Assembly", "AssemblyPolicy", "ExtractOptions", "ExtractResult", "ExtractionJob", "HiddenStates",
-           "HiddenStatesConfig", "Sample", "assemble", "eagle3_layers", "export_specforge",
-           "export_speculators", "extract", "finalize", "find_decoder", "load_model", "plot_sequence_lengths",
-           "plot_state_norms", "read_samples", "summary", "torchrun_world"]
+           "HiddenStatesConfig", "Sample", "assemble", "eagle3_layers", "export_specforge", "export_speculators",
+           "extract", "extract_with_vllm", "extract_with_vllm_async", "finalize", "find_decoder", "load_model",
+           "plot_sequence_lengths", "plot_state_norms", "read_samples", "summary", "torchrun_world"]

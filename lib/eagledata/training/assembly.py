@@ -20,7 +20,7 @@ from typing import Any, Iterable, Literal, Sequence
 
 from ..errors import InputError
 from ..files import iter_jsonl, write_jsonl
-from ..layout import OUTPUT_DIR, records_file
+from ..paths import OUTPUT_DIR, records_file
 from ..records import Record, iter_records
 from ..settings import Settings, setting
 from ..text import KimiTokenizer, prompt_ids

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from ..errors import InputError
-from ..layout import HiddenStateFiles
+from ..paths import HiddenStateFiles
 from .assembly import Sample
 from .loader import HiddenStates
 from .storage import PLAN_KEYS, IndexEntry, STORAGE_DTYPES, check_plan, check_stored, finalize, get_layout, read_parts

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from ..errors import InputError
-from ..layout import HiddenStateFiles
+from ..paths import HiddenStateFiles
 from ..records import Record
 from .storage import SampleStates, get_layout, read_index
 

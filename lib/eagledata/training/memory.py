@@ -1,8 +1,8 @@
-"""A memory plan before any weight loads: will this checkpoint, in this layout, fit these devices?
+"""A memory plan before any weight loads: will this checkpoint, split this way, fit these devices?
 
 Pure: from config.json (a dict), the checkpoint's size on disk and the devices (count × bytes each,
-injectable), it predicts per-device weight and activation memory for a layout (tp × dp, or one process
-over all devices with device_map) and a token budget, and refuses with a layout that would fit.
+injectable), it predicts per-device weight and activation memory for a `Parallelism` (tp × dp, or one process
+over all devices with device_map) and a token budget, and refuses with a split that would fit.
 Estimates, not measurements: weights are exact to the parameter count (replicated norms and routers
 ignored); activations are an upper bound of the largest live set in one decoder layer.
 """
@@ -81,7 +81,7 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
-class Layout:
+class Parallelism:
     """How the world is split: dp groups × tp ranks each, or one process over all devices (device_map)."""
 
     tp: int = 1
@@ -94,7 +94,7 @@ class Layout:
 
 @dataclass(frozen=True)
 class MemoryPlan:
-    layout: Layout
+    parallelism: Parallelism
     devices: Devices
     backend: str
     max_tokens_per_batch: int
@@ -105,7 +105,7 @@ class MemoryPlan:
     budget_per_device: int  # HEADROOM × device memory
     reason: str | None  # why it does not fit (None: it fits)
     suggestion: str | None = None
-    suggested: Layout | None = None  # the layout the suggestion names (None: none of these devices fits)
+    suggested: Parallelism | None = None  # the split the suggestion names (None: none of these devices fits)
     suggested_tokens: int | None = None  # its max_tokens_per_batch
 
     @property
@@ -120,7 +120,7 @@ class MemoryPlan:
         """The plan as a table (hidden_states.ipynb shows it before loading)."""
         return [
             {"item": "devices", "value": str(self.devices)},
-            {"item": "layout", "value": str(self.layout)},
+            {"item": "parallelism", "value": str(self.parallelism)},
             {"item": "backend", "value": self.backend},
             {"item": "routed experts in memory", "value": self.expert_storage},
             {"item": "weights, all devices", "value": _size(self.weights_total)},
@@ -133,7 +133,8 @@ class MemoryPlan:
         ]
 
     def check(self) -> None:
-        """Refuse a layout that cannot fit, before any weight loads."""
+        """Refuse a split that cannot fit, before any weight loads (the error names the field `layout`, as the
+        README documents)."""
         if not self.fits:
             raise InputError(f"{self.reason}. {self.suggestion or 'No layout of these devices fits.'}",
                              field="layout")
@@ -146,20 +147,20 @@ def _size(n: float) -> str:
     return f"{n / GB:,.1f} GB" if n >= GB else f"{n / 1e6:,.1f} MB"
 
 
-def check_layout(shape: ModelShape, layout: Layout, devices: Devices) -> None:
-    """A layout the model and the devices allow: tp divides the heads, the world fits the devices."""
-    if layout.tp < 1 or layout.dp < 1:
-        raise InputError(f"tp and dp must be ≥ 1, got {layout}", field="tp")
-    if shape.heads % layout.tp or shape.kv_heads % layout.tp:
-        raise InputError(f"tp={layout.tp} does not divide the model's {shape.heads} attention heads "
+def check_parallelism(shape: ModelShape, split: Parallelism, devices: Devices) -> None:
+    """A split the model and the devices allow: tp divides the heads, the world fits the devices."""
+    if split.tp < 1 or split.dp < 1:
+        raise InputError(f"tp and dp must be ≥ 1, got {split}", field="tp")
+    if shape.heads % split.tp or shape.kv_heads % split.tp:
+        raise InputError(f"tp={split.tp} does not divide the model's {shape.heads} attention heads "
                          f"({shape.kv_heads} key/value heads); choose one of "
                          f"{[t for t in range(1, shape.heads + 1) if shape.heads % t == 0 and shape.kv_heads % t == 0]}",
                          field="tp")
-    if layout.device_map and (layout.tp > 1 or layout.dp > 1):
-        raise InputError(f"device_map={layout.device_map} runs one process over all devices: tp and dp must be 1",
+    if split.device_map and (split.tp > 1 or split.dp > 1):
+        raise InputError(f"device_map={split.device_map} runs one process over all devices: tp and dp must be 1",
                          field="device_map")
-    if not layout.device_map and layout.tp * layout.dp > devices.count and devices.kind != "cpu":
-        raise InputError(f"{layout} needs {layout.tp * layout.dp} devices, {devices.count} visible", field="tp")
+    if not split.device_map and split.tp * split.dp > devices.count and devices.kind != "cpu":
+        raise InputError(f"{split} needs {split.tp * split.dp} devices, {devices.count} visible", field="tp")
 
 
 def weight_bytes(shape: ModelShape, checkpoint_bytes: int, backend: str, compute_bytes: int = 2) -> tuple[int, str]:
@@ -195,16 +196,16 @@ def activation_bytes(shape: ModelShape, tokens: int, tp: int, compute_bytes: int
     return tokens * per_token + scores
 
 
-def plan_memory(config: dict[str, Any], checkpoint_bytes: int, devices: Devices, layout: Layout = Layout(), *,
-                max_tokens_per_batch: int = 16_384, backend: str = "transformers", compute_bytes: int = 2,
-                suggest: bool = True) -> MemoryPlan:
-    """Per-device weights + activations for `layout`; when it does not fit, a layout that would (or why none does)."""
+def plan_memory(config: dict[str, Any], checkpoint_bytes: int, devices: Devices,
+                split: Parallelism = Parallelism(), *, max_tokens_per_batch: int = 16_384,
+                backend: str = "transformers", compute_bytes: int = 2, suggest: bool = True) -> MemoryPlan:
+    """Per-device weights + activations for `split`; when it does not fit, a split that would (or why none does)."""
     if backend not in BACKENDS:
         raise InputError(f"backend {backend!r}; one of {BACKENDS}", field="backend")
     shape = ModelShape.from_config(config)
-    check_layout(shape, layout, devices)
+    check_parallelism(shape, split, devices)
     total, storage = weight_bytes(shape, checkpoint_bytes, backend, compute_bytes)
-    if layout.device_map:
+    if split.device_map:
         # accelerate places whole layers: the fullest device can hold up to one more layer than its share
         per_device = total // devices.count + total // max(shape.num_layers, 1)
         acts = activation_bytes(shape, max_tokens_per_batch, 1, compute_bytes)
@@ -212,55 +213,56 @@ def plan_memory(config: dict[str, Any], checkpoint_bytes: int, devices: Devices,
         # transformers' DeepseekV3 plan shards the experts and MLPs only: MLA attention, embeddings, norms and
         # lm_head stay whole on every rank
         mlps = (shape.routed_expert_weights + shape.mlp_weights) * compute_bytes
-        per_device = (total - mlps) + mlps // layout.tp
-        acts = activation_bytes(shape, max_tokens_per_batch, layout.tp, compute_bytes)
+        per_device = (total - mlps) + mlps // split.tp
+        acts = activation_bytes(shape, max_tokens_per_batch, split.tp, compute_bytes)
     else:
-        per_device = total // layout.tp
-        acts = activation_bytes(shape, max_tokens_per_batch, layout.tp, compute_bytes)
+        per_device = total // split.tp
+        acts = activation_bytes(shape, max_tokens_per_batch, split.tp, compute_bytes)
     budget = int(devices.bytes_each * HEADROOM)
     reason = None
     if per_device + acts > budget:
-        reason = (f"{layout} needs {_size(per_device + acts)} per device "
+        reason = (f"{split} needs {_size(per_device + acts)} per device "
                   f"({_size(per_device)} weights + {_size(acts)} activations), "
                   f"{_size(budget)} usable of {devices}")
-    plan = MemoryPlan(layout=layout, devices=devices, backend=backend, max_tokens_per_batch=max_tokens_per_batch,
+    plan = MemoryPlan(parallelism=split, devices=devices, backend=backend, max_tokens_per_batch=max_tokens_per_batch,
                       expert_storage=storage, weights_total=total, weights_per_device=per_device,
                       activations_per_device=acts, budget_per_device=budget, reason=reason)
     if reason and suggest:
-        text, layout, tokens = suggest_layout(config, checkpoint_bytes, devices, max_tokens_per_batch=max_tokens_per_batch,
-                                              backend=backend, compute_bytes=compute_bytes)
-        plan = replace(plan, suggestion=text, suggested=layout, suggested_tokens=tokens)
+        text, suggested, tokens = suggest_parallelism(config, checkpoint_bytes, devices,
+                                                      max_tokens_per_batch=max_tokens_per_batch, backend=backend,
+                                                      compute_bytes=compute_bytes)
+        plan = replace(plan, suggestion=text, suggested=suggested, suggested_tokens=tokens)
     return plan
 
 
-def suggest_layout(config: dict[str, Any], checkpoint_bytes: int, devices: Devices, *, max_tokens_per_batch: int,
-                   backend: str = "transformers", compute_bytes: int = 2) -> tuple[str, Layout | None, int | None]:
-    """The layout with the most data parallelism that fits (smaller token budgets next), else what would be needed.
+def suggest_parallelism(config: dict[str, Any], checkpoint_bytes: int, devices: Devices, *, max_tokens_per_batch: int,
+                   backend: str = "transformers", compute_bytes: int = 2) -> tuple[str, Parallelism | None, int | None]:
+    """The split with the most data parallelism that fits (smaller token budgets next), else what would be needed.
 
-    Returns (the sentence for the error, that layout, its token budget)."""
+    Returns (the sentence for the error, that split, its token budget)."""
     shape = ModelShape.from_config(config)
     budgets = [t for t in (max_tokens_per_batch, 8192, 4096, 2048) if t <= max_tokens_per_batch]
     tps = [t for t in range(1, devices.count + 1) if shape.heads % t == 0 and shape.kv_heads % t == 0]
     for tokens in budgets:
-        candidates = [Layout(tp=t, dp=devices.count // t) for t in tps] + [Layout(device_map="auto")]
-        for layout in candidates:
-            p = plan_memory(config, checkpoint_bytes, devices, layout, max_tokens_per_batch=tokens, backend=backend,
+        candidates = [Parallelism(tp=t, dp=devices.count // t) for t in tps] + [Parallelism(device_map="auto")]
+        for split in candidates:
+            p = plan_memory(config, checkpoint_bytes, devices, split, max_tokens_per_batch=tokens, backend=backend,
                             compute_bytes=compute_bytes, suggest=False)
             if p.fits:
                 budget = "" if tokens == max_tokens_per_batch else f" with max_tokens_per_batch={tokens}"
-                return f"{layout}{budget} fits ({_size(p.per_device)} per device)", layout, tokens
+                return f"{split}{budget} fits ({_size(p.per_device)} per device)", split, tokens
     total, _ = weight_bytes(shape, checkpoint_bytes, backend, compute_bytes)
     usable = devices.bytes_each * HEADROOM
     need = -(-int(total + activation_bytes(shape, min(budgets), 1, compute_bytes) * devices.count) // int(usable))
     text = (f"no layout fits: the {backend} path holds {total / GB:,.0f} GB of weights, "
             f"at least {need} devices of {devices.bytes_each / GB:.0f} GB")
     if backend == "transformers" and shape.quantization is not None:
-        alt = plan_memory(config, checkpoint_bytes, devices, Layout(tp=max(tps), dp=devices.count // max(tps)),
+        alt = plan_memory(config, checkpoint_bytes, devices, Parallelism(tp=max(tps), dp=devices.count // max(tps)),
                           max_tokens_per_batch=min(budgets), backend="vllm", compute_bytes=compute_bytes,
                           suggest=False)
         text += (f"; the vLLM backend keeps INT{shape.quantization.num_bits} packed: tp={max(tps)} needs "
                  f"{alt.per_device / GB:,.1f} GB per device ({'fits' if alt.fits else 'does not fit'}; "
-                 f"docs: lib/eagledata/training/README.md, 'Engine backend')")
+                 f"docs: lib/eagledata/training/README.md, 'vLLM backend')")
     return text, None, None
 
 
@@ -279,7 +281,19 @@ def checkpoint_bytes(model: str) -> int | None:
     return sum(f.stat().st_size for f in files) or None
 
 
-# -- Kimi-K2.5 as published (../shared/DESIGN.md, "Kimi-K2.5 checkpoint"): plans without downloading anything --
+def model_config(model: str) -> dict[str, Any]:
+    """config.json of the checkpoint (K2.5's published values for its hub id: nothing to download)."""
+    from pathlib import Path
+
+    from .quantized import read_config
+
+    if str(model) == KIMI_K25_HUB_ID and not Path(str(model), "config.json").is_file():
+        return kimi_k25_config()
+    return read_config(model)
+
+
+# -- Kimi-K2.5 as published (the hub's moonshotai/Kimi-K2.5 config.json: the Kimi K2 text model, compressed-tensors
+# INT4 experts; about 595 GB of safetensors): plans without downloading anything --
 def kimi_k25_config() -> dict[str, Any]:
     """K2.5's config.json, the fields a plan reads: Kimi K2 text model values, K2.5's quantization_config."""
     from .quantized import KIMI_K25_QUANTIZATION_CONFIG
@@ -298,17 +312,18 @@ def kimi_k25_config() -> dict[str, Any]:
 
 
 KIMI_K25_CHECKPOINT_BYTES = 595 * 10**9  # "about 595 GB on disk"
+KIMI_K25_HUB_ID = "moonshotai/Kimi-K2.5"
 
 
 def kimi_k25_plans(devices: Devices = Devices(8, 96 * 10**9), max_tokens_per_batch: int = 16_384
                    ) -> dict[str, MemoryPlan]:
     """K2.5 INT4 on 8×96 GB (the seed's machine): the transformers path (tp=8, device_map) and the vLLM backend."""
     config = kimi_k25_config()
-    plans = {f"transformers {layout}": plan_memory(config, KIMI_K25_CHECKPOINT_BYTES, devices, layout,
+    plans = {f"transformers {split}": plan_memory(config, KIMI_K25_CHECKPOINT_BYTES, devices, split,
                                                    max_tokens_per_batch=max_tokens_per_batch)
-             for layout in (Layout(tp=devices.count), Layout(device_map="auto"))}
+             for split in (Parallelism(tp=devices.count), Parallelism(device_map="auto"))}
     plans[f"vllm tp={devices.count}"] = plan_memory(config, KIMI_K25_CHECKPOINT_BYTES, devices,
-                                                    Layout(tp=devices.count), backend="vllm",
+                                                    Parallelism(tp=devices.count), backend="vllm",
                                                     max_tokens_per_batch=max_tokens_per_batch)
     return plans
 

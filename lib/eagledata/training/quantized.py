@@ -1,4 +1,4 @@
-"""Quantized checkpoints: which formats the extraction path accepts, and the tiny INT4 kimi_k25 test checkpoint.
+"""Quantized checkpoints: which formats the extraction path accepts (the tiny INT4 test checkpoint is `tiny.py`'s).
 
 Kimi-K2.5 ships its routed experts as compressed-tensors INT4 (`pack-quantized`, symmetric, group 32);
 attention, shared experts, the dense MLP, lm_head and the vision tower stay bf16. transformers loads such
@@ -7,19 +7,16 @@ compute dtype per weight, not half a byte: `expert_storage` says so, and the mem
 """
 from __future__ import annotations
 
-import copy
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..errors import InputError
 
-# Kimi-K2.5's `quantization_config`, as its config.json declares it (../shared/DESIGN.md, "Kimi-K2.5 checkpoint").
+# Kimi-K2.5's `quantization_config`, as its config.json on the hub (moonshotai/Kimi-K2.5) declares it.
 KIMI_K25_QUANTIZATION_CONFIG: dict[str, Any] = {
     "quant_method": "compressed-tensors",
     "format": "pack-quantized",
@@ -37,10 +34,6 @@ KIMI_K25_QUANTIZATION_CONFIG: dict[str, Any] = {
     },
     "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", r"re:.*mlp\.(gate|up|gate_up|down)_proj.*"],
 }
-
-# Checkpoint keys of the routed experts (per-expert Linear weights, the layout K2.5 and save_pretrained write).
-ROUTED_EXPERT_KEY = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
-
 
 @dataclass(frozen=True)
 class Quantization:
@@ -122,106 +115,6 @@ def read_config(model: str | Path, trust_remote_code: bool = False) -> dict[str,
         return AutoConfig.from_pretrained(str(model), trust_remote_code=trust_remote_code).to_dict()
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a model config: {e}", str(model), field="model") from None
-
-
-# -- the tiny INT4 checkpoint ----------------------------------------------------------------------
-def _scheme(qconfig: dict[str, Any]):
-    from compressed_tensors.quantization import QuantizationScheme
-
-    group = qconfig["config_groups"]["group_0"]
-    return QuantizationScheme(targets=group["targets"], weights=group["weights"])
-
-
-def quantize_expert_weight(weight: torch.Tensor, qconfig: dict[str, Any] = KIMI_K25_QUANTIZATION_CONFIG
-                           ) -> dict[str, torch.Tensor]:
-    """One Linear weight [out, in] as compressed-tensors writes it: weight_packed (int32), weight_scale, weight_shape.
-
-    Scales come from compressed-tensors' own min/max rule and packing from its `pack-quantized`
-    compressor, so the file is what its decompressor (and transformers, vLLM) expects.
-    """
-    from compressed_tensors.compressors import BaseCompressor
-    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
-
-    scheme = _scheme(qconfig)
-    scale, zero_point = compute_dynamic_scales_and_zp(weight, scheme.weights, module=None)
-    compressor = BaseCompressor.get_value_from_registry(qconfig["format"])
-    out = compressor.compress({"weight": weight, "weight_scale": scale, "weight_zero_point": zero_point}, scheme)
-    return {k: v.contiguous() for k, v in out.items()}
-
-
-def dequantize_expert_weight(packed: dict[str, torch.Tensor],
-                             qconfig: dict[str, Any] = KIMI_K25_QUANTIZATION_CONFIG) -> torch.Tensor:
-    """The inverse, through compressed-tensors' decompressor: the weight the model really computes with."""
-    from compressed_tensors.compressors import BaseCompressor
-
-    compressor = BaseCompressor.get_value_from_registry(qconfig["format"])
-    return compressor.decompress(dict(packed), _scheme(qconfig))["weight"]
-
-
-@dataclass(frozen=True)
-class Int4Checkpoint:
-    directory: Path  # the compressed-tensors checkpoint (what K2.5 looks like)
-    reference: nn.Module  # the same model with every routed expert replaced by its dequantized weight
-    packed_expert_bytes: int  # weight_packed + weight_scale + weight_shape of all routed experts, as stored
-    expert_weights: int  # routed expert weights (elements)
-
-
-def write_int4_checkpoint(model: nn.Module, directory: str | Path,
-                          qconfig: dict[str, Any] = KIMI_K25_QUANTIZATION_CONFIG) -> Int4Checkpoint:
-    """Save `model` (a kimi_k25 / DeepseekV3 model) in K2.5's format: bf16, routed experts compressed-tensors INT4.
-
-    Returns the directory and a dequantized reference model (float32, built from the very tensors
-    written), the ground truth the loaded checkpoint is compared with.
-    """
-    from safetensors.torch import load_file, save_file
-
-    directory = Path(directory)
-    model.to(torch.bfloat16).save_pretrained(str(directory))
-    model.to(torch.float32)
-    files = sorted(directory.glob("*.safetensors"))
-    if len(files) != 1:
-        raise InputError(f"expected one safetensors file for a tiny model, found {len(files)}", str(directory))
-    state = load_file(str(files[0]))
-    out: dict[str, torch.Tensor] = {}
-    dequantized: dict[str, torch.Tensor] = {}
-    packed_bytes = weights = 0
-    # transformers 5.23's reverse key mapping writes the text decoder's layers as `blocks` (its rule for the
-    # vision encoder's blocks catches them too); K2.5's files and the forward mapping say `layers`.
-    state = {re.sub(r"^language_model\.model\.blocks\.", "language_model.model.layers.", k): v
-             for k, v in state.items()}
-    for key, tensor in state.items():
-        if not ROUTED_EXPERT_KEY.match(key):
-            out[key] = tensor
-            continue
-        packed = quantize_expert_weight(tensor, qconfig)
-        for name, value in packed.items():
-            out[key.removesuffix("weight") + name] = value
-            packed_bytes += value.numel() * value.element_size()
-        dequantized[key] = dequantize_expert_weight(packed, qconfig)
-        weights += tensor.numel()
-    if not dequantized:
-        raise InputError("the model has no routed experts (…mlp.experts.N.{gate,up,down}_proj.weight)", str(directory))
-    save_file(out, str(files[0]), metadata={"format": "pt"})
-    config_path = directory / "config.json"
-    config = json.loads(config_path.read_text())
-    config["quantization_config"] = copy.deepcopy(qconfig)
-    config_path.write_text(json.dumps(config, indent=2) + "\n")
-
-    reference_dir = directory.parent / f".{directory.name}-reference"
-    reference_dir.mkdir(exist_ok=True)
-    save_file({k: dequantized.get(k, v).float() for k, v in state.items()}, str(reference_dir / files[0].name),
-              metadata={"format": "pt"})
-    for extra in directory.iterdir():
-        if extra.suffix == ".json" and extra.name != "config.json":
-            (reference_dir / extra.name).write_bytes(extra.read_bytes())
-    plain = dict(config)
-    plain.pop("quantization_config")
-    (reference_dir / "config.json").write_text(json.dumps(plain, indent=2) + "\n")
-    from .models import load_model
-
-    reference = load_model(reference_dir, dtype=torch.float32)
-    return Int4Checkpoint(directory=directory, reference=reference, packed_expert_bytes=packed_bytes,
-                          expert_weights=weights)
 
 
 def routed_expert_bytes(model: nn.Module) -> int:

@@ -1,7 +1,12 @@
-"""Tiny random-weight models of each supported family, sized for Kimi ids: for tests, the demo and benchmarks
-(never on the path of a real extraction)."""
+"""Tiny random-weight models of each supported family, sized for Kimi ids, and a tiny INT4 checkpoint in K2.5's
+format (`write_int4_checkpoint`): for tests, the demo and benchmarks, never on the path of a real extraction.
+Of the library, only the demo imports it."""
 from __future__ import annotations
 
+import copy
+import json
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +14,8 @@ import torch
 from torch import nn
 
 from ..errors import InputError
+from .models import load_model
+from .quantized import KIMI_K25_QUANTIZATION_CONFIG
 
 TINY_FAMILIES = ("llama", "deepseek_v3", "kimi_k25")
 
@@ -64,3 +71,103 @@ def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: 
     return model
 
 
+# -- the tiny INT4 checkpoint: a tiny kimi_k25 in K2.5's format (tests, and the first check on a GPU node) --
+# Checkpoint keys of the routed experts (per-expert Linear weights, the layout K2.5 and save_pretrained write).
+ROUTED_EXPERT_KEY = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
+
+
+def _scheme(qconfig: dict[str, Any]):
+    from compressed_tensors.quantization import QuantizationScheme
+
+    group = qconfig["config_groups"]["group_0"]
+    return QuantizationScheme(targets=group["targets"], weights=group["weights"])
+
+
+def quantize_expert_weight(weight: torch.Tensor, qconfig: dict[str, Any] = KIMI_K25_QUANTIZATION_CONFIG
+                           ) -> dict[str, torch.Tensor]:
+    """One Linear weight [out, in] as compressed-tensors writes it: weight_packed (int32), weight_scale, weight_shape.
+
+    Scales come from compressed-tensors' own min/max rule and packing from its `pack-quantized`
+    compressor, so the file is what its decompressor (and transformers, vLLM) expects.
+    """
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization.utils import compute_dynamic_scales_and_zp
+
+    scheme = _scheme(qconfig)
+    scale, zero_point = compute_dynamic_scales_and_zp(weight, scheme.weights, module=None)
+    compressor = BaseCompressor.get_value_from_registry(qconfig["format"])
+    out = compressor.compress({"weight": weight, "weight_scale": scale, "weight_zero_point": zero_point}, scheme)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def dequantize_expert_weight(packed: dict[str, torch.Tensor],
+                             qconfig: dict[str, Any] = KIMI_K25_QUANTIZATION_CONFIG) -> torch.Tensor:
+    """The inverse, through compressed-tensors' decompressor: the weight the model really computes with."""
+    from compressed_tensors.compressors import BaseCompressor
+
+    compressor = BaseCompressor.get_value_from_registry(qconfig["format"])
+    return compressor.decompress(dict(packed), _scheme(qconfig))["weight"]
+
+
+@dataclass(frozen=True)
+class Int4Checkpoint:
+    directory: Path  # the compressed-tensors checkpoint (what K2.5 looks like)
+    reference: nn.Module  # the same model with every routed expert replaced by its dequantized weight
+    packed_expert_bytes: int  # weight_packed + weight_scale + weight_shape of all routed experts, as stored
+    expert_weights: int  # routed expert weights (elements)
+
+
+def write_int4_checkpoint(model: nn.Module, directory: str | Path,
+                          qconfig: dict[str, Any] = KIMI_K25_QUANTIZATION_CONFIG) -> Int4Checkpoint:
+    """Save `model` (a kimi_k25 / DeepseekV3 model) in K2.5's format: bf16, routed experts compressed-tensors INT4.
+
+    Returns the directory and a dequantized reference model (float32, built from the very tensors
+    written), the ground truth the loaded checkpoint is compared with.
+    """
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(directory)
+    model.to(torch.bfloat16).save_pretrained(str(directory))
+    model.to(torch.float32)
+    files = sorted(directory.glob("*.safetensors"))
+    if len(files) != 1:
+        raise InputError(f"expected one safetensors file for a tiny model, found {len(files)}", str(directory))
+    state = load_file(str(files[0]))
+    out: dict[str, torch.Tensor] = {}
+    dequantized: dict[str, torch.Tensor] = {}
+    packed_bytes = weights = 0
+    # transformers 5.23's reverse key mapping writes the text decoder's layers as `blocks` (its rule for the
+    # vision encoder's blocks catches them too); K2.5's files and the forward mapping say `layers`.
+    state = {re.sub(r"^language_model\.model\.blocks\.", "language_model.model.layers.", k): v
+             for k, v in state.items()}
+    for key, tensor in state.items():
+        if not ROUTED_EXPERT_KEY.match(key):
+            out[key] = tensor
+            continue
+        packed = quantize_expert_weight(tensor, qconfig)
+        for name, value in packed.items():
+            out[key.removesuffix("weight") + name] = value
+            packed_bytes += value.numel() * value.element_size()
+        dequantized[key] = dequantize_expert_weight(packed, qconfig)
+        weights += tensor.numel()
+    if not dequantized:
+        raise InputError("the model has no routed experts (…mlp.experts.N.{gate,up,down}_proj.weight)", str(directory))
+    save_file(out, str(files[0]), metadata={"format": "pt"})
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"] = copy.deepcopy(qconfig)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+    reference_dir = directory.parent / f".{directory.name}-reference"
+    reference_dir.mkdir(exist_ok=True)
+    save_file({k: dequantized.get(k, v).float() for k, v in state.items()}, str(reference_dir / files[0].name),
+              metadata={"format": "pt"})
+    for extra in directory.iterdir():
+        if extra.suffix == ".json" and extra.name != "config.json":
+            (reference_dir / extra.name).write_bytes(extra.read_bytes())
+    plain = dict(config)
+    plain.pop("quantization_config")
+    (reference_dir / "config.json").write_text(json.dumps(plain, indent=2) + "\n")
+    reference = load_model(reference_dir, dtype=torch.float32)
+    return Int4Checkpoint(directory=directory, reference=reference, packed_expert_bytes=packed_bytes,
+                          expert_weights=weights)

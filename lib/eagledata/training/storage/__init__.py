@@ -7,26 +7,24 @@ from typing import Any, Literal, Sequence
 
 from ...errors import InputError
 from ...files import atomic_write_text
-from ...layout import HiddenStateFiles
+from ...paths import HiddenStateFiles
 from ..assembly import Sample, samples_hash
+from ..layers import eagle3_layers
 from . import native, specforge, speculators
-from .common import (ERROR_STRIDE, FORMAT, STORAGE_DTYPES, Final, IndexEntry, Layout, Reader, SampleStates, StateWriter,
-                     Storage, dequantize_fp8, quantize_fp8, read_index, read_parts)
+from .common import (ERROR_STRIDE, FORMAT, STORAGE_DTYPES, FinalState, IndexEntry, Layout, Reader, SampleStates,
+                     StateWriter, Storage, dequantize_fp8, quantize_fp8, read_index, read_parts)
 
 LayoutName = Literal["eagledata", "speculators", "specforge"]
 LAYOUTS: dict[str, Layout] = {m.LAYOUT.name: m.LAYOUT for m in (native, speculators, specforge)}
 
-__all__ = ["ERROR_STRIDE", "FORMAT", "Final", "IndexEntry", "LAYOUTS", "Layout", "LayoutName", "PLAN_KEYS", "Reader",
-           "SampleStates", "STORAGE_DTYPES", "StateWriter", "Storage", "check_plan", "check_stored", "conventions",
-           "dequantize_fp8",
-           "finalize", "get_layout", "quantize_fp8", "read_index", "read_parts"]
+__all__ = ["ERROR_STRIDE", "FORMAT", "FinalState", "IndexEntry", "LAYOUTS", "Layout", "LayoutName", "PLAN_KEYS",
+           "Reader", "SampleStates", "STORAGE_DTYPES", "StateWriter", "Storage", "check_plan", "check_stored",
+           "conventions", "dequantize_fp8", "finalize", "get_layout", "quantize_fp8", "read_index", "read_parts"]
 
 
 def conventions(num_layers: int | None = None) -> list[dict[str, Any]]:
     """Each layout's reader, files, last state and default aux layers (in HF `hidden_states` numbering and in
     the trainer's own), read from the trainers' code; the notebook shows it beside the chosen settings."""
-    from ..extraction import eagle3_layers
-
     rows = []
     for layout in LAYOUTS.values():
         off = layout.layer_offset

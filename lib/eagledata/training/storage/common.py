@@ -21,11 +21,11 @@ import torch
 
 from ...errors import InputError
 from ...files import DirectFile, batch_sync, fsync, start_writeback, syncfs
-from ...layout import HiddenStateFiles
+from ...paths import HiddenStateFiles
 from ..assembly import Sample
 
 Storage = Literal["bf16", "fp8", "fp32"]
-Final = Literal["post_norm", "pre_norm"]
+FinalState = Literal["post_norm", "pre_norm"]
 STORAGE_DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn, "fp32": torch.float32}
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FORMAT = "eagledata.hidden_states/2"  # 2: layouts, per-sample error terms in the index parts
@@ -330,7 +330,7 @@ class Layout:
     writer: type[StateWriter]
     reader: type[Reader]
     finish: Callable[[Path, dict[str, Any], list[IndexEntry], list[Sample]], None]
-    final: Final | None  # the 4th state the trainer expects; None: whatever the extraction says
+    final: FinalState | None  # the 4th state the trainer expects; None: whatever the extraction says
     about: str  # who reads it, and how
     files: str
     storages: tuple[str, ...] = ("bf16", "fp32")  # what the trainer can read

@@ -1,4 +1,4 @@
-"""The vllm backend (eagledata.training.engine) against a fake vLLM on 127.0.0.1.
+"""The vllm backend (eagledata.training.vllm_backend) against a fake vLLM on 127.0.0.1.
 
 The fake answers as `vllm serve` with speculators' hidden-states extraction does (`--speculative-config
 extract_hidden_states` + `ExampleHiddenStatesConnector`): `/v1/completions` with a prompt of token ids and
@@ -27,10 +27,9 @@ import pytest
 import torch
 
 from eagledata.errors import InputError
-from eagledata.training import ExtractionJob, ExtractOptions, HiddenStates, Sample, extract
-from eagledata.training.engine import (EngineError, EngineOptions, FinalNorm, engine_layer_ids,
-                                       extract_with_engine, manifest_layers, public_url, vllm_serve_command)
-from eagledata.training.extraction import eagle3_layers
+from eagledata.training import ExtractionJob, ExtractOptions, HiddenStates, Sample, extract, extract_with_vllm
+from eagledata.training.layers import eagle3_layers, manifest_layers, vllm_layer_ids
+from eagledata.training.vllm_backend import FinalNorm, VllmError, VllmOptions, public_url, vllm_serve_command
 from eagledata.training.models import find_decoder
 from eagledata.training.tiny import build_tiny_model
 
@@ -165,20 +164,58 @@ def samples():
     return out
 
 
-def engine_run(samples, out, checkpoint, url, name="set", engine=None, **opts):
-    engine = engine or EngineOptions(server=url, server_retry_s=0.01)
-    return extract_with_engine(samples, out, name, checkpoint, engine=engine, options=ExtractOptions(**opts),
-                               progress=False)
+def vllm_run(samples, out, checkpoint, url, name="set", vllm=None, transport=None, **opts):
+    vllm = vllm or VllmOptions(server=url, server_retry_s=0.01)
+    return extract_with_vllm(samples, out, name, checkpoint, vllm=vllm, options=ExtractOptions(**opts),
+                             progress=False, transport=transport)
+
+
+class CountingTransport(httpx.AsyncBaseTransport):
+    """The network transport, counting the completion requests in flight (injected: nothing is patched)."""
+
+    def __init__(self):
+        self.inner = httpx.AsyncHTTPTransport()
+        self.now = self.most = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        counted = request.url.path.endswith("/completions")
+        self.now += counted
+        self.most = max(self.most, self.now)
+        try:
+            return await self.inner.handle_async_request(request)
+        finally:
+            self.now -= counted
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class RewritingTransport(httpx.AsyncBaseTransport):
+    """The network transport, with each completion answer's JSON passed through `rewrite` (injected)."""
+
+    def __init__(self, rewrite):
+        self.inner, self.rewrite = httpx.AsyncHTTPTransport(), rewrite
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if not request.url.path.endswith("/completions") or response.status_code != 200:
+            return response
+        body = json.loads(await response.aread())
+        await response.aclose()
+        return httpx.Response(200, json=self.rewrite(body))
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 # -- pure parts ----------------------------------------------------------------------------------
 def test_layer_ids_map_between_the_manifest_and_vllm():
-    assert engine_layer_ids((2, 30, 58), 61) == [2, 30, 58, 61]  # K2.5: speculators' launch_vllm.py default
+    assert vllm_layer_ids((2, 30, 58), 61) == [2, 30, 58, 61]  # K2.5: speculators' launch_vllm.py default
     assert manifest_layers([2, 30, 58, 61], 61) == (2, 30, 58)
-    assert engine_layer_ids(LAYERS, L) == IDS and manifest_layers(IDS, L) == LAYERS
+    assert vllm_layer_ids(LAYERS, L) == IDS and manifest_layers(IDS, L) == LAYERS
     for bad in ([2, 3, 3], [5, 4, 2], [2, 4], [2, 4, 8]):  # vLLM keeps each layer once, in layer order
         with pytest.raises(InputError, match="field 'layers'"):
-            engine_layer_ids(bad, L)
+            vllm_layer_ids(bad, L)
     with pytest.raises(InputError, match="field 'layer_ids'"):
         manifest_layers([2, 4, 5], L)  # the final state's id L is missing
 
@@ -196,7 +233,7 @@ def test_serve_command_is_what_speculators_launches():
         "kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": "/shared/hs"}}
     job = ExtractionJob(model="moonshotai/Kimi-K2.5", tp=8, backend="vllm",
-                        engine=EngineOptions(shared_storage_path="/shared/hs"))
+                        vllm=VllmOptions(shared_storage_path="/shared/hs"))
     # K2.5's 61 layers from its published config, nothing downloaded
     assert job.vllm_command() == ["vllm", "serve", "moonshotai/Kimi-K2.5", *argv[3:]]
 
@@ -204,15 +241,15 @@ def test_serve_command_is_what_speculators_launches():
 def test_urls_in_the_manifest_carry_no_secrets():
     assert public_url("http://user:secret@gpu-node:8000/v1?token=x#f") == "http://gpu-node:8000/v1"
     with pytest.raises(InputError, match="field 'server_concurrency'"):
-        EngineOptions(server_concurrency=0)
+        VllmOptions(server_concurrency=0)
 
 
 # -- against the fake server ------------------------------------------------------------------------
 @pytest.mark.parametrize("layout", ["eagledata", "speculators", "specforge"])
-def test_engine_states_equal_the_transformers_path(layout, checkpoint, server, samples, tmp_path):
+def test_vllm_states_equal_the_transformers_path(layout, checkpoint, server, samples, tmp_path):
     directory, model = checkpoint
     ref = extract(samples, tmp_path / "ref", "set", model, options=ExtractOptions(layout=layout), progress=False)
-    got = engine_run(samples, tmp_path / "vllm", directory, server.url, layout=layout)
+    got = vllm_run(samples, tmp_path / "vllm", directory, server.url, layout=layout)
     assert got.complete and got.extracted == len(samples) and len(server.fake.prompts) == len(samples)
     a, b = HiddenStates(ref.directory), HiddenStates(got.directory)
     assert b.ids == a.ids == [s.id for s in samples]
@@ -238,7 +275,7 @@ def test_engine_states_equal_the_transformers_path(layout, checkpoint, server, s
 
 def test_fp8_storage_and_the_final_norm(checkpoint, server, samples, tmp_path):
     directory, model = checkpoint
-    got = engine_run(samples[:4], tmp_path, directory, server.url, storage="fp8")
+    got = vllm_run(samples[:4], tmp_path, directory, server.url, storage="fp8")
     m = got.manifest
     assert m["storage"] == "fp8" and 0 < m["reconstruction_rel_rmse"] < 0.05
     norm = FinalNorm.from_checkpoint(directory, json.loads((directory / "config.json").read_text()))
@@ -248,13 +285,13 @@ def test_fp8_storage_and_the_final_norm(checkpoint, server, samples, tmp_path):
 
 def test_a_token_id_mismatch_is_refused_naming_the_sample(checkpoint, server, samples, tmp_path):
     server.fake.wrong_echo.add(samples[3].input_ids[0])
-    with pytest.raises(EngineError, match=r"sample 's3'.*prompt_token_ids differ .* position 0"):
-        engine_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators")
+    with pytest.raises(VllmError, match=r"sample 's3'.*prompt_token_ids differ .* position 0"):
+        vllm_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators")
 
 
 def test_503_and_429_are_retried_then_succeed(checkpoint, server, samples, tmp_path):
     server.fake.faults = [503, 429, 502]
-    got = engine_run(samples[:3], tmp_path, checkpoint[0], server.url, engine=EngineOptions(
+    got = vllm_run(samples[:3], tmp_path, checkpoint[0], server.url, vllm=VllmOptions(
         server=server.url, server_concurrency=1, server_retry_s=0.01))
     assert got.complete and len(server.fake.prompts) == 3 + 3
     assert server.fake.prompts[:4] == [samples[0].input_ids] * 4  # the first sample, tried four times
@@ -262,32 +299,32 @@ def test_503_and_429_are_retried_then_succeed(checkpoint, server, samples, tmp_p
 
 def test_retries_end_and_other_4xx_fail_at_once(checkpoint, server, samples, tmp_path):
     server.fake.faults = [503] * 3
-    with pytest.raises(EngineError, match=r"sample 's0': no answer after 3 attempts; last: HTTP 503"):
-        engine_run(samples[:1], tmp_path, checkpoint[0], server.url, engine=EngineOptions(
+    with pytest.raises(VllmError, match=r"sample 's0': no answer after 3 attempts; last: HTTP 503"):
+        vllm_run(samples[:1], tmp_path, checkpoint[0], server.url, vllm=VllmOptions(
             server=server.url, server_attempts=3, server_retry_s=0.01))
     bad = Sample("bad", "B1", [-1, 5], [1, 1], False)
     with pytest.raises(InputError, match="outside the model's vocabulary"):  # refused before any request
-        engine_run([bad], tmp_path, checkpoint[0], server.url, name="bad")
+        vllm_run([bad], tmp_path, checkpoint[0], server.url, name="bad")
     server.fake.faults = [400]
-    with pytest.raises(EngineError, match=r"sample 's1': the server refused it: HTTP 400"):
-        engine_run(samples[1:2], tmp_path, checkpoint[0], server.url, name="other")
+    with pytest.raises(VllmError, match=r"sample 's1': the server refused it: HTTP 400"):
+        vllm_run(samples[1:2], tmp_path, checkpoint[0], server.url, name="other")
 
 
 def test_resume_sends_only_the_missing_samples(checkpoint, server, samples, tmp_path):
     server.fake.wrong_echo.add(samples[7].input_ids[0])  # the first run dies at s7 (one at a time: s0..s6 stored)
-    one = EngineOptions(server=server.url, server_concurrency=1, server_retry_s=0.01)
-    with pytest.raises(EngineError, match="'s7'"):
-        engine_run(samples, tmp_path, checkpoint[0], server.url, engine=one, layout="speculators")
+    one = VllmOptions(server=server.url, server_concurrency=1, server_retry_s=0.01)
+    with pytest.raises(VllmError, match="'s7'"):
+        vllm_run(samples, tmp_path, checkpoint[0], server.url, vllm=one, layout="speculators")
     assert len(server.fake.prompts) == 8
     server.fake.wrong_echo.clear()
     server.fake.prompts.clear()
-    got = engine_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators")
+    got = vllm_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators")
     assert got.complete and (got.extracted, got.skipped) == (3, 7)
     assert server.fake.prompts == [s.input_ids for s in samples[7:]]
     assert HiddenStates(got.directory).ids == [s.id for s in samples]
     # a finished set: nothing is sent again, and the transformers path may not continue it
     server.fake.prompts.clear()
-    assert engine_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators").extracted == 0
+    assert vllm_run(samples, tmp_path, checkpoint[0], server.url, layout="speculators").extracted == 0
     assert server.fake.prompts == []
     with pytest.raises(InputError, match="made by the vllm backend"):
         extract(samples, tmp_path, "set", checkpoint[1], options=ExtractOptions(layout="speculators"),
@@ -295,42 +332,32 @@ def test_resume_sends_only_the_missing_samples(checkpoint, server, samples, tmp_
 
 
 def test_many_requests_in_flight(checkpoint, server, samples, tmp_path):
-    in_flight = {"now": 0, "most": 0}
-    real = httpx.AsyncClient.post
-
-    async def counting(self, *args, **kwargs):
-        in_flight["now"] += 1
-        in_flight["most"] = max(in_flight["most"], in_flight["now"])
-        try:
-            return await real(self, *args, **kwargs)
-        finally:
-            in_flight["now"] -= 1
-
+    counting = CountingTransport()
     server.fake.write_delay_s = 0.0
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(httpx.AsyncClient, "post", counting)
-        got = engine_run(samples, tmp_path, checkpoint[0], server.url, engine=EngineOptions(
-            server=server.url, server_concurrency=4))
-    assert got.complete and 1 < in_flight["most"] <= 4
+    got = vllm_run(samples, tmp_path, checkpoint[0], server.url, vllm=VllmOptions(server=server.url,
+                                                                                  server_concurrency=4),
+                   transport=counting)
+    assert got.complete and 1 < counting.most <= 4 and counting.now == 0
 
 
 def test_the_api_key_comes_from_the_environment_and_is_never_stored(checkpoint, server, samples, tmp_path,
                                                                      monkeypatch):
     server.fake.auth = "s3cret-key"
-    with pytest.raises(EngineError, match=r"HTTP 401.*\$VLLM_API_KEY"):
-        engine_run(samples[:1], tmp_path, checkpoint[0], server.url)
+    with pytest.raises(VllmError, match=r"HTTP 401.*\$VLLM_API_KEY"):
+        vllm_run(samples[:1], tmp_path, checkpoint[0], server.url)
     monkeypatch.setenv("VLLM_API_KEY", "s3cret-key")
-    got = engine_run(samples[:2], tmp_path, checkpoint[0], server.url, name="keyed")
+    got = vllm_run(samples[:2], tmp_path, checkpoint[0], server.url, name="keyed")
     assert got.complete
     assert not any("s3cret" in p.read_text(errors="ignore") for p in got.directory.rglob("*.json*"))
 
 
-def test_a_file_this_machine_cannot_see_is_a_clear_error(checkpoint, server, samples, tmp_path, monkeypatch):
-    import eagledata.training.engine as engine
+def test_a_file_this_machine_cannot_see_is_a_clear_error(checkpoint, server, samples, tmp_path):
+    def elsewhere(answer):
+        answer["kv_transfer_params"]["hidden_states_path"] = "/nonexistent/hs/x.safetensors"
+        return answer
 
-    monkeypatch.setattr(engine, "states_path", lambda answer, sample: "/nonexistent/hs/x.safetensors")
-    with pytest.raises(EngineError, match="cannot see: run eagledata where the server's shared_storage_path"):
-        engine_run(samples[:1], tmp_path, checkpoint[0], server.url)
+    with pytest.raises(VllmError, match="cannot see: run eagledata where the server's shared_storage_path"):
+        vllm_run(samples[:1], tmp_path, checkpoint[0], server.url, transport=RewritingTransport(elsewhere))
 
 
 def test_job_settings_and_command_line_select_the_backend(checkpoint, server, samples, tmp_path, capsys):
@@ -345,7 +372,7 @@ def test_job_settings_and_command_line_select_the_backend(checkpoint, server, sa
     assert line["backend"] == "vllm" and line["extracted"] == 3 and line["complete"]
     assert HiddenStates(tmp_path / "hidden_states" / "cli").manifest["backend"] == "vllm"
     job = ExtractionJob(output_dir=str(tmp_path), name="job", model=str(checkpoint[0]), backend="vllm",
-                        engine=EngineOptions(server=server.url))
+                        vllm=VllmOptions(server=server.url))
     done = asyncio.run(job.run_async(samples[:2], progress=False))  # the notebook awaits it in its kernel's loop
     assert done.complete and done.manifest["engine"]["layer_ids"] == IDS
     assert main(["serve-command", "--model", str(checkpoint[0]), "--tp", "2"]) == 0

@@ -15,6 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = ["DATASETS_FILE", "DatasetFiles", "HiddenStateFiles", "OUTPUT_DIR", "PARAMS_DIR", "assembled_dir",
+           "catalog_snapshot", "dataset_files", "datasets_dir", "hidden_state_files", "model_stem", "records_file",
+           "routing_file", "runs_dir"]
+
 PARAMS_DIR = "params"
 OUTPUT_DIR = "outputs"
 DATASETS_FILE = f"{PARAMS_DIR}/datasets.yaml"

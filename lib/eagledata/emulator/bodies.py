@@ -1,0 +1,218 @@
+"""The emulator's response bodies: completions as JSON, streams as SSE, errors in OpenRouter's shape.
+
+What a job answers is its fault-table row (`faults.FAULTS`, `Job.plays`): `answer_response` and `JobStream` play
+the row's `body` and `stream` shapes and settle the job with the row's charge; nothing here draws or decides.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any, AsyncIterator, Callable
+
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from .content import Generation
+from .faults import Fault, error_body, fault_error
+from .requests import ApiError
+from .service import Emulator, Job
+
+REASONING_FORMAT = "unknown"
+Served = tuple[str | None, list[dict], str]  # message.reasoning, reasoning_details, content
+
+
+# -- how a quirk serves the message fields ------------------------------------------------------------
+def _details_only(gen: Generation, details: list[dict]) -> Served:
+    return None, details, gen.content
+
+
+def _inline_think(gen: Generation, details: list[dict]) -> Served:
+    closed = len(gen.output_ids) > gen.reasoning_tokens
+    return None, [], "<think>" + gen.reasoning + ("</think>" + gen.content if closed else "")
+
+
+# Quirks that change how the fields are served (the others change the text itself: `content.TEXT_QUIRKS`).
+SERVED: dict[str, Callable[[Generation, list[dict]], Served]] = {
+    "reasoning_details_only": _details_only,  # message.reasoning null, the text only in reasoning_details
+    "inline_think": _inline_think,  # reasoning inline as <think>…</think> at the start of content
+}
+
+
+def served_fields(job: Job) -> Served:
+    """(message.reasoning, reasoning_details, content) as this provider serves them, quirks applied."""
+    gen = job.gen
+    assert gen is not None
+    if not job.req.thinking or job.req.exclude_reasoning or not gen.reasoning:
+        return None, [], gen.content
+    details = [{"type": "reasoning.text", "text": gen.reasoning, "format": REASONING_FORMAT, "index": 0}]
+    serve = SERVED.get(gen.quirk or "")
+    return serve(gen, details) if serve else (gen.reasoning, details, gen.content)
+
+
+# -- JSON -----------------------------------------------------------------------------------------------
+def envelope(em: Emulator, job: Job, obj: str) -> dict:
+    return {"id": job.gen_id, "provider": job.ep.provider, "model": em.cfg.model_version, "object": obj,
+            "created": job.created}
+
+
+def completion_body(em: Emulator, job: Job, *, empty: bool = False) -> dict:
+    """The completion; `empty`: empty content and reasoning, zero usage (the `empty` shape)."""
+    gen = job.gen
+    assert gen is not None
+    if empty:
+        message = {"role": "assistant", "content": "", "refusal": None, "reasoning": None}
+        finish, usage = "stop", em.usage(job, empty=True)
+    else:
+        reasoning, details, content = served_fields(job)
+        message = {"role": "assistant", "content": content, "refusal": None, "reasoning": reasoning,
+                   "reasoning_details": details}
+        finish, usage = gen.finish_reason, em.usage(job)
+    body = {**envelope(em, job, "chat.completion"),
+            "choices": [{"logprobs": None, "finish_reason": finish, "native_finish_reason": finish, "index": 0,
+                         "message": message}],
+            "system_fingerprint": None, "usage": usage}
+    if job.req.return_token_ids and not empty:  # as vLLM answers `return_token_ids`
+        body["prompt_token_ids"] = job.prompt_ids
+        body["choices"][0]["token_ids"] = gen.output_ids
+    return body
+
+
+def choice_error_body(em: Emulator, job: Job, fault: Fault) -> dict:
+    """HTTP 200 whose choices[0] carries the error (`choice_error`)."""
+    return {**envelope(em, job, "chat.completion"),
+            "choices": [{"logprobs": None, "finish_reason": "error", "native_finish_reason": "error", "index": 0,
+                         "message": {"role": "assistant", "content": "", "refusal": None, "reasoning": None},
+                         "error": fault_error(fault, job.ep.provider, em.cfg.model)["error"]}],
+            "usage": em.usage(job, empty=True)}
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(error_body(e.code, e.message, e.metadata), status_code=e.code, headers=e.headers)
+
+
+def fault_error_response(em: Emulator, job: Job) -> JSONResponse:
+    """An admission fault's HTTP error status (`error`), streaming or not."""
+    fault = job.plays
+    headers = {"Retry-After": str(em.cfg.faults.retry_after)} if fault.retry_after else {}
+    return JSONResponse(fault_error(fault, job.ep.provider, em.cfg.model), status_code=fault.status, headers=headers)
+
+
+def answer_response(em: Emulator, job: Job) -> Response:
+    """A non-streaming answer once its generation time has passed, in the row's `body` shape; the job is settled
+    with the row's charge (a `cut` body is billed: the generation ran, the bytes were lost in transit)."""
+    fault = job.plays
+    headers = {"X-Generation-Id": job.gen_id}
+    em.settle(job, job.fault or "ok", charged=fault.charged)
+    if fault.body == "choice_error":
+        return JSONResponse(choice_error_body(em, job, fault), headers=headers)
+    if fault.body == "top_level_error":
+        return JSONResponse(fault_error(fault, job.ep.provider, em.cfg.model), headers=headers)
+    body = completion_body(em, job, empty=fault.body == "empty")
+    if fault.body == "cut":
+        raw = json.dumps(body).encode()
+        return Response(raw[: len(raw) // 2], media_type="application/json", headers=headers)
+    return JSONResponse(body, headers=headers)
+
+
+# -- SSE -----------------------------------------------------------------------------------------------
+def sse(obj: dict) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
+
+
+def pieces(text: str, n: int) -> list[str]:
+    """Split text into n nearly equal character pieces (deltas that concatenate back to it)."""
+    if not text:
+        return []
+    n = max(1, min(n, len(text)))
+    step = math.ceil(len(text) / n)
+    return [text[i:i + step] for i in range(0, len(text), step)]
+
+
+class JobStream(StreamingResponse):
+    """The SSE response of one job; releases the job however the stream ends (a client that
+    disconnects before the first byte included, when the generator never runs its own cleanup)."""
+
+    def __init__(self, em: Emulator, job: Job):
+        super().__init__(stream_events(em, job), media_type="text/event-stream",
+                         headers={"X-Generation-Id": job.gen_id, "Cache-Control": "no-cache"})
+        self.em, self.job = em, job
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.em.stats.in_flight -= 1
+            if not self.job.settled:
+                self.abandoned()
+
+    def abandoned(self) -> None:
+        """The client went away mid-stream: a provider with stream cancellation stops and bills the tokens so
+        far; any other generates on and bills the whole answer when it would have ended."""
+        em, job = self.em, self.job
+        if job.ep.stream_cancellation or job.gen is None:
+            em.settle(job, "cancelled", charged=False, partial_tokens=job.streamed if job.gen else 0)
+            return
+        ttft, gen_time = em.delays(job)
+        left = max(0.0, job.started + ttft + gen_time - time.monotonic())
+        asyncio.get_running_loop().call_later(left, em.settle, job, "abandoned", True)
+
+
+async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
+    """SSE: processing comments, reasoning then content deltas, finish chunk, usage chunk, [DONE]; the row's
+    `stream` shape decides what is sent instead (an error chunk or a cut line halfway, an empty answer)."""
+    gen = job.gen
+    assert gen is not None
+    fault = job.plays
+    ttft, gen_time = em.delays(job)
+    yield ": OPENROUTER PROCESSING\n\n"
+    waited = 0.0
+    while waited < ttft:
+        step = min(em.cfg.processing_interval, ttft - waited)
+        await asyncio.sleep(step)
+        waited += step
+        if waited < ttft:
+            yield ": OPENROUTER PROCESSING\n\n"
+    base = envelope(em, job, "chat.completion.chunk")
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return sse({**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                                         "native_finish_reason": finish, "logprobs": None}]})
+
+    empty = fault.stream == "empty"
+    reasoning, details, content = (None, [], "") if empty else served_fields(job)
+    r_text = reasoning if reasoning is not None else (details[0]["text"] if details else "")
+    n_out = max(1, len(gen.output_ids))
+    per_chunk = max(8, math.ceil(n_out / 48))
+    r_share = gen.reasoning_tokens / n_out if r_text else 0.0
+    deltas: list[dict] = []
+    for piece in pieces(r_text, math.ceil(n_out * r_share / per_chunk)):
+        d: dict[str, Any] = {"role": "assistant", "content": "", "reasoning": piece if reasoning is not None else None}
+        d["reasoning_details"] = [{"type": "reasoning.text", "text": piece, "format": REASONING_FORMAT, "index": 0}]
+        deltas.append(d)
+    for piece in pieces(content, math.ceil(n_out * (1 - r_share) / per_chunk)):
+        deltas.append({"role": "assistant", "content": piece, "reasoning": None})
+    dt = gen_time / max(1, len(deltas))
+    cut_at = len(deltas) // 2 if fault.stream in ("error_chunk", "cut") else None
+    for i, delta in enumerate(deltas):
+        if dt > 0:
+            await asyncio.sleep(dt)
+        job.streamed = round(n_out * i / len(deltas))
+        if i == cut_at:
+            em.settle(job, job.fault, charged=fault.stream_charged)
+            if fault.stream == "cut":
+                line = chunk(delta)
+                yield line[: len(line) // 2]
+                return
+            err = {"code": "server_error", "message": "Provider disconnected unexpectedly"}
+            yield sse({**base, "error": err, "choices": [{"index": 0, "delta": {"content": ""},
+                                                         "finish_reason": "error", "native_finish_reason": "error"}]})
+            return
+        yield chunk(delta)
+    finish = "stop" if empty else gen.finish_reason
+    yield chunk({"role": "assistant", "content": ""}, finish)
+    usage = em.usage(job, empty=empty)
+    # a cut that never came (no deltas to cut between) served the whole answer: billed
+    em.settle(job, job.fault or "ok", charged=True if cut_at is not None else fault.stream_charged)
+    yield sse({**base, "choices": [], "usage": usage})
+    yield "data: [DONE]\n\n"

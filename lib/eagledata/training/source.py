@@ -1,0 +1,48 @@
+"""What a backend gives the extraction job (`job.run_extraction`): a description of the target, then batches of
+(samples, states). Both backends (transformers here, a vLLM server) are such sources; the job owns everything
+else (plan, resume, writer, progress, manifest), so a new backend is one class with these five methods."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Iterator, Protocol, Sequence
+
+import torch
+
+from .assembly import Sample
+from .storage import FinalState
+
+StatesBatch = tuple[list[Sample], torch.Tensor]  # samples, and their states [sum of lengths, 4, H] back to back
+
+
+@dataclass(frozen=True)
+class Target:
+    """The model the states come from, as `plan.json` records it (every run adding to a set must agree)."""
+
+    model: str
+    decoder: str  # module path of the text decoder, or `vllm:<architecture>`
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    compute_dtype: torch.dtype
+    plan_extra: dict[str, Any] = field(default_factory=dict)  # more plan keys (the vllm backend: `backend`)
+
+
+class StateSource(Protocol):
+    backend: str  # "transformers" | "vllm": a set is continued only by the backend that began it
+    weight_bytes: int  # this process's share of the weights (0 when a server holds them)
+
+    def vocab_size(self) -> int:
+        """Cheaply, before `open`: the vocabulary every sample's ids must fit."""
+
+    def open(self) -> Target:
+        """Check what can be checked before the expensive part, then load or connect."""
+
+    def prepare(self, layers: tuple[int, int, int], final: FinalState) -> None:
+        """Take the resolved aux layers and final state, refusing what this backend cannot deliver (before the
+        job writes anything)."""
+
+    def batches(self, todo: Sequence[Sample]) -> Iterator[StatesBatch] | AsyncIterator[StatesBatch]:
+        """The states of every sample in `todo`, in any order and grouping, each sample exactly once."""
+
+    def manifest_extra(self) -> dict[str, Any]:
+        """Keys the manifest adds once the set is complete (the vllm backend's `engine` record)."""
