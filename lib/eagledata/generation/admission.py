@@ -106,6 +106,10 @@ class AgeModel:
         m2 = np.minimum(np.maximum(m2, m1 * m1), bounds * bounds)
         return m1, m2 - m1 * m1
 
+    def events_beyond(self, ages: np.ndarray) -> np.ndarray:
+        """How many finished attempts (of the last `fit`) took longer than each age: what E[· | age] rests on."""
+        return self._t.size - np.searchsorted(self._t, ages, "right")
+
     def new_request(self, bound: float) -> tuple[float, float]:
         """Moments of a request about to start (age 0, nothing else conditioned on)."""
         m, v = self.moments(np.zeros(1), np.array([bound]))
