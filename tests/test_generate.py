@@ -19,6 +19,7 @@ from eagledata.generation import GenerateConfig, generate, run_generation
 from eagledata.openrouter import complete
 from eagledata.notebooks import read_results
 from eagledata.records import load_records
+from kills import kill_while_writing
 from eagledata.records import split_inline_reasoning
 from eagledata.text import parse_output_ids, prompt_ids
 
@@ -128,22 +129,7 @@ def test_kill_at_random_moments_and_resume(emu, tok, tmp_path):
            "--base-url", emu.base_url, "--output-dir", str(tmp_path / "out"), "--params-dir", str(tmp_path / "params"),
            "--concurrency", "500", "--max-tokens", "400", "--progress", "false", "--reserve-usd", "0"]
     rng = random.Random(20261130)
-    records_file = dataset_dir(tmp_path) / "records.jsonl"
-    kills, sizes = 0, []
-    for _ in range(6):
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 20
-        start_size = records_file.stat().st_size if records_file.exists() else 0
-        while time.monotonic() < deadline and proc.poll() is None:  # wait until this run is writing
-            if records_file.exists() and records_file.stat().st_size > start_size:
-                break
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.6))
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            kills += 1
-        proc.wait()
-        sizes.append(records_file.stat().st_size if records_file.exists() else 0)
+    kills, sizes = kill_while_writing(cmd, [dataset_dir(tmp_path) / "records.jsonl"], rng, 6)
     assert kills >= 5, "the runs finished before they could be killed"
     final = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr

@@ -21,6 +21,7 @@ from eagledata.notebooks import read_results
 from eagledata.openrouter import (Kind, Outcome, PrecisionPolicy, complete, decide, fetch_catalog,
                                   resolve_api_key)
 from eagledata.records import load_records
+from kills import kill_while_writing
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.6, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0.5, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -252,21 +253,7 @@ def test_kills_and_resume_over_several_datasets(emu, tmp_path):
            "--base-url", emu.base_url, "--output-dir", str(tmp_path / "out"), "--params-dir", str(tmp_path / "params"),
            "--concurrency", "200", "--max-tokens", "400", "--progress", "false", "--reserve-usd", "0"]
     rng = random.Random(39)
-    records_files = [folder(tmp_path, n) / "records.jsonl" for n in sizes]
-    kills = 0
-    for _ in range(4):
-        before = sum(f.stat().st_size for f in records_files if f.exists())
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and proc.poll() is None:
-            if sum(f.stat().st_size for f in records_files if f.exists()) > before:
-                break
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.5))
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            kills += 1
-        proc.wait()
+    kills, _ = kill_while_writing(cmd, [folder(tmp_path, n) / "records.jsonl" for n in sizes], rng, 4)
     assert kills >= 3, "the runs finished before they could be killed"
     final = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr

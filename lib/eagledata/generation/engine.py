@@ -369,7 +369,10 @@ class Run:
             if not item.started:
                 self.pacing.release(item.lane.name)
             self._settle_lanes()
-            self.cond.notify(1) if not self.stopping else self.cond.notify_all()
+            if self.stopping:
+                self.cond.notify_all()
+            else:
+                self.cond.notify(1)
 
     def _money_stop(self, limit: float) -> str:
         cap = self.cfg.max_spend_usd

@@ -1,0 +1,31 @@
+"""Killing a generate command the way a crash does: SIGKILL to its process group at random moments, each once the
+run is writing (shared by the one-dataset and the several-datasets kill tests)."""
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def kill_while_writing(cmd: list[str], records: list[Path], rng: random.Random, times: int) -> tuple[int, list[int]]:
+    """Start `cmd` `times` times; SIGKILL each within 0.5 s after its first new record. Returns how many were
+    killed (a run may finish first) and the records' total size after each."""
+    kills, sizes = 0, []
+
+    def size() -> int:
+        return sum(f.stat().st_size for f in records if f.exists())
+
+    for _ in range(times):
+        before = size()
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and proc.poll() is None and size() <= before:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.5))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        sizes.append(size())
+    return kills, sizes
