@@ -51,7 +51,8 @@ from .store import Store
 
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
 PRIOR_PROMPT_TOKENS = 500  # the prompt side of the cost prior (small next to the answer)
-TAIL_IN_FLIGHT, TAIL_MONEY = 0.01, 0.02  # stop issuing below 1% of concurrency with under 2% of the money left
+TAIL_IN_FLIGHT, TAIL_MONEY = 0.05, 0.02  # stop issuing below 5% of concurrency with under 2% of the money left
+# (at 1% a handful in flight kept being topped up one by one: minutes of crawl for the last 2% of the money)
 NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
 
 
