@@ -149,3 +149,20 @@ def test_a_zero_interval_logs_nothing_periodic(interval):
     log = StatusLog(interval, clock=clock)
     clock.t += 100
     assert not log.maybe(lambda: "x")
+
+
+def test_widget_bars_one_per_dataset_and_one_for_the_run():
+    """Several datasets: a first bar over the run's output tokens, then one per dataset (tokens to its target,
+    or prompts without one); the bars follow the snapshots."""
+    from eagledata.generation.progress import Progress
+
+    run_stats = stats(1000)
+    ds = [DatasetSnapshot("B3", 10, 100, 400, 1000, 3, run_stats), DatasetSnapshot("B4", 20, 50, 600, None, 2, run_stats)]
+    snap = RunSnapshot(t=10.0, in_flight=5, limit=8, spent=0.5, stats=run_stats, datasets=ds)
+    view = Progress(snap)
+    assert view.total is not None and view.total.total is None  # B4 has no target: no total to reach
+    assert [(b.total, b.n) for b in view.bars] == [(1000, 400), (50, 20)]
+    later = [DatasetSnapshot("B3", 30, 100, 1200, 1000, 0, run_stats), DatasetSnapshot("B4", 50, 50, 900, None, 0,
+                                                                                        run_stats)]
+    view.close(RunSnapshot(t=20.0, in_flight=0, limit=8, spent=1.0, stats=run_stats, datasets=later))
+    assert [b.n for b in view.bars] == [1000, 50] and view.total.n == 2100
