@@ -58,12 +58,20 @@ def scaled_emulator(scale: float, speed: float, **extra: Any) -> dict:
 
 
 def write_prompts(d: Path, n: int, name: str = "P") -> Path:
-    prompts = d / f"{name}.jsonl"
-    with prompts.open("w") as f:
-        for i in range(n):
-            msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
-            f.write(json.dumps({"id": f"{name}{i:07d}", "messages": msgs}) + "\n")
-    (d / "datasets.yaml").write_text(f"{name}:\n  prompts: {prompts}\n")
+    return write_datasets(d, n, {name: None})
+
+
+def write_datasets(d: Path, n: int, targets: dict[str, int | None]) -> Path:
+    """A prompt file of `n` prompts per dataset and the datasets file naming them (with their targets)."""
+    lines = []
+    for name, target in targets.items():
+        prompts = d / f"{name}.jsonl"
+        with prompts.open("w") as f:
+            for i in range(n):
+                msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
+                f.write(json.dumps({"id": f"{name}{i:07d}", "messages": msgs}) + "\n")
+        lines.append(f"{name}:\n  prompts: {prompts}\n" + (f"  target_output_tokens: {target}\n" if target else ""))
+    (d / "datasets.yaml").write_text("".join(lines))
     return d / "datasets.yaml"
 
 
@@ -321,20 +329,6 @@ def abandon(a: argparse.Namespace) -> None:
                                                                         f"{1e6 * cpu / max(chunks, 1):.0f} us CPU per chunk" if stream else ""))
 
 
-def write_job(d: Path, names: list[str], n: int, targets: dict[str, int]) -> Path:
-    """Six prompt files and the datasets file naming them with their targets."""
-    lines = []
-    for name in names:
-        prompts = d / f"{name}.jsonl"
-        with prompts.open("w") as f:
-            for i in range(n):
-                msgs = [{"role": "user", "content": f"{name} question {i}: prove that {i} + {i} is even, then explain."}]
-                f.write(json.dumps({"id": f"{name}-{i:06d}", "messages": msgs}) + "\n")
-        lines.append(f"{name}:\n  prompts: {prompts}\n  target_output_tokens: {targets[name]}\n")
-    (d / "datasets.yaml").write_text("".join(lines))
-    return d / "datasets.yaml"
-
-
 def oracle_time(pairs: list[tuple[float, int]], targets: dict[str, int], slots: int, seed: int,
                 aim: float = 1.05) -> float:
     """What no pacing can beat, in simulated time: answers drawn from this run's own (latency, tokens), and a
@@ -394,7 +388,7 @@ def job(a: argparse.Namespace) -> None:
         price = routing.cheapest().completion_per_m / 1e6
         each = int(usable * a.money_share_of_targets / price / len(names))  # one target: its share of the money
         targets = dict.fromkeys(names, each)
-        datasets = write_job(d, names, 20_000, targets)
+        datasets = write_datasets(d, 20_000, targets)
         print(f"(e) the job: {len(names)} datasets x {each:,} output tokens (money for {1 / a.money_share_of_targets:.0%} "
               f"of them at ${price * 1e6:.2f}/M), ${balance:g} balance, ${reserve:g} reserve, {slots} in flight, "
               f"max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, faults {'on' if a.faults else 'off'}", flush=True)

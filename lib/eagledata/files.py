@@ -1,9 +1,10 @@
 """Files every stage shares: atomic writes (a reader or a resume sees the old file or the new one, never
-half), durable writes of many files at once, and JSONL reading that names the bad line."""
+half), durable writes of many files at once, JSONL reading that names the bad line, and exclusive locks."""
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import json
 import mmap
 import os
@@ -69,6 +70,29 @@ def write_jsonl(path: str | Path, rows: Iterable[Any]) -> Path:
 # (NFS, FUSE, anything unknown) only fsync(2) is trusted to put a file's bytes on stable storage.
 SYNCFS_FLUSHES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs"})
 SYNC_FILE_RANGE_WRITE = 2
+
+
+class LockHeld(Exception):
+    """Another process holds the lock; `holder` is what it wrote into the lock file."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
+def hold_lock(path: str | Path, note: str, mode: int = 0o644) -> int:
+    """An exclusive `flock` on `path` with `note` (who holds it) written inside. The descriptor returned holds
+    it until closed, or until the process ends, SIGKILL included. Raises LockHeld with the holder's note."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, mode)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise LockHeld(holder) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, note.encode(), 0)
+    return fd
 
 
 def fsync(path: str | Path) -> None:

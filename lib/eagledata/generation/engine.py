@@ -164,9 +164,13 @@ class DatasetRun:
         self.tokens_before = self.store.output_tokens
 
     @property
+    def target_met(self) -> bool:
+        return self.target is not None and self.store.output_tokens >= self.target
+
+    @property
     def idle(self) -> bool:
         """Nothing to send: every prompt finished, or the target met."""
-        return not self.scan.pending or (self.target is not None and self.store.output_tokens >= self.target)
+        return not self.scan.pending or self.target_met
 
     @property
     def finished(self) -> bool:
@@ -202,8 +206,7 @@ class Run:
         self.idle = all(lane.idle for lane in lanes)
         for lane in lanes:
             if lane.idle:
-                met = lane.target is not None and lane.store.output_tokens >= lane.target
-                lane.stop_reason = StopReason.TARGET_REACHED if met else StopReason.COMPLETED
+                lane.stop_reason = StopReason.TARGET_REACHED if lane.target_met else StopReason.COMPLETED
         self.paid = cfg.backend == "openrouter"
         worst = routing.worst_price() if self.paid else Price(0.0, 0.0)
         if worst is None:
@@ -225,7 +228,6 @@ class Run:
         self.cond = asyncio.Condition()
         self.seq = itertools.count()
         self.holding = 0          # items in workers' hands (tokenizing, waiting for money, in flight)
-        self.in_flight = 0        # HTTP requests under way
         self.stopping = False
         self.stop_reason = ""
         self._signalled = self._abandoning = False
@@ -234,7 +236,7 @@ class Run:
         self._stragglers_since: float | None = None
         self.fatal: Outcome | None = None
         self.no_endpoint_streak = 0
-        self.stats = RunStats()
+        self.timeline: list[list[float]] = []  # the run's own samples (each dataset keeps its own)
         self.t0 = time.monotonic()
         self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
         self.balance_start: float | None = None
@@ -300,6 +302,15 @@ class Run:
         self.books.read(AccountReading(at, account.usage_usd, account.balance_usd), spent)
 
     # -- scheduling -----------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        """HTTP requests under way, over every dataset."""
+        return sum(lane.stats.in_flight for lane in self.lanes.values())
+
+    def totals(self) -> RunStats:
+        """The run's counters: its datasets' added up, with the run's timeline."""
+        return RunStats.combined([lane.stats for lane in self.lanes.values()], self.timeline)
+
     def stop(self, reason: str) -> None:
         if not self.stopping:
             self.stopping, self.stop_reason = True, reason
@@ -309,7 +320,7 @@ class Run:
         Caller holds the lock."""
         now = time.monotonic() - self.t0
         for lane in self.lanes.values():
-            if lane.target is not None and lane.target_met_s is None and lane.store.output_tokens >= lane.target:
+            if lane.target_met_s is None and lane.target_met:
                 lane.target_met_s = now
             if lane.finished or lane.holding:
                 continue
@@ -436,7 +447,6 @@ class Run:
             item.started = True
         body = build_request(self.cfg.model, item.prompt.messages, max_tokens=self.cfg.max_tokens,
                              temperature=self.cfg.temperature, provider=self._provider(), backend=self.cfg.backend)
-        self.in_flight += 1
         item.lane.stats.in_flight += 1
         try:
             outcome = await self.complete(client, body)
@@ -445,7 +455,6 @@ class Run:
                 self.pacing.end(pace, time.monotonic(), 0, finished=False)
             raise
         finally:
-            self.in_flight -= 1
             item.lane.stats.in_flight -= 1
         item.tries += 1
         if outcome.kind is Kind.OK:
@@ -498,8 +507,7 @@ class Run:
             if written:
                 store.add_record(record, cost)
             self.pacing.end(pace, time.monotonic(), record.output_tokens if written else 0, finished=written)
-            for stats in (self.stats, item.lane.stats):
-                stats.add_record(record, c.usage, cost)
+            item.lane.stats.add_record(record, c.usage, cost)
             self.no_endpoint_streak = 0
             self.cond.notify(2)
 
@@ -509,8 +517,7 @@ class Run:
         async with self.cond:
             r = self._settle(item, ticket, outcome, cost)
             finished = False
-            for stats in (self.stats, lane.stats):
-                stats.errors[cls] += 1
+            lane.stats.errors[cls] += 1
             item.last_error = outcome.error_dict()
             item.attempts += r.counts
             item.rate_limited = item.rate_limited + 1 if r.rate_limited else 0
@@ -528,8 +535,7 @@ class Run:
                                                               base_s=self.cfg.retry_base_s, cap_s=self.cfg.retry_cap_s)
                     item.seq = next(self.seq)
                     heapq.heappush(lane.retries, item)
-                    for stats in (self.stats, lane.stats):
-                        stats.counts["retried"] += 1
+                    lane.stats.counts["retried"] += 1
             elif outcome.kind is Kind.FAILED:
                 self._fail(item, item.last_error)
                 finished = True
@@ -546,8 +552,7 @@ class Run:
 
     def _fail(self, item: _Item, error: dict) -> None:
         item.lane.store.add_failure(item.prompt.id, error, item.tries)
-        for stats in (self.stats, item.lane.stats):
-            stats.counts["failed"] += 1
+        item.lane.stats.counts["failed"] += 1
 
     # -- the run ----------------------------------------------------------------------------------
     async def _ticker(self, client: httpx.AsyncClient, workers: list[asyncio.Future]) -> None:
@@ -579,7 +584,6 @@ class Run:
             self._stragglers_since = now
         elif now - self._stragglers_since >= self.cfg.straggler_wait_s:
             self._abandoning = True
-            self.stats.abandoned = self.holding
             for lane in self.lanes.values():
                 lane.stats.abandoned = lane.holding
             self.stop(StopReason.TARGET_REACHED)
@@ -589,9 +593,10 @@ class Run:
     def _sample(self) -> None:
         now = time.monotonic() - self.t0
         spent = self.books.spent()
-        self.stats.sample(now, spent, self.in_flight, self.congestion.allowed)
-        for lane in self.lanes.values():
-            lane.stats.sample(now, lane.stats.booked_usd, lane.stats.in_flight, self.congestion.allowed)
+        self.totals().sample(now, spent, self.in_flight, self.congestion.allowed)
+        for lane in self.lanes.values():  # one dataset alone: the run's reconciled spend, as before
+            lane.stats.sample(now, spent if self.single else lane.stats.booked_usd, lane.stats.in_flight,
+                              self.congestion.allowed)
         if self.progress is not None:
             self.progress.update(self._snapshot())
 
@@ -604,7 +609,7 @@ class Run:
         t = time.monotonic() - self.t0
         return RunSnapshot(t=t, in_flight=self.in_flight, limit=self.congestion.allowed, spent=spent,
                            cap=self.cfg.max_spend_usd, money_limit=limit, foreign=self.books.foreign_usd,
-                           stats=self.stats, datasets=[DatasetSnapshot(
+                           stats=self.totals(), datasets=[DatasetSnapshot(
                                name=lane.name, done=lane.store.recorded + lane.store.failed,
                                total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,
                                in_flight=lane.stats.in_flight, stats=lane.stats, done_before=lane.done_before,
@@ -711,10 +716,11 @@ class Run:
 
     def _run_summary(self, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
-        return run_summary(list(self.lanes), summaries, self.stats, common=self._common(wall),
+        totals = self.totals()
+        return run_summary(list(self.lanes), summaries, totals, common=self._common(wall),
                            stop_reason=self.stop_reason or StopReason.COMPLETED,
                            fatal=self.fatal.error_dict() if self.fatal else None,
-                           figures=run_figures(self.stats, wall_s=wall, charged=self.books.charged_usd,
+                           figures=run_figures(totals, wall_s=wall, charged=self.books.charged_usd,
                                                spent=self.books.spent()),
                            settings=self._run_settings(),
                            extra={**self._money_extra(), "concurrency_changes": self._concurrency_changes()},

@@ -64,10 +64,11 @@ class Lane:
     flights: dict[int, list[float]] = field(default_factory=dict)  # ticket -> [started, mean, var, error]
     _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # Σ mean, var, error in flight
     _new: tuple[float, float] | None = None  # moments of a request about to start, cached between refreshes
+    own: bool = False               # its own estimate is in use (chosen at each refresh, so never an unfitted one)
 
     @property
     def estimator(self) -> AgeModel:
-        return self.model if self.model.events >= OWN_MODEL_EVENTS else self.pooled
+        return self.model if self.own else self.pooled
 
     def new_moments(self) -> tuple[float, float]:
         if self._new is None:
@@ -170,7 +171,9 @@ class Pacing:
             lane._new = None
             flights = list(lane.flights.values())
             ages = np.array([now - f[0] for f in flights])
-            lane.model.fit(ages)  # always: it may become the estimator before the next refresh
+            lane.own = lane.model.events >= OWN_MODEL_EVENTS
+            if lane.own:
+                lane.model.fit(ages)
             if not flights:
                 continue
             means, variances = lane.estimator.moments(ages, np.full(len(flights), np.inf))

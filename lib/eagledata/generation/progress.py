@@ -30,6 +30,20 @@ class RunStats:
     booked_usd: float = 0.0       # what its attempts were booked at (known costs, unreadable ones at their bound)
     abandoned: int = 0            # requests left in flight when the run ended after every target was met
 
+    @classmethod
+    def combined(cls, parts: "list[RunStats]", timeline: list[list[float]] | None = None) -> "RunStats":
+        """The run's figures: its datasets' counters added up (`timeline`: the run's own samples, appended to)."""
+        total = cls(timeline=[] if timeline is None else timeline)
+        for p in parts:
+            for mine, theirs in ((total.counts, p.counts), (total.errors, p.errors), (total.providers, p.providers),
+                                 (total.finish, p.finish)):
+                mine.update(theirs)
+            total.agreement.extend(p.agreement)
+            for name in ("output_tokens", "prompt_tokens", "reasoning_tokens", "recorded_usd", "in_flight",
+                         "booked_usd", "abandoned"):
+                setattr(total, name, getattr(total, name) + getattr(p, name))
+        return total
+
     def add_record(self, record: Record, usage: Usage, cost: float) -> None:
         self.counts["recorded"] += 1
         self.output_tokens += record.output_tokens

@@ -4,12 +4,12 @@ Admission (admission.py) commits the money left to the requests it can see in fl
 cannot see each other's: each would commit the same remaining money, and together they overdraw it. So a paid
 run holds an exclusive lock named after the account — the base URL and a hash of the API key, never the key
 itself — and a second run on this machine is refused with a message naming the one running. The lock is an
-`flock`, so a killed run (SIGKILL included) releases it with its process. Runs on other machines sharing the key
-are not seen here: the account readings notice their usage (`Books.foreign_usd`), but not their requests in flight.
+`flock` (`files.hold_lock`, as each dataset's store takes), so a killed run (SIGKILL included) releases it with
+its process. Runs on other machines sharing the key are not seen here: the account readings notice their usage
+(`Books.foreign_usd`), but not their requests in flight.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..files import LockHeld, hold_lock
 
 STATE_DIR_ENV = "EAGLEDATA_STATE_DIR"
 
@@ -57,20 +58,15 @@ class SpenderLock:
         directory = directory or state_dir()
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"account-{account_id(base_url, api_key)}.lock"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **describe}
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-            os.close(fd)
-            raise AccountBusy(f"another run is spending on this account ({base_url}): {_describe(holder)}. Two "
+            fd = hold_lock(path, json.dumps(info), mode=0o600)
+        except LockHeld as e:
+            raise AccountBusy(f"another run is spending on this account ({base_url}): {_describe(e.holder)}. Two "
                               "runs cannot see each other's requests in flight, so together they could overdraw "
                               "the balance; put the datasets into one run (dataset: [A, B, …]) or wait for it",
                               field="base_url") from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **describe}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
         return cls(path, fd)
 
     def close(self) -> None:

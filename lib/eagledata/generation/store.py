@@ -8,7 +8,6 @@ Paths come from `eagledata.paths.DatasetFiles`.
 """
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..files import atomic_write_text, iter_jsonl
+from ..files import LockHeld, atomic_write_text, hold_lock, iter_jsonl
 from ..paths import DatasetFiles
 from ..records import Record, output_tokens
 
@@ -132,17 +131,11 @@ class Store:
         return store
 
     def _lock(self) -> None:
-        fd = os.open(self.files.lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise StoreLocked(f"another run (pid {holder}) is writing this dataset; refusing to interleave",
+            self._lock_fd = hold_lock(self.files.lock, f"{os.getpid()}\n")
+        except LockHeld as e:
+            raise StoreLocked(f"another run (pid {e.holder or '?'}) is writing this dataset; refusing to interleave",
                               self.files.directory) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._lock_fd = fd
 
     def _load(self) -> None:
         records, failures, index = self.files.records, self.files.failures, self.files.done_index
