@@ -251,7 +251,7 @@ class _Run:
         check_samples(samples, source.vocab_size())
         target = source.open()
         layers = resolve_layers(options.layers, target.num_layers)
-        source.prepare(layers, options.resolved_final(layout))
+        source.prepare(layers, options.resolved_final(layout), score=False)  # the audit: issue 26
         files.directory.mkdir(parents=True, exist_ok=True)
         files.parts.mkdir(exist_ok=True)
         check_backend(files, source.backend)
@@ -285,7 +285,7 @@ class _Run:
                              seconds=0.0, complete=True, manifest=json.loads(self.files.manifest.read_text()))
 
     def add(self, batch: StatesBatch) -> None:
-        samples, states = batch
+        samples, states = batch.samples, batch.states
         if self.world.writes:
             self.writer.add(samples, states)
         self.batches += 1

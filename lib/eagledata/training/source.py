@@ -4,14 +4,27 @@ else (plan, resume, writer, progress, manifest), so a new backend is one class w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, Protocol, Sequence
+from typing import Any, AsyncIterator, Iterator, NamedTuple, Protocol, Sequence
 
 import torch
 
 from .assembly import Sample
 from .storage import FinalState
 
-StatesBatch = tuple[list[Sample], torch.Tensor]  # samples, and their states [sum of lengths, 4, H] back to back
+
+class StatesBatch(NamedTuple):
+    """What a source yields: samples, their states back to back and, when scoring, the target's log-probabilities
+    of each sample's scored tokens (`scored_positions`: the output tokens after the first position)."""
+
+    samples: list[Sample]
+    states: torch.Tensor  # [sum of lengths, 4, H]
+    logprobs: list[torch.Tensor] | None = None  # per sample, float32 [len(scored_positions(sample))]
+
+
+def scored_positions(sample: Sample) -> list[int]:
+    """The positions whose token the audit scores: every output token (loss mask 1) that has a context, i.e.
+    position >= 1. Its log-probability under the target is log p(token[j] | tokens[:j]) at temperature 1."""
+    return [j for j, m in enumerate(sample.loss_mask) if m and j]
 
 
 @dataclass(frozen=True)
@@ -37,9 +50,9 @@ class StateSource(Protocol):
     def open(self) -> Target:
         """Check what can be checked before the expensive part, then load or connect."""
 
-    def prepare(self, layers: tuple[int, int, int], final: FinalState) -> None:
+    def prepare(self, layers: tuple[int, int, int], final: FinalState, score: bool) -> None:
         """Take the resolved aux layers and final state, refusing what this backend cannot deliver (before the
-        job writes anything)."""
+        job writes anything). `score`: every batch must then carry `logprobs` (the provider-fidelity audit)."""
 
     def batches(self, todo: Sequence[Sample]) -> Iterator[StatesBatch] | AsyncIterator[StatesBatch]:
         """The states of every sample in `todo`, in any order and grouping, each sample exactly once."""

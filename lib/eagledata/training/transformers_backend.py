@@ -211,7 +211,7 @@ class TransformersSource:
                       hidden_size=decoder.hidden_size, vocab_size=decoder.vocab_size,
                       compute_dtype=next(decoder.module.parameters()).dtype)
 
-    def prepare(self, layers: tuple[int, int, int], final: FinalState) -> None:
+    def prepare(self, layers: tuple[int, int, int], final: FinalState, score: bool = False) -> None:
         """Where the hooks go: any three layers and either final state are fine here."""
         assert self.decoder is not None, "open() first"
         self.capture = Capture(self.decoder, layers, final)
@@ -226,7 +226,7 @@ class TransformersSource:
             for batch in plan_batches([len(s) for s in todo], self.max_tokens_per_batch, self.max_batch_size):
                 group = [todo[i] for i in batch]
                 ids, mask = _pad([s.input_ids for s in group], in_device)
-                yield group, capture.run(ids, mask, compute_dtype)
+                yield StatesBatch(group, capture.run(ids, mask, compute_dtype))
 
     def manifest_extra(self) -> dict[str, Any]:
         return {}

@@ -371,7 +371,7 @@ class VllmSource:
                                                      max_keepalive_connections=opts.server_concurrency),
                                  timeout=opts.server_timeout_s)
 
-    def prepare(self, layers: tuple[int, int, int], final: FinalState) -> None:
+    def prepare(self, layers: tuple[int, int, int], final: FinalState, score: bool = False) -> None:
         """vLLM's layer ids (distinct and increasing) and, for a post-norm layout, the checkpoint's final norm:
         refused here, before the job writes a plan."""
         text = self.config.get("text_config") or self.config
@@ -399,7 +399,7 @@ class VllmSource:
                         answer = await complete(client, served, sample, opts)
                         path = states_path(answer, sample)
                         states = await asyncio.to_thread(read_states, path, sample, expect, opts.server_timeout_s)
-                        results.put_nowait(([sample], states))
+                        results.put_nowait(StatesBatch([sample], states))
                 except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
                     results.put_nowait(e)
                 else:
