@@ -495,7 +495,7 @@ class Run:
         try:
             record = await self._in_pool(build_record, self.tok, prompt_id=item.prompt.id, dataset=item.lane.name,
                                          messages=item.prompt.messages, prompt_ids=item.prompt_ids, completion=c,
-                                         attempts=item.tries)
+                                         attempts=item.tries, sampling={"temperature": self.cfg.temperature})
         except UnicodeEncodeError:
             spoiled = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)",
                               provider=c.provider)

@@ -13,13 +13,16 @@ from ..text import KimiTokenizer, agreement, output_ids
 
 
 def build_record(tok: KimiTokenizer, *, prompt_id: str, dataset: str, messages: list[dict], prompt_ids: list[int],
-                 completion: Completion, attempts: int) -> Record:
+                 completion: Completion, attempts: int, sampling: dict[str, Any] | None = None) -> Record:
     """The record of one answer. A lone surrogate (legal in JSON, not in UTF-8) has no exact ids: it raises
-    UnicodeEncodeError rather than record ids that decode to other text."""
+    UnicodeEncodeError rather than record ids that decode to other text. `sampling`: the request's sampling
+    settings, kept in `meta.sampling` (the fidelity audit compares providers under the same settings)."""
     a = completion.answer
     a.reasoning.encode("utf-8"), a.content.encode("utf-8")
     ids = output_ids(tok, a.reasoning, a.content, a.finish_reason)
     meta: dict[str, Any] = {"attempts": attempts}
+    if sampling is not None:
+        meta["sampling"] = dict(sampling)
     if completion.reasoning_inline:
         meta["reasoning_inline"] = True
     p_ids = prompt_ids

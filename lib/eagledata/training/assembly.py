@@ -13,7 +13,7 @@ import os
 import shutil
 import uuid
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
@@ -39,6 +39,8 @@ class Sample:
     loss_mask: list[int]
     truncated: bool  # generation was cut by max_tokens (finish_reason == "length")
     cut: bool = False  # shortened here by the max-length policy
+    provider: str = ""  # who served the record (the fidelity audit's groups); not part of the digest
+    sampling: str = ""  # the record's sampling settings as canonical JSON ("" when the record does not say)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -52,7 +54,16 @@ class Sample:
         return sequence_digest(self.input_ids, self.loss_mask)
 
     def to_speculators(self) -> dict[str, Any]:
-        return {"id": self.id, "input_ids": self.input_ids, "loss_mask": self.loss_mask, "seq_len": len(self)}
+        """A line of the token export: speculators' fields, then where the sample came from (`read_samples`
+        gives it back, so an extraction from the export keeps the audit's providers)."""
+        return {"id": self.id, "input_ids": self.input_ids, "loss_mask": self.loss_mask, "seq_len": len(self),
+                "dataset": self.dataset, "provider": self.provider, "sampling": self.sampling}
+
+
+def sampling_key(record: Record) -> str:
+    """A record's sampling settings (`meta.sampling`, written by generation) as canonical JSON."""
+    sampling = record.meta.get("sampling")
+    return json.dumps(sampling, sort_keys=True, separators=(",", ":")) if sampling is not None else ""
 
 
 def sequence_digest(input_ids: Sequence[int], loss_mask: Sequence[int]) -> str:
@@ -175,8 +186,7 @@ def apply_length_policy(sample: Sample, policy: AssemblyPolicy) -> tuple[Sample 
     n = policy.max_length
     if sum(sample.loss_mask[:n]) == 0:
         return None, "prompt_too_long"
-    return Sample(sample.id, sample.dataset, sample.input_ids[:n], sample.loss_mask[:n], sample.truncated,
-                  cut=True), None
+    return replace(sample, input_ids=sample.input_ids[:n], loss_mask=sample.loss_mask[:n], cut=True), None
 
 
 def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_DIR,
@@ -225,7 +235,8 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
         sample = None
         if reason is None:
             sample, reason = apply_length_policy(
-                Sample(r.id, r.dataset, r.input_ids, r.loss_mask, r.finish_reason == "length"), policy)
+                Sample(r.id, r.dataset, r.input_ids, r.loss_mask, r.finish_reason == "length", provider=r.provider,
+                       sampling=sampling_key(r)), policy)
         if reason is not None:
             dropped[reason] += 1
             continue
@@ -322,7 +333,8 @@ def read_samples(path: str | Path) -> list[Sample]:
             ids, mask = obj["input_ids"], obj["loss_mask"]
             if len(ids) != len(mask) or not all(type(i) is int for i in ids):
                 raise ValueError
-            out.append(Sample(str(obj["id"]), obj.get("dataset", ""), ids, mask, False))
+            out.append(Sample(str(obj["id"]), obj.get("dataset", ""), ids, mask, False,
+                              provider=obj.get("provider", ""), sampling=obj.get("sampling", "")))
         except (KeyError, TypeError, ValueError):
             raise InputError("expected {id, input_ids, loss_mask} of equal lengths", path, line) from None
     return out
