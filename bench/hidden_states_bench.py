@@ -146,7 +146,7 @@ def interleaved(model: torch.nn.Module, samples: list[Sample], max_tokens: int, 
                 b = min(b, time.perf_counter() - start)
                 start = time.perf_counter()
                 with Capture(decoder, layers, "post_norm") as capture:
-                    states = capture.run(ids, mask, dtype)
+                    states, _ = capture.run(ids, mask, dtype)
                 if storage == "fp8":
                     quantize_fp8(states)[0].cpu()
                 else:

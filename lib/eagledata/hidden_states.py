@@ -66,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def convert_main(argv: Sequence[str]) -> int:
     from .training.convert import convert
+    from .training.scoring import ExcludeSamples
     from .training.storage import LAYOUTS
 
     parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states convert",
@@ -76,11 +77,22 @@ def convert_main(argv: Sequence[str]) -> int:
     parser.add_argument("destination", help="the directory the trainer will be pointed at")
     parser.add_argument("--workers", type=int, default=None,
                         help="processes writing in parallel (default: cores + 1, at most 16; one for a small set)")
+    parser.add_argument("--exclude-providers", nargs="+", default=(), metavar="PROVIDER",
+                        help="leave out every sample these providers served (the audit's suspects)")
+    parser.add_argument("--max-sample-nll", type=float, default=None,
+                        help="leave out samples whose mean NLL per scored token under the target is above this")
+    parser.add_argument("--exclude-ids", nargs="+", default=(), metavar="ID", help="leave out these samples")
+    parser.add_argument("--reason", default="", help="why, in words (recorded in the manifest's `excluded`)")
     args = parser.parse_args(argv)
 
     def run() -> None:
-        r = convert(args.source, args.destination, args.layout, workers=args.workers)
+        exclude = None
+        if args.exclude_providers or args.max_sample_nll is not None or args.exclude_ids:
+            exclude = ExcludeSamples(tuple(args.exclude_providers), args.max_sample_nll, tuple(args.exclude_ids),
+                                     args.reason)
+        r = convert(args.source, args.destination, args.layout, workers=args.workers, exclude=exclude)
         print(json.dumps({"directory": str(r.directory), "layout": args.layout, "converted": r.converted,
+                          "excluded": (r.manifest.get("excluded") or {}).get("samples", 0),
                           "skipped": r.skipped, "workers": r.workers, "seconds": round(r.seconds, 3),
                           "mb_per_s": round(r.bytes_written / 1e6 / r.seconds, 1) if r.seconds else None}),
               flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import multiprocessing
 import os
 import threading
@@ -25,6 +26,7 @@ from ..errors import InputError
 from ..paths import HiddenStateFiles
 from .assembly import Sample
 from .loader import HiddenStates
+from .scoring import SCORES_FILE, ExcludeSamples, read_scores, write_scores
 from .storage import PLAN_KEYS, IndexEntry, STORAGE_DTYPES, check_plan, check_stored, finalize, get_layout, read_parts
 
 READ_BYTES = 64 << 20  # samples read from the source together: one slice of a shard instead of one per sample
@@ -144,6 +146,15 @@ def check_convention(final: str, layout_name: str) -> None:
                          field="final")
 
 
+def check_exclusion(files: HiddenStateFiles, rule: dict[str, Any] | None) -> None:
+    """A resumed export must leave out what it left out before: another rule is another set (its rows differ)."""
+    if files.plan.is_file():
+        old = json.loads(files.plan.read_text()).get("exclude")
+        if old != rule:
+            raise InputError(f"{files.directory} was exported with exclude={old}, not {rule}; use another "
+                             "destination", files.plan, field="exclude")
+
+
 def default_workers(todo_bytes: int) -> int:
     """One more than the cores (a worker also waits on its source and its syncs; 2 cores, 10k small files, with
     an fsync per file: 2 workers 169 MB/s, 3 workers 183, 4 workers 170; with one syncfs per batch 2, 3 and 4
@@ -153,10 +164,13 @@ def default_workers(todo_bytes: int) -> int:
 
 
 def convert(source: str | Path, destination: str | Path, layout: str, *, workers: int | None = None,
-            flush_bytes: int = 64 << 20, progress: bool = True) -> ConvertResult:
+            flush_bytes: int = 64 << 20, progress: bool = True, exclude: ExcludeSamples | None = None
+            ) -> ConvertResult:
     """`source` (a finished set, any layout) into `destination` in `layout`; fp8 sources become bf16.
 
-    `workers`: processes writing in parallel; None -> `default_workers`."""
+    `workers`: processes writing in parallel; None -> `default_workers`. `exclude`: samples left out (a suspect
+    provider's, outliers: see `scoring.ExcludeSamples`), recorded in the manifest's `excluded`; the source's
+    scores of the kept samples come along (`scores.jsonl`)."""
     if workers is not None and workers < 1:
         raise InputError(f"must be a positive integer, got {workers!r}", field="workers")
     src = HiddenStates(source)
@@ -168,19 +182,27 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     files = HiddenStateFiles(Path(destination))
     if files.directory.resolve() == src.files.directory.resolve():
         raise InputError("source and destination are the same directory", files.directory)
+    scores = read_scores(src.files.directory) if (src.files.directory / SCORES_FILE).is_file() else []
+    left_out = exclude.decide([e.id for e in src.entries], scores) if exclude else {}
+    entries = [e for e in src.entries if e.id not in left_out]
+    if not entries:
+        raise InputError(f"the exclusion leaves none of the {len(src.entries)} samples", field="exclude")
     files.parts.mkdir(parents=True, exist_ok=True)
     plan = {**{k: m.get(k) for k in ("model", "decoder", "compute_dtype")}, **{k: m.get(k) for k in PLAN_KEYS},
             "layout": target.name, "storage": storage,
             "dtype": str(STORAGE_DTYPES[storage]).replace("torch.", "")}
+    if exclude:
+        plan["exclude"] = exclude.rule()
+    check_exclusion(files, plan.get("exclude"))
     check_plan(files, plan)
 
     done = read_parts(files)
-    samples = [source_sample(src, e) for e in src.entries] if done else None
+    samples = [source_sample(src, e) for e in entries] if done else None
     if samples:
         check_stored(files, target.writer, samples, done)
     # In the order the source stores them: shards hold samples longest first, so sample order would read
     # them at random (slow from a cold disk); file names follow rows whatever the order of writing.
-    todo = sorted(((e, row) for row, e in enumerate(src.entries) if e.id not in done),
+    todo = sorted(((e, row) for row, e in enumerate(entries) if e.id not in done),
                   key=lambda item: (item[0].shard, item[0].offset))
     tokens = sum(e.length for e, _ in todo)
     per_token = bytes_per_token(m)
@@ -190,7 +212,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     start = time.perf_counter()
     pool, futures = _start_workers(parts, workers) if workers > 1 else (None, set())
     if samples is None:  # the set's samples are needed only at the end: read while the workers write
-        samples = [source_sample(src, e) for e in src.entries]
+        samples = [source_sample(src, e) for e in entries]
     for module in target.finish_imports:  # this process only waits for the workers: it imports these meanwhile
         threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
     bar = None
@@ -216,9 +238,14 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
             pool.shutdown(cancel_futures=True)
         if bar is not None:
             bar.close()
+    extra: dict[str, Any] = {"converted_from": str(src.files.directory), "source_format": m.get("format")}
+    kept = {e.id for e in entries}
+    extra["scoring"] = write_scores(files.directory, [r for r in scores if r.id in kept], len(entries))
+    if exclude:
+        extra["excluded"] = exclude.record(left_out)
     manifest = finalize(files, samples, tokenizer_fingerprint=m.get("tokenizer_fingerprint", ""),
                         records_hashes=m.get("records_hashes"), prior_rel_rmse=m.get("reconstruction_rel_rmse", 0.0),
-                        extra={"converted_from": str(src.files.directory), "source_format": m.get("format")})
+                        extra=extra)
     assert manifest is not None  # every sample was written above
     return ConvertResult(directory=files.directory, converted=len(todo), skipped=len(samples) - len(todo),
                          bytes_written=tokens * bytes_per_token(m, storage),

@@ -35,6 +35,7 @@ from .assembly import AssemblyPolicy, Sample
 from .layers import resolve_layers, vllm_layer_ids
 from .memory import Devices, MemoryPlan, model_config
 from .models import load_model
+from .scoring import DEFAULT_CHUNK_TOKENS, batch_scores, score_rows, write_scores
 from .source import StatesBatch, StateSource, Target
 from .storage import (STORAGE_DTYPES, FinalState, Layout, LayoutName, StateWriter, Storage, check_plan, check_stored,
                       finalize, get_layout, read_parts)
@@ -61,6 +62,16 @@ class ExtractOptions(Settings):
     max_batch_size: int | None = setting(None, "rows per forward; None -> as many as the token budget allows")
     shard_bytes: int = setting(1 << 30, "states are written (a shard, or a batch of per-sample files) once "
                                         "they reach this size")
+    score: bool = setting(True, "score every output token under the target while extracting (scores.jsonl, "
+                                "the provider-fidelity audit's input; ~4 % of a K2.5 forward)")
+    score_chunk_tokens: int = setting(DEFAULT_CHUNK_TOKENS, "transformers backend: scored tokens per LM-head chunk "
+                                                            "(extra peak: chunk x vocab x 6 bytes)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.score_chunk_tokens < 1:
+            raise InputError(f"must be a positive integer, got {self.score_chunk_tokens!r}",
+                             field="score_chunk_tokens")
 
     def resolved_final(self, layout: Layout | None = None) -> FinalState:
         """`final`, else the layout's trainer convention (`layout`: the already looked-up `self.layout`)."""
@@ -233,6 +244,7 @@ class _Run:
     tokenizer_fingerprint: str
     records_hashes: dict[str, str] | None
     on_batch: Callable[[int], None] | None
+    score: bool
     todo: list[Sample] = field(default_factory=list)
     skipped: int = 0
     writer: StateWriter | None = None
@@ -251,7 +263,7 @@ class _Run:
         check_samples(samples, source.vocab_size())
         target = source.open()
         layers = resolve_layers(options.layers, target.num_layers)
-        source.prepare(layers, options.resolved_final(layout), score=False)  # the audit: issue 26
+        source.prepare(layers, options.resolved_final(layout), score=options.score)
         files.directory.mkdir(parents=True, exist_ok=True)
         files.parts.mkdir(exist_ok=True)
         check_backend(files, source.backend)
@@ -265,8 +277,8 @@ class _Run:
         # after a forward every rank of the copy takes part in.
         mine = [s for s in samples if world.owns(s)]
         todo = [s for s in mine if s.id not in done]
-        run = cls(source, samples, files, world, tokenizer_fingerprint, records_hashes, on_batch, todo,
-                  len(mine) - len(todo), writer)
+        run = cls(source, samples, files, world, tokenizer_fingerprint, records_hashes, on_batch, options.score,
+                  todo, len(mine) - len(todo), writer)
         if not run.finished:
             run.progress = Progress(files.directory.name, where, desc, sum(len(s) for s in todo), len(todo),
                                     show=progress, interval_s=status_interval_s)
@@ -287,7 +299,7 @@ class _Run:
     def add(self, batch: StatesBatch) -> None:
         samples, states = batch.samples, batch.states
         if self.world.writes:
-            self.writer.add(samples, states)
+            self.writer.add(samples, states, batch_scores(samples, batch.logprobs) if self.score else None)
         self.batches += 1
         self.progress.advance(states.shape[0], len(samples))
         if self.on_batch is not None:
@@ -309,8 +321,13 @@ class _Run:
         seconds = self.progress.seconds
         manifest = None
         if self.world.finalizes_after_barrier():
+            done = read_parts(self.files)
+            extra = self.source.manifest_extra()
+            if all(s.id in done for s in self.samples):  # complete: the scores file goes before the manifest
+                rows = score_rows(self.samples, {i: e.score for i, e in done.items()})
+                extra["scoring"] = write_scores(self.files.directory, rows, len(self.samples))
             manifest = finalize(self.files, self.samples, tokenizer_fingerprint=self.tokenizer_fingerprint,
-                                records_hashes=self.records_hashes, extra=self.source.manifest_extra())
+                                records_hashes=self.records_hashes, extra=extra, done=done)
         writes = self.world.writes
         return ExtractResult(directory=self.files.directory, rank=self.world.rank, world_size=self.world.size,
                              tp=self.world.tp, weight_bytes=self.source.weight_bytes,
@@ -368,7 +385,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
     world = World(env_rank if rank is None else rank, env_world if world_size is None else world_size, tp)
     source = TransformersSource(model, device=device, dtype=dtype, device_map=device_map, max_memory=max_memory,
                                 tp=tp, dp=world.dp, devices=devices, max_tokens_per_batch=options.max_tokens_per_batch,
-                                max_batch_size=options.max_batch_size, load_fn=load_fn)
+                                max_batch_size=options.max_batch_size, score_chunk_tokens=options.score_chunk_tokens,
+                                load_fn=load_fn)
     dp_rank, tp_rank = divmod(world.rank, tp)
     return run_extraction(source, samples, hidden_state_files(name, output_dir), options, world,
                           where=f"rank {world.rank}/{world.size}",

@@ -16,11 +16,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
 from ..errors import InputError
+from ..files import atomic_write_text
 from .assembly import Sample
 from .source import scored_positions
 
@@ -97,6 +98,24 @@ def token_logprobs(final: torch.Tensor, where: Sequence[tuple[int, int]], target
     return out
 
 
+def batch_scores(samples: Sequence[Sample], logprobs: Sequence[torch.Tensor] | None) -> list[dict[str, Any]]:
+    """Each sample's statistics (as its index entry stores them) from a source's `StatesBatch.logprobs`, after
+    checking the source scored exactly the scored positions."""
+    if logprobs is None or len(logprobs) != len(samples):
+        raise RuntimeError(f"the source returned {'no' if logprobs is None else len(logprobs)} log-probability "
+                           f"lists for {len(samples)} samples while scoring (a backend bug)")
+    out = []
+    for s, lp in zip(samples, logprobs):
+        n = len(scored_positions(s))
+        if lp.numel() != n:
+            raise RuntimeError(f"sample {s.id!r}: {lp.numel()} log-probabilities for {n} scored tokens")
+        try:
+            out.append(score_sample(lp).to_dict())
+        except ValueError as e:
+            raise RuntimeError(f"sample {s.id!r}: {e} from the target") from None
+    return out
+
+
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
     """The LM head of a loaded causal LM (or of kimi_k25's language model)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -127,6 +146,24 @@ class ScoreRow:
                            "sampling": self.sampling, **self.score.to_dict()}, separators=(",", ":")) + "\n"
 
 
+def score_rows(samples: Sequence[Sample], scores: Mapping[str, dict[str, Any] | None]) -> list[ScoreRow]:
+    """The scored samples' rows in set order (`scores`: id -> the statistics its index entry carries)."""
+    return [ScoreRow(s.id, s.dataset, s.provider, s.sampling, SampleScore.from_dict(d))
+            for s in samples if (d := scores.get(s.id)) is not None]
+
+
+def write_scores(directory: Path, rows: Sequence[ScoreRow], total_samples: int) -> dict[str, Any] | None:
+    """`scores.jsonl` (atomically) and the manifest's `scoring` record; None (and no file) without rows."""
+    if not rows:
+        return None
+    atomic_write_text(directory / SCORES_FILE, "".join(r.line() for r in rows))
+    return {"file": SCORES_FILE, "scored_samples": len(rows), "unscored_samples": total_samples - len(rows),
+            "scored_tokens": sum(r.score.tokens for r in rows),
+            "mean_nll": sum(r.score.nll_sum for r in rows) / max(1, sum(r.score.tokens for r in rows)),
+            "statistic": "-log p(token | context) under the target at temperature 1, over each sample's output "
+                         "tokens after the first position", "hist_edges": list(HIST_EDGES)}
+
+
 def read_scores(path: str | Path) -> list[ScoreRow]:
     """`scores.jsonl` of a finished set (its directory, or the file)."""
     path = Path(path)
@@ -148,6 +185,63 @@ def _rows(path: Path) -> Iterator[ScoreRow]:
                                SampleScore.from_dict(d))
             except (ValueError, KeyError, TypeError) as e:
                 raise InputError(f"not a score line ({type(e).__name__}: {e})", path, line_no) from None
+
+
+# -- acting on the audit: samples an export leaves out ---------------------------------------------------
+@dataclass(frozen=True)
+class ExcludeSamples:
+    """What an export (`convert`) leaves out of a set, and why; the export's manifest records it under `excluded`.
+
+    `providers`: every sample they served (a suspect provider); `max_sample_nll`: samples whose mean NLL per
+    scored token is above it (garbage, a wrong model); `ids`: named samples (the audit's outliers)."""
+
+    providers: tuple[str, ...] = ()
+    max_sample_nll: float | None = None
+    ids: tuple[str, ...] = ()
+    reason: str = ""  # the evidence, in words (the audit's verdict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "providers", tuple(sorted(set(self.providers))))
+        object.__setattr__(self, "ids", tuple(sorted(set(self.ids))))
+        if self.max_sample_nll is not None and not self.max_sample_nll > 0:
+            raise InputError(f"must be > 0, got {self.max_sample_nll!r}", field="max_sample_nll")
+
+    @property
+    def needs_scores(self) -> bool:
+        return bool(self.providers) or self.max_sample_nll is not None
+
+    def rule(self) -> dict[str, Any]:
+        """The rule as the export's plan holds it: a resume must apply the same one."""
+        return {"providers": list(self.providers), "max_sample_nll": self.max_sample_nll, "ids": list(self.ids)}
+
+    def decide(self, sample_ids: Sequence[str], rows: Sequence[ScoreRow]) -> dict[str, str]:
+        """id -> why, for each sample of `sample_ids` left out (pure). A provider or an NLL bound needs every
+        sample's score: an unscored one cannot be judged and is refused, not kept silently."""
+        by_id = {r.id: r for r in rows}
+        unknown = sorted(set(self.ids) - set(sample_ids))
+        if unknown:
+            raise InputError(f"{len(unknown)} excluded ids are not in the set (first: {unknown[0]!r})", field="ids")
+        out: dict[str, str] = {}
+        for i in sample_ids:
+            row = by_id.get(i)
+            if self.needs_scores and row is None:
+                raise InputError(f"sample {i!r} has no score, so exclude_providers/max_sample_nll cannot judge it "
+                                 "(extract with score=true)", field="exclude")
+            if i in self.ids:
+                out[i] = "listed"
+            elif row is not None and row.provider in self.providers:
+                out[i] = f"provider {row.provider}"
+            elif self.max_sample_nll is not None and row is not None and row.score.mean_nll > self.max_sample_nll:
+                out[i] = "max_sample_nll"
+        return out
+
+    def record(self, left_out: Mapping[str, str]) -> dict[str, Any]:
+        """The manifest's `excluded`: the rule, the reason, and which samples went for which part of it."""
+        counts: dict[str, int] = {}
+        for why in left_out.values():
+            counts[why] = counts.get(why, 0) + 1
+        return {**self.rule(), "reason": self.reason, "samples": len(left_out), "by": dict(sorted(counts.items())),
+                "excluded_ids": sorted(left_out)}
 
 
 # -- what it costs at K2.5's scale (by the FLOP count) ----------------------------------------------------

@@ -21,6 +21,7 @@ from .assembly import Sample
 from .memory import (KIMI_K25_CHECKPOINT_BYTES, KIMI_K25_HUB_ID, Devices, MemoryPlan, ModelShape, Parallelism,
                      check_parallelism, checkpoint_bytes, model_config, plan_memory, visible_devices)
 from .models import Decoder, config_vocab_size, find_decoder, load_model, model_name
+from .scoring import DEFAULT_CHUNK_TOKENS, output_head, scored_targets, token_logprobs
 from .source import StatesBatch, Target
 from .storage import FinalState
 
@@ -91,8 +92,10 @@ class Capture:
             self._store(slot, output[0] if isinstance(output, (tuple, list)) else output)
         return hook
 
-    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        """[N, 4, H] states of the real tokens, in row-major (sample, position) order."""
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, dtype: torch.dtype
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[N, 4, H] states of the real tokens, in row-major (sample, position) order, and the decoder's output
+        [B, T, H] (post-norm, padding included) for the audit's LM head."""
         self.keep = attention_mask.bool() if attention_mask is not None else None
         n = int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
         self.out = torch.empty(n, 4, self.decoder.hidden_size, dtype=dtype, device=input_ids.device)
@@ -100,7 +103,7 @@ class Capture:
         if self.final == "post_norm":
             self._store(3, last)
         out, self.out, self.keep = self.out, None, None
-        return out
+        return out, last
 
 
 def _pad(seqs: Sequence[Sequence[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -182,10 +185,13 @@ class TransformersSource:
     devices: Devices | None = None
     max_tokens_per_batch: int = 16_384
     max_batch_size: int | None = None
+    score_chunk_tokens: int = DEFAULT_CHUNK_TOKENS
     load_fn: ModelLoader = load_model
     backend: ClassVar[str] = "transformers"
     decoder: Decoder | None = field(default=None, init=False)  # set by open()
     capture: Capture | None = field(default=None, init=False)  # set by prepare()
+    head: nn.Module | None = field(default=None, init=False)  # the LM head, when scoring (set by prepare())
+    loaded: nn.Module | None = field(default=None, init=False)
     weight_bytes: int = field(default=0, init=False)
 
     def vocab_size(self) -> int:
@@ -205,6 +211,7 @@ class TransformersSource:
                                  max_tokens_per_batch=self.max_tokens_per_batch, device=self.device)
         loaded = self.load_fn(self.model, device=self.device, dtype=self.dtype, device_map=self.device_map,
                               max_memory=self.max_memory, tp=self.tp, dp=self.dp)
+        self.loaded = loaded
         self.decoder = decoder = find_decoder(loaded)
         self.weight_bytes = local_bytes(loaded)
         return Target(model=model_name(self.model), decoder=decoder.path, num_layers=decoder.num_layers,
@@ -212,12 +219,15 @@ class TransformersSource:
                       compute_dtype=next(decoder.module.parameters()).dtype)
 
     def prepare(self, layers: tuple[int, int, int], final: FinalState, score: bool = False) -> None:
-        """Where the hooks go: any three layers and either final state are fine here."""
-        assert self.decoder is not None, "open() first"
+        """Where the hooks go: any three layers and either final state are fine here. Scoring needs the
+        model's LM head (a decoder alone is refused)."""
+        assert self.decoder is not None and self.loaded is not None, "open() first"
         self.capture = Capture(self.decoder, layers, final)
+        self.head = output_head(self.loaded) if score else None
 
     def batches(self, todo: Sequence[Sample]) -> Iterator[StatesBatch]:
-        """Token-budget batches of `todo`, longest first, each with its [N, 4, H] states."""
+        """Token-budget batches of `todo`, longest first, each with its [N, 4, H] states and, when scoring, the
+        scored tokens' log-probabilities: the LM head over the decoder's own (post-norm) output, in chunks."""
         assert self.capture is not None, "prepare() first"
         decoder = self.capture.decoder
         compute_dtype = next(decoder.module.parameters()).dtype
@@ -226,7 +236,14 @@ class TransformersSource:
             for batch in plan_batches([len(s) for s in todo], self.max_tokens_per_batch, self.max_batch_size):
                 group = [todo[i] for i in batch]
                 ids, mask = _pad([s.input_ids for s in group], in_device)
-                yield StatesBatch(group, capture.run(ids, mask, compute_dtype))
+                states, last = capture.run(ids, mask, compute_dtype)
+                logprobs = None
+                if self.head is not None:
+                    where, targets, counts = scored_targets(group)
+                    scored = token_logprobs(last, where, targets, self.head, self.score_chunk_tokens).cpu()
+                    logprobs = list(scored.split(counts))
+                del last
+                yield StatesBatch(group, states, logprobs)
 
     def manifest_extra(self) -> dict[str, Any]:
         return {}

@@ -85,14 +85,15 @@ def check_stored(files: HiddenStateFiles, writer: StateWriter | type[StateWriter
 
 def finalize(files: HiddenStateFiles, samples: Sequence[Sample], *, tokenizer_fingerprint: str = "",
              records_hashes: dict[str, str] | None = None, extra: dict[str, Any] | None = None,
-             prior_rel_rmse: float = 0.0) -> dict[str, Any] | None:
+             prior_rel_rmse: float = 0.0, done: dict[str, IndexEntry] | None = None) -> dict[str, Any] | None:
     """Once every sample is stored: the layout's own files, `index.jsonl` in sample order, `manifest.json`.
 
     Returns None (and writes nothing) while samples are missing. Deterministic, so ranks that race here
-    write the same bytes. `prior_rel_rmse`: the error of the states this set was converted from.
+    write the same bytes. `prior_rel_rmse`: the error of the states this set was converted from. `done`: the
+    index parts when the caller has just read them.
     """
     directory = files.directory
-    done = read_parts(files)
+    done = read_parts(files) if done is None else done
     if any(s.id not in done for s in samples):
         return None
     plan = json.loads(files.plan.read_text())

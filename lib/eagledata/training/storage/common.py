@@ -64,12 +64,16 @@ class IndexEntry:
     digest: str = ""  # of the ids and mask, checked on resume; not in the final index.jsonl
     sq_err: float = 0.0  # sampled storage error of this sample (see ERROR_STRIDE); not in index.jsonl
     sq_ref: float = 0.0
+    score: dict[str, Any] | None = None  # the audit's statistics of this sample (`scoring.SampleScore`); not in
+    # index.jsonl (the finished set's scores.jsonl holds them)
 
     def line(self, private: bool = True) -> str:
         d = dict(vars(self))  # the fields in order; asdict's deep copy took 1 s of a 10k-sample finalize
         if not private:
-            for key in ("digest", "sq_err", "sq_ref"):
+            for key in ("digest", "sq_err", "sq_ref", "score"):
                 d.pop(key)
+        elif d["score"] is None:
+            del d["score"]
         return json.dumps(d, separators=(",", ":")) + "\n"
 
 
@@ -157,6 +161,7 @@ class Batch:
     scales: list[torch.Tensor]  # [N_i, 4] for fp8
     sq_err: list[float]
     sq_ref: list[float]
+    scores: list[dict[str, Any] | None]
 
     def joined(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """All states [N, 4, H] (and fp8 scales [N, 4]) in sample order."""
@@ -201,10 +206,13 @@ class StateWriter:
         self.scales: list[torch.Tensor] = []
         self.sq_err: list[float] = []
         self.sq_ref: list[float] = []
+        self.scores: list[dict[str, Any] | None] = []
         self.tokens = 0
 
-    def add(self, samples: Sequence[Sample], states: torch.Tensor) -> None:
-        """`states` [N, 4, H] of `samples` back to back; cast (or quantized) once per batch."""
+    def add(self, samples: Sequence[Sample], states: torch.Tensor,
+            scores: Sequence[dict[str, Any]] | None = None) -> None:
+        """`states` [N, 4, H] of `samples` back to back; cast (or quantized) once per batch. `scores`: each
+        sample's audit statistics, indexed with it (so a resume keeps them exactly as the states)."""
         if self.storage == "fp8":
             stored, scales = quantize_fp8(states)
             self.scales.append(scales.cpu())
@@ -218,6 +226,7 @@ class StateWriter:
             self._storage_error(samples, states, stored[::ERROR_STRIDE].float())
         self.states.append(stored.cpu())
         self.samples.extend(samples)
+        self.scores.extend(scores if scores is not None else [None] * len(samples))
         self.tokens += stored.shape[0]
         if self.tokens >= self.flush_tokens:
             self.flush()
@@ -238,7 +247,7 @@ class StateWriter:
         if not self.samples:
             return
         batch = Batch(self.samples, [self.positions[s.id] for s in self.samples], self.states, self.scales,
-                      self.sq_err, self.sq_ref)
+                      self.sq_err, self.sq_ref, self.scores)
         self._reset()
         self.wait()
         self.pending = self.pool.submit(self._write_and_index, batch)
@@ -258,8 +267,8 @@ class StateWriter:
 
     def _write_and_index(self, batch: Batch) -> None:
         entries = self._write(batch)
-        for e, s, err, ref in zip(entries, batch.samples, batch.sq_err, batch.sq_ref):
-            e.digest, e.sq_err, e.sq_ref = s.digest(), err, ref
+        for e, s, err, ref, score in zip(entries, batch.samples, batch.sq_err, batch.sq_ref, batch.scores):
+            e.digest, e.sq_err, e.sq_ref, e.score = s.digest(), err, ref, score
         with self.part.open("ab") as f:  # one write: a kill leaves whole lines plus at most a torn tail
             f.write("".join(e.line() for e in entries).encode())
             f.flush()
