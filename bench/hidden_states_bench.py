@@ -7,6 +7,11 @@ price of capturing and storing; goal ≤ 1.10 on CPU with a small model. End-to-
 of `--repeat`; the per-batch ratio alternates bare and capture + storage cast batch by batch (best
 of `--repeat` each, no disk), the steadier figure on a machine shared with other work.
 
+Scoring (the fidelity audit's LM head over every output token, on by default) is timed as its own row
+(`--score both`): its cost is 2·H·V per scored token against 2 FLOPs per decoder parameter, so a tiny model with
+Kimi's 163,840-token vocabulary pays many times its forward, while K2.5 pays ~4 %; the `FLOP ratio` column
+is that prediction (`scoring.audit_cost`), to read the measured one against.
+
 CPU:  PYTHONPATH=lib .venv/bin/python bench/hidden_states_bench.py --preset cpu-small
 GPU:  PYTHONPATH=lib python bench/hidden_states_bench.py --device cuda --preset gpu-7b-dense gpu-moe --storage bf16
       (or bench/gpu_extraction.sh, which also runs the MoE-overhead bench; both print markdown/JSON for bench/README.md)
@@ -22,6 +27,8 @@ from dataclasses import dataclass
 import torch
 
 from eagledata.training import ExtractOptions, Sample, eagle3_layers, extract, find_decoder
+from eagledata.training.scoring import audit_cost
+from eagledata.training.source import scored_positions
 from eagledata.training.transformers_backend import Capture, _pad, plan_batches
 from eagledata.training.storage import STORAGE_DTYPES, quantize_fp8
 
@@ -115,8 +122,8 @@ def bare_forward(model: torch.nn.Module, samples: list[Sample], max_tokens: int,
 
 
 def extraction(model: torch.nn.Module, samples: list[Sample], max_tokens: int, device: str, storage: str,
-               shard_bytes: int) -> float:
-    options = ExtractOptions(storage=storage, max_tokens_per_batch=max_tokens, shard_bytes=shard_bytes)
+               shard_bytes: int, score: bool) -> float:
+    options = ExtractOptions(storage=storage, max_tokens_per_batch=max_tokens, shard_bytes=shard_bytes, score=score)
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         result = extract(samples, tmp, "bench", model, options=options, device=device, progress=False)
@@ -170,14 +177,17 @@ def main() -> None:
     ap.add_argument("--shard-mib", type=int, default=16, help="shard size: several shards, so writes overlap "
                     "compute as they do in a full-size run (1 GiB shards over millions of tokens)")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    ap.add_argument("--score", choices=["off", "on", "both"], default="both",
+                    help="extraction with the audit's scoring off, on, or both (one row each)")
     args = ap.parse_args()
+    scores = {"off": [False], "on": [True], "both": [False, True]}[args.score]
     if args.threads:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     print(f"device {args.device}, compute {dtype}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print("| preset | H | layers | tokens | storage | bare forward s | extraction s | ratio | per-batch ratio (no disk) "
-          "| extraction tok/s | peak GPU GB |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| preset | H | layers | tokens | storage | scoring | bare forward s | extraction s | ratio | per-batch ratio "
+          "(no disk) | extraction tok/s | peak GPU GB | scoring FLOP ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.preset:
         preset = PRESETS[name]
         if args.device.startswith("cuda"):
@@ -186,19 +196,24 @@ def main() -> None:
         samples = make_samples(preset)
         tokens = sum(len(s) for s in samples)
         bare_forward(model, samples[:8], preset.max_tokens_per_batch, args.device)  # warm-up
+        scored_tokens = sum(len(scored_positions(s)) for s in samples)
+        flop_ratio = audit_cost(model.config.to_dict())["ratio"] * scored_tokens / tokens
         bare: list[float] = []
-        ext: dict[str, list[float]] = {storage: [] for storage in args.storage}
+        ext: dict[tuple[str, bool], list[float]] = {(st, sc): [] for st in args.storage for sc in scores}
         for _ in range(args.repeat):  # interleaved, so drift in machine load hits every path alike
             bare.append(bare_forward(model, samples, preset.max_tokens_per_batch, args.device))
-            for storage in args.storage:
-                ext[storage].append(extraction(model, samples, preset.max_tokens_per_batch, args.device, storage,
-                                               args.shard_mib << 20))
+            for storage, score in ext:
+                ext[storage, score].append(extraction(model, samples, preset.max_tokens_per_batch, args.device,
+                                                      storage, args.shard_mib << 20, score))
         b = min(bare)  # the same work whatever the storage
         for storage in args.storage:
-            e = min(ext[storage])
             pb, pe = interleaved(model, samples, preset.max_tokens_per_batch, args.device, storage, args.repeat)
-            print(f"| {name} | {preset.hidden_size} | {preset.num_layers} | {tokens:,} | {storage} | {b:.2f} | "
-                  f"{e:.2f} | {e / b:.3f} | {pe / pb:.3f} | {tokens / e:,.0f} | {peak_gb(args.device)} |", flush=True)
+            for score in scores:
+                e = min(ext[storage, score])
+                print(f"| {name} | {preset.hidden_size} | {preset.num_layers} | {tokens:,} | {storage} | "
+                      f"{'on' if score else 'off'} | {b:.2f} | {e:.2f} | {e / b:.3f} | "
+                      f"{pe / pb if not score else float('nan'):.3f} | {tokens / e:,.0f} | {peak_gb(args.device)} | "
+                      f"{flop_ratio if score else 0:.3f} |", flush=True)
         del model
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
