@@ -110,3 +110,14 @@ def test_command_flags_default_to_the_notebook_parameters():
     exec(GenerateConfig.parameters_cell(), namespace)
     assert cfg == GenerateConfig.from_params({**namespace, "dataset": "B4"})
     assert cfg.reserve_usd == 5.0
+
+
+def test_every_command_help_renders(capsys):
+    """argparse formats help texts with %: a setting's help that says "4 %" must not break --help."""
+    from eagledata import generate, hidden_states
+
+    for main in (generate.main, hidden_states.main):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--help"])
+        assert exit_.value.code == 0
+    assert "~4 % of a K2.5 forward" in " ".join(capsys.readouterr().out.split())

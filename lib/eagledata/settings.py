@@ -106,7 +106,8 @@ class Settings:
             parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, metavar=_metavar(tp),
                                 type=_cli_parser(f.name, tp), required=required,
                                 default=argparse.SUPPRESS, **many,
-                                help=f.metadata.get("help", "") + ("" if required else f" (default: {default!r})"))
+                                help=(f.metadata.get("help", "") + ("" if required else f" (default: {default!r})"))
+                .replace("%", "%%"))  # argparse formats help with %
 
     @classmethod
     def from_args(cls: type[S], args: argparse.Namespace) -> S:
