@@ -5,10 +5,10 @@ native precision is excluded because its listing says so, so a new fp4 provider 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable, Literal, Mapping, Protocol
 
 import yaml
 
@@ -141,9 +141,41 @@ class RoutingDecision:
                 "flagged": self.flagged, "eligible": [e.to_dict(*ELIGIBLE_FIELDS) for e in self.eligible]}
 
     def save(self, params_dir: str | Path = PARAMS_DIR) -> Path:
-        return atomic_write_text(routing_file(self.model, params_dir),
-                                 "# Written by providers.ipynb. `provider` is sent as is with every request.\n"
+        return self.write(routing_file(self.model, params_dir))
+
+    def write(self, path: str | Path, by: str = "providers.ipynb") -> Path:
+        return atomic_write_text(path, f"# Written by {by}. `provider` is sent as is with every request.\n"
                                  + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True))
+
+    def with_ignored(self, provider: str, reason: str, path: str | Path | None = None) -> "RoutingDecision":
+        """The decision with every eligible endpoint of `provider` excluded for `reason` (pure).
+
+        `provider` is what a record says served it, i.e. what OpenRouter reports: the listing's display name
+        (`provider_name`, e.g. "DeepInfra"), matched case-insensitively; an endpoint tag (`deepinfra/int4`)
+        works too. A record does not say which of a provider's endpoints served it, so all of them go; their
+        tags join `provider.ignore`, as `decide` writes exclusions. A provider whose endpoints are all excluded
+        already is left as it is; one the decision does not list, or one whose exclusion would leave no
+        eligible endpoint, is refused (`path`: the file the decision came from, for the message)."""
+        name = provider.strip().lower()
+
+        def matches(p: str, tag: str) -> bool:
+            return name in (p.lower(), tag.lower())
+
+        hit = [e for e in self.eligible if matches(e.provider, e.tag)]
+        if not hit:
+            if any(matches(x.provider, x.tag) for x in self.excluded):
+                return self
+            known = sorted({e.provider for e in self.eligible} | {x.provider for x in self.excluded})
+            raise InputError(f"provider {provider!r} is not in the routing decision for {self.model} "
+                             f"(it lists {', '.join(known) or 'none'})", path, field="provider")
+        rest = [e for e in self.eligible if e not in hit]
+        if not rest:
+            raise InputError(f"ignoring {provider!r} would leave no eligible endpoint for {self.model}", path,
+                             field="provider")
+        tags = [e.tag for e in hit]
+        return replace(self, provider={**self.provider, "ignore": sorted({*self.provider.get("ignore", []), *tags})},
+                       excluded=[*self.excluded, *(Exclusion(e.provider, e.tag, e.quantization, reason) for e in hit)],
+                       eligible=rest)
 
     @classmethod
     def load(cls, path: str | Path) -> "RoutingDecision":
@@ -202,6 +234,39 @@ async def load_routing(model: str, *, params_dir: str | Path = PARAMS_DIR, base_
     catalog = Catalog.load(snapshot, model) if snapshot else await fetch_catalog_async(base_url, model, api_key_env)
     return decide(model, catalog.normalized(), PrecisionPolicy.for_model(model),
                   source=f"derived at run time from {catalog.source}")
+
+
+# -- acting on the provider fidelity audit ------------------------------------------------------------
+class HasExclusions(Protocol):
+    """What `ignore_in_routing` takes from an audit (`eagledata.training.audit.AuditReport`): the suspects with
+    their evidence. A protocol, so this stage needs no import of the training one."""
+
+    def exclusions(self) -> Mapping[str, str]: ...
+
+
+def ignore_in_routing(report_or_providers: HasExclusions | Mapping[str, str] | Iterable[str] | str,
+                      routing_path: str | Path, *, reason: str | None = None) -> RoutingDecision:
+    """Write suspect providers into the routing decision file's `provider.ignore`, each with its reason; the next
+    generation run then avoids them. Takes an audit report (its suspects and evidence), {provider: reason}, or
+    provider names with one `reason`. The rest of the file is kept; an unknown provider is refused before the
+    file is touched (`RoutingDecision.with_ignored`). Returns the decision as written."""
+    if hasattr(report_or_providers, "exclusions"):
+        reasons = dict(report_or_providers.exclusions())  # type: ignore[union-attr]
+    elif isinstance(report_or_providers, Mapping):
+        reasons = {str(k): str(v) for k, v in report_or_providers.items()}
+    else:
+        names = [report_or_providers] if isinstance(report_or_providers, str) else list(report_or_providers)
+        if reason is None:
+            raise InputError("give a reason for ignoring " + ", ".join(map(str, names)), field="reason")
+        reasons = {str(n): reason for n in names}
+    path = Path(routing_path)
+    decision = RoutingDecision.load(path)
+    updated = decision
+    for provider, why in reasons.items():
+        updated = updated.with_ignored(provider, why, path)
+    if updated is not decision:
+        updated.write(path, by="providers.ipynb, provider.ignore extended by the fidelity audit")
+    return updated
 
 
 # -- what the decision costs ----------------------------------------------------------------------

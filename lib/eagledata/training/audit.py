@@ -1,0 +1,465 @@
+"""Provider fidelity audit: does every provider's output look like the target's own, by the target's score?
+
+Over a provider's tokens, the mean NLL under the target is H(q) + KL(q || p) (`scoring.py`): on the same prompts
+and sampling settings, an endpoint that serves another model (a mislabelled quantization, another revision)
+shows a different, normally higher, mean. The audit compares each provider with the pooled others, within each
+(dataset, sampling) stratum only, and flags those that differ beyond chance at a family-wise level; separately
+it lists single samples far outside their own group (garbage, a cut stream).
+
+Statistics, and why:
+- A provider's mean is token-weighted (sum of NLLs / tokens), a ratio estimator. Tokens within a sample are
+  correlated (one prompt is harder than another), so its variance comes from per-sample sums, the samples being
+  the independent units: V = k/(k-1) * sum_i (S_i - R n_i)^2 / (sum_i n_i)^2 (cluster-robust, "linearized").
+- Difference from the others within each stratum, combined across strata with weights proportional to the
+  provider's tokens there; a stratum counts when both sides have at least two samples. Never across sampling
+  settings or datasets: a provider serving only a harder dataset is compared with others on that dataset.
+- Two-sided z test (normal approximation: it needs a few tens of samples, hence `min_provider_samples`), Holm's
+  step-down over the tested providers, with one refinement: a provider rejected at a step leaves the reference
+  of the ones tested after it, so one bad provider does not drag the pooled reference of the faithful ones. Under
+  the complete null any false alarm needs the first step's Bonferroni rejection, so the family-wise rate stays
+  at most `significance`.
+- Outliers: see `sample_outliers`.
+
+Everything here is pure (rows in, report out); `plot_audit` draws. Acting on a verdict (routing around a suspect)
+is `eagledata.openrouter.routing.ignore_in_routing`, which takes the report: the training stage does not import
+the OpenRouter one.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any, Iterable, Literal, Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from ..settings import Settings, setting
+from .scoring import ScoreRow
+
+Verdict = Literal["consistent", "suspect"]
+UNKNOWN_PROVIDER = "(unknown)"  # rows whose records do not say who served them
+MAD_TO_SD = 1.4826  # MAD of a normal distribution x this = its standard deviation
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditPolicy(Settings):
+    """How sure the audit must be before it calls a provider suspect, and what counts as an outlier sample."""
+
+    significance: float = setting(0.01, "audit: family-wise false-alarm rate over providers (Holm); CIs at 1 - it")
+    min_provider_samples: int = setting(10, "audit: samples a provider needs, in strata shared with others, "
+                                            "to be tested (normal approximation)")
+    outlier_threshold: float = setting(6.0, "audit: robust z (median/MAD, length-aware) beyond which a sample "
+                                            "is an outlier")
+    outlier_min_group: int = setting(8, "audit: samples a (provider, dataset, sampling) group needs before its "
+                                        "outliers are judged")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.significance < 1:
+            raise InputError(f"must be in (0, 1), got {self.significance}", field="significance")
+        if self.min_provider_samples < 2:
+            raise InputError("must be at least 2 (a variance needs two samples)", field="min_provider_samples")
+        if self.outlier_threshold <= 0:
+            raise InputError("must be positive", field="outlier_threshold")
+        if self.outlier_min_group < 3:
+            raise InputError("must be at least 3 (a median and a MAD)", field="outlier_min_group")
+
+
+# -- the report ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProviderAudit:
+    """One provider's figures. `diff` etc. are NaN when it could not be tested (`tested` False)."""
+
+    provider: str
+    samples: int
+    tokens: int
+    mean_nll: float  # nats per output token, token-weighted, over all its samples
+    ci_low: float
+    ci_high: float
+    strata: int  # (dataset, sampling) strata where it was compared with other providers
+    compared_samples: int
+    compared_tokens: int
+    reference_nll: float  # the others' mean on the same strata, weighted as the provider's tokens are
+    diff: float  # provider - reference, nats per token
+    se: float
+    df: float  # effective degrees of freedom of the difference's variance (Satterthwaite)
+    z: float  # diff / se, referred to Student's t with `df`
+    p: float
+    p_adjusted: float  # Holm
+    tested: bool
+    verdict: Verdict
+    evidence: str
+
+
+@dataclass(frozen=True)
+class Outlier:
+    id: str
+    provider: str
+    dataset: str
+    sampling: str
+    tokens: int
+    mean_nll: float
+    group_median: float  # its (provider, dataset, sampling) group's median mean NLL
+    score: float  # robust z: (mean - median) / expected spread at its length
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    significance: float
+    pooled_mean_nll: float
+    providers: tuple[ProviderAudit, ...]
+    outliers: tuple[Outlier, ...]
+    policy: AuditPolicy = field(default_factory=AuditPolicy)
+
+    @property
+    def suspects(self) -> list[str]:
+        return [p.provider for p in self.providers if p.verdict == "suspect"]
+
+    def provider(self, name: str) -> ProviderAudit:
+        for p in self.providers:
+            if p.provider == name:
+                return p
+        raise KeyError(name)
+
+    def exclusions(self) -> dict[str, str]:
+        """{suspect provider: its evidence}: what `routing.ignore_in_routing` writes as the reasons."""
+        return {p.provider: f"fidelity audit: {p.evidence}" for p in self.providers if p.verdict == "suspect"}
+
+    def to_publish(self) -> dict[str, Any]:
+        """Plain JSON (NaN as None): what a notebook publishes and a test or a later stage reads."""
+        def num(x: float) -> float | None:
+            return float(x) if math.isfinite(x) else None
+
+        return {"significance": self.significance, "pooled_mean_nll": num(self.pooled_mean_nll),
+                "providers": {p.provider: {"samples": p.samples, "tokens": p.tokens, "mean_nll": num(p.mean_nll),
+                                           "ci_low": num(p.ci_low), "ci_high": num(p.ci_high),
+                                           "diff": num(p.diff), "z": num(p.z), "df": num(p.df), "p": num(p.p),
+                                           "p_adjusted": num(p.p_adjusted), "tested": p.tested,
+                                           "verdict": p.verdict, "evidence": p.evidence}
+                              for p in self.providers},
+                "suspects": self.suspects,
+                "outliers": [o.id for o in self.outliers]}
+
+    def table(self):
+        """One row per provider (pandas), the verdict and its evidence last."""
+        import pandas as pd
+
+        rows = [{k: v for k, v in p.__dict__.items()} for p in self.providers]
+        return pd.DataFrame(rows).set_index("provider")
+
+    def outlier_table(self):
+        import pandas as pd
+
+        cols = ["id", "provider", "dataset", "sampling", "tokens", "mean_nll", "group_median", "score"]
+        return pd.DataFrame([o.__dict__ for o in self.outliers], columns=cols)
+
+
+# -- the statistics (pure) --------------------------------------------------------------------------------
+# Per (provider, stratum) cell we keep the moments the ratio estimator and its degrees of freedom need, so any
+# pooling of cells (the others in a stratum) is a sum.
+_K, _N, _S, _SS, _SN, _NN, _N3, _N4, _WSS, _WDF = range(10)
+_MOMENTS = 10
+
+
+def _moments(n: np.ndarray, s: np.ndarray, q: np.ndarray) -> np.ndarray:
+    within = np.maximum(q - s * s / n, 0.0)  # each sample's sum of squared deviations from its own mean
+    return np.array([len(n), n.sum(), s.sum(), (s * s).sum(), (s * n).sum(), (n * n).sum(), (n ** 3).sum(),
+                     (n ** 4).sum(), within.sum(), (n - 1).sum()], dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A token-weighted mean NLL, its cluster-robust variance and that variance's effective degrees of freedom."""
+
+    mean: float
+    var: float  # NaN under two samples
+    df: float
+
+
+def ratio_estimate(m: np.ndarray) -> Ratio:
+    """sum S / sum n from a cell's moments, V = k/(k-1) * sum_i (S_i - R n_i)^2 / N^2 (expanded into moments:
+    sum S^2 - 2R sum S n + R^2 sum n^2), and V's degrees of freedom.
+
+    The df: V is a sum of k squared residuals of unequal variance a_i, so it counts as (sum a)^2 / sum a^2 samples,
+    not k (Satterthwaite). With a_i = tau^2 n_i^2 + sigma^2 n_i (a prompt-to-prompt spread tau of the sample
+    means, and token noise sigma, from the samples' own sums of squares), a few long samples carry a cell: the
+    normal approximation would then be too confident (measured: about twice the false alarms at alpha/4)."""
+    k, n = m[_K], m[_N]
+    if n <= 0:
+        return Ratio(math.nan, math.nan, math.nan)
+    r = m[_S] / n
+    if k < 2:
+        return Ratio(r, math.nan, math.nan)
+    rss = k / (k - 1) * max(m[_SS] - 2 * r * m[_SN] + r * r * m[_NN], 0.0)
+    sigma2 = m[_WSS] / m[_WDF] if m[_WDF] > 0 else 0.0
+    tau2 = max((rss - sigma2 * n) / m[_NN], 0.0)
+    a1 = tau2 * m[_NN] + sigma2 * n
+    a2 = tau2 ** 2 * m[_N4] + 2 * tau2 * sigma2 * m[_N3] + sigma2 ** 2 * m[_NN]
+    effective = a1 * a1 / a2 if a2 > 0 else k
+    return Ratio(r, rss / (n * n), max(min(effective, k) - 1, 1.0))
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The incomplete beta's continued fraction (modified Lentz), for `t_sf`."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for aa in (m * (b - m) * x / ((a - 1 + 2 * m) * (a + 2 * m)),
+                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 1 + 2 * m))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularized incomplete beta I_x(a, b) (no scipy in the project's dependencies)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1.0 - front * _betacf(b, a, 1 - x) / b
+
+
+def t_two_sided_p(t: float, df: float) -> float:
+    """P(|T| >= |t|) for Student's t with `df` degrees of freedom (the normal's beyond 1e7)."""
+    if not math.isfinite(t):
+        return 0.0
+    if df > 1e7 or not math.isfinite(df):
+        return math.erfc(abs(t) / math.sqrt(2))
+    return _betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def t_quantile(level: float, df: float) -> float:
+    """The t such that P(|T| < t) = level: the normal quantile with its first Cornish-Fisher term, then Newton."""
+    z = NormalDist().inv_cdf((1 + level) / 2)
+    if df > 1e7 or not math.isfinite(df):
+        return z
+    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    t = z + (z ** 3 + z) / (4 * df)
+    for _ in range(50):
+        density = math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))
+        step = (t_two_sided_p(t, df) - (1 - level)) / (2 * density)
+        t = max(t + step, t / 2)
+        if abs(step) < 1e-12 * t:
+            break
+    return t
+
+
+@dataclass(frozen=True)
+class _Comparison:
+    strata: int
+    samples: int
+    tokens: int
+    reference: float
+    diff: float
+    se: float
+    df: float
+    z: float
+    p: float
+
+
+def _compare(cells: np.ndarray, p: int, excluded: set[int]) -> _Comparison | None:
+    """Provider `p` against the pooled providers not in `excluded`, stratum by stratum (cells: [P, strata, M]);
+    t test with the Satterthwaite df of the strata's variance components."""
+    others = [q for q in range(cells.shape[0]) if q != p and q not in excluded]
+    if not others:
+        return None
+    ref = cells[others].sum(axis=0)  # [strata, M]; summed, not total minus mine: two providers tie exactly
+    diffs, weights, refs, parts, samples, tokens = [], [], [], [], 0, 0
+    for s in range(cells.shape[1]):
+        mine, theirs = cells[p, s], ref[s]
+        if mine[_K] < 2 or theirs[_K] < 2:
+            continue
+        a, b = ratio_estimate(mine), ratio_estimate(theirs)
+        diffs.append(a.mean - b.mean)
+        weights.append(mine[_N])
+        refs.append(b.mean)
+        parts.append((a, b))
+        samples += int(mine[_K])
+        tokens += int(mine[_N])
+    if not diffs:
+        return None
+    w = np.asarray(weights) / np.sum(weights)
+    diff = float(w @ np.asarray(diffs))
+    components = [(wi * wi * x.var, x.df) for wi, pair in zip(w, parts) for x in pair]
+    var = sum(c for c, _ in components)
+    spread = sum(c * c / df for c, df in components)
+    df = var * var / spread if spread > 0 else math.inf
+    se = math.sqrt(var)
+    z = diff / se if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
+    return _Comparison(len(diffs), samples, tokens, float(w @ np.asarray(refs)), diff, se, df, z,
+                       t_two_sided_p(z, df))
+
+
+def audit(rows: Iterable[ScoreRow], policy: AuditPolicy | None = None) -> AuditReport:
+    """Per provider: mean NLL with its CI, the stratified difference from the other providers, Holm-corrected
+    verdicts with their evidence; and the outlier samples. Rows with no scored token are left out."""
+    policy = policy or AuditPolicy()
+    rows = [r for r in rows if r.score.tokens > 0]
+    if not rows:
+        raise InputError("no scored samples to audit (every row has 0 tokens, or there are none)", field="rows")
+    alpha = policy.significance
+    names = sorted({r.provider or UNKNOWN_PROVIDER for r in rows})
+    strata = sorted({(r.dataset, r.sampling) for r in rows})
+    pi = {name: i for i, name in enumerate(names)}
+    si = {key: i for i, key in enumerate(strata)}
+    prov = np.array([pi[r.provider or UNKNOWN_PROVIDER] for r in rows])
+    strat = np.array([si[(r.dataset, r.sampling)] for r in rows])
+    n = np.array([r.score.tokens for r in rows], dtype=np.float64)
+    s = np.array([r.score.nll_sum for r in rows], dtype=np.float64)
+    q = np.array([r.score.nll_sumsq for r in rows], dtype=np.float64)
+    cells = np.zeros((len(names), len(strata), _MOMENTS))
+    for p in range(len(names)):
+        for t in range(len(strata)):
+            sel = (prov == p) & (strat == t)
+            if sel.any():
+                cells[p, t] = _moments(n[sel], s[sel], q[sel])
+
+    # Holm step-down; a rejected provider leaves the reference of the later steps.
+    first = {p: _compare(cells, p, set()) for p in range(len(names))}
+    tested = [p for p, c in first.items() if c is not None and c.samples >= policy.min_provider_samples]
+    m = len(tested)
+    suspects: list[int] = []
+    final: dict[int, _Comparison | None] = dict(first)
+    adjusted: dict[int, float] = {}
+    remaining, running = list(tested), 0.0
+    while remaining:
+        current = {p: _compare(cells, p, set(suspects)) for p in remaining}
+        final.update(current)
+        live = [p for p in remaining if current[p] is not None]
+        remaining = live  # the others' only comparison was with providers already found suspect
+        if not live:
+            break
+        live.sort(key=lambda p: (current[p].p, -current[p].diff, names[p]))  # type: ignore[union-attr]
+        step = m - len(suspects)
+        best = live[0]
+        adj = min(1.0, max(running, step * current[best].p))  # type: ignore[union-attr]
+        if adj < alpha:
+            suspects.append(best)
+            adjusted[best] = running = adj
+            remaining.remove(best)
+            continue
+        for j, p in enumerate(live):  # no more rejections: the rest's adjusted p-values, monotone
+            running = min(1.0, max(running, (step - j) * current[p].p))  # type: ignore[union-attr]
+            adjusted[p] = running
+        break
+
+    pooled = float(s.sum() / n.sum())
+    providers = []
+    for p, name in enumerate(names):
+        own = ratio_estimate(cells[p].sum(axis=0))
+        mean = own.mean
+        half = t_quantile(1 - alpha, own.df) * math.sqrt(own.var) if math.isfinite(own.var) else math.nan
+        c = final[p]
+        is_tested = p in adjusted or p in suspects
+        verdict: Verdict = "suspect" if p in suspects else "consistent"
+        evidence = _evidence(name, c, first[p], is_tested, verdict, adjusted.get(p, math.nan), alpha,
+                             policy.min_provider_samples, [names[q] for q in suspects])
+        nan = math.nan
+        providers.append(ProviderAudit(
+            provider=name, samples=int(cells[p, :, _K].sum()), tokens=int(cells[p, :, _N].sum()), mean_nll=mean,
+            ci_low=mean - half, ci_high=mean + half,
+            strata=c.strata if c else 0, compared_samples=c.samples if c else 0, compared_tokens=c.tokens if c else 0,
+            reference_nll=c.reference if c and is_tested else nan, diff=c.diff if c and is_tested else nan,
+            se=c.se if c and is_tested else nan, df=c.df if c and is_tested else nan,
+            z=c.z if c and is_tested else nan,
+            p=c.p if c and is_tested else nan, p_adjusted=adjusted.get(p, nan), tested=is_tested,
+            verdict=verdict, evidence=evidence))
+    return AuditReport(alpha, pooled, tuple(providers), tuple(sample_outliers(rows, policy)), policy)
+
+
+def _evidence(name: str, c: _Comparison | None, first: _Comparison | None, tested: bool, verdict: Verdict,
+              p_adj: float, alpha: float, min_samples: int, suspects: list[str]) -> str:
+    """The verdict's reason as one sentence with its numbers."""
+    if first is None:
+        return "no other provider to compare with (alone in every dataset and sampling setting it served)"
+    if not tested and first.samples < min_samples:
+        return (f"not tested: {first.samples} samples in strata shared with other providers, "
+                f"{min_samples} needed")
+    if not tested or c is None:
+        return ("not tested: its only comparison was with providers found suspect "
+                f"({', '.join(s for s in suspects if s != name)})")
+    ref = "the other providers" + (" not found suspect" if suspects and verdict == "consistent" else "")
+    where = f"{c.samples} samples, {c.tokens:,} tokens in {c.strata} dataset/sampling strata"
+    numbers = (f"{c.reference + c.diff:.4f} vs {c.reference:.4f} nats/token for {ref} on the same strata "
+               f"({c.diff:+.4f}, z = {c.z:.2f} on {c.df:.0f} df, Holm-adjusted p = {p_adj:.2g}")
+    if verdict == "suspect":
+        side = "higher" if c.diff > 0 else "lower"
+        return f"mean NLL under the target {side}: {numbers} < {alpha:g}; {where})"
+    return f"no significant difference: {numbers} >= {alpha:g}; {where})"
+
+
+def sample_outliers(rows: Sequence[ScoreRow], policy: AuditPolicy | None = None) -> list[Outlier]:
+    """Samples whose mean NLL is far outside their (provider, dataset, sampling) group, most extreme first.
+
+    Score = (x_i - median x) / sqrt(tau^2 + sigma^2 / n_i): x_i a sample's mean NLL over its n_i tokens, sigma^2
+    the group's median per-token variance (from `nll_sumsq`), tau^2 the spread between prompts left in the MAD of
+    x once the typical token noise is taken out (floored at 0). A short sample is noisier (sigma^2 / n_i), a long
+    one is held to the prompt-to-prompt spread, not to a sqrt(n) that would flag every long hard prompt.
+
+    Robust to the suspect provider's own shift: centre and spread are each group's own, so a provider shifted
+    as a whole moves its median with it and its samples are judged against their own provider (the shift is the
+    provider test's business); median and MAD ignore up to half of a group, so a few junk samples do not move the
+    reference they are judged against, as a mean and a standard deviation would.
+    """
+    policy = policy or AuditPolicy()
+    groups: dict[tuple[str, str, str], list[ScoreRow]] = {}
+    for r in rows:
+        if r.score.tokens > 0:
+            groups.setdefault((r.provider or UNKNOWN_PROVIDER, r.dataset, r.sampling), []).append(r)
+    found = []
+    for (provider, dataset, sampling), group in groups.items():
+        if len(group) < policy.outlier_min_group:
+            continue
+        n = np.array([r.score.tokens for r in group], dtype=np.float64)
+        x = np.array([r.score.nll_sum for r in group]) / n
+        token_var = np.maximum(np.array([r.score.nll_sumsq for r in group]) / n - x * x, 0.0)
+        centre = float(np.median(x))
+        spread = MAD_TO_SD * float(np.median(np.abs(x - centre)))
+        sigma2 = float(np.median(token_var))
+        tau2 = max(spread ** 2 - float(np.median(sigma2 / n)), 0.0)
+        scale = np.sqrt(tau2 + sigma2 / n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = np.where(scale > 0, (x - centre) / scale, np.where(x == centre, 0.0, np.inf * np.sign(x - centre)))
+        for i in np.flatnonzero(np.abs(score) > policy.outlier_threshold):
+            r = group[i]
+            found.append(Outlier(r.id, provider, dataset, sampling, r.score.tokens, float(x[i]), centre,
+                                 float(score[i])))
+    return sorted(found, key=lambda o: -abs(o.score))
+
+
+# -- the picture ----------------------------------------------------------------------------------------
+def plot_audit(report: AuditReport, ax: Any = None) -> Any:
+    """Mean NLL per provider with its CI at 1 - significance, the pooled mean, suspects in red.
+
+    The bars are the providers' raw means over whatever they served; the verdicts come from the stratified
+    comparison (a provider serving only a harder dataset sits higher here without being suspect)."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(max(4.0, 1.1 * len(report.providers) + 2), 3.6))
+    level = 100 * (1 - report.significance)
+    for i, p in enumerate(report.providers):
+        colour = "tab:red" if p.verdict == "suspect" else ("tab:blue" if p.tested else "0.55")
+        err = [[p.mean_nll - p.ci_low], [p.ci_high - p.mean_nll]] if math.isfinite(p.ci_low) else None
+        ax.errorbar(i, p.mean_nll, yerr=err, fmt="o", color=colour, capsize=4)
+        if p.verdict == "suspect":
+            ax.annotate("suspect", (i, p.ci_high if math.isfinite(p.ci_high) else p.mean_nll),
+                        textcoords="offset points", xytext=(0, 6), ha="center", color="tab:red", fontsize=8)
+    ax.axhline(report.pooled_mean_nll, color="0.4", ls="--", lw=1, label=f"pooled {report.pooled_mean_nll:.3f}")
+    ax.set_xticks(range(len(report.providers)), [p.provider for p in report.providers], rotation=30, ha="right")
+    ax.set_ylabel("mean NLL under the target (nats/token)")
+    ax.set_title(f"Provider fidelity: mean NLL with {level:g}% CI (red = suspect, grey = not tested)")
+    ax.legend(fontsize=8)
+    return ax

@@ -1,0 +1,82 @@
+"""Test helper: "providers" that sample their outputs from tiny models, for the fidelity audit's honest test.
+
+A faithful provider samples from the target itself (temperature 1, no top-k/top-p); a degraded one from a copy
+whose weights were rounded to a few bits. A random model's next-token distribution is nearly uniform (logits of
+std ~0.2 over the vocabulary), so `peaked_target` scales its LM head: with a peaked distribution, a degraded copy
+puts its mass on other tokens and the target's NLL of its samples rises measurably.
+"""
+from __future__ import annotations
+
+import copy
+import json
+from typing import Sequence
+
+import torch
+
+from eagledata.training import Sample
+from eagledata.training.scoring import ScoreRow, score_sample, scored_targets
+from eagledata.training.tiny import build_tiny_model
+
+SAMPLING = json.dumps({"temperature": 1.0}, sort_keys=True, separators=(",", ":"))
+
+
+def peaked_target(*, vocab_size: int = 512, hidden_size: int = 64, num_layers: int = 2, head_scale: float = 12.0,
+                  seed: int = 0) -> torch.nn.Module:
+    """A tiny Llama whose LM head is scaled by `head_scale`, so its next-token distributions are peaked."""
+    model = build_tiny_model("llama", vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
+                             seed=seed)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(head_scale)
+    return model
+
+
+def rounded_copy(model: torch.nn.Module, bits: int) -> torch.nn.Module:
+    """A copy with every weight matrix rounded to `bits` bits (symmetric, one scale per output row), as a
+    mislabelled low-precision endpoint would serve it; norms and biases are kept."""
+    degraded = copy.deepcopy(model)
+    levels = 2 ** (bits - 1) - 1
+    with torch.no_grad():
+        for param in degraded.parameters():
+            if param.dim() == 2:
+                scale = param.abs().amax(dim=1, keepdim=True).clamp_min(1e-12) / levels
+                param.copy_(torch.round(param / scale).clamp(-levels, levels) * scale)
+    return degraded
+
+
+@torch.no_grad()
+def sample_provider(model: torch.nn.Module, prompts: Sequence[Sequence[int]], provider: str, *, new_tokens: int,
+                    lengths: Sequence[int] | None = None, seed: int = 0, dataset: str = "T1",
+                    sampling: str = SAMPLING) -> list[Sample]:
+    """One sample per prompt from `model` at temperature 1 (plain softmax sampling, no top-k/top-p), `new_tokens`
+    each, then cut to `lengths[i]` (a prefix of a sample is a sample). Prompts must all have one length."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.tensor([list(p) for p in prompts])
+    out = model(ids, use_cache=True)
+    past, logits, produced = out.past_key_values, out.logits[:, -1], []
+    for _ in range(new_tokens):
+        token = torch.multinomial(torch.softmax(logits.float(), dim=-1), 1, generator=gen)
+        produced.append(token)
+        out = model(token, past_key_values=past, use_cache=True)
+        past, logits = out.past_key_values, out.logits[:, -1]
+    outputs = torch.cat(produced, dim=1).tolist()
+    samples = []
+    for i, (prompt, output) in enumerate(zip(prompts, outputs)):
+        output = output[:lengths[i]] if lengths is not None else output
+        samples.append(Sample(f"{provider}-{i}", dataset, list(prompt) + output, [0] * len(prompt) + [1] * len(output),
+                              False, provider=provider, sampling=sampling))
+    return samples
+
+
+@torch.no_grad()
+def score_with_target(target: torch.nn.Module, samples: Sequence[Sample]) -> list[ScoreRow]:
+    """The target's float32 log-softmax of each sample's scored tokens (`scoring.scored_targets`' positions), one
+    right-padded forward (causal: padding after a sample does not change its logits), then `score_sample`."""
+    width = max(len(s) for s in samples)
+    ids = torch.tensor([s.input_ids + [0] * (width - len(s)) for s in samples])
+    logprobs = torch.log_softmax(target(ids).logits.float(), dim=-1)
+    where, targets, counts = scored_targets(samples)
+    rows = torch.tensor([w[0] for w in where])
+    cols = torch.tensor([w[1] for w in where])
+    picked = logprobs[rows, cols, torch.tensor(targets)]
+    scores = [score_sample(chunk) for chunk in torch.split(picked, counts)]
+    return [ScoreRow(s.id, s.dataset, s.provider, s.sampling, sc) for s, sc in zip(samples, scores)]

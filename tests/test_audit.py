@@ -1,0 +1,321 @@
+"""The provider fidelity audit: its statistics on hand-made and simulated scores, its false-alarm rate, an honest
+test on tiny models (two providers sampling the target, one a degraded copy), and routing around a suspect."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import yaml
+
+from eagledata.errors import InputError
+from eagledata.training.audit import AuditPolicy, audit, plot_audit, sample_outliers, t_quantile, t_two_sided_p
+from eagledata.training.scoring import HIST_EDGES, SampleScore, ScoreRow
+
+T1 = '{"temperature":1.0}'
+
+
+def row(i, provider, n, nll_sum, *, dataset="D", sampling=T1, sumsq=None):
+    sumsq = (nll_sum ** 2 / n if n else 0.0) if sumsq is None else sumsq
+    return ScoreRow(f"{provider}-{dataset}-{i}", dataset, provider, sampling,
+                    SampleScore(n, float(nll_sum), float(sumsq), float(nll_sum), (0,) * len(HIST_EDGES)))
+
+
+def simulated(rng, provider, count, *, dataset="D", sampling=T1, mean=1.0, shift=0.0, spread=0.5, start=0):
+    """Faithful-looking rows: lengths from 5 to ~2000 tokens, each prompt with its own difficulty (mean NLL drawn
+    from a gamma around `mean`), tokens exponential around it, so tokens within a sample are correlated."""
+    rows = []
+    for i in range(count):
+        n = int(np.clip(rng.lognormal(4.5, 1.0), 5, 2000))
+        mu = rng.gamma(1 / spread ** 2, mean * spread ** 2) + shift
+        nll = rng.exponential(mu, n)
+        rows.append(ScoreRow(f"{provider}-{dataset}-{start + i}", dataset, provider, sampling,
+                             SampleScore(n, float(nll.sum()), float((nll ** 2).sum()), float(nll.max()),
+                                         (0,) * len(HIST_EDGES))))
+    return rows
+
+
+def binomial_sf(k, n, p):
+    """P(X >= k) for X ~ Binomial(n, p), exactly."""
+    return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
+
+
+# -- the statistics on rows computed by hand --------------------------------------------------------------
+def test_exact_figures_of_a_hand_computed_case():
+    """A: (2 tokens, 2 nats), (2, 4) -> mean 1.5, residuals S - 1.5 n = -1, +1, V = 2/1 * 2 / 4^2 = 0.25.
+    B: (1, 0.5), (3, 3.5) -> mean 1.0, residuals -0.5, +0.5, V = 2 * 0.5 / 16 = 1/16.
+    No token noise (sum of squares = S^2/n): each side has 1 df (two samples), the difference's Satterthwaite
+    df = 0.3125^2 / (0.25^2 + 0.0625^2). A - B = 0.5 with variance 0.3125: z = 0.894; Holm over two doubles p.
+    A's 99 % CI with 1 df: 1.5 +- tan(0.495 pi) * 0.5 (the Cauchy quantile)."""
+    rows = [row(0, "A", 2, 2), row(1, "A", 2, 4), row(0, "B", 1, 0.5), row(1, "B", 3, 3.5)]
+    report = audit(rows, AuditPolicy(min_provider_samples=2))
+    a, b = report.provider("A"), report.provider("B")
+    assert (a.samples, a.tokens, a.mean_nll) == (2, 4, 1.5) and (b.samples, b.tokens, b.mean_nll) == (2, 4, 1.0)
+    cauchy = math.tan(0.495 * math.pi)
+    assert a.ci_low == pytest.approx(1.5 - cauchy * 0.5) and a.ci_high == pytest.approx(1.5 + cauchy * 0.5)
+    assert b.ci_low == pytest.approx(1.0 - cauchy * 0.25)
+    assert a.diff == pytest.approx(0.5) and b.diff == pytest.approx(-0.5) and a.reference_nll == pytest.approx(1.0)
+    assert a.se == pytest.approx(math.sqrt(0.3125)) and a.z == pytest.approx(0.5 / math.sqrt(0.3125))
+    assert a.df == pytest.approx(0.3125 ** 2 / (0.25 ** 2 + 0.0625 ** 2))
+    assert a.p == pytest.approx(t_two_sided_p(a.z, a.df)) and a.p > math.erfc(a.z / math.sqrt(2))
+    assert a.p_adjusted == pytest.approx(2 * a.p) and b.p_adjusted == pytest.approx(2 * a.p)
+    assert report.suspects == [] and report.pooled_mean_nll == pytest.approx(10 / 8)
+    assert "no significant difference" in a.evidence and "z = 0.89" in a.evidence
+
+
+def test_student_t_tails_and_quantiles_match_closed_forms():
+    """1 df is Cauchy: P(|T| > t) = 1 - 2 atan(t) / pi; 2 df: 1 - t / sqrt(2 + t^2); many df: the normal."""
+    for t in (0.1, 1.0, 3.0, 30.0):
+        assert t_two_sided_p(t, 1) == pytest.approx(1 - 2 * math.atan(t) / math.pi, rel=1e-10)
+        assert t_two_sided_p(t, 2) == pytest.approx(1 - t / math.sqrt(2 + t * t), rel=1e-10)
+        assert t_two_sided_p(t / 10, 1e6) == pytest.approx(math.erfc(t / 10 / math.sqrt(2)), rel=1e-4)
+    for level, df in [(0.99, 1), (0.99, 2), (0.95, 7.5), (0.99, 300)]:
+        assert t_two_sided_p(t_quantile(level, df), df) == pytest.approx(1 - level, rel=1e-9)
+    assert t_quantile(0.99, 2) == pytest.approx(math.sqrt(2 * 0.99 ** 2 / (1 - 0.99 ** 2)))
+
+
+def test_the_ci_covers_the_true_mean_at_its_level():
+    """400 simulated providers of 60 samples whose true token-weighted mean is 1.0 (difficulty independent of
+    length): the 99 % CI misses it at most as often as Binomial(400, 0.01) allows at the 0.001 level. Tokens
+    within a sample are strongly correlated here; a per-token variance would miss far more often."""
+    rng = np.random.default_rng(7)
+    trials, misses = 400, 0
+    for t in range(trials):
+        rows = simulated(rng, "A", 60) + simulated(rng, "B", 5)
+        a = audit(rows, AuditPolicy(min_provider_samples=2)).provider("A")
+        misses += not a.ci_low <= 1.0 <= a.ci_high
+    bound = next(k for k in range(trials) if binomial_sf(k + 1, trials, 0.01) < 1e-3)
+    assert misses <= bound, (misses, bound)  # bound = 10 of 400 (expected 4)
+
+
+def test_a_provider_serving_only_a_harder_dataset_is_not_flagged_for_it():
+    rng = np.random.default_rng(1)
+    rows = (simulated(rng, "A", 80, dataset="easy", mean=0.8) + simulated(rng, "A", 80, dataset="hard", mean=2.0)
+            + simulated(rng, "B", 80, dataset="easy", mean=0.8) + simulated(rng, "B", 80, dataset="hard", mean=2.0)
+            + simulated(rng, "H", 120, dataset="hard", mean=2.0))
+    report = audit(rows)
+    h = report.provider("H")
+    assert h.mean_nll > report.provider("A").mean_nll + 0.5  # much higher in raw terms ...
+    assert h.verdict == "consistent" and h.strata == 1 and abs(h.diff) < 0.2  # ... but like the others on "hard"
+    assert report.suspects == []
+    # the same provider with a real shift on that dataset is found: the consistency above is not for lack of power
+    shifted = [r for r in rows if r.provider != "H"] + simulated(rng, "H", 120, dataset="hard", mean=2.0, shift=1.0)
+    assert audit(shifted).suspects == ["H"]
+
+
+def test_sampling_settings_are_never_pooled():
+    """A provider alone at temperature 0.6 has a lower NLL, yet no one to be compared with: consistent, and it
+    says so; were sampling ignored, it would be flagged."""
+    rng = np.random.default_rng(2)
+    cold = '{"temperature":0.6}'
+    rows = simulated(rng, "A", 60) + simulated(rng, "B", 60) + simulated(rng, "C", 60, sampling=cold, mean=0.5)
+    c = audit(rows).provider("C")
+    assert c.verdict == "consistent" and not c.tested and c.evidence.startswith("no other provider to compare with")
+    assert math.isnan(c.z) and math.isfinite(c.ci_low)
+    assert audit([replace(r, sampling=T1) for r in rows]).suspects == ["C"]
+
+
+def test_one_bad_provider_does_not_drag_the_faithful_ones():
+    """C's shift lowers A's and B's reference at the first step; Holm's step-down takes C out of it before
+    A and B are judged, so they are compared with each other only."""
+    rng = np.random.default_rng(3)
+    rows = simulated(rng, "A", 150) + simulated(rng, "B", 150) + simulated(rng, "C", 150, shift=0.5)
+    report = audit(rows)
+    assert report.suspects == ["C"]
+    c, a = report.provider("C"), report.provider("A")
+    assert c.z > 5 and "higher" in c.evidence and f"z = {c.z:.2f}" in c.evidence
+    assert a.verdict == "consistent" and "not found suspect" in a.evidence and abs(a.z) < 3
+    assert report.exclusions()["C"].startswith("fidelity audit: mean NLL under the target higher")
+
+
+def test_with_two_providers_only_the_higher_one_is_flagged():
+    """Two providers that differ cannot say which one is right; the audit flags the one with the higher NLL
+    (a different model normally scores higher: KL >= 0) and says the other could not be tested on its own."""
+    rng = np.random.default_rng(4)
+    report = audit(simulated(rng, "A", 150) + simulated(rng, "B", 150, shift=0.5))
+    assert report.suspects == ["B"]
+    assert "only comparison was with providers found suspect (B)" in report.provider("A").evidence
+
+
+def test_few_samples_are_not_tested():
+    rng = np.random.default_rng(5)
+    report = audit(simulated(rng, "A", 40) + simulated(rng, "B", 40) + simulated(rng, "C", 4, shift=3.0))
+    c = report.provider("C")
+    assert c.verdict == "consistent" and not c.tested and "4 samples" in c.evidence and "10 needed" in c.evidence
+
+
+def test_bad_inputs_are_refused():
+    with pytest.raises(InputError, match="no scored samples"):
+        audit([row(0, "A", 0, 0.0)])
+    with pytest.raises(InputError, match="significance"):
+        AuditPolicy(significance=1.5)
+
+
+# -- the false-alarm rate ------------------------------------------------------------------------------
+def test_false_alarm_rate_under_random_relabelling_matches_the_significance():
+    """One pool of 800 faithful samples over two datasets, relabelled at random into four providers, 400 times.
+    Family-wise: trials with any suspect must be at most what Binomial(400, 0.01) gives with probability 0.999
+    (k <= 10). Calibration: provider P0's raw p < 0.1 in a share that Binomial(400, 0.1) allows both ways at
+    the 0.001 level; a variance that is too large (a test that never fires) fails that as surely as a too-small
+    one fails the first."""
+    rng = np.random.default_rng(11)
+    pool = (simulated(rng, "x", 400, dataset="easy", mean=0.8) + simulated(rng, "x", 400, dataset="hard", mean=2.0,
+                                                                          start=400))
+    names = ["P0", "P1", "P2", "P3"]
+    trials, alarms, small_p = 400, 0, 0
+    for t in range(trials):
+        labels = rng.integers(0, len(names), len(pool))
+        report = audit([replace(r, provider=names[k]) for r, k in zip(pool, labels)])
+        alarms += bool(report.suspects)
+        small_p += report.provider("P0").p < 0.1
+    high = next(k for k in range(trials) if binomial_sf(k + 1, trials, 0.01) < 1e-3)
+    low = next(k for k in range(trials) if binomial_sf(k, trials, 0.1) < 1 - 5e-4) - 1
+    top = next(k for k in range(trials) if binomial_sf(k + 1, trials, 0.1) < 5e-4)
+    print(f"false alarms {alarms}/{trials} (bound {high}); P0 raw p < 0.1: {small_p}/{trials} ({low}..{top})")
+    assert alarms <= high
+    assert low <= small_p <= top
+
+
+# -- outliers ------------------------------------------------------------------------------------------
+def test_a_junk_sample_is_an_outlier_and_long_hard_prompts_are_not():
+    rng = np.random.default_rng(6)
+    rows = simulated(rng, "A", 100) + simulated(rng, "B", 100, shift=1.0)  # B shifted as a whole
+    junk = ScoreRow("junk", "D", "B", T1, SampleScore(300, 300 * 9.0, 300 * 85.0, 14.0, (0,) * len(HIST_EDGES)))
+    found = sample_outliers(rows + [junk])
+    assert [o.id for o in found] == ["junk"]
+    o = found[0]
+    assert (o.provider, o.dataset, o.tokens, o.mean_nll) == ("B", "D", 300, 9.0) and o.score > 6
+    report = audit(rows + [junk])
+    assert report.to_publish()["outliers"] == ["junk"]
+    assert list(report.outlier_table().columns[:5]) == ["id", "provider", "dataset", "sampling", "tokens"]
+
+
+# -- the report's forms ---------------------------------------------------------------------------------
+def test_publish_table_and_plot():
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rng = np.random.default_rng(8)
+    report = audit(simulated(rng, "A", 100) + simulated(rng, "B", 100) + simulated(rng, "C", 100, shift=0.5)
+                   + simulated(rng, "solo", 30, dataset="other"))
+    doc = json.loads(json.dumps(report.to_publish(), allow_nan=False))  # plain JSON, no NaN
+    assert doc["significance"] == 0.01 and set(doc["providers"]) == {"A", "B", "C", "solo"}
+    for p in doc["providers"].values():
+        assert {"samples", "tokens", "mean_nll", "ci_low", "ci_high", "verdict"} <= set(p)
+        assert p["verdict"] in ("consistent", "suspect")
+    assert doc["providers"]["solo"]["z"] is None and doc["suspects"] == ["C"]
+    table = report.table()
+    assert list(table.index) == ["A", "B", "C", "solo"]
+    assert {"diff", "z", "p", "p_adjusted", "verdict", "evidence"} <= set(table.columns)
+    ax = plot_audit(report)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["A", "B", "C", "solo"]
+    assert [t.get_text() for t in ax.texts] == ["suspect"]
+
+
+# -- routing around a suspect ------------------------------------------------------------------------------
+def emulator_decision(tmp_path):
+    """The emulator's catalog as its /endpoints route lists it (display name + `slug/quantization` tag), decided
+    by the default policy and saved where generation reads it."""
+    from eagledata.emulator.catalog import default_endpoints
+    from eagledata.openrouter import Catalog, PrecisionPolicy, decide
+
+    listing = [{"provider_name": e.provider, "tag": e.tag, "quantization": e.quantization,
+                "pricing": {"prompt": str(e.price_prompt), "completion": str(e.price_completion)},
+                "status": e.status, "supported_parameters": list(e.supported_parameters)} for e in default_endpoints()]
+    cat = Catalog("moonshotai/kimi-k2.5", "emulator", "now", listing)
+    return decide(cat.model, cat.normalized(), PrecisionPolicy.for_model(cat.model)).save(tmp_path / "params")
+
+
+def test_a_suspect_is_ignored_in_routing_with_its_evidence(tmp_path):
+    from eagledata.emulator.catalog import default_endpoints, route
+    from eagledata.emulator.requests import parse_provider
+    from eagledata.openrouter import RoutingDecision, ignore_in_routing
+
+    path = emulator_decision(tmp_path)
+    before = RoutingDecision.load(path)
+    assert route(default_endpoints(), parse_provider(before.provider)).endpoints[0].provider == "Chutes"  # cheapest
+    rng = np.random.default_rng(9)
+    report = audit(simulated(rng, "Chutes", 120, shift=0.5) + simulated(rng, "DeepInfra", 120)
+                   + simulated(rng, "Moonshot AI", 120))
+    assert report.suspects == ["Chutes"]
+
+    after = ignore_in_routing(report, path)
+    loaded = RoutingDecision.load(path)
+    assert loaded == after
+    assert loaded.provider["ignore"] == sorted([*before.provider["ignore"], "chutes/int4"])
+    assert {k: v for k, v in loaded.provider.items() if k != "ignore"} == \
+        {k: v for k, v in before.provider.items() if k != "ignore"}
+    chutes = [x for x in loaded.excluded if x.provider == "Chutes"]
+    assert len(chutes) == 1 and chutes[0].tag == "chutes/int4" and chutes[0].quantization == "int4"
+    assert chutes[0].reason == report.exclusions()["Chutes"] and "z = " in chutes[0].reason
+    assert loaded.excluded[:len(before.excluded)] == before.excluded
+    assert "Chutes" not in loaded.eligible_providers and len(loaded.eligible) == len(before.eligible) - 1
+    # the next generation run's requests no longer reach it (the emulator routes as OpenRouter does)
+    assert all(e.provider != "Chutes" for e in route(default_endpoints(), parse_provider(loaded.provider)).endpoints)
+    # again: nothing more to do, the file stays as it is
+    text = path.read_text()
+    ignore_in_routing(report, path)
+    assert path.read_text() == text and yaml.safe_load(text)["provider"]["ignore"] == loaded.provider["ignore"]
+
+
+def test_routing_refuses_a_provider_it_does_not_know(tmp_path):
+    from eagledata.openrouter import ignore_in_routing
+
+    path = emulator_decision(tmp_path)
+    text = path.read_text()
+    with pytest.raises(InputError, match=r"kimi-k2.5.yaml field 'provider': provider 'Nobody' is not in the routing"):
+        ignore_in_routing({"DeepInfra": "audit", "Nobody": "audit"}, path)
+    assert path.read_text() == text  # refused before anything is written
+    with pytest.raises(InputError, match="give a reason"):
+        ignore_in_routing(["DeepInfra"], path)
+    ignore_in_routing(["deepinfra"], path, reason="by hand")  # a name as OpenRouter reports it, any case
+    assert "deepinfra/int4" in yaml.safe_load(path.read_text())["provider"]["ignore"]
+
+
+# -- the honest test: providers that sample from tiny models -----------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_providers():
+    """48 prompts of 8 tokens, answered by A and B from the target (head scaled x20, temperature 1) and by C from
+    a copy rounded to 3 bits; outputs cut to 16..48 tokens; plus one junk sample of A (random ids as output)."""
+    import torch
+
+    from audit_providers import peaked_target, rounded_copy, sample_provider, score_with_target
+    from eagledata.training import Sample
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model's ops are too small for threads; on 2 busy cores they only contend
+    try:
+        target = peaked_target(vocab_size=512, head_scale=20.0)
+        degraded = rounded_copy(target, bits=3)
+        gen = torch.Generator().manual_seed(1)
+        prompts = torch.randint(0, 512, (48, 8), generator=gen).tolist()
+        lengths = torch.randint(16, 49, (48,), generator=gen).tolist()
+        samples = []
+        for name, model, seed in [("A", target, 1), ("B", target, 2), ("C", degraded, 3)]:
+            samples += sample_provider(model, prompts, name, new_tokens=48, lengths=lengths, seed=seed)
+        junk = torch.randint(0, 512, (40,), generator=gen).tolist()
+        samples.append(Sample("A-junk", "T1", prompts[0] + junk, [0] * 8 + [1] * 40, False, provider="A",
+                              sampling=samples[0].sampling))
+        return score_with_target(target, samples)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_audit_finds_the_degraded_provider_among_tiny_models(tiny_providers):
+    """At significance 0.01 with 48 samples (~1,500 scored tokens) per provider: C is suspect, A and B are not,
+    and the junk sample is the one outlier."""
+    rows = tiny_providers
+    report = audit(rows)
+    table = report.table()
+    print(table[["samples", "tokens", "mean_nll", "diff", "z", "p_adjusted", "verdict"]].to_string())
+    assert report.suspects == ["C"]
+    assert report.provider("C").diff > 0 and report.provider("C").p_adjusted < 1e-3
+    assert report.provider("A").tested and report.provider("B").tested
+    assert report.to_publish()["outliers"] == ["A-junk"]
+    assert all(table.loc[p, "samples"] == 48 for p in "BC") and table.loc["A", "samples"] == 49
+    # without the junk sample, A and B are as alike as two faithful providers should be
+    clean = audit([r for r in rows if r.id != "A-junk"])
+    assert clean.suspects == ["C"] and abs(clean.provider("A").z) < 2 and clean.outliers == ()
