@@ -316,6 +316,9 @@ def test_the_audit_finds_the_degraded_provider_among_tiny_models(tiny_providers)
     assert report.provider("A").tested and report.provider("B").tested
     assert report.to_publish()["outliers"] == ["A-junk"]
     assert all(table.loc[p, "samples"] == 48 for p in "BC") and table.loc["A", "samples"] == 49
-    # without the junk sample, A and B are as alike as two faithful providers should be
+    # without the junk sample, A and B are as alike as two faithful providers should be, and C stands out more
     clean = audit([r for r in rows if r.id != "A-junk"])
     assert clean.suspects == ["C"] and abs(clean.provider("A").z) < 2 and clean.outliers == ()
+    assert clean.provider("C").z > 2 * report.provider("C").z
+    dropped = audit(rows, AuditPolicy(drop_outliers=True))  # the same, the junk still listed
+    assert dropped.provider("C").z == pytest.approx(clean.provider("C").z) and dropped.outliers == report.outliers
