@@ -14,13 +14,12 @@ from typing import Sequence
 import torch
 
 from eagledata.training import Sample
-from eagledata.training.scoring import ScoreRow, score_sample, scored_targets
 from eagledata.training.tiny import build_tiny_model
 
 SAMPLING = json.dumps({"temperature": 1.0}, sort_keys=True, separators=(",", ":"))
 
 
-def peaked_target(*, vocab_size: int = 512, hidden_size: int = 64, num_layers: int = 2, head_scale: float = 12.0,
+def peaked_target(*, vocab_size: int = 512, hidden_size: int = 64, num_layers: int = 4, head_scale: float = 20.0,
                   seed: int = 0) -> torch.nn.Module:
     """A tiny Llama whose LM head is scaled by `head_scale`, so its next-token distributions are peaked."""
     model = build_tiny_model("llama", vocab_size=vocab_size, hidden_size=hidden_size, num_layers=num_layers,
@@ -65,18 +64,3 @@ def sample_provider(model: torch.nn.Module, prompts: Sequence[Sequence[int]], pr
         samples.append(Sample(f"{provider}-{i}", dataset, list(prompt) + output, [0] * len(prompt) + [1] * len(output),
                               False, provider=provider, sampling=sampling))
     return samples
-
-
-@torch.no_grad()
-def score_with_target(target: torch.nn.Module, samples: Sequence[Sample]) -> list[ScoreRow]:
-    """The target's float32 log-softmax of each sample's scored tokens (`scoring.scored_targets`' positions), one
-    right-padded forward (causal: padding after a sample does not change its logits), then `score_sample`."""
-    width = max(len(s) for s in samples)
-    ids = torch.tensor([s.input_ids + [0] * (width - len(s)) for s in samples])
-    logprobs = torch.log_softmax(target(ids).logits.float(), dim=-1)
-    where, targets, counts = scored_targets(samples)
-    rows = torch.tensor([w[0] for w in where])
-    cols = torch.tensor([w[1] for w in where])
-    picked = logprobs[rows, cols, torch.tensor(targets)]
-    scores = [score_sample(chunk) for chunk in torch.split(picked, counts)]
-    return [ScoreRow(s.id, s.dataset, s.provider, s.sampling, sc) for s, sc in zip(samples, scores)]

@@ -277,13 +277,15 @@ def test_routing_refuses_a_provider_it_does_not_know(tmp_path):
 
 # -- the honest test: providers that sample from tiny models -----------------------------------------------
 @pytest.fixture(scope="module")
-def tiny_providers():
+def tiny_providers(tmp_path_factory):
     """48 prompts of 8 tokens, answered by A and B from the target (head scaled x20, temperature 1) and by C from
-    a copy rounded to 3 bits; outputs cut to 16..48 tokens; plus one junk sample of A (random ids as output)."""
+    a copy rounded to 3 bits; outputs cut to 16..48 tokens; plus one junk sample of A (random ids as output).
+    Scored as the pipeline scores them: extraction with the target writes scores.jsonl."""
     import torch
 
-    from audit_providers import peaked_target, rounded_copy, sample_provider, score_with_target
-    from eagledata.training import Sample
+    from audit_providers import peaked_target, rounded_copy, sample_provider
+    from eagledata.training import ExtractOptions, Sample, extract
+    from eagledata.training.scoring import read_scores
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model's ops are too small for threads; on 2 busy cores they only contend
@@ -299,7 +301,10 @@ def tiny_providers():
         junk = torch.randint(0, 512, (40,), generator=gen).tolist()
         samples.append(Sample("A-junk", "T1", prompts[0] + junk, [0] * 8 + [1] * 40, False, provider="A",
                               sampling=samples[0].sampling))
-        return score_with_target(target, samples)
+        result = extract(samples, tmp_path_factory.mktemp("audit"), "tiny", target, progress=False,
+                         options=ExtractOptions(max_tokens_per_batch=4096))
+        assert result.complete
+        return read_scores(result.directory)
     finally:
         torch.set_num_threads(threads)
 
@@ -316,9 +321,14 @@ def test_the_audit_finds_the_degraded_provider_among_tiny_models(tiny_providers)
     assert report.provider("A").tested and report.provider("B").tested
     assert report.to_publish()["outliers"] == ["A-junk"]
     assert all(table.loc[p, "samples"] == 48 for p in "BC") and table.loc["A", "samples"] == 49
-    # without the junk sample, A and B are as alike as two faithful providers should be, and C stands out more
+    # what an export of the set then leaves out: C's samples and the junk one, with the evidence as the reason
+    exclude = report.to_exclude()
+    left_out = exclude.decide([r.id for r in rows], rows)
+    assert set(left_out) == {r.id for r in rows if r.provider == "C"} | {"A-junk"}
+    assert exclude.reason.startswith("C: fidelity audit: mean NLL under the target higher") and "1 outlier" in exclude.reason
+    # without the junk sample, A and B are as alike as two faithful providers should be
     clean = audit([r for r in rows if r.id != "A-junk"])
+    print(clean.table()[["samples", "tokens", "mean_nll", "diff", "z", "df", "p_adjusted", "verdict"]].to_string())
     assert clean.suspects == ["C"] and abs(clean.provider("A").z) < 2 and clean.outliers == ()
-    assert clean.provider("C").z > 2 * report.provider("C").z
     dropped = audit(rows, AuditPolicy(drop_outliers=True))  # the same, the junk still listed
     assert dropped.provider("C").z == pytest.approx(clean.provider("C").z) and dropped.outliers == report.outliers

@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..settings import Settings, setting
-from .scoring import ScoreRow
+from .scoring import ExcludeSamples, ScoreRow
 
 Verdict = Literal["consistent", "suspect"]
 UNKNOWN_PROVIDER = "(unknown)"  # rows whose records do not say who served them
@@ -130,6 +130,15 @@ class AuditReport:
     def exclusions(self) -> dict[str, str]:
         """{suspect provider: its evidence}: what `routing.ignore_in_routing` writes as the reasons."""
         return {p.provider: f"fidelity audit: {p.evidence}" for p in self.providers if p.verdict == "suspect"}
+
+    def to_exclude(self, outliers: bool = True) -> ExcludeSamples:
+        """What an export (`convert(..., exclude=)`) should leave out: every sample of the suspects and, with
+        `outliers`, the outlier samples; the reason says why, with the evidence."""
+        ids = tuple(o.id for o in self.outliers) if outliers else ()
+        parts = [f"{p}: {why}" for p, why in self.exclusions().items()]
+        if ids:
+            parts.append(f"{len(ids)} outlier samples (robust z beyond {self.policy.outlier_threshold:g})")
+        return ExcludeSamples(providers=tuple(self.suspects), ids=ids, reason="; ".join(parts))
 
     def to_publish(self) -> dict[str, Any]:
         """Plain JSON (NaN as None): what a notebook publishes and a test or a later stage reads."""
@@ -311,8 +320,8 @@ def audit(rows: Iterable[ScoreRow], policy: AuditPolicy | None = None) -> AuditR
     """Per provider: mean NLL with its CI, the stratified difference from the other providers, Holm-corrected
     verdicts with their evidence; and the outlier samples. Rows with no scored token are left out.
 
-    One junk sample widens its pool's variance a lot (in the tiny-model test it takes the degraded provider's z
-    from 12 to 4.7); `policy.drop_outliers` tests without the listed outliers."""
+    One junk sample can widen its pool's variance a lot (so lower the power against the others);
+    `policy.drop_outliers` tests without the listed outliers."""
     policy = policy or AuditPolicy()
     rows = [r for r in rows if r.score.tokens > 0]
     if not rows:
