@@ -384,16 +384,27 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
 
     model_dir = tmp_path / "tiny-kimi"
     model = build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
+    # two providers served the records, so the audit has someone to compare each with
+    labelled = tmp_path / "records.jsonl"
+    labelled.write_text("".join(json.dumps({**json.loads(line), "provider": "AB"[i % 2]}) + "\n"
+                                for i, line in enumerate(records_file.read_text().splitlines())))
+    records_file = labelled
     # run_notebook directly: the execute_notebook fixture's own `name` argument shadows the notebook's
     parameters = dict(datasets=[str(records_file)], output_dir=str(tmp_path / "out"), name="demo",
                       model=str(model_dir), tokenizer=str(tokenizer_dir), layout="specforge",
-                      max_tokens_per_batch=512, device="cpu")
+                      max_tokens_per_batch=512, device="cpu", min_provider_samples=2)
     out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path,
                        project_root=tmp_path)
     results = read_results(out)
     assert results["verified_samples"] == 12 and results["assembly"]["samples"] == 12
     assert results["extraction"]["complete"] and results["extraction"]["extracted"] == 12
     assert results["exports"]["speculators"].endswith("speculators.jsonl")
+    audit = results["audit"]  # the fidelity audit over the set's scores.jsonl: a verdict per provider
+    assert audit["significance"] == 0.01 and set(audit["providers"]) == {"A", "B"}
+    for p in audit["providers"].values():
+        assert p["samples"] == 6 and p["tested"] and p["verdict"] in ("consistent", "suspect")
+        assert p["ci_low"] <= p["mean_nll"] <= p["ci_high"]
+    assert isinstance(audit["outliers"], list)
     text = cell_outputs_text(out)
     assert "WARNING" not in text
     # the memory plans, before loading: the tiny model fits; K2.5 INT4 on 8×96 GB does not through transformers
