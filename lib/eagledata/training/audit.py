@@ -30,7 +30,7 @@ the OpenRouter one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from statistics import NormalDist
 from typing import Any, Iterable, Literal, Sequence
 
@@ -99,6 +99,8 @@ class ProviderAudit:
 
 @dataclass(frozen=True)
 class Outlier:
+    """A sample far outside its own (provider, dataset, sampling) group: garbage, a cut stream, a wrong model."""
+
     id: str
     provider: str
     dataset: str
@@ -111,6 +113,8 @@ class Outlier:
 
 @dataclass(frozen=True)
 class AuditReport:
+    """What `audit` found: per provider (sorted by name) and the outlier samples (most extreme first)."""
+
     significance: float
     pooled_mean_nll: float
     providers: tuple[ProviderAudit, ...]
@@ -159,14 +163,13 @@ class AuditReport:
         """One row per provider (pandas), the verdict and its evidence last."""
         import pandas as pd
 
-        rows = [{k: v for k, v in p.__dict__.items()} for p in self.providers]
-        return pd.DataFrame(rows).set_index("provider")
+        return pd.DataFrame([asdict(p) for p in self.providers]).set_index("provider")
 
     def outlier_table(self):
         import pandas as pd
 
         cols = ["id", "provider", "dataset", "sampling", "tokens", "mean_nll", "group_median", "score"]
-        return pd.DataFrame([o.__dict__ for o in self.outliers], columns=cols)
+        return pd.DataFrame([asdict(o) for o in self.outliers], columns=cols)
 
 
 # -- the statistics (pure) --------------------------------------------------------------------------------
@@ -385,7 +388,9 @@ def audit(rows: Iterable[ScoreRow], policy: AuditPolicy | None = None) -> AuditR
         c = final[p]
         is_tested = p in adjusted or p in suspects
         verdict: Verdict = "suspect" if p in suspects else "consistent"
-        evidence = _evidence(name, c, first[p], is_tested, verdict, adjusted.get(p, math.nan), alpha,
+        others = cells[[j for j in range(len(names)) if j != p], :, _K].sum(axis=0) > 0  # [strata]
+        shared = int(cells[p, others, _K].sum())  # its samples in strata another provider served too
+        evidence = _evidence(name, c, first[p], shared, is_tested, verdict, adjusted.get(p, math.nan), alpha,
                              policy.min_provider_samples, [names[j] for j in suspects])
         nan = math.nan
         providers.append(ProviderAudit(
@@ -400,14 +405,14 @@ def audit(rows: Iterable[ScoreRow], policy: AuditPolicy | None = None) -> AuditR
     return AuditReport(alpha, pooled, tuple(providers), outliers, policy)
 
 
-def _evidence(name: str, c: _Comparison | None, first: _Comparison | None, tested: bool, verdict: Verdict,
-              p_adj: float, alpha: float, min_samples: int, suspects: list[str]) -> str:
+def _evidence(name: str, c: _Comparison | None, first: _Comparison | None, shared: int, tested: bool,
+              verdict: Verdict, p_adj: float, alpha: float, min_samples: int, suspects: list[str]) -> str:
     """The verdict's reason as one sentence with its numbers."""
-    if first is None:
+    if not shared:
         return "no other provider to compare with (alone in every dataset and sampling setting it served)"
-    if not tested and first.samples < min_samples:
-        return (f"not tested: {first.samples} samples in strata shared with other providers, "
-                f"{min_samples} needed")
+    if first is None or (not tested and first.samples < min_samples):
+        return (f"not tested: {first.samples if first else 0} comparable samples, {min_samples} needed (of its "
+                f"{shared} in strata shared with other providers; a stratum needs 2 on each side)")
     if not tested or c is None:
         return ("not tested: its only comparison was with providers found suspect "
                 f"({', '.join(s for s in suspects if s != name)})")
