@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from statistics import NormalDist
 from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
@@ -217,60 +216,18 @@ def ratio_estimate(m: np.ndarray) -> Ratio:
     return Ratio(r, float(rss / (n * n)), float(max(min(effective, k) - 1, 1.0)))
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """The incomplete beta's continued fraction (modified Lentz), for `t_sf`."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for aa in (m * (b - m) * x / ((a - 1 + 2 * m) * (a + 2 * m)),
-                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 1 + 2 * m))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta I_x(a, b) (no scipy in the project's dependencies)."""
-    if x <= 0:
-        return 0.0
-    if x >= 1:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1) / (a + b + 2):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1 - x) / b
-
-
 def t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's t with `df` degrees of freedom (the normal's beyond 1e7)."""
-    if not math.isfinite(t):
-        return 0.0
-    if df > 1e7 or not math.isfinite(df):
-        return math.erfc(abs(t) / math.sqrt(2))
-    return _betainc(df / 2, 0.5, df / (df + t * t))
+    """P(|T| >= |t|) for Student's t with `df` degrees of freedom."""
+    from scipy.stats import t as student_t
+
+    return 0.0 if not math.isfinite(t) else float(2 * student_t.sf(abs(t), df))
 
 
 def t_quantile(level: float, df: float) -> float:
-    """The t such that P(|T| < t) = level: the normal quantile with its first Cornish-Fisher term, then Newton."""
-    z = NormalDist().inv_cdf((1 + level) / 2)
-    if df > 1e7 or not math.isfinite(df):
-        return z
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    t = z + (z ** 3 + z) / (4 * df)
-    for _ in range(50):
-        density = math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))
-        step = (t_two_sided_p(t, df) - (1 - level)) / (2 * density)
-        t = max(t + step, t / 2)
-        if abs(step) < 1e-12 * t:
-            break
-    return t
+    """The t such that P(|T| < t) = level."""
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf((1 + level) / 2, df))
 
 
 @dataclass(frozen=True)

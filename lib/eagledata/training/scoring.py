@@ -121,7 +121,7 @@ def output_head(model: torch.nn.Module) -> torch.nn.Module:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None:
         raise InputError(f"{type(model).__name__} has no LM head (get_output_embeddings): the audit needs it; "
-                         "set audit=false to extract without scoring", field="audit")
+                         "set score=false to extract without scoring", field="score")
     return head
 
 
@@ -170,7 +170,7 @@ def read_scores(path: str | Path) -> list[ScoreRow]:
     if path.is_dir():
         path = path / SCORES_FILE
     if not path.is_file():
-        raise InputError("no scores: the set was extracted with audit=false, or is not finished", path)
+        raise InputError("no scores: the set was extracted with score=false, or is not finished", path)
     return list(_rows(path))
 
 
