@@ -392,7 +392,7 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
     # run_notebook directly: the execute_notebook fixture's own `name` argument shadows the notebook's
     parameters = dict(datasets=[str(records_file)], output_dir=str(tmp_path / "out"), name="demo",
                       model=str(model_dir), tokenizer=str(tokenizer_dir), layout="specforge",
-                      max_tokens_per_batch=512, device="cpu", min_provider_samples=2)
+                      max_tokens_per_batch=512, device="cpu", min_provider_samples=2, export_layout="specforge")
     out = run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb", parameters, cwd=tmp_path,
                        project_root=tmp_path)
     results = read_results(out)
@@ -405,6 +405,12 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
         assert p["samples"] == 6 and p["tested"] and p["verdict"] in ("consistent", "suspect")
         assert p["ci_low"] <= p["mean_nll"] <= p["ci_high"]
     assert isinstance(audit["outliers"], list)
+    assert results["scoring_cost_k25"]["ratio"] < 0.05
+    # acting on it: the audited export leaves out exactly the suspects' samples and the outliers
+    export = results["audited_export"]
+    gone = {s for s in audit["outliers"]} | {f"r{i}" for i in range(12) if "AB"[i % 2] in audit["suspects"]}
+    assert export["excluded"]["samples"] == len(gone) and set(export["excluded"]["excluded_ids"]) == gone
+    assert HiddenStates(export["directory"]).ids == [f"r{i}" for i in range(12) if f"r{i}" not in gone]
     text = cell_outputs_text(out)
     assert "WARNING" not in text
     # the memory plans, before loading: the tiny model fits; K2.5 INT4 on 8×96 GB does not through transformers

@@ -32,7 +32,7 @@ from ..paths import HiddenStateFiles, hidden_state_files
 from ..settings import Settings, nested, setting
 from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
 from .assembly import AssemblyPolicy, Sample
-from .audit import AuditPolicy
+from .audit import AuditActions, AuditPolicy
 from .layers import resolve_layers, vllm_layer_ids
 from .memory import Devices, MemoryPlan, model_config
 from .models import load_model
@@ -488,3 +488,4 @@ class HiddenStatesConfig(Settings):
     job: ExtractionJob = nested(ExtractionJob)
     assembly: AssemblyPolicy = nested(AssemblyPolicy)
     audit: AuditPolicy = nested(AuditPolicy)
+    act: AuditActions = nested(AuditActions)
