@@ -18,6 +18,11 @@ from .models import load_model
 from .quantized import KIMI_K25_QUANTIZATION_CONFIG
 
 TINY_FAMILIES = ("llama", "deepseek_v3", "kimi_k25")
+# A DeepseekV3 with K2.5's MLA dimensions and routing method (tiny otherwise): for the real-vLLM tests, not in
+# TINY_FAMILIES (its attention alone outweighs the other tiny models).
+K25_MLA_FAMILY = "deepseek_v3_k25_mla"
+K25_MLA = dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+               n_group=2, topk_group=1, routed_scaling_factor=2.827, norm_topk_prob=True)
 
 
 def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, vocab_size: int = 163_840) -> Any:
@@ -36,11 +41,17 @@ def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, voca
                     qk_nope_head_dim=8, v_head_dim=hidden_size // heads)
     if family == "deepseek_v3":
         return DeepseekV3Config(**deepseek)
+    if family == K25_MLA_FAMILY:
+        # K2.5's attention and routing with few heads, experts and layers: what an engine must run for K2.5
+        # (vLLM's CPU MLA takes kv_lora_rank + qk_rope_head_dim in {320, 512, 576}: K2.5's is 576).
+        # topk_method/scoring_func are K2.5's; vLLM loads `e_score_correction_bias` only with noaux_tc and
+        # defaults to softmax scoring, while transformers' DeepseekV3 always routes with sigmoid + that bias.
+        return DeepseekV3Config(**dict(deepseek, **K25_MLA), topk_method="noaux_tc", scoring_func="sigmoid")
     if family == "kimi_k25":
         return Kimi_K25Config(text_config=dict(model_type="deepseek_v3", **deepseek),
                               vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                  intermediate_size=64), projection_hidden_size=32)
-    raise InputError(f"unknown family {family!r}; one of {TINY_FAMILIES}", field="family")
+    raise InputError(f"unknown family {family!r}; one of {(*TINY_FAMILIES, K25_MLA_FAMILY)}", field="family")
 
 
 def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: int = 0, **config: Any) -> nn.Module:
