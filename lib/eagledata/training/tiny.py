@@ -25,8 +25,11 @@ K25_MLA = dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_
                n_group=2, topk_group=1, routed_scaling_factor=2.827, norm_topk_prob=True)
 
 
-def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, vocab_size: int = 163_840) -> Any:
-    """A small random-weight config of a supported family, sized for Kimi ids (tests, demo, bench)."""
+def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, vocab_size: int = 163_840,
+                k25_attention: bool = False) -> Any:
+    """A small random-weight config of a supported family, sized for Kimi ids (tests, demo, bench).
+    `k25_attention` (DeepseekV3-style families): K2.5's MLA dimensions and routing method (`K25_MLA`), what a
+    serving engine's MLA kernels accept (`K25_MLA_FAMILY` is deepseek_v3 with it)."""
     from transformers import DeepseekV3Config, LlamaConfig
     from transformers.models.kimi_k25 import Kimi_K25Config
 
@@ -39,14 +42,14 @@ def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, voca
                     num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
                     q_lora_rank=hidden_size // 2, kv_lora_rank=hidden_size // 4, qk_rope_head_dim=8,
                     qk_nope_head_dim=8, v_head_dim=hidden_size // heads)
-    if family == "deepseek_v3":
-        return DeepseekV3Config(**deepseek)
-    if family == K25_MLA_FAMILY:
+    if k25_attention or family == K25_MLA_FAMILY:
         # K2.5's attention and routing with few heads, experts and layers: what an engine must run for K2.5
         # (vLLM's CPU MLA takes kv_lora_rank + qk_rope_head_dim in {320, 512, 576}: K2.5's is 576).
         # topk_method/scoring_func are K2.5's; vLLM loads `e_score_correction_bias` only with noaux_tc and
         # defaults to softmax scoring, while transformers' DeepseekV3 always routes with sigmoid + that bias.
-        return DeepseekV3Config(**dict(deepseek, **K25_MLA), topk_method="noaux_tc", scoring_func="sigmoid")
+        deepseek.update(K25_MLA, topk_method="noaux_tc", scoring_func="sigmoid")
+    if family in ("deepseek_v3", K25_MLA_FAMILY):
+        return DeepseekV3Config(**deepseek)
     if family == "kimi_k25":
         return Kimi_K25Config(text_config=dict(model_type="deepseek_v3", **deepseek),
                               vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
