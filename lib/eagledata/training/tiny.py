@@ -85,6 +85,31 @@ def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: 
     return model
 
 
+# K2.5's own config.json names its class so (vLLM's registry too); transformers 5.23 saves `Kimi_K25…`.
+K25_ARCHITECTURE = "KimiK25ForConditionalGeneration"
+
+
+def k25_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5.23's reverse key mapping writes the text decoder's layers as `blocks` (its rule for the
+    vision encoder's blocks catches them too); K2.5's files and the forward mapping say `layers`."""
+    return {re.sub(r"^language_model\.model\.blocks\.", "language_model.model.layers.", k): v
+            for k, v in state.items()}
+
+
+def as_k25_files(directory: str | Path) -> None:
+    """A saved tiny kimi_k25 rewritten to K2.5's own names (tensor keys, `architectures`), what a serving engine
+    that reads K2.5 expects (vLLM's `KimiK25ForConditionalGeneration`); transformers loads either."""
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(directory)
+    for path in sorted(directory.glob("*.safetensors")):
+        save_file(k25_keys(load_file(str(path))), str(path), metadata={"format": "pt"})
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["architectures"] = [K25_ARCHITECTURE]
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+
+
 # -- the tiny INT4 checkpoint: a tiny kimi_k25 in K2.5's format (tests, and the first check on a GPU node) --
 # Checkpoint keys of the routed experts (per-expert Linear weights, the layout K2.5 and save_pretrained write).
 ROUTED_EXPERT_KEY = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj\.weight$")
@@ -150,10 +175,7 @@ def write_int4_checkpoint(model: nn.Module, directory: str | Path,
     out: dict[str, torch.Tensor] = {}
     dequantized: dict[str, torch.Tensor] = {}
     packed_bytes = weights = 0
-    # transformers 5.23's reverse key mapping writes the text decoder's layers as `blocks` (its rule for the
-    # vision encoder's blocks catches them too); K2.5's files and the forward mapping say `layers`.
-    state = {re.sub(r"^language_model\.model\.blocks\.", "language_model.model.layers.", k): v
-             for k, v in state.items()}
+    state = k25_keys(state)
     for key, tensor in state.items():
         if not ROUTED_EXPERT_KEY.match(key):
             out[key] = tensor
