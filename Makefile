@@ -46,7 +46,7 @@ $(VLLM_STAMP): tests/vllm/requirements.txt
 test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP)
 	EAGLEDATA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
-		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/test_vllm_real.py
+		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/test_vllm_real.py tests/test_vllm_audit.py
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.

@@ -42,6 +42,24 @@ def rounded_copy(model: torch.nn.Module, bits: int) -> torch.nn.Module:
     return degraded
 
 
+def three_providers(*, prompts: int = 48, bits: int = 3, seed: int = 1) -> tuple[torch.nn.Module, list[Sample]]:
+    """The audit's honest case: `prompts` prompts of 8 tokens, answered by A and B from the target (head scaled
+    x20, temperature 1) and by C from a copy rounded to `bits` bits, outputs cut to 16..48 tokens; plus one junk
+    sample of A (random ids as output). Returns the target and the samples (A, B, C, then the junk one)."""
+    target = peaked_target(vocab_size=512, head_scale=20.0)
+    degraded = rounded_copy(target, bits=bits)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 512, (prompts, 8), generator=gen).tolist()
+    lengths = torch.randint(16, 49, (prompts,), generator=gen).tolist()
+    samples = []
+    for name, model, s in [("A", target, 1), ("B", target, 2), ("C", degraded, 3)]:
+        samples += sample_provider(model, ids, name, new_tokens=48, lengths=lengths, seed=s)
+    junk = torch.randint(0, 512, (40,), generator=gen).tolist()
+    samples.append(Sample("A-junk", "T1", ids[0] + junk, [0] * 8 + [1] * 40, False, provider="A",
+                          sampling=samples[0].sampling))
+    return target, samples
+
+
 @torch.no_grad()
 def sample_provider(model: torch.nn.Module, prompts: Sequence[Sequence[int]], provider: str, *, new_tokens: int,
                     lengths: Sequence[int] | None = None, seed: int = 0, dataset: str = "T1",

@@ -301,24 +301,14 @@ def tiny_providers(tmp_path_factory):
     Scored as the pipeline scores them: extraction with the target writes scores.jsonl."""
     import torch
 
-    from audit_providers import peaked_target, rounded_copy, sample_provider
-    from eagledata.training import ExtractOptions, Sample, extract
+    from audit_providers import three_providers
+    from eagledata.training import ExtractOptions, extract
     from eagledata.training.scoring import read_scores
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model's ops are too small for threads; on 2 busy cores they only contend
     try:
-        target = peaked_target(vocab_size=512, head_scale=20.0)
-        degraded = rounded_copy(target, bits=3)
-        gen = torch.Generator().manual_seed(1)
-        prompts = torch.randint(0, 512, (48, 8), generator=gen).tolist()
-        lengths = torch.randint(16, 49, (48,), generator=gen).tolist()
-        samples = []
-        for name, model, seed in [("A", target, 1), ("B", target, 2), ("C", degraded, 3)]:
-            samples += sample_provider(model, prompts, name, new_tokens=48, lengths=lengths, seed=seed)
-        junk = torch.randint(0, 512, (40,), generator=gen).tolist()
-        samples.append(Sample("A-junk", "T1", prompts[0] + junk, [0] * 8 + [1] * 40, False, provider="A",
-                              sampling=samples[0].sampling))
+        target, samples = three_providers()
         result = extract(samples, tmp_path_factory.mktemp("audit"), "tiny", target, progress=False,
                          options=ExtractOptions(max_tokens_per_batch=4096))
         assert result.complete
