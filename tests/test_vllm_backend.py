@@ -31,6 +31,7 @@ from eagledata.training import ExtractionJob, ExtractOptions, HiddenStates, Samp
 from eagledata.training.layers import eagle3_layers, manifest_layers, vllm_layer_ids
 from eagledata.training.vllm_backend import FinalNorm, VllmError, VllmOptions, public_url, vllm_serve_command
 from eagledata.training.models import find_decoder
+from eagledata.training.scoring import read_scores
 from eagledata.training.tiny import build_tiny_model
 
 L, H = 8, 64
@@ -50,18 +51,23 @@ class FakeVllm:
         self.write_delay_s = 0.02
         self.auth: str | None = None
 
-    def states(self, ids: list[int]) -> torch.Tensor:
-        """[T, len(layer_ids), H] in bf16, vLLM's numbering."""
+    def states(self, ids: list[int]) -> tuple[torch.Tensor, list]:
+        """[T, len(layer_ids), H] in bf16, vLLM's numbering, and the prompt's log-probabilities as vLLM's
+        `prompt_logprobs: 0` gives them (None first, then {token id as a string: {logprob, rank, decoded_token}})."""
         last: list[torch.Tensor] = []
         hook = self.decoder.layers[-1].register_forward_hook(
             lambda m, a, out: last.append(out[0] if isinstance(out, (tuple, list)) else out))
         try:
             with torch.inference_mode():
-                hs = self.model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+                out = self.model(torch.tensor([ids]), output_hidden_states=True)
         finally:
             hook.remove()
+        hs = out.hidden_states
         cols = [last[0][0] if i == L else hs[i][0] for i in self.layer_ids]
-        return torch.stack(cols, 1).to(torch.bfloat16)
+        lp = torch.log_softmax(out.logits[0].float(), -1)
+        logprobs = [None] + [{str(t): {"logprob": float(lp[j - 1, t]), "rank": 1, "decoded_token": None}}
+                             for j, t in enumerate(ids) if j]
+        return torch.stack(cols, 1).to(torch.bfloat16), logprobs
 
     def app(self):
         from starlette.applications import Starlette
@@ -90,7 +96,7 @@ class FakeVllm:
             self.storage.mkdir(parents=True, exist_ok=True)
             lock = os.open(str(path) + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
             fcntl.flock(lock, fcntl.LOCK_EX)  # held until the file is complete, as the connector does
-            states = self.states(prompt)
+            states, logprobs = self.states(prompt)
 
             def write() -> None:
                 from safetensors.torch import save_file
@@ -107,7 +113,8 @@ class FakeVllm:
             return JSONResponse({
                 "id": req_id, "object": "text_completion", "created": int(time.time()), "model": self.served,
                 "choices": [{"index": 0, "text": "x", "finish_reason": "length", "logprobs": None,
-                             "prompt_token_ids": echoed, "token_ids": [0]}],
+                             "prompt_token_ids": echoed, "token_ids": [0],
+                             "prompt_logprobs": logprobs if body.get("prompt_logprobs") is not None else None}],
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": len(prompt) + 1},
                 "kv_transfer_params": {"hidden_states_path": str(path)}})
 
@@ -271,6 +278,11 @@ def test_vllm_states_equal_the_transformers_path(layout, checkpoint, server, sam
         torch.testing.assert_close(y.final_hidden_state.float(), x.final_hidden_state.float(), rtol=1.6e-2,
                                    atol=1e-2)
     assert not list((server.fake.storage).glob("*")), "the client removes each file and its lock once read"
+    # the scores, from prompt_logprobs in the same requests, are the transformers path's (both float32 here)
+    ra, rb = read_scores(ref.directory), read_scores(got.directory)
+    assert [r.id for r in rb] == [r.id for r in ra] and m["scoring"]["scored_samples"] == len(samples)
+    for x, y in zip(ra, rb):
+        assert y.score.tokens == x.score.tokens and y.score.nll_sum == pytest.approx(x.score.nll_sum, rel=1e-4)
 
 
 def test_fp8_storage_and_the_final_norm(checkpoint, server, samples, tmp_path):
