@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import InputError
 from ..settings import Settings, setting
 from .scoring import ExcludeSamples, ScoreRow
+from .storage import LayoutName
 
 Verdict = Literal["consistent", "suspect"]
 UNKNOWN_PROVIDER = "(unknown)"  # rows whose records do not say who served them
@@ -76,7 +77,7 @@ class AuditActions(Settings):
 
     routing_file: str | None = setting(None, "audit: a routing decision (params/routing/<model>.yaml) to write the "
                                              "suspects into (provider.ignore, evidence as the reason); None: leave it")
-    export_layout: Literal["eagledata", "speculators", "specforge"] | None = setting(
+    export_layout: LayoutName | None = setting(
         None, "audit: export the set without the suspects' samples and the outliers as <name>-audited in this "
               "layout (the manifest's `excluded` says what and why); None: no export")
 
