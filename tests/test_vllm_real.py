@@ -183,6 +183,20 @@ class Recording(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
+# -- the CPU stand-ins refuse any other connector -------------------------------------------------------------
+def test_the_stand_ins_refuse_a_changed_connector_or_another_vllm():
+    from vllm_server.harness import vllm_python
+
+    done = subprocess.run([vllm_python(), str(ROOT / "tests" / "vllm_server" / "check_stand_ins.py")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["shipped"] == "ok"
+    assert "ExampleHiddenStatesConnector.get_finished changed" in said["changed"]
+    assert "'torch.cuda.synchronize': 1" in said["changed"]  # the new CUDA call is named
+    assert "vLLM is 0.33.0, the stand-ins were checked against 0.32.0" in said["other_version"]
+
+
 # -- states, every layout -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_states_equal_the_transformers_path(target, layout, tmp_path):
