@@ -34,6 +34,13 @@ from its code (not copied):
   file into `hidden_states[:, :-1]` (aux) and `[:, -1]` (its `verifier_norm` then normalizes it:
   `train/data.py`, `models/eagle3/core.py`), so the server's last state is `pre_norm`. A layout that wants
   `post_norm` gets the checkpoint's final RMSNorm applied here (`FinalNorm`).
+- **The target's log-probabilities** (the audit's `score`; vLLM `entrypoints/openai/completion/protocol.py`,
+  `gpu_model_runner._get_prompt_logprobs_dict`): the same request adds `prompt_logprobs: 0`; the answer's
+  `choices[0].prompt_logprobs` holds, per position after the first, the sent token's raw float32 log-probability
+  (`scored_logprobs`). Such a request skips vLLM's prefix cache and makes it compute the lm_head at every position.
+- **Several servers**: one client and `server_concurrency` workers per server, all taking samples from one queue.
+
+Checked against a real vLLM 0.32.0 on CPU by `make test-vllm` (tests/test_vllm_real.py).
 """
 from __future__ import annotations
 
