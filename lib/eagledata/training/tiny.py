@@ -26,10 +26,12 @@ K25_MLA = dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_
 
 
 def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, vocab_size: int = 163_840,
-                k25_attention: bool = False) -> Any:
+                k25_shape: bool = False) -> Any:
     """A small random-weight config of a supported family, sized for Kimi ids (tests, demo, bench).
-    `k25_attention` (DeepseekV3-style families): K2.5's MLA dimensions and routing method (`K25_MLA`), what a
-    serving engine's MLA kernels accept (`K25_MLA_FAMILY` is deepseek_v3 with it)."""
+    `k25_shape` (DeepseekV3-style families): K2.5's MLA dimensions and routing method (`K25_MLA`), what a
+    serving engine's MLA kernels accept (`K25_MLA_FAMILY` is deepseek_v3 with it), and for kimi_k25 K2.5's
+    untied lm_head (Kimi_K25Config defaults to tied: its checkpoint then has no lm_head, which vLLM's
+    KimiK25ForConditionalGeneration, reading the text config's `tie_word_embeddings: false`, leaves unloaded)."""
     from transformers import DeepseekV3Config, LlamaConfig
     from transformers.models.kimi_k25 import Kimi_K25Config
 
@@ -42,7 +44,7 @@ def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, voca
                     num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
                     q_lora_rank=hidden_size // 2, kv_lora_rank=hidden_size // 4, qk_rope_head_dim=8,
                     qk_nope_head_dim=8, v_head_dim=hidden_size // heads)
-    if k25_attention or family == K25_MLA_FAMILY:
+    if k25_shape or family == K25_MLA_FAMILY:
         # K2.5's attention and routing with few heads, experts and layers: what an engine must run for K2.5
         # (vLLM's CPU MLA takes kv_lora_rank + qk_rope_head_dim in {320, 512, 576}: K2.5's is 576).
         # topk_method/scoring_func are K2.5's; vLLM loads `e_score_correction_bias` only with noaux_tc and
@@ -53,7 +55,8 @@ def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, voca
     if family == "kimi_k25":
         return Kimi_K25Config(text_config=dict(model_type="deepseek_v3", **deepseek),
                               vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                 intermediate_size=64), projection_hidden_size=32)
+                                                 intermediate_size=64), projection_hidden_size=32,
+                              **({"tie_word_embeddings": False} if k25_shape else {}))
     raise InputError(f"unknown family {family!r}; one of {(*TINY_FAMILIES, K25_MLA_FAMILY)}", field="family")
 
 
@@ -89,11 +92,22 @@ def build_tiny_model(family: str, directory: str | Path | None = None, *, seed: 
 K25_ARCHITECTURE = "KimiK25ForConditionalGeneration"
 
 
+# transformers 5.23's reverse key mapping (save_pretrained) writes some kimi_k25 keys under other names than K2.5's
+# files use, and its forward mapping reads either: the text decoder's layers as `blocks` (its rule for the vision
+# encoder's blocks catches them too), the patch embedding inside the encoder, the projector's norm under `model.`.
+K25_KEYS = ((r"^language_model\.model\.blocks\.", "language_model.model.layers."),
+            (r"^vision_tower\.encoder\.patch_embed\.", "vision_tower.patch_embed."),
+            (r"^model\.mm_projector\.", "mm_projector."))
+
+
 def k25_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """transformers 5.23's reverse key mapping writes the text decoder's layers as `blocks` (its rule for the
-    vision encoder's blocks catches them too); K2.5's files and the forward mapping say `layers`."""
-    return {re.sub(r"^language_model\.model\.blocks\.", "language_model.model.layers.", k): v
-            for k, v in state.items()}
+    """The tensors of a saved tiny kimi_k25 under K2.5's own names."""
+    out = {}
+    for key, value in state.items():
+        for pattern, name in K25_KEYS:
+            key = re.sub(pattern, name, key)
+        out[key] = value
+    return out
 
 
 def as_k25_files(directory: str | Path) -> None:

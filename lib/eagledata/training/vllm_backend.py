@@ -34,6 +34,13 @@ from its code (not copied):
   file into `hidden_states[:, :-1]` (aux) and `[:, -1]` (its `verifier_norm` then normalizes it:
   `train/data.py`, `models/eagle3/core.py`), so the server's last state is `pre_norm`. A layout that wants
   `post_norm` gets the checkpoint's final RMSNorm applied here (`FinalNorm`).
+- **The target's log-probabilities** (the audit's `score`; vLLM `entrypoints/openai/completion/protocol.py`,
+  `gpu_model_runner._get_prompt_logprobs_dict`): the same request adds `prompt_logprobs: 0`; the answer's
+  `choices[0].prompt_logprobs` holds, per position after the first, the sent token's raw float32 log-probability
+  (`scored_logprobs`). Such a request skips vLLM's prefix cache and makes it compute the lm_head at every position.
+- **Several servers**: one client and `server_concurrency` workers per server, all taking samples from one queue.
+
+Checked against a real vLLM 0.32.0 on CPU by `make test-vllm` (tests/test_vllm_real.py).
 """
 from __future__ import annotations
 
@@ -160,12 +167,13 @@ class FinalNorm:
 class VllmOptions(Settings):
     """How to reach the server and how hard to push it (backend = vllm only)."""
 
-    server: str | list[str] | None = setting(
-        None, "vllm backend: the server's URL, e.g. http://gpu-node:8000/v1; several (a list, or several values "
-              "on the command line): one vllm serve each, every one kept busy", cli_many=True)
+    # One URL or several (a list; several values on the command line): one vllm serve each, all kept busy. The
+    # help stays one URL's: it is the notebook's parameters cell, which its owner regenerates.
+    server: str | list[str] | None = setting(None, "vllm backend: the server's URL, e.g. http://gpu-node:8000/v1",
+                                             cli_many=True)
     server_api_key_env: str = setting("VLLM_API_KEY", "vllm backend: the key (vllm serve --api-key) is read from "
                                                       "this variable when set, never stored")
-    server_concurrency: int = setting(32, "vllm backend: requests in flight, per server")
+    server_concurrency: int = setting(32, "vllm backend: requests in flight")  # per server
     server_timeout_s: float = setting(120.0, "vllm backend: one request, and the wait for its file")
     server_attempts: int = setting(4, "vllm backend: tries per sample on connection errors, 5xx and 429")
     server_retry_s: float = setting(1.0, "vllm backend: backoff base (jittered, x2 per attempt, at most 30 s; "
