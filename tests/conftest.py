@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,15 @@ def tokenizer_dir() -> Path:
     if missing:
         pytest.fail(f"tokenizer files {missing} missing from {path} (bundled in lib/eagledata/text/assets/)")
     return path
+
+
+@pytest.fixture(scope="session")
+def interop_python() -> str:
+    """The speculators environment (`make test-interop` builds it): the interop and vllm tests run its reader."""
+    python = os.environ.get("EAGLEDATA_INTEROP_PYTHON", str(ROOT / ".venv-interop" / "bin" / "python"))
+    if not Path(python).is_file():
+        pytest.fail(f"no interop environment at {python}: run `make test-interop`")
+    return python
 
 
 @pytest.fixture(scope="session")

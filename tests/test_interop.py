@@ -6,7 +6,6 @@ yields are compared here with a batch-1 transformers reference. SpecForge (sglan
 installed: its reader is reproduced in tests/specforge_reader.py and covered in test_hidden_states.py.
 """
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -23,14 +22,6 @@ pytestmark = pytest.mark.interop
 ROOT = Path(__file__).resolve().parents[1]
 H, L = 64, 8
 LAYERS = [2, 4, 5]
-
-
-@pytest.fixture(scope="module")
-def interop_python() -> str:
-    python = os.environ.get("EAGLEDATA_INTEROP_PYTHON", str(ROOT / ".venv-interop" / "bin" / "python"))
-    if not Path(python).is_file():
-        pytest.fail(f"no interop environment at {python}: run `make test-interop`")
-    return python
 
 
 def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, tok, tmp_path):

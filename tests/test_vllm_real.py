@@ -344,14 +344,6 @@ def test_two_servers_share_a_run_and_resume_across_a_change_in_their_number(llam
 
 
 # -- speculators' own reader on a set made through vLLM ------------------------------------------------------
-@pytest.fixture(scope="module")
-def interop_python() -> str:
-    python = os.environ.get("EAGLEDATA_INTEROP_PYTHON", str(ROOT / ".venv-interop" / "bin" / "python"))
-    if not Path(python).is_file():
-        pytest.fail(f"no interop environment at {python}: run `make test-interop`")
-    return python
-
-
 def test_speculators_arrowdataset_reads_a_set_made_through_vllm(llama, interop_python, tmp_path):
     got = extract_with_vllm(SAMPLES, tmp_path, "spec", llama.directory, vllm=vllm_options(llama.server),
                             options=ExtractOptions(layout="speculators"), progress=False)
