@@ -169,11 +169,12 @@ class VllmOptions(Settings):
 
     # One URL or several (a list; several values on the command line): one vllm serve each, all kept busy. The
     # help stays one URL's: it is the notebook's parameters cell, which its owner regenerates.
-    server: str | list[str] | None = setting(None, "vllm backend: the server's URL, e.g. http://gpu-node:8000/v1",
-                                             cli_many=True)
+    server: str | list[str] | None = setting(
+        None, "vllm backend: the server's URL, e.g. http://gpu-node:8000/v1; several (a list, or several values "
+              "on the command line): one vllm serve each, every one kept busy", cli_many=True)
     server_api_key_env: str = setting("VLLM_API_KEY", "vllm backend: the key (vllm serve --api-key) is read from "
                                                       "this variable when set, never stored")
-    server_concurrency: int = setting(32, "vllm backend: requests in flight")  # per server
+    server_concurrency: int = setting(32, "vllm backend: requests in flight, per server")
     server_timeout_s: float = setting(120.0, "vllm backend: one request, and the wait for its file")
     server_attempts: int = setting(4, "vllm backend: tries per sample on connection errors, 5xx and 429")
     server_retry_s: float = setting(1.0, "vllm backend: backoff base (jittered, x2 per attempt, at most 30 s; "
