@@ -56,7 +56,10 @@ def headline(name: str, r: dict) -> str:
         return r["report"]["verdict"]
     if name == "hidden_states":
         e = r["extraction"]
-        return f"{e['tokens']:,} tokens of {r['assembly']['samples']} samples stored, {r['verified_samples']} verified"
+        audit = r.get("audit") or {}
+        verdicts = ", ".join(f"{who} {p['verdict']}" for who, p in (audit.get("providers") or {}).items())
+        return (f"{e['tokens']:,} tokens of {r['assembly']['samples']} samples stored, {r['verified_samples']} verified"
+                + (f"; fidelity audit: {verdicts}, {len(audit['outliers'])} outliers" if verdicts else ""))
     return ""
 
 
