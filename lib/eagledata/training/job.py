@@ -66,7 +66,7 @@ class ExtractOptions(Settings):
     score: bool = setting(True, "score every output token under the target while extracting (scores.jsonl, "
                                 "the provider-fidelity audit's input; ~4 % of a K2.5 forward)")
     score_chunk_tokens: int = setting(DEFAULT_CHUNK_TOKENS, "transformers backend: scored tokens per LM-head chunk "
-                                                            "(extra peak: chunk x vocab x 6 bytes)")
+                                                            "(extra peak: chunk x vocab x 8 bytes)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
