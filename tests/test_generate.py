@@ -360,24 +360,75 @@ def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path):
     assert run["wasted_usd"] == pytest.approx(run["charged_usd"] - run["recorded_usd"]) and run["wasted_usd"] > 0
 
 
-def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tmp_path):
+def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tok, tmp_path):
+    """A bug (here in the model call; a policy's arithmetic takes the same way) stops issuing as a first Ctrl-C does:
+    the answers in flight are still recorded, the summary names the error, nothing is raised into the notebook, and
+    the next run finishes every prompt exactly once."""
     from eagledata.generation.store import Store
+
+    import asyncio
 
     reset(emu, seed=16)
     calls = []
 
-    async def broken(client, body):
+    async def broken(client, body):  # every answer takes 0.3 s; the fifth call fails 0.05 s in, with 3 in flight
         calls.append(1)
         if len(calls) == 5:
+            await asyncio.sleep(0.05)
             raise RuntimeError("boom")
+        await asyncio.sleep(0.3)
         return await complete(client, body)
 
     datasets = make_dataset(tmp_path, 50)
-    with pytest.raises(RuntimeError, match="boom"):
-        run_sync(run_generation(config(emu, tmp_path, datasets, concurrency=4), complete_fn=broken), "run_generation")
-    summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
-    assert summary["stop_reason"] == "error: RuntimeError: boom" and 1 <= summary["records"] < 50
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets, concurrency=4), complete_fn=broken),
+                       "run_generation")
+    assert summary["stop_reason"] == "error: RuntimeError: boom"
+    on_disk = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
+    assert on_disk["stop_reason"] == summary["stop_reason"]
+    # the three other slots had answers in flight when the fifth call failed: they were recorded, not dropped
+    assert 4 + 3 <= summary["records"] < 50 and summary["remaining"] == 50 - summary["records"]
     Store.open(dataset_dir(tmp_path)).close()  # the lock was released
+    again = generate(config(emu, tmp_path, datasets, concurrency=4))
+    assert again["stop_reason"] == "completed"
+    records, failures = check_exactly_once(tok, tmp_path, 50)
+    assert len(records) == 50 and not failures
+
+
+def test_retries_due_at_once_keep_pacing_exact(emu, tok, tmp_path):
+    """Hundreds of idle slots and retries due at once (no Retry-After, a 0.1 ms backoff): a retry is taken by another
+    slot only after its own slot let go of it. (Pushed earlier, it was counted as given back twice; pacing's count of
+    requests about to start went negative, and its upper bound took the square root of a negative variance.)"""
+    reset(emu, speed=0.01, seed=21, faults={"bad_gateway": 0.3, "unavailable": 0.1, "timeout": 0.1})
+    datasets = make_dataset(tmp_path, 150)
+    summary = generate(config(emu, tmp_path, datasets, concurrency=400, retry_base_s=1e-4, max_attempts=60,
+                              target_output_tokens=10 ** 9))
+    assert summary["stop_reason"] == "completed", summary["stop_reason"]
+    assert summary["run"]["retried"] > 100
+    records, failures = check_exactly_once(tok, tmp_path, 150)
+    assert len(records) == 150 and not failures
+
+
+@pytest.mark.parametrize("money", ["cap", "reserve"])
+def test_a_money_stop_with_every_prompt_taken_says_so(emu, tok, tmp_path, money):
+    """More slots than prompts: every prompt is taken at once and most wait for money. Those given back unstarted
+    are still to do: the stop reason names the money, never `completed`, and a later run finishes them."""
+    reset(emu, seed=22, speed=0.02, balance=0.03 if money == "reserve" else 1000)
+    datasets = make_dataset(tmp_path, 300)
+    kw = dict(max_spend_usd=0.01) if money == "cap" else dict(reserve_usd=0.02)
+    summary = generate(config(emu, tmp_path, datasets, concurrency=500, target_output_tokens=10 ** 9, **kw))
+    assert summary["stop_reason"] == {"cap": "max_spend_reached", "reserve": "balance_reserve_reached"}[money]
+    assert 0 < summary["records"] < 300 and summary["remaining"] == 300 - summary["records"] - summary["failures"]
+    left = summary["run"]["money_left"]  # how much was left when issuing stopped, and why
+    assert 0 <= left["usd"] <= left["limit_usd"] and left["why"]
+    if money == "cap":
+        assert left["limit_usd"] == pytest.approx(0.01)
+    assert emu.stats()["charged_usd"] <= (0.01 if money == "cap" else 0.03 - 0.02) + 1e-12
+    if money == "reserve":
+        emu.topup(5.0)
+    again = generate(config(emu, tmp_path, datasets, concurrency=500, target_output_tokens=10 ** 9))
+    assert again["stop_reason"] == "completed"
+    records, failures = check_exactly_once(tok, tmp_path, 300)
+    assert len(records) + len(failures) == 300
 
 
 def test_headless_run_logs_a_status_line_every_interval(emu, tmp_path, caplog):

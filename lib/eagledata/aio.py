@@ -15,6 +15,8 @@ def run_sync(coro: Coroutine[Any, Any, T], async_name: str) -> T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(coro)
-    coro.close()
-    raise RuntimeError(f"an event loop is running (Jupyter?): use `await {async_name}(...)` instead")
+        pass  # no loop: run it here (outside the except, so its errors do not carry this one as their context)
+    else:
+        coro.close()
+        raise RuntimeError(f"an event loop is running (Jupyter?): use `await {async_name}(...)` instead")
+    return asyncio.run(coro)

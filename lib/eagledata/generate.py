@@ -11,6 +11,7 @@ import sys
 
 from .errors import run_command
 from .generation import GenerateConfig, run_generation
+from .generation.policy import ERROR_PREFIX
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,13 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     GenerateConfig.add_arguments(parser)
     cfg = GenerateConfig.from_args(parser.parse_args(argv))
 
-    def run() -> None:
+    def run() -> int:
         summary = asyncio.run(run_generation(cfg))
         per = summary.get("datasets", {summary.get("dataset"): summary})
         if "datasets" in summary:
             print(f"{len(per)} datasets: {_line(summary)}")
         for name, s in per.items():
             print(f"{name}: {_line(s)}")
+        return 1 if summary["stop_reason"].startswith(ERROR_PREFIX) else 0  # stopped cleanly, but on a bug
 
     return run_command("generate", run)
 

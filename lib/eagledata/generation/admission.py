@@ -12,6 +12,19 @@ unconditional mean under-books them about twofold. It comes from a Kaplan–Meie
 run's finished attempts, with the requests in flight as censored at their age; mass beyond the longest
 finished attempt costs the prior's tail (earlier records of the dataset, else the budget model's guess).
 A request's cost is bounded by b, so the margin needs no distributional assumption beyond independence.
+
+That margin is loose when few requests are in flight: its first term (b × ln(1/p) / 3, about 4.6 worst cases at
+1e-6) says "one request may cost its bound", so near the end of the money it admits only what every worst case
+covers and the last few percent trickle out a handful at a time (measured: the run's end at ~3× the ideal). So a
+request is also admitted when a Chernoff bound on the same estimate says the same risk holds:
+
+    P(Σ C_i > money left) ≤ min over θ of exp(−θ·left + Σ log E[e^{θ C_i} | age_i]) ≤ p,
+
+with E[e^{θC} | age] from the same Kaplan–Meier estimate (mass beyond the longest finished attempt at the prior's
+tail), mixed with one pseudo-answer that cost its full bound (ε = 1/(events + 1)), so that an estimate that has seen
+no worst case still grants one; the shared error of the estimated means is taken off the money left first, as in
+the Bernstein check. Each bound is valid on its own, so a request that passes either (or strict) is admitted.
+`trickle` says when the money left, once what is in flight settles, buys too few requests to be worth waiting for.
 """
 from __future__ import annotations
 
@@ -24,16 +37,20 @@ import numpy as np
 BudgetMode = Literal["portfolio", "strict"]
 MAX_EVENTS = 100_000      # finished attempts the estimate keeps (the newest)
 PRIOR_WEIGHT = 30         # pseudo-observations the prior is worth in the estimation-error term
+# The Chernoff bound's θ grid, in units of 1 / (the largest bound): θ·b up to 200 keeps e^{θC} finite in float64
+# and covers the optimum from thousands of requests in flight (small θ) down to one (θ·b ≈ ln(1/p) and beyond).
+THETA_GRID = np.geomspace(0.02, 200.0, 40)
 
 
 @dataclass
 class Flight:
-    """One request in flight as admission sees it; `mean`/`var` are refreshed as it ages."""
+    """One request in flight as admission sees it; `mean`/`var`/`log_mgf` are refreshed as it ages."""
 
     started: float
     bound: float
     mean: float
     var: float
+    log_mgf: np.ndarray | None = None  # log E[e^{θC} | age] per θ (the Chernoff bound)
 
 
 class AgeModel:
@@ -47,9 +64,16 @@ class AgeModel:
         self.prior = prior
         self._prior_suffix1 = np.cumsum(prior[::-1])[::-1]
         self._prior_suffix2 = np.cumsum((prior ** 2)[::-1])[::-1]
+        self.thetas: np.ndarray | None = None
         self.latencies: list[float] = []
         self.sizes: list[float] = []
         self.fit(np.zeros(0))
+
+    def enable_mgf(self, thetas: np.ndarray) -> None:
+        """Also estimate E[e^{θ·size} | age] at these θ from now on (admission's Chernoff bound; pacing needs none)."""
+        self.thetas = np.asarray(thetas, dtype=float)
+        self._prior_mgf_suffix = np.cumsum(np.exp(np.outer(self.thetas, self.prior[::-1])), axis=1)[:, ::-1]
+        self.fit(self._ages)
 
     @property
     def events(self) -> int:
@@ -71,8 +95,17 @@ class AgeModel:
         k = self.prior.size - i
         return float(self._prior_suffix1[i] / k), float(self._prior_suffix2[i] / k)
 
+    def _tail_mgf(self, floor: float) -> np.ndarray:
+        """E[e^{θ·size}] of the prior above `floor`, per θ (its top sample when none is above)."""
+        assert self.thetas is not None
+        i = int(np.searchsorted(self.prior, floor, "left"))
+        if i >= self.prior.size:
+            return np.exp(self.thetas * max(float(self.prior[-1]), floor))
+        return self._prior_mgf_suffix[:, i] / (self.prior.size - i)
+
     def fit(self, in_flight_ages: np.ndarray) -> None:
         """Kaplan–Meier over the finished attempts, the requests now in flight censored at their ages."""
+        self._ages = in_flight_ages
         t = np.asarray(self.latencies[-MAX_EVENTS:], dtype=float)
         c = np.asarray(self.sizes[-MAX_EVENTS:], dtype=float)
         order = np.argsort(t, kind="stable")
@@ -83,6 +116,9 @@ class AgeModel:
             self._suffix1 = self._suffix2 = np.zeros(1)
             self._s_at, self._residual = np.ones(1), 1.0
             self._r = self._tail(0.0)
+            if self.thetas is not None:
+                self._mgf_suffix = np.zeros((self.thetas.size, 1))
+                self._r_mgf = self._tail_mgf(0.0)
             return
         at_risk = (n - np.arange(n)) + (in_flight_ages.size - np.searchsorted(np.sort(in_flight_ages), t, "left"))
         survive = np.cumprod(1.0 - 1.0 / at_risk)
@@ -93,6 +129,11 @@ class AgeModel:
         self._residual = float(survive[-1])
         self._s_at = np.concatenate((before, [self._residual]))
         self._r = self._tail(float(c.max()))
+        if self.thetas is not None:
+            weighted = mass * np.exp(np.outer(self.thetas, c))  # [θ, event]
+            self._mgf_suffix = np.concatenate((np.cumsum(weighted[:, ::-1], axis=1)[:, ::-1],
+                                               np.zeros((self.thetas.size, 1))), axis=1)
+            self._r_mgf = self._tail_mgf(float(c.max()))
 
     def moments(self, ages: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """E[C | A > age] and Var[C | A > age] by the last `fit` (each capped by its bound)."""
@@ -105,6 +146,15 @@ class AgeModel:
         m1 = np.minimum(m1, bounds)
         m2 = np.minimum(np.maximum(m2, m1 * m1), bounds * bounds)
         return m1, m2 - m1 * m1
+
+    def mgf(self, ages: np.ndarray) -> np.ndarray:
+        """E[e^{θ·size} | A > age] by the last `fit`, [len(ages), len(thetas)] (sizes not capped: an upper bound)."""
+        assert self.thetas is not None
+        j = np.searchsorted(self._t, ages, "right")
+        s = self._s_at[j]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            m = (self._mgf_suffix[:, j] + self._residual * self._r_mgf[:, None]) / s
+        return np.where(s > 0, m, self._r_mgf[:, None]).T
 
     def events_beyond(self, ages: np.ndarray) -> np.ndarray:
         """How many finished attempts (of the last `fit`) took longer than each age: what E[· | age] rests on."""
@@ -132,8 +182,12 @@ class Admission:
     flights: dict[int, Flight] = field(default_factory=dict)
     _next: int = 0
     _mean0: tuple[float, float] | None = None  # moments of a new request, cached between refreshes
+    _mgf0: np.ndarray | None = None            # E[e^{θC}] of a new request, cached between refreshes
     _sums: np.ndarray = field(default_factory=lambda: np.zeros(5))  # Σ mean, slack, var, sd, bound
+    _log_mgf: np.ndarray | None = None         # Σ log E[e^{θC_i} | age_i] over the requests in flight
     _largest: float = 0.0
+    _scale: float = 0.0                        # the bound the θ grid is scaled to
+    _now: float = 0.0                          # the last refresh
 
     def __post_init__(self) -> None:
         if not 0 < self.overshoot_probability < 1:
@@ -150,10 +204,95 @@ class Admission:
         return min(m, bound), v
 
     def _add(self, f: Flight, sign: float) -> None:
-        self._sums += sign * np.array([f.mean, f.bound - f.mean, f.var, math.sqrt(f.var), f.bound])
+        # Sums of non-negative terms: float drift below zero is clamped (a negative variance is a math error).
+        self._sums = np.maximum(self._sums + sign * np.array([f.mean, f.bound - f.mean, f.var, math.sqrt(f.var),
+                                                               f.bound]), 0.0)
+        if f.log_mgf is not None and self._log_mgf is not None:  # log E[e^{θC}] >= 0 for C >= 0: clamped as well
+            self._log_mgf = np.maximum(self._log_mgf + sign * f.log_mgf, 0.0)
 
+    # -- the Chernoff bound ------------------------------------------------------------------------------
+    def _use_scale(self, bound: float) -> None:
+        """Scale the θ grid to the bounds admitted (once; again only if a bound is far past it)."""
+        if self.mode == "strict" or self._scale and bound <= 2 * self._scale:
+            return
+        self._scale = max(bound, self._scale)
+        self.model.enable_mgf(THETA_GRID / self._scale)
+        self._mgf0 = None
+        self._refit_log_mgf(self._now)
+
+    def _epsilon(self) -> float:
+        """Weight of the pseudo-answer that cost its whole bound: one among the answers seen."""
+        return 1.0 / (self.model.events + 1)
+
+    def _log_mgf_of(self, mgf: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+        """log of the estimate mixed with the pseudo-answer at each request's bound ([n, θ] in, [n, θ] out)."""
+        assert self.model.thetas is not None
+        eps = self._epsilon()
+        with np.errstate(divide="ignore"):
+            return np.logaddexp(np.log1p(-eps) + np.log(mgf) if eps < 1 else -np.inf,
+                                math.log(eps) + np.outer(bounds, self.model.thetas))
+
+    def _new_log_mgf(self, bound: float) -> np.ndarray:
+        if self._mgf0 is None:
+            self._mgf0 = self.model.mgf(np.zeros(1))
+        return self._log_mgf_of(self._mgf0, np.array([bound]))[0]
+
+    def _refit_log_mgf(self, now: float) -> None:
+        """Every flight's log E[e^{θC} | age] at `now`, and their sum."""
+        flights = list(self.flights.values())
+        self._log_mgf = np.zeros(THETA_GRID.size)
+        if not flights or self.model.thetas is None:
+            return
+        ages = np.maximum(np.array([now - f.started for f in flights]), 0.0)
+        logs = self._log_mgf_of(self.model.mgf(ages), np.array([f.bound for f in flights]))
+        for f, row in zip(flights, logs):
+            f.log_mgf = row
+        self._log_mgf = logs.sum(axis=0)
+
+    def _estimate_error(self, sds: float) -> float:
+        """The means are estimated: their error is shared by every request in flight (fully correlated)."""
+        return self.z * sds / math.sqrt(self.model.events + PRIOR_WEIGHT)
+
+    def chernoff_fits(self, bound: float, left: float) -> bool:
+        """P(what is in flight plus this request costs more than `left`) <= p by the Chernoff bound."""
+        if self.mode == "strict":
+            return False
+        self._use_scale(bound)
+        _, v = self._new_moments(bound)
+        left -= self._estimate_error(self._sums[3] + math.sqrt(v))
+        if left <= 0 or self._log_mgf is None:
+            return False
+        assert self.model.thetas is not None
+        exponent = -self.model.thetas * left + self._log_mgf + self._new_log_mgf(bound)
+        return float(exponent.min()) <= -self.log_inv_p
+
+    def capacity(self, bound: float, left: float) -> int:
+        """How many new requests of bound `bound`, with nothing else in flight, `left` carries at the set risk:
+        what the money buys once the requests in flight have settled."""
+        if left <= 0:
+            return 0
+        if self.mode == "strict":
+            return int(left // bound)
+        self._use_scale(bound)
+        assert self.model.thetas is not None
+        lam = self._new_log_mgf(bound)
+        err = self._estimate_error(math.sqrt(self._new_moments(bound)[1]))
+        # k requests fit when −θ·(left − k·err) + k·λ(θ) <= −ln(1/p) for some θ.
+        with np.errstate(divide="ignore", invalid="ignore"):
+            k = (self.model.thetas * left - self.log_inv_p) / (lam + self.model.thetas * err)
+        return max(int(left // bound), int(np.nanmax(np.floor(k))) if k.size else 0, 0)
+
+    def trickle(self, bound: float, spent: float, limit: float, min_requests: float) -> bool:
+        """The money left once what is in flight settles (at its expected cost) buys fewer than `min_requests` new
+        requests at the set risk: waiting for it would keep a handful in flight, each a possible straggler of
+        minutes, for a few percent of the money. The caller stops issuing and says how much was left."""
+        left = limit - spent - float(self._sums[0])
+        return self.capacity(bound, left) < min_requests
+
+    # -- admission ------------------------------------------------------------------------------------
     def commitment(self, extra_bound: float | None = None) -> float:
-        """Money the requests in flight (plus one of bound `extra_bound`) may still cost, at the set confidence."""
+        """Money the requests in flight (plus one of bound `extra_bound`) may still cost, at the set confidence
+        (the Bernstein margin; `chernoff_fits` is the other test)."""
         means, slack, variance, sds, bounds = self._sums.tolist()
         largest = self._largest
         if extra_bound is not None:
@@ -165,21 +304,25 @@ class Admission:
             return 0.0
         if self.mode == "strict":
             return bounds
-        # The means are estimated: their error is shared by every request in flight (fully correlated).
-        estimate_error = self.z * sds / math.sqrt(self.model.events + PRIOR_WEIGHT)
-        margin = bernstein_margin(variance, largest, self.log_inv_p) + estimate_error
+        margin = bernstein_margin(variance, largest, self.log_inv_p) + self._estimate_error(sds)
         return means + min(margin, max(0.0, slack))
 
     def fits(self, bound: float, spent: float, limit: float) -> bool:
         """Never less than strict admission: what fits every worst case fits (the margin is capped by the
-        slack, so portfolio's commitment is at most the bounds; the min says so outright)."""
+        slack, so portfolio's commitment is at most the bounds; the min says so outright). Either tail bound
+        (Bernstein's, or Chernoff's on the estimated distribution) passing is enough: each holds the risk alone."""
         strict = self._sums[4] + bound if self.flights else bound
-        return spent + min(self.commitment(bound), strict) <= limit
+        if spent + min(self.commitment(bound), strict) <= limit:
+            return True
+        return self.chernoff_fits(bound, limit - spent)
 
     def start(self, now: float, bound: float) -> int:
         m, v = self._new_moments(bound)
         self._next += 1
         f = self.flights[self._next] = Flight(now, bound, m, v)
+        if self.mode != "strict":
+            self._use_scale(bound)
+            f.log_mgf = self._new_log_mgf(bound)
         self._add(f, 1.0)
         self._largest = max(self._largest, bound)
         return self._next
@@ -191,12 +334,16 @@ class Admission:
         if not self.flights:
             self._sums[:] = 0.0  # no float drift once nothing is in flight
             self._largest = 0.0
+            if self._log_mgf is not None:
+                self._log_mgf[:] = 0.0
         if cost is not None:
             self.model.observe(now - f.started, cost)
 
     def refresh(self, now: float) -> None:
-        """Re-estimate every request in flight at its current age (call a few times a second)."""
-        self._mean0 = None
+        """Re-estimate every request in flight at its current age (call a few times a second). The sums are
+        recomputed from the flights, so no drift outlives a refresh."""
+        self._mean0 = self._mgf0 = None
+        self._now = now
         if self.mode == "strict":
             return
         if not self.flights:
@@ -212,4 +359,5 @@ class Admission:
         self._sums = np.zeros(5)
         for f in flights:
             self._add(f, 1.0)
+        self._refit_log_mgf(now)
         self._largest = float(bounds.max())

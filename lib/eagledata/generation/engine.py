@@ -16,6 +16,7 @@ import asyncio
 import functools
 import heapq
 import itertools
+import logging
 import math
 import signal
 import time
@@ -49,10 +50,12 @@ from .recording import build_record
 from .spender import SpenderLock
 from .store import Store
 
+log = logging.getLogger("eagledata.generate")
+
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
 PRIOR_PROMPT_TOKENS = 500  # the prompt side of the cost prior (small next to the answer)
-TAIL_IN_FLIGHT, TAIL_MONEY = 0.05, 0.02  # stop issuing below 5% of concurrency with under 2% of the money left
-# (at 1% a handful in flight kept being topped up one by one: minutes of crawl for the last 2% of the money)
+TRICKLE = 0.05  # stop issuing once the money left, after what is in flight settles, buys < 5% of concurrency at
+# the set risk (admission.trickle): topping up a handful in flight, one by one, is minutes of crawl for ~2% of the money
 NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
 
 
@@ -84,9 +87,10 @@ class GenerateConfig(Settings):
     retry_base_s: float = setting(1.0, "backoff: base * 2^attempt, full jitter, capped")
     retry_cap_s: float = setting(60.0, "longest backoff")
     request_timeout_s: float = setting(900.0, "client-side timeout of one request")
-    drain_timeout_s: float = setting(60.0, "after a stop signal, in-flight requests get this long")
+    drain_timeout_s: float = setting(60.0, "after a stop signal or an internal error, in-flight requests get this long")
     straggler_wait_s: float | None = setting(
-        120.0, "every target met: answers still in flight get this long (billed either way), then the run ends; None -> all")
+        120.0, "every target met, or the money's end: answers still in flight get this long (billed either way), "
+               "then the run ends; None -> all")
     budget_mode: BudgetMode = setting(
         "portfolio", "portfolio: commit expected cost + a tail margin; strict: every request's worst case")
     overshoot_probability: float = setting(1e-6, "portfolio: chance the requests in flight overshoot the limit")
@@ -140,6 +144,7 @@ class _Item:  # a prompt on its way: due time and sequence order the retry heap
     bound: float = field(default=0.0, compare=False)      # the most one attempt can cost
     last_error: dict | None = field(default=None, compare=False)
     started: bool = field(default=False, compare=False)   # this attempt was sent (pacing counts it in flight)
+    requeue: bool = field(default=False, compare=False)   # to the retry heap once its worker lets go of it
 
 
 @dataclass(eq=False)
@@ -171,6 +176,12 @@ class DatasetRun:
     def idle(self) -> bool:
         """Nothing to send: every prompt finished, or the target met."""
         return not self.scan.pending or self.target_met
+
+    @property
+    def all_finished(self) -> bool:
+        """Every prompt of this run is recorded or failed for good: `completed` is true. (Taken is not finished: a
+        prompt given back unstarted, when the money ran out, is still to do.)"""
+        return len(self.store.done) - self.done_before >= len(self.scan.pending)
 
     @property
     def finished(self) -> bool:
@@ -230,11 +241,15 @@ class Run:
         self.holding = 0          # items in workers' hands (tokenizing, waiting for money, in flight)
         self.stopping = False
         self.stop_reason = ""
-        self._signalled = self._abandoning = False
+        self._signalled = self._abandoning = self._draining = False
+        self._drainer: asyncio.Future | None = None
+        self._workers: list[asyncio.Future] = []
+        self.error: Exception | None = None  # the internal error that stopped the run (summaries say it)
         self._want_reading = False
         self._read_attempt_at = -math.inf
         self._stragglers_since: float | None = None
         self.fatal: Outcome | None = None
+        self.money_left: dict[str, Any] | None = None  # why and with how much money issuing stopped
         self.no_endpoint_streak = 0
         self.timeline: list[list[float]] = []  # the run's own samples (each dataset keeps its own)
         self.t0 = time.monotonic()
@@ -326,7 +341,7 @@ class Run:
                 continue
             if lane.target_met_s is not None:
                 lane.stop_reason = StopReason.TARGET_REACHED
-            elif lane.exhausted and not lane.retries:
+            elif lane.all_finished:
                 lane.stop_reason = StopReason.COMPLETED
         if all(lane.finished for lane in self.lanes.values()):
             reasons = {lane.stop_reason for lane in self.lanes.values()}
@@ -375,11 +390,17 @@ class Run:
                     pass
 
     async def _release(self, item: _Item) -> None:
+        """The worker lets go of `item`. A retry enters the heap only here: pushed earlier, another worker could
+        take it (and reset `started`) before this one let go, and pacing would count it given back twice (its
+        count of taken requests went negative and the square root of a negative variance killed a run)."""
         async with self.cond:
             self.holding -= 1
             item.lane.holding -= 1
             if not item.started:
                 self.pacing.release(item.lane.name)
+            if item.requeue:
+                item.requeue = False
+                heapq.heappush(item.lane.retries, item)
             self._settle_lanes()
             if self.stopping:
                 self.cond.notify_all()
@@ -400,20 +421,25 @@ class Run:
                 limit, spent = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd), self.books.spent()
                 if self.admission.fits(item.bound, spent, limit):
                     return self.admission.start(time.monotonic(), item.bound)
-                dregs = (len(self.admission.flights) < TAIL_IN_FLIGHT * self.cfg.concurrency
-                         and limit - spent < TAIL_MONEY * limit)
-                # Nothing in flight will free money: it is gone. Or only dregs are left, which would keep a
-                # handful of requests in flight, each a possible straggler of minutes: stop issuing. But never
-                # on figures that still hold provisional bookings (unreadable answers at their bound): the
-                # account settles them first.
-                if not self.admission.flights or dregs:
-                    due = self.books.pending_reconciliation()
-                    if due is not None and self._read_attempt_at < due:
-                        self._want_reading = True
-                    else:
-                        self.stop(self._money_stop(limit))
-                        self.cond.notify_all()
-                        return None
+                # It does not fit. Provisional bookings (unreadable answers at their bound) hold money the account
+                # may not have charged: ask for the reading that settles them as soon as it can (the ticker reads
+                # once the newest is older than the account's lag), and never stop on figures that still hold them.
+                due = self.books.pending_reconciliation()
+                if due is not None and self._read_attempt_at < due:
+                    self._want_reading = True
+                # Nothing in flight will free money: it is gone. Or the money left once what is in flight settles
+                # buys only a trickle: stop issuing rather than crawl (the summary says how much was left).
+                elif not self.admission.flights or self.admission.trickle(
+                        item.bound, spent, limit, TRICKLE * self.cfg.concurrency):
+                    self.money_left = {"usd": round(max(0.0, limit - spent), 6), "limit_usd": round(limit, 6),
+                                       "in_flight": len(self.admission.flights),
+                                       "why": "nothing in flight, and one more request does not fit" if not
+                                       self.admission.flights else
+                                       f"once the {len(self.admission.flights)} requests in flight settle, the money "
+                                       f"left buys fewer than {TRICKLE:.0%} of concurrency at the set risk"}
+                    self.stop(self._money_stop(limit))
+                    self.cond.notify_all()
+                    return None
                 await self.cond.wait()
 
     async def _in_pool(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -428,12 +454,31 @@ class Run:
 
     # -- one request ------------------------------------------------------------------------------
     async def worker(self, client: httpx.AsyncClient) -> None:
-        """One concurrency slot: its own connection from `client` (a shard of the pool)."""
-        while (item := await self._take()) is not None:
-            try:
-                await self._work(client, item)
-            finally:
-                await self._release(item)
+        """One concurrency slot: its own connection from `client` (a shard of the pool). A bug here (a policy's
+        arithmetic, a slot's code) stops the run cleanly instead of killing it: see `_failed`."""
+        try:
+            while (item := await self._take()) is not None:
+                try:
+                    await self._work(client, item)
+                finally:
+                    await self._release(item)
+        except Exception as e:
+            await self._failed(e)
+
+    async def _failed(self, error: Exception) -> None:
+        """A bug stopped one slot (or the ticker): stop issuing, as a first Ctrl-C does: the answers in flight are
+        recorded as they come (up to `drain_timeout_s`), the prompt in the slot's hands stays unfinished (the
+        next run sends it), every summary is written, and the stop reason names the error."""
+        if self.error is None:
+            self.error = error
+            log.error("generation: stopping the run on an internal error (every prompt stays recorded, failed or "
+                      "resumable)", exc_info=error)
+        else:
+            log.error("generation: another slot stopped on %s: %s", type(error).__name__, error)
+        self.stop(error_stop(error))
+        self._drain()
+        async with self.cond:
+            self.cond.notify_all()
 
     async def _work(self, client: httpx.AsyncClient, item: _Item) -> None:
         if item.prompt_ids is None:
@@ -534,7 +579,7 @@ class Run:
                     item.due = time.monotonic() + retry_delay(outcome, item.attempts, item.rate_limited,
                                                               base_s=self.cfg.retry_base_s, cap_s=self.cfg.retry_cap_s)
                     item.seq = next(self.seq)
-                    heapq.heappush(lane.retries, item)
+                    item.requeue = True  # `_release` puts it on the heap
                     lane.stats.counts["retried"] += 1
             elif outcome.kind is Kind.FAILED:
                 self._fail(item, item.last_error)
@@ -556,6 +601,12 @@ class Run:
 
     # -- the run ----------------------------------------------------------------------------------
     async def _ticker(self, client: httpx.AsyncClient, workers: list[asyncio.Future]) -> None:
+        try:
+            await self._tick_forever(client, workers)
+        except Exception as e:  # the estimators, the books, the progress view: a bug stops the run cleanly
+            await self._failed(e)
+
+    async def _tick_forever(self, client: httpx.AsyncClient, workers: list[asyncio.Future]) -> None:
         last_account = time.monotonic()
         while True:
             await asyncio.sleep(TICK_S)
@@ -575,9 +626,11 @@ class Run:
                 self.cond.notify_all()
 
     def _watch_stragglers(self, now: float, workers: list[asyncio.Future]) -> None:
-        """Every target met: the answers still in flight get `straggler_wait_s` (they are billed either way and
-        kept when they come), then the run ends without them."""
-        if self.stopping or not self.holding or not self._only_stragglers() or self.cfg.straggler_wait_s is None:
+        """Issuing is over — every target met, or the money's end — and answers are still in flight: they get
+        `straggler_wait_s` (they are billed either way and kept when they come), then the run ends without them."""
+        money = self.stop_reason in (StopReason.MAX_SPEND_REACHED, StopReason.BALANCE_RESERVE_REACHED)
+        over = money if self.stopping else self._only_stragglers()
+        if not over or not self.holding or self.cfg.straggler_wait_s is None or self._abandoning:
             self._stragglers_since = None
             return
         if self._stragglers_since is None:
@@ -586,7 +639,7 @@ class Run:
             self._abandoning = True
             for lane in self.lanes.values():
                 lane.stats.abandoned = lane.holding
-            self.stop(StopReason.TARGET_REACHED)
+            self.stop(StopReason.TARGET_REACHED)  # a money stop keeps its reason: the first stop wins
             for w in workers:
                 w.cancel()
 
@@ -622,20 +675,23 @@ class Run:
             self.progress = make_progress(self._snapshot(), interval_s=self.cfg.status_interval_s)
         workers = [asyncio.ensure_future(self.worker(clients[i])) for i in range(self.cfg.concurrency)]
         ticker = asyncio.ensure_future(self._ticker(clients[0], workers))
-        restore = _install_signal_handlers(lambda: self._on_signal(workers))
-        error: BaseException | None = None
+        restore = _install_signal_handlers(self._on_signal)
+        self._workers = workers
+        cancelled: asyncio.CancelledError | None = None
         try:
             await asyncio.gather(*workers, return_exceptions=False)
-        except (asyncio.CancelledError, Exception) as e:  # a bug in one slot must not leave 1,999 running
-            self.stop(StopReason.INTERRUPTED if isinstance(e, asyncio.CancelledError) else error_stop(e))
+        except asyncio.CancelledError as e:  # the drain ran out, a second signal, the stragglers abandoned, or ours
+            self.stop(StopReason.INTERRUPTED)
             for w in workers:
                 w.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
-            if not (isinstance(e, asyncio.CancelledError) and (self._signalled or self._abandoning)):
-                error = e
+            if not (self._draining or self._abandoning):
+                cancelled = e  # the caller cancelled us: raised once the summaries are written
         finally:
             restore()
             ticker.cancel()
+            if self._drainer is not None:
+                self._drainer.cancel()
             if self.paid and not self.idle:  # the account after the last answer: what the run was charged
                 await self._read_account(clients[0])
             for lane in self.lanes.values():
@@ -651,29 +707,35 @@ class Run:
         for lane in self.lanes.values():
             summaries[lane.name] = self._dataset_summary(lane)
             lane.store.write_summary(summaries[lane.name])
-        summary = summaries[self.cfg.dataset] if self.single else self._run_summary(summaries)
-        if error is not None:
-            raise error
-        return summary
+        if cancelled is not None:
+            raise cancelled
+        return summaries[self.cfg.dataset] if self.single else self._run_summary(summaries)
 
-    def _on_signal(self, workers: list[asyncio.Future]) -> None:
+    def _on_signal(self) -> None:
         """First signal: stop issuing, let in-flight requests finish (up to drain_timeout_s).
         Second signal, or the drain running out: abandon what is in flight."""
         if self._signalled:
-            for w in workers:
+            for w in self._workers:
                 w.cancel()
             return
         self._signalled = True
         self.stop(StopReason.INTERRUPTED)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Stop issuing and give the requests in flight `drain_timeout_s` to come back, then abandon them."""
+        if self._draining:
+            return
+        self._draining = True
 
         async def drain() -> None:
             async with self.cond:
                 self.cond.notify_all()
             await asyncio.sleep(self.cfg.drain_timeout_s)
-            for w in workers:
+            for w in self._workers:
                 w.cancel()
 
-        asyncio.ensure_future(drain())
+        self._drainer = asyncio.ensure_future(drain())
 
     # -- summaries --------------------------------------------------------------------------------
     def _run_settings(self) -> dict[str, Any]:
@@ -708,7 +770,7 @@ class Run:
             routing={"provider": self.routing.provider, "source": self.routing.source})
 
     def _money_extra(self) -> dict[str, Any]:
-        return {"foreign_usd": round(self.books.foreign_usd, 8)}
+        return {"foreign_usd": round(self.books.foreign_usd, 8), "money_left": self.money_left}
 
     def _concurrency_changes(self) -> list:
         return [[round(t - self.t0, 1), round(share, 3), round(limit)]

@@ -85,7 +85,7 @@ class Lane:
         n_new = self.waiting + extra
         var = self._sums[1] + n_new * v0
         estimate_error = self._sums[2] + n_new * _error(v0, self.estimator.events)
-        return self.expected() + extra * m0 + Z * math.sqrt(var + estimate_error ** 2)
+        return self.expected() + extra * m0 + Z * math.sqrt(max(0.0, var) + estimate_error ** 2)
 
     def progress(self) -> float:
         """How far along: expected ÷ target, or (for no target) prompts taken ÷ prompts."""
@@ -140,11 +140,17 @@ class Pacing:
 
     def release(self, name: str) -> None:
         """A taken item goes back unstarted (money gone, the run stopping)."""
-        self.lanes[name].waiting -= 1
+        self._untake(self.lanes[name], "given back")
+
+    @staticmethod
+    def _untake(lane: Lane, what: str) -> None:
+        if lane.waiting <= 0:  # the caller's books are wrong: say so (the engine stops cleanly) rather than drift
+            raise ValueError(f"pacing: {lane.name}: a request {what} that was never taken")
+        lane.waiting -= 1
 
     def start(self, name: str, now: float) -> int:
         lane = self.lanes[name]
-        lane.waiting -= 1
+        self._untake(lane, "started")
         m, v = lane.new_moments()
         self._next += 1
         lane.flights[self._next] = [now, m, v, _error(v, lane.estimator.events)]
@@ -192,7 +198,10 @@ def _error(variance: float, events: int) -> float:
 
 
 def _add(lane: Lane, f: list[float], sign: float) -> None:
+    """Running sums of what is in flight, each a sum of non-negative terms: the float drift of adding at start and
+    subtracting at finish (it went below zero in a long run, and the square root of a negative variance killed it)
+    is clamped here, and every `refresh` recomputes the sums from the flights."""
     s = lane._sums
-    s[0] += sign * f[1]
-    s[1] += sign * f[2]
-    s[2] += sign * f[3]
+    s[0] = max(0.0, s[0] + sign * f[1])
+    s[1] = max(0.0, s[1] + sign * f[2])
+    s[2] = max(0.0, s[2] + sign * f[3])
