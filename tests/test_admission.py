@@ -239,3 +239,93 @@ def test_policy_table():
     assert 2.0 <= min(delays) and max(delays) <= 3.0 and len(set(delays)) > 100  # Retry-After, jittered
     assert 8.0 <= retry_delay(ra, 1, 3, base_s=1, cap_s=60, rng=rng) <= 12.0  # doubled for each 429 in a row
     assert retry_delay(ra, 1, 20, base_s=1, cap_s=60, rng=rng) <= 90.0
+
+
+def fitted(events: int = 3000, seed: int = 5, **kw) -> Admission:
+    """Admission whose estimate has seen `events` finished answers (nothing in flight)."""
+    rng = np.random.default_rng(seed)
+    adm = Admission(AgeModel(prior()), **kw)
+    for _ in range(events):
+        cost, latency = draw(rng)
+        adm.end(adm.start(0.0, BOUND), latency, cost)
+    adm.refresh(0.0)
+    return adm
+
+
+def test_near_the_end_the_money_carries_many_requests_at_the_set_risk():
+    """Five worst cases of money left, nothing in flight: Bernstein's margin (~4.6 worst cases at 1e-6) admits what
+    strict admits, five; the Chernoff bound on the estimated distribution carries dozens. Checked by sampling: the
+    admitted requests overshoot the money no more often than promised."""
+    p = 1e-3  # a risk sampling can check
+    adm = fitted(overshoot_probability=p)
+    left = 5 * BOUND
+    n = 0
+    while adm.fits(BOUND, spent=0.0, limit=left):
+        adm.start(0.0, BOUND)
+        n += 1
+    assert n >= 40, n  # strict and Bernstein: 5
+    rng = np.random.default_rng(11)
+    totals = np.minimum(BOUND, rng.lognormal(math.log(0.035), 0.9, (200_000, n))).sum(axis=1)
+    assert float(np.mean(totals > left)) <= p
+    assert adm.capacity(BOUND, left) == n  # what the money buys with nothing in flight, as admission counts it
+
+
+def test_no_answer_seen_yet_means_no_more_than_strict():
+    """Before any answer the estimate is the prior mixed with a pseudo-answer at the bound of weight 1: all of it."""
+    adm = Admission(AgeModel(prior()))
+    assert adm.capacity(BOUND, 5 * BOUND) == 5
+    assert adm.fits(BOUND, 0.0, BOUND) and not adm.fits(BOUND, 0.001, BOUND)
+
+
+def test_trickle_is_when_the_money_left_after_what_is_in_flight_buys_too_little():
+    adm = fitted()
+    for _ in range(30):
+        adm.start(0.0, BOUND)
+    adm.refresh(1.0)
+    in_flight = float(adm._sums[0])
+    assert adm.capacity(BOUND, 20 * BOUND) > 200
+    assert not adm.trickle(BOUND, 0.0, in_flight + 20 * BOUND, min_requests=100, max_share=1.0)
+    assert adm.trickle(BOUND, 0.0, in_flight + 1.5 * BOUND, min_requests=100, max_share=1.0)
+    # not while the money left is a large share of the limit (a small budget buys few requests from the start) …
+    assert not adm.trickle(BOUND, 0.0, in_flight + 1.5 * BOUND, min_requests=100, max_share=0.02)
+    # … nor while the pool is still full (what it will cost leans on the prior's tail: it settles first)
+    assert not adm.trickle(BOUND, 0.0, in_flight + 1.5 * BOUND, min_requests=10, max_share=1.0)
+    # … nor before the estimate rests on 20 x min_requests answers
+    assert not fitted(events=1000).trickle(BOUND, 0.0, 1.5 * BOUND, min_requests=100, max_share=1.0)
+
+
+def test_hours_of_starts_and_finishes_never_break_the_running_sums(seed=0):
+    """Three simulated hours of 2,000-token answers, a sixth of attempts failing at once, 60 slots over two datasets:
+    pacing's and admission's running sums (added at start, taken off at finish, recomputed each refresh) stay
+    non-negative and equal to what the flights add up to, and the bounds they feed never raise."""
+    from eagledata.generation.pacing import Pacing
+
+    rng = random.Random(seed)
+    tokens_prior = list(np.minimum(np.random.default_rng(seed).lognormal(math.log(3000), 0.9, 5000), 32768))
+    pace = Pacing(Pacing.lane(n, target=10 ** 12, prompts=10 ** 9, recorded=0, finished=0,
+                              prior_tokens=tokens_prior) for n in "AB")
+    adm = Admission(AgeModel([t * 2e-6 for t in tokens_prior]))
+    bound, ends, t, next_tick, tick = 32768 * 2.8e-6, [], 0.0, 30.0, 30.0  # a refresh every 30 s: drift has room
+    while t < 3 * 3600:
+        while len(ends) < 60:
+            name = pace.order()[0]
+            pace.hold(name)
+            fault = rng.random() < 0.15
+            n = 0 if fault else min(32768, round(rng.lognormvariate(math.log(1800), 1.1)))
+            latency = rng.random() * 0.5 if fault else 0.4 * (1.5 + n / 40)
+            adm.fits(bound, 0.0, 1e9)
+            heapq.heappush(ends, (t + latency, pace.start(name, t), adm.start(t, bound), n))
+        if ends[0][0] <= next_tick:
+            t, pace_ticket, ticket, n = heapq.heappop(ends)
+            pace.end(pace_ticket, t, n, finished=n > 0)
+            adm.end(ticket, t, n * 2.2e-6)
+            assert all(min(lane._sums) >= 0 and lane.waiting == 0 for lane in pace.lanes.values())
+            assert adm._sums.min() >= 0
+        else:
+            t, next_tick = next_tick, next_tick + tick
+            pace.refresh(t)
+            adm.refresh(t)
+            for lane in pace.lanes.values():
+                lane.upper(1)
+                assert lane._sums[1] == pytest.approx(sum(f[2] for f in lane.flights.values()), rel=1e-9)
+            assert adm._sums[0] == pytest.approx(sum(f.mean for f in adm.flights.values()), rel=1e-9)

@@ -82,7 +82,11 @@ class Books:
         one plus the lag. None when there are none, or when readings carry no usage to settle them with."""
         if self._recent_provisional <= 0 or self.last is None or self.last.usage_usd is None:
             return None
-        return max(at for at, _, provisional in self._recent if provisional) + self.lag_s
+        newest = max((at for at, _, provisional in self._recent if provisional), default=None)
+        if newest is None:  # the running total kept a float residue of settled bookings
+            self._recent_provisional = 0.0
+            return None
+        return newest + self.lag_s
 
     @property
     def foreign_usd(self) -> float:

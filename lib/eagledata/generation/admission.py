@@ -39,7 +39,7 @@ MAX_EVENTS = 100_000      # finished attempts the estimate keeps (the newest)
 PRIOR_WEIGHT = 30         # pseudo-observations the prior is worth in the estimation-error term
 # The Chernoff bound's θ grid, in units of 1 / (the largest bound): θ·b up to 200 keeps e^{θC} finite in float64
 # and covers the optimum from thousands of requests in flight (small θ) down to one (θ·b ≈ ln(1/p) and beyond).
-THETA_GRID = np.geomspace(0.02, 200.0, 40)
+THETA_GRID = np.geomspace(0.02, 200.0, 24)
 
 
 @dataclass
@@ -69,11 +69,13 @@ class AgeModel:
         self.sizes: list[float] = []
         self.fit(np.zeros(0))
 
-    def enable_mgf(self, thetas: np.ndarray) -> None:
-        """Also estimate E[e^{θ·size} | age] at these θ from now on (admission's Chernoff bound; pacing needs none)."""
-        self.thetas = np.asarray(thetas, dtype=float)
-        self._prior_mgf_suffix = np.cumsum(np.exp(np.outer(self.thetas, self.prior[::-1])), axis=1)[:, ::-1]
-        self.fit(self._ages)
+    def enable_mgf(self, thetas: np.ndarray, size_cap: float) -> None:
+        """Also estimate E[e^{θ·size} | age] at these θ (admission's Chernoff bound; pacing needs none), sizes taken
+        at most `size_cap` (a request costs at most its bound: this only keeps e^{θ·size} finite)."""
+        self.thetas, self._size_cap = np.asarray(thetas, dtype=float), size_cap
+        capped = np.minimum(self.prior[::-1], size_cap)
+        self._prior_mgf_suffix = np.cumsum(np.exp(np.outer(self.thetas, capped)), axis=1)[:, ::-1]
+        self._mgf_suffix = None
 
     @property
     def events(self) -> int:
@@ -100,12 +102,12 @@ class AgeModel:
         assert self.thetas is not None
         i = int(np.searchsorted(self.prior, floor, "left"))
         if i >= self.prior.size:
-            return np.exp(self.thetas * max(float(self.prior[-1]), floor))
+            return np.exp(self.thetas * min(max(float(self.prior[-1]), floor), self._size_cap))
         return self._prior_mgf_suffix[:, i] / (self.prior.size - i)
 
     def fit(self, in_flight_ages: np.ndarray) -> None:
         """Kaplan–Meier over the finished attempts, the requests now in flight censored at their ages."""
-        self._ages = in_flight_ages
+        self._mgf_suffix = None  # computed when first asked for (`mgf`): only near the end of the money
         t = np.asarray(self.latencies[-MAX_EVENTS:], dtype=float)
         c = np.asarray(self.sizes[-MAX_EVENTS:], dtype=float)
         order = np.argsort(t, kind="stable")
@@ -116,9 +118,7 @@ class AgeModel:
             self._suffix1 = self._suffix2 = np.zeros(1)
             self._s_at, self._residual = np.ones(1), 1.0
             self._r = self._tail(0.0)
-            if self.thetas is not None:
-                self._mgf_suffix = np.zeros((self.thetas.size, 1))
-                self._r_mgf = self._tail_mgf(0.0)
+            self._c = self._mass = np.zeros(0)
             return
         at_risk = (n - np.arange(n)) + (in_flight_ages.size - np.searchsorted(np.sort(in_flight_ages), t, "left"))
         survive = np.cumprod(1.0 - 1.0 / at_risk)
@@ -129,11 +129,7 @@ class AgeModel:
         self._residual = float(survive[-1])
         self._s_at = np.concatenate((before, [self._residual]))
         self._r = self._tail(float(c.max()))
-        if self.thetas is not None:
-            weighted = mass * np.exp(np.outer(self.thetas, c))  # [θ, event]
-            self._mgf_suffix = np.concatenate((np.cumsum(weighted[:, ::-1], axis=1)[:, ::-1],
-                                               np.zeros((self.thetas.size, 1))), axis=1)
-            self._r_mgf = self._tail_mgf(float(c.max()))
+        self._c, self._mass = c, mass
 
     def moments(self, ages: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """E[C | A > age] and Var[C | A > age] by the last `fit` (each capped by its bound)."""
@@ -148,8 +144,13 @@ class AgeModel:
         return m1, m2 - m1 * m1
 
     def mgf(self, ages: np.ndarray) -> np.ndarray:
-        """E[e^{θ·size} | A > age] by the last `fit`, [len(ages), len(thetas)] (sizes not capped: an upper bound)."""
+        """E[e^{θ·size} | A > age] by the last `fit`, [len(ages), len(thetas)] (`enable_mgf` first)."""
         assert self.thetas is not None
+        if self._mgf_suffix is None:
+            weighted = self._mass * np.exp(np.outer(self.thetas, np.minimum(self._c, self._size_cap)))  # [θ, event]
+            self._mgf_suffix = np.concatenate((np.cumsum(weighted[:, ::-1], axis=1)[:, ::-1],
+                                               np.zeros((self.thetas.size, 1))), axis=1)
+            self._r_mgf = self._tail_mgf(float(self._c.max()) if self._c.size else 0.0)
         j = np.searchsorted(self._t, ages, "right")
         s = self._s_at[j]
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -216,9 +217,9 @@ class Admission:
         if self.mode == "strict" or self._scale and bound <= 2 * self._scale:
             return
         self._scale = max(bound, self._scale)
-        self.model.enable_mgf(THETA_GRID / self._scale)
+        self.model.enable_mgf(THETA_GRID / self._scale, size_cap=2 * self._scale)
         self._mgf0 = None
-        self._refit_log_mgf(self._now)
+        self._log_mgf = None
 
     def _epsilon(self) -> float:
         """Weight of the pseudo-answer that cost its whole bound: one among the answers seen."""
@@ -238,10 +239,11 @@ class Admission:
         return self._log_mgf_of(self._mgf0, np.array([bound]))[0]
 
     def _refit_log_mgf(self, now: float) -> None:
-        """Every flight's log E[e^{θC} | age] at `now`, and their sum."""
+        """Every flight's log E[e^{θC} | age] at `now`, and their sum. Only when the money binds (the Chernoff test
+        is asked for): it costs ~4× a refresh, so between refreshes it stays None until then."""
         flights = list(self.flights.values())
         self._log_mgf = np.zeros(THETA_GRID.size)
-        if not flights or self.model.thetas is None:
+        if not flights:
             return
         ages = np.maximum(np.array([now - f.started for f in flights]), 0.0)
         logs = self._log_mgf_of(self.model.mgf(ages), np.array([f.bound for f in flights]))
@@ -260,9 +262,11 @@ class Admission:
         self._use_scale(bound)
         _, v = self._new_moments(bound)
         left -= self._estimate_error(self._sums[3] + math.sqrt(v))
-        if left <= 0 or self._log_mgf is None:
+        if left <= 0:
             return False
-        assert self.model.thetas is not None
+        if self._log_mgf is None:
+            self._refit_log_mgf(self._now)
+        assert self.model.thetas is not None and self._log_mgf is not None
         exponent = -self.model.thetas * left + self._log_mgf + self._new_log_mgf(bound)
         return float(exponent.min()) <= -self.log_inv_p
 
@@ -282,12 +286,17 @@ class Admission:
             k = (self.model.thetas * left - self.log_inv_p) / (lam + self.model.thetas * err)
         return max(int(left // bound), int(np.nanmax(np.floor(k))) if k.size else 0, 0)
 
-    def trickle(self, bound: float, spent: float, limit: float, min_requests: float) -> bool:
-        """The money left once what is in flight settles (at its expected cost) buys fewer than `min_requests` new
-        requests at the set risk: waiting for it would keep a handful in flight, each a possible straggler of
-        minutes, for a few percent of the money. The caller stops issuing and says how much was left."""
+    def trickle(self, bound: float, spent: float, limit: float, min_requests: float, max_share: float) -> bool:
+        """The pool has shrunk under 2 × `min_requests` in flight, and the money left once they settle (at their
+        expected cost) is under `max_share` of `limit` and buys fewer than `min_requests` new requests at the set
+        risk: waiting for it would keep a handful in flight, each a possible straggler of minutes, for a few percent
+        of the money. Judged only once the estimate rests on 20 × `min_requests` answers of this run. (The expected
+        cost of an old request leans on the prior's pessimistic tail; with many in flight it under-states the money
+        left, so a full pool never counts as a trickle: it settles first.)"""
+        if self.model.events < 20 * min_requests or len(self.flights) >= 2 * min_requests:
+            return False
         left = limit - spent - float(self._sums[0])
-        return self.capacity(bound, left) < min_requests
+        return left < max_share * limit and self.capacity(bound, left) < min_requests
 
     # -- admission ------------------------------------------------------------------------------------
     def commitment(self, extra_bound: float | None = None) -> float:
@@ -320,8 +329,7 @@ class Admission:
         m, v = self._new_moments(bound)
         self._next += 1
         f = self.flights[self._next] = Flight(now, bound, m, v)
-        if self.mode != "strict":
-            self._use_scale(bound)
+        if self._log_mgf is not None:  # the Chernoff sums are live (the money binds): keep them so
             f.log_mgf = self._new_log_mgf(bound)
         self._add(f, 1.0)
         self._largest = max(self._largest, bound)
@@ -357,7 +365,8 @@ class Admission:
         for f, m, v in zip(flights, means.tolist(), variances.tolist()):
             f.mean, f.var = m, v
         self._sums = np.zeros(5)
+        self._log_mgf = None  # stale: `chernoff_fits` recomputes it if the money binds before the next refresh
         for f in flights:
+            f.log_mgf = None
             self._add(f, 1.0)
-        self._refit_log_mgf(now)
         self._largest = float(bounds.max())
