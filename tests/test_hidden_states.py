@@ -443,6 +443,11 @@ def test_assembly_leaves_out_the_providers_generation_called_suspect(tok, tmp_pa
     (b1 / "summary.json").write_text(json.dumps(fidelity))
     with pytest.raises(InputError, match=r"B1/summary\.json field 'fidelity\.providers\.Leaky\.verdict': verdict 'bad'"):
         assemble(["B1"], output_dir=tmp_path)
+    (b1 / "summary.json").write_text(json.dumps({"fidelity": {"providers": ["Leaky"]}}))
+    with pytest.raises(InputError, match=r"B1/summary\.json field 'fidelity\.providers': expected an object"):
+        assemble(["B1"], output_dir=tmp_path)
+    (b1 / "summary.json").write_text(json.dumps({"fidelity": {}}))  # nothing judged yet: nothing left out
+    assert len(assemble(["B1"], output_dir=tmp_path).samples) == 4
     (b1 / "summary.json").write_text("{")
     with pytest.raises(InputError, match=r"B1/summary\.json:1: not JSON"):
         assemble(["B1"], output_dir=tmp_path)

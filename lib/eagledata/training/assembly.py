@@ -125,7 +125,7 @@ def generation_suspects(summary: Any, path: str | Path = "summary.json") -> dict
     fidelity = summary.get("fidelity")
     if fidelity is None:
         return {}
-    providers = fidelity.get("providers") if isinstance(fidelity, dict) else None
+    providers = fidelity.get("providers", {}) if isinstance(fidelity, dict) else None  # {}: nothing judged yet
     if not isinstance(providers, dict):
         raise InputError("expected an object of providers", path, field="fidelity.providers")
     out = {}
