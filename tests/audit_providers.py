@@ -42,6 +42,39 @@ def rounded_copy(model: torch.nn.Module, bits: int) -> torch.nn.Module:
     return degraded
 
 
+def noised_copy(model: torch.nn.Module, relative_std: float, *, seed: int = 0) -> torch.nn.Module:
+    """A copy with Gaussian noise added to every weight matrix (std = `relative_std` x the matrix's own std): a
+    degraded endpoint whose damage is spread over every weight rather than rounded. On `peaked_target`, 0.22
+    raises the target's NLL of the copy's samples by about a third (measured: +32 % on 60 prompts)."""
+    degraded = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in degraded.parameters():
+            if param.dim() == 2:
+                param.add_(torch.randn(param.shape, generator=gen) * param.std() * relative_std)
+    return degraded
+
+
+def junk_and_noise(*, prompts: int = 60, noise: float = 0.22, junk_tokens: int = 480,
+                   seed: int = 1) -> tuple[torch.nn.Module, list[Sample]]:
+    """Issue 30's case: three providers answer the same `prompts` prompts of 8 tokens (outputs cut to 16..48
+    tokens). A and B sample the target (head x20, temperature 1), C a `noised_copy` of it (+~33 % NLL per token);
+    A's answer to prompt 0 is junk instead: `junk_tokens` uniform random ids (a runaway stream, as long as the
+    issue's: it lifted A's mean from ~2.4 to ~4.7 nats/token), id `A-junk`. Returns the target and the samples."""
+    target = peaked_target(vocab_size=512, head_scale=20.0)
+    degraded = noised_copy(target, noise, seed=5)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 512, (prompts, 8), generator=gen).tolist()
+    lengths = torch.randint(16, 49, (prompts,), generator=gen).tolist()
+    samples = []
+    for name, model, s in [("A", target, 1), ("B", target, 2), ("C", degraded, 3)]:
+        samples += sample_provider(model, ids, name, new_tokens=48, lengths=lengths, seed=s)
+    junk = torch.randint(0, 512, (junk_tokens,), generator=gen).tolist()
+    samples[0] = Sample("A-junk", "T1", ids[0] + junk, [0] * 8 + [1] * junk_tokens, False, provider="A",
+                        sampling=samples[0].sampling)
+    return target, samples
+
+
 def three_providers(*, prompts: int = 48, bits: int = 3, seed: int = 1) -> tuple[torch.nn.Module, list[Sample]]:
     """The audit's honest case: `prompts` prompts of 8 tokens, answered by A and B from the target (head scaled
     x20, temperature 1) and by C from a copy rounded to `bits` bits, outputs cut to 16..48 tokens; plus one junk

@@ -209,6 +209,44 @@ def test_a_junk_sample_is_an_outlier_and_long_hard_prompts_are_not():
     assert list(report.outlier_table().columns[:5]) == ["id", "provider", "dataset", "sampling", "tokens"]
 
 
+def junk_rows(provider, count, *, tokens=300, nll=9.0):
+    return [ScoreRow(f"{provider}-junk-{i}", "D", provider, T1,
+                     SampleScore(tokens, tokens * nll, tokens * (nll * nll + 4.0), 14.0, (0,) * len(HIST_EDGES)))
+            for i in range(count)]
+
+
+def test_a_provider_serving_many_junk_samples_does_not_escape_by_their_being_left_out():
+    """C's bulk is faithful, so with its outliers left out the NLL test finds nothing; but 10 of its 70 samples
+    are junk against none of A's and B's: its outlier share is the finding. A's one junk sample is not."""
+    rng = np.random.default_rng(12)
+    rows = (simulated(rng, "A", 60) + junk_rows("A", 1) + simulated(rng, "B", 60) + simulated(rng, "C", 60)
+            + junk_rows("C", 10))
+    report = audit(rows)
+    c, a = report.provider("C"), report.provider("A")
+    assert (c.outliers, c.judged_samples, a.outliers) == (10, 70, 1)
+    assert c.tested and c.p_adjusted > 0.01  # the bulk of its samples is like the others' ...
+    assert c.verdict == "suspect" and report.suspects == ["C"]  # ... its share of junk is not
+    assert "outlier share far above the others': 10 of its 70 judged samples against 1 of 121" in c.evidence
+    assert a.verdict == "consistent" and a.outlier_share_p == 1.0
+    assert report.exclusions()["C"].startswith("fidelity audit: ")
+    assert set(report.to_exclude().ids) == {r.id for r in rows if "junk" in r.id}
+    # the exact test's figure: P(X >= 10) drawing C's 70 judged samples from 191 with 11 outliers, Holm over 3
+    tail = sum(math.comb(11, k) * math.comb(180, 70 - k) for k in range(10, 12)) / math.comb(191, 70)
+    assert c.outlier_share_p == pytest.approx(min(1.0, 3 * tail), rel=1e-9)
+
+
+def test_the_outlier_share_test_is_holm_over_exact_tails():
+    from eagledata.training.audit import holm, outlier_share_tests
+
+    got = outlier_share_tests({"A": 6, "B": 0, "C": 0}, {"A": 60, "B": 60, "C": 60})
+    assert got["A"] == pytest.approx(3 * math.comb(60, 6) / math.comb(180, 6), rel=1e-9)  # all 6 fell in A
+    assert got["B"] == got["C"] == 1.0
+    assert outlier_share_tests({"A": 1}, {"A": 60, "B": 60, "C": 60})["A"] == 1.0  # 1/3 raw, x3
+    assert outlier_share_tests({}, {"A": 60, "B": 60}) == {"A": 1.0, "B": 1.0}  # no outliers at all
+    assert outlier_share_tests({"A": 3}, {"A": 60}) == {}  # nobody to compare with
+    assert holm({"x": 0.01, "y": 0.04, "z": 0.03}) == pytest.approx({"x": 0.03, "y": 0.06, "z": 0.06})
+
+
 # -- the report's forms ---------------------------------------------------------------------------------
 def test_publish_table_and_plot():
     import json
@@ -341,3 +379,58 @@ def test_the_audit_finds_the_degraded_provider_among_tiny_models(tiny_providers)
     assert clean.suspects == ["C"] and abs(clean.provider("A").z) < 2 and clean.outliers == ()
     dropped = audit(rows, AuditPolicy(drop_outliers=True))  # the same, the junk still listed
     assert dropped.provider("C").z == pytest.approx(clean.provider("C").z) and dropped.outliers == report.outliers
+
+
+@pytest.fixture(scope="module")
+def junk_and_noise_rows(tmp_path_factory):
+    """Issue 30's case, scored as the pipeline scores it: 60 prompts answered by A and B from the target and by
+    C from a noised copy (+~33 % NLL per token); A's answer to one prompt is uniform random ids."""
+    import torch
+
+    from audit_providers import junk_and_noise
+    from eagledata.training import ExtractOptions, extract
+    from eagledata.training.scoring import read_scores
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        target, samples = junk_and_noise()
+        result = extract(samples, tmp_path_factory.mktemp("junk"), "tiny", target, progress=False,
+                         options=ExtractOptions(max_tokens_per_batch=4096))
+        assert result.complete
+        return read_scores(result.directory)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_one_junk_sample_neither_flags_its_provider_nor_hides_a_degraded_one(junk_and_noise_rows):
+    """With the junk sample in A's mean, A's mean rose above C's and lifted C's reference: all three were called
+    consistent. Outliers are left out of the tests by default: C is suspect, A and B consistent, the junk listed
+    and counted for A (and one outlier among A's 60 samples is no finding about A)."""
+    rows = junk_and_noise_rows
+    by = {p: [r for r in rows if r.provider == p and r.id != "A-junk"] for p in "ABC"}
+    mean = {p: sum(r.score.nll_sum for r in v) / sum(r.score.tokens for r in v) for p, v in by.items()}
+    ratio = mean["C"] / ((mean["A"] + mean["B"]) / 2)
+    print({p: round(m, 3) for p, m in mean.items()}, f"C / faithful = {ratio:.3f}")
+    assert 1.2 < ratio < 1.45  # the degradation, computed without the audit: about +33 % NLL per token
+
+    report = audit(rows)
+    print(report.table()[["samples", "tokens", "mean_nll", "diff", "z", "p_adjusted", "verdict"]].to_string())
+    assert {p.provider: p.verdict for p in report.providers} == {"A": "consistent", "B": "consistent",
+                                                                 "C": "suspect"}
+    # the junk is the most extreme outlier and A's only one; B's lowest-NLL answer (0.32 nats/token against a
+    # median of 2.45, robust z -6.05) is listed too: outliers are two-sided, and it is left out like any other
+    assert report.outliers[0].id == "A-junk" and report.outliers[0].provider == "A" and report.outliers[0].score > 10
+    assert all(o.score < 0 for o in report.outliers[1:])
+    a = report.provider("A")
+    assert (a.samples, a.outliers, a.judged_samples) == (60, 1, 60) and a.tested and a.outlier_share_p == 1.0
+    assert sum(p.outliers for p in report.providers) == len(report.outliers)
+    assert a.mean_nll == pytest.approx(mean["A"], rel=1e-9)  # the bulk of A's samples, the junk left out
+    published = report.to_publish()
+    assert published["providers"]["A"]["outliers"] == 1 and published["providers"]["C"]["outliers"] == 0
+    assert published["outliers"][0] == "A-junk"
+    assert "1 outlier sample (listed) left out of its mean and tests" in a.evidence
+    left_out = report.to_exclude().decide([r.id for r in rows], rows)
+    assert set(left_out) == {r.id for r in rows if r.provider == "C"} | {o.id for o in report.outliers}
+    # the old default (junk counted in its provider's tests) hides C: the case this test exists for
+    assert audit(rows, AuditPolicy(drop_outliers=False)).suspects != ["C"]

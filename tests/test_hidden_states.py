@@ -373,6 +373,86 @@ def test_dataset_names_resolve_under_output_dir(tok, tmp_path):
         assemble(["B8"], output_dir=tmp_path)
 
 
+def test_assembly_leaves_out_the_providers_generation_called_suspect(tok, tmp_path, models):
+    """B1's summary.json calls Leaky suspect (generation's fidelity verdict): its records are left out of B1 and
+    of B2 (the verdict is about the endpoint), before dedupe (its answer does not keep Good's answer to the same
+    prompt out), and the manifest says which provider, how many records and why. The setting keeps them; without
+    a summary, or with one that has no `fidelity` (an older run), nothing is left out."""
+    from eagledata.training.convert import convert
+
+    def write(dataset, records, summary=None):
+        folder = tmp_path / "datasets" / dataset
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "records.jsonl").write_text("".join(r.to_json() + "\n" for r in records))
+        if summary is not None:
+            (folder / "summary.json").write_text(json.dumps(summary))
+        return folder
+
+    def served(i, provider, dataset, **kw):
+        r = make_record(tok, i, dataset=dataset, **kw)
+        r.provider = provider
+        return r
+
+    evidence = "count mismatch on 31 of 40 answers (spread -1..+2), others 1 of 600"
+    fidelity = {"fidelity": {"providers": {
+        "Good": {"answers": 600, "repaired": 3, "refused": 0, "count_mismatch": 1, "verdict": "consistent",
+                 "evidence": "as the others"},
+        "Leaky": {"answers": 40, "repaired": 0, "refused": 0, "count_mismatch": 31, "verdict": "suspect",
+                  "evidence": evidence}}}}
+    b1 = write("B1", [served(0, "Good", "B1"), served(1, "Leaky", "B1"), served(2, "Good", "B1"),
+                      served(3, "Leaky", "B1")], {"stop_reason": "completed", **fidelity})
+    leaky_twin = served(4, "Leaky", "B2")
+    good_twin = served(5, "Good", "B2", prompt=leaky_twin.messages[0]["content"])  # the same prompt, answered later
+    write("B2", [leaky_twin, good_twin, served(6, "", "B2")])
+
+    asm = assemble(["B1", "B2"], output_dir=tmp_path)
+    assert [s.id for s in asm.samples] == ["r0", "r2", "r5", "r6"]
+    assert asm.dropped == {"suspect_provider": 3} and asm.stats()["dropped_suspect_provider"] == 3
+    summary_path = str(b1 / "summary.json")
+    left_out = {"Leaky": {"records": 3, "by_dataset": {"B1": 2, "B2": 1}, "evidence": {summary_path: evidence}}}
+    assert asm.provenance() == {"left_out_providers": left_out, "kept_suspect_providers": {}}
+
+    result = run(asm.samples, tmp_path, models["llama"], assembly=asm.provenance())
+    on_disk = json.loads((result.directory / "manifest.json").read_text())
+    assert on_disk["assembly"]["left_out_providers"] == left_out and on_disk["num_samples"] == 4
+    converted = convert(result.directory, tmp_path / "converted", "specforge", workers=1, progress=False)
+    assert converted.manifest["assembly"]["left_out_providers"] == left_out  # a rewrite keeps saying so
+    # the command's path: the speculators export carries the provenance beside it, the command records it
+    from eagledata.hidden_states import main
+
+    export = export_speculators(asm, tmp_path / "assembled" / "speculators.jsonl")
+    assert json.loads((tmp_path / "assembled" / "speculators.assembly.json").read_text()) == asm.provenance()
+    models["llama"].save_pretrained(str(tmp_path / "llama"))
+    assert main(["--samples", str(export), "--output-dir", str(tmp_path), "--name", "cmd", "--model",
+                 str(tmp_path / "llama"), "--device", "cpu"]) == 0
+    assert json.loads((tmp_path / "hidden_states" / "cmd" / "manifest.json").read_text())["assembly"] == \
+        asm.provenance()
+
+    kept = assemble(["B1", "B2"], output_dir=tmp_path, policy=AssemblyPolicy(keep_suspect_providers=True))
+    assert [s.id for s in kept.samples] == ["r0", "r1", "r2", "r3", "r4", "r6"]  # r5: r4's prompt came first
+    assert kept.dropped == {"duplicate_prompt": 1}
+    assert kept.provenance() == {"left_out_providers": {}, "kept_suspect_providers": left_out}
+
+    (b1 / "summary.json").write_text(json.dumps({"stop_reason": "completed"}))  # an older run: no fidelity
+    older = assemble(["B1", "B2"], output_dir=tmp_path)
+    assert [s.id for s in older.samples] == [s.id for s in kept.samples] and older.suspects == {}
+    (b1 / "summary.json").unlink()
+    assert [s.id for s in assemble(["B1", "B2"], output_dir=tmp_path).samples] == [s.id for s in kept.samples]
+
+    fidelity["fidelity"]["providers"]["Leaky"]["verdict"] = "bad"
+    (b1 / "summary.json").write_text(json.dumps(fidelity))
+    with pytest.raises(InputError, match=r"B1/summary\.json field 'fidelity\.providers\.Leaky\.verdict': verdict 'bad'"):
+        assemble(["B1"], output_dir=tmp_path)
+    (b1 / "summary.json").write_text(json.dumps({"fidelity": {"providers": ["Leaky"]}}))
+    with pytest.raises(InputError, match=r"B1/summary\.json field 'fidelity\.providers': expected an object"):
+        assemble(["B1"], output_dir=tmp_path)
+    (b1 / "summary.json").write_text(json.dumps({"fidelity": {}}))  # nothing judged yet: nothing left out
+    assert len(assemble(["B1"], output_dir=tmp_path).samples) == 4
+    (b1 / "summary.json").write_text("{")
+    with pytest.raises(InputError, match=r"B1/summary\.json:1: not JSON"):
+        assemble(["B1"], output_dir=tmp_path)
+
+
 # -- notebook --------------------------------------------------------------------------------------
 def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_path):
     """hidden_states.ipynb with `-p layout specforge`, read as SpecForge's OfflineEagle3Dataset reads it: ids

@@ -1,6 +1,8 @@
 """`torchrun --nproc-per-node N -m eagledata.hidden_states --samples speculators.jsonl --name NAME --model M …`
 
 Data parallel, one model copy per GPU (or `--device-map auto` in one process for a model that needs several).
+The export's `<samples>.assembly.json` (written beside it by `export_speculators`: the providers its assembly
+left out, and why) goes into the manifest under `assembly`, as the notebook's run records it.
 Flags are the fields of `eagledata.training.ExtractionJob` (`--help` lists them; `--layout` picks eagledata,
 speculators or specforge); the extraction itself lives in `eagledata.training`. Each rank prints one JSON line
 with what it did.
@@ -33,6 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from .training import ExtractionJob, read_samples, torchrun_world
+    from .training.assembly import read_provenance
 
     parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states", description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", required=True, help="speculators export: {id, input_ids, loss_mask} per line")
@@ -42,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rank, world_size = torchrun_world()
     if job.backend == "vllm":
         def run_vllm() -> None:
-            r = job.run(read_samples(args.samples))
+            r = job.run(read_samples(args.samples), assembly=read_provenance(args.samples))
             print(json.dumps({"backend": "vllm", "extracted": r.extracted, "skipped": r.skipped, "tokens": r.tokens,
                               "seconds": round(r.seconds, 3), "complete": r.complete}), flush=True)
 
@@ -52,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def run() -> None:
         try:
             result = job.run(read_samples(args.samples), device=_init_distributed(device, rank, world_size, job.tp),
-                             progress=rank == 0)
+                             progress=rank == 0, assembly=read_provenance(args.samples))
         finally:
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()

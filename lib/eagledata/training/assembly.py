@@ -3,6 +3,15 @@
 A sample is what the drafter trains on: `input_ids = prompt_ids + output_ids`, `loss_mask` 0 over
 the prompt and 1 over what the model produced. Policies are pure functions over records so that
 the stats table says exactly why each record was left out.
+
+Generation judges each provider's answers while it runs and writes a verdict per provider into the dataset's
+`summary.json` (`fidelity.providers.<provider>.verdict`, `consistent` or `suspect`, with its evidence). A
+provider called `suspect` there served text the model did not generate (reasoning served wrongly, leaked
+spaces: its ids are not the model's), so by default its records are left out of the set: of every dataset
+assembled, not only the one whose summary called it so, since the verdict is about the endpoint, not about one
+dataset's prompts. `AssemblyPolicy.keep_suspect_providers` keeps them. Either way `Assembly.provenance()` says which
+providers, how many records and why, and the hidden-states manifest records it under `assembly`. A summary
+without `fidelity` (an older run), or no summary at all, leaves nothing out.
 """
 from __future__ import annotations
 
@@ -13,14 +22,14 @@ import os
 import shutil
 import uuid
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable, Literal, Sequence
 
 from ..errors import InputError
-from ..files import iter_jsonl, write_jsonl
-from ..paths import OUTPUT_DIR, records_file
+from ..files import atomic_write_text, iter_jsonl, write_jsonl
+from ..paths import OUTPUT_DIR, DatasetFiles, records_file
 from ..records import Record, iter_records
 from ..settings import Settings, setting
 from ..text import KimiTokenizer, prompt_ids
@@ -86,6 +95,60 @@ class AssemblyPolicy(Settings):
     max_length: int | None = setting(None, "longest sample in tokens; None -> no limit")
     overlong: Overlong = setting("drop", "samples longer than max_length: drop or truncate")
     dedupe_prompts: bool = setting(True, "keep only the first record of an identical prompt")
+    keep_suspect_providers: bool = setting(False, "keep the records of providers that generation's summary.json "
+                                                  "calls suspect (fidelity); False: leave them out, the manifest "
+                                                  "says which, how many and why")
+
+
+@dataclass(frozen=True)
+class SuspectProvider:
+    """A provider that generation called suspect: where it was said, why, and its records in this assembly."""
+
+    provider: str
+    evidence: dict[str, str]  # summary.json path -> the verdict's evidence there
+    records: int = 0  # its records among those read
+    by_dataset: dict[str, int] = field(default_factory=dict)
+
+    def to_publish(self) -> dict[str, Any]:
+        return {"records": self.records, "by_dataset": dict(sorted(self.by_dataset.items())),
+                "evidence": dict(self.evidence)}
+
+
+VERDICTS = ("consistent", "suspect")
+
+
+def generation_suspects(summary: Any, path: str | Path = "summary.json") -> dict[str, str]:
+    """{provider: evidence} for the providers a dataset's summary.json calls `suspect` (pure; `path` only names
+    the file in errors). No `fidelity` (an older run): none."""
+    if not isinstance(summary, dict):
+        raise InputError("expected a JSON object", path)
+    fidelity = summary.get("fidelity")
+    if fidelity is None:
+        return {}
+    providers = fidelity.get("providers", {}) if isinstance(fidelity, dict) else None  # {}: nothing judged yet
+    if not isinstance(providers, dict):
+        raise InputError("expected an object of providers", path, field="fidelity.providers")
+    out = {}
+    for name, doc in providers.items():
+        verdict = doc.get("verdict") if isinstance(doc, dict) else None
+        if verdict not in VERDICTS:
+            raise InputError(f"verdict {verdict!r}, expected one of {VERDICTS}", path,
+                             field=f"fidelity.providers.{name}.verdict")
+        if verdict == "suspect":
+            out[str(name)] = str(doc.get("evidence") or "(no evidence given)")
+    return out
+
+
+def read_generation_suspects(records: Path) -> dict[str, str]:
+    """`generation_suspects` of the summary.json beside a records file; {} when there is none."""
+    path = DatasetFiles(records.parent).summary
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"not JSON: {e.msg}", path, e.lineno) from None
+    return generation_suspects(summary, path)
 
 
 @dataclass(frozen=True)
@@ -104,6 +167,15 @@ class Assembly:
     dropped: Counter  # reason -> count
     sources: dict[str, str]  # records file -> sha256
     read: int = 0
+    suspects: dict[str, SuspectProvider] = field(default_factory=dict)  # generation's suspects, by provider
+    kept_suspects: bool = False  # their records were kept (AssemblyPolicy.keep_suspect_providers)
+
+    def provenance(self) -> dict[str, Any]:
+        """What the hidden-states manifest records under `assembly` and the notebook publishes: the providers
+        generation called suspect, their records (left out, or kept by the setting) and the evidence."""
+        doc = {p: s.to_publish() for p, s in sorted(self.suspects.items())}
+        return {"left_out_providers": {} if self.kept_suspects else doc,
+                "kept_suspect_providers": doc if self.kept_suspects else {}}
 
     @property
     def num_tokens(self) -> int:
@@ -195,7 +267,9 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
     """Merge records files (dataset names or paths) into samples, in source then line order.
 
     Every record's ids are checked against `vocab_size` and, with `tok`, a sample of prompts is
-    re-rendered: bad input raises before anything is kept.
+    re-rendered: bad input raises before anything is kept. The records of a provider that any source's
+    summary.json calls suspect are left out (`suspect_provider` in the stats) unless
+    `policy.keep_suspect_providers`; `Assembly.suspects` says which, how many and why.
     """
     policy = policy or AssemblyPolicy()
     if isinstance(sources, (str, Path)):
@@ -204,11 +278,14 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
         raise InputError("no datasets given", field="datasets")
     located: list[Located] = []
     hashes: dict[str, str] = {}
+    evidence: dict[str, dict[str, str]] = {}  # suspect provider -> {summary.json: evidence}
     for source in sources:
         path = records_file(source, output_dir)
         if not path.is_file():
             raise InputError("no records file (dataset name or records.jsonl path)", path)
         hashes[str(path)] = _file_sha256(path)
+        for provider, why in read_generation_suspects(path).items():
+            evidence.setdefault(provider, {})[str(DatasetFiles(path.parent).summary)] = why
         located.extend(Located(r, path, line) for line, r in iter_records(path))
     for loc in located:
         check_ids(loc, vocab_size)
@@ -220,11 +297,16 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
     seen_prompts: set[bytes] = set()
     samples: list[Sample] = []
     kept: list[Record] = []
+    served: dict[str, Counter] = {p: Counter() for p in evidence}  # suspect -> dataset -> records
     for loc in located:
         r = loc.record
         reason = None
         prompt_key = hashlib.sha256(json.dumps(r.prompt_ids).encode()).digest()
-        if r.id in seen_ids:
+        if r.provider in served:  # before dedupe: its prompts must not keep another provider's answer out
+            served[r.provider][r.dataset] += 1
+        if r.provider in served and not policy.keep_suspect_providers:
+            reason = "suspect_provider"
+        elif r.id in seen_ids:
             reason = "duplicate_id"
         elif policy.dedupe_prompts and prompt_key in seen_prompts:
             reason = "duplicate_prompt"
@@ -244,7 +326,9 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
         seen_prompts.add(prompt_key)
         samples.append(sample)
         kept.append(r)
-    return Assembly(samples, kept, dropped, hashes, read=len(located))
+    suspects = {p: SuspectProvider(p, evidence[p], sum(served[p].values()), dict(served[p])) for p in evidence}
+    return Assembly(samples, kept, dropped, hashes, read=len(located), suspects=suspects,
+                    kept_suspects=policy.keep_suspect_providers)
 
 
 # -- exports ------------------------------------------------------------------------------------
@@ -270,10 +354,33 @@ def export_specforge(assembly: Assembly, path: str | Path, tok: KimiTokenizer | 
 
 def export_speculators(assembly: Assembly, path: str | Path) -> Path:
     """Token export: `{id, input_ids, loss_mask, seq_len}` per line, exactly the ids the states are taken
-    over; beside it (same name, no suffix) the same rows as the Arrow dataset speculators' trainer reads."""
+    over; beside it (same name, no suffix) the same rows as the Arrow dataset speculators' trainer reads, and
+    `provenance_file(path)`: `Assembly.provenance()`, which `eagledata-hidden-states --samples` records in the
+    manifest as the notebook does."""
     path = Path(path)
     save_arrow(assembly.samples, path.with_suffix(""))
-    return write_jsonl(path, (s.to_speculators() for s in assembly.samples))
+    write_jsonl(path, (s.to_speculators() for s in assembly.samples))
+    atomic_write_text(provenance_file(path), json.dumps(assembly.provenance(), indent=1) + "\n")
+    return path
+
+
+def provenance_file(samples_path: str | Path) -> Path:
+    """`<export>.assembly.json` beside a speculators export: what its assembly left out and why."""
+    return Path(samples_path).with_suffix(".assembly.json")
+
+
+def read_provenance(samples_path: str | Path) -> dict[str, Any] | None:
+    """The provenance beside a speculators export; None when there is none (an export made elsewhere)."""
+    path = provenance_file(samples_path)
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"not JSON: {e.msg}", path, e.lineno) from None
+    if not isinstance(doc, dict):
+        raise InputError("expected a JSON object", path)
+    return doc
 
 
 ARROW_CHUNK_TOKENS = 1 << 30

@@ -21,7 +21,23 @@ Statistics, and why:
   any false alarm needs the first step's Bonferroni rejection, so the family-wise rate stays at most
   `significance`. With two providers that differ, the one with the higher NLL is flagged (a different model
   normally scores higher: KL >= 0) and the other is left untested: which side is right cannot be told.
-- Outliers: see `sample_outliers`.
+- Outliers (`sample_outliers`: robust z beyond `outlier_threshold`, judged within each (provider, dataset,
+  sampling) group) are listed, counted per provider, and by default (`drop_outliers`) left out of everything
+  above: a provider's mean, CI and tests use the bulk of its samples. One long junk answer can otherwise carry a
+  provider's mean (issue 30: one stream of 480 random ids lifted a faithful provider from 2.40 to 4.28
+  nats/token, which lifted the pooled reference above a degraded provider's 3.14, and all three were called
+  consistent). Left out of the tests, the junk neither flags its provider nor hides another.
+- Outlier share: so that a provider serving many junk samples cannot escape by having them all left out, each
+  provider's outlier count among its judged samples (those in groups of at least `outlier_min_group`) is tested
+  against the other providers' pooled count: one-sided, conditional on the total (Fisher's exact test, the
+  hypergeometric tail: under the null every judged sample is equally likely to be an outlier, whoever served
+  it), Holm over the providers at `outlier_share_significance`. A provider whose share is far above the
+  others' is `suspect` with that evidence. One outlier among 60 samples is no finding (raw p = 1/3 against two
+  providers of 60 with none); 6 of 60 against none of 120 is (Holm-adjusted p = 0.004 < 0.01, default 0.001
+  needs 8). Junk beyond half of a group moves the group's median instead, and so the provider's bulk mean: the
+  NLL test finds it. The two families' rates add up: under the complete null the chance of any suspect is at
+  most `significance` + `outlier_share_significance` (the exact test is conservative: with a handful of outliers
+  in all, small p-values cannot occur).
 
 Everything here is pure (rows in, report out); `plot_audit` draws. Acting on a verdict (routing around a suspect)
 is `eagledata.openrouter.routing.ignore_in_routing`, which takes the report: the training stage does not import
@@ -56,13 +72,19 @@ class AuditPolicy(Settings):
                                             "is an outlier")
     outlier_min_group: int = setting(8, "audit: samples a (provider, dataset, sampling) group needs before its "
                                         "outliers are judged")
-    drop_outliers: bool = setting(False, "audit: leave outlier samples out of the provider tests (still listed); "
-                                         "False: a provider's junk counts against it")
+    drop_outliers: bool = setting(True, "audit: leave outlier samples out of the provider means and tests (still "
+                                        "listed, counted, tested as a share); False: one junk answer counts in "
+                                        "its provider's mean and can hide another provider")
+    outlier_share_significance: float = setting(0.001, "audit: family-wise level (Holm) of the test that a "
+                                                       "provider's outlier share is above the others' (suspect)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 < self.significance < 1:
             raise InputError(f"must be in (0, 1), got {self.significance}", field="significance")
+        if not 0 < self.outlier_share_significance < 1:
+            raise InputError(f"must be in (0, 1), got {self.outlier_share_significance}",
+                             field="outlier_share_significance")
         if self.min_provider_samples < 2:
             raise InputError("must be at least 2 (a variance needs two samples)", field="min_provider_samples")
         if self.outlier_threshold <= 0:
@@ -85,12 +107,13 @@ class AuditActions(Settings):
 # -- the report ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ProviderAudit:
-    """One provider's figures. `diff` etc. are NaN when it could not be tested (`tested` False)."""
+    """One provider's figures. `diff` etc. are NaN when it could not be tested (`tested` False). `samples` and
+    `tokens` count all it served; its mean, CI and tests leave its `outliers` out (unless `drop_outliers` False)."""
 
     provider: str
     samples: int
     tokens: int
-    mean_nll: float  # nats per output token, token-weighted, over all its samples
+    mean_nll: float  # nats per output token, token-weighted, over its samples but the outliers (by default)
     ci_low: float
     ci_high: float
     strata: int  # (dataset, sampling) strata where it was compared with other providers
@@ -106,6 +129,9 @@ class ProviderAudit:
     tested: bool
     verdict: Verdict
     evidence: str
+    outliers: int = 0  # its samples listed as outliers
+    judged_samples: int = 0  # its samples in groups large enough to have outliers judged
+    outlier_share_p: float = math.nan  # outlier share above the others': Holm-adjusted p (NaN: not tested)
 
 
 @dataclass(frozen=True)
@@ -165,6 +191,8 @@ class AuditReport:
                                            "ci_low": num(p.ci_low), "ci_high": num(p.ci_high),
                                            "diff": num(p.diff), "z": num(p.z), "df": num(p.df), "p": num(p.p),
                                            "p_adjusted": num(p.p_adjusted), "tested": p.tested,
+                                           "outliers": p.outliers, "judged_samples": p.judged_samples,
+                                           "outlier_share_p": num(p.outlier_share_p),
                                            "verdict": p.verdict, "evidence": p.evidence}
                               for p in self.providers},
                 "suspects": self.suspects,
@@ -290,20 +318,31 @@ def _compare(cells: np.ndarray, p: int, excluded: set[int]) -> _Comparison | Non
 
 def audit(rows: Iterable[ScoreRow], policy: AuditPolicy | None = None) -> AuditReport:
     """Per provider: mean NLL with its CI, the stratified difference from the other providers, Holm-corrected
-    verdicts with their evidence; and the outlier samples. Rows with no scored token are left out.
+    verdicts with their evidence; the outlier samples, counted per provider, and the test of each provider's
+    outlier share. Rows with no scored token are left out.
 
-    One junk sample can widen its pool's variance a lot (so lower the power against the others);
-    `policy.drop_outliers` tests without the listed outliers."""
+    By default (`policy.drop_outliers`) the outliers are left out of the means and tests: one junk sample can
+    carry its provider's mean (and so the reference every other provider is compared with) and widen its
+    variance; see the module's docstring."""
     policy = policy or AuditPolicy()
     rows = [r for r in rows if r.score.tokens > 0]
     if not rows:
         raise InputError("no scored samples to audit (every row has 0 tokens, or there are none)", field="rows")
     outliers = tuple(sample_outliers(rows, policy))
+    served: dict[str, list[int]] = {}  # provider -> [samples, tokens], before any sample is left out
+    for r in rows:
+        counts = served.setdefault(r.provider or UNKNOWN_PROVIDER, [0, 0])
+        counts[0] += 1
+        counts[1] += r.score.tokens
+    listed = {name: sum(o.provider == name for o in outliers) for name in served}
+    judged = judged_samples(rows, policy)
+    share_p = outlier_share_tests(listed, judged)
+    share_suspects = {name for name, p in share_p.items() if p < policy.outlier_share_significance}
     if policy.drop_outliers:
         dropped = {o.id for o in outliers}
         rows = [r for r in rows if r.id not in dropped]
     alpha = policy.significance
-    names = sorted({r.provider or UNKNOWN_PROVIDER for r in rows})
+    names = sorted(served)  # a provider whose every sample was an outlier keeps its row (and its share test)
     strata = sorted({(r.dataset, r.sampling) for r in rows})
     pi = {name: i for i, name in enumerate(names)}
     si = {key: i for i, key in enumerate(strata)}
@@ -356,21 +395,24 @@ def audit(rows: Iterable[ScoreRow], policy: AuditPolicy | None = None) -> AuditR
         half = t_quantile(1 - alpha, own.df) * math.sqrt(own.var) if math.isfinite(own.var) else math.nan
         c = final[p]
         is_tested = p in adjusted or p in suspects
-        verdict: Verdict = "suspect" if p in suspects else "consistent"
+        by_nll: Verdict = "suspect" if p in suspects else "consistent"
         others = cells[[j for j in range(len(names)) if j != p], :, _K].sum(axis=0) > 0  # [strata]
         shared = int(cells[p, others, _K].sum())  # its samples in strata another provider served too
-        evidence = _evidence(name, c, first[p], shared, is_tested, verdict, adjusted.get(p, math.nan), alpha,
+        evidence = _evidence(name, c, first[p], shared, is_tested, by_nll, adjusted.get(p, math.nan), alpha,
                              policy.min_provider_samples, [names[j] for j in suspects])
+        evidence += _outlier_evidence(name, listed, judged, share_p, policy)
+        verdict: Verdict = "suspect" if p in suspects or name in share_suspects else "consistent"
         nan = math.nan
         providers.append(ProviderAudit(
-            provider=name, samples=int(cells[p, :, _K].sum()), tokens=int(cells[p, :, _N].sum()), mean_nll=mean,
+            provider=name, samples=served[name][0], tokens=served[name][1], mean_nll=mean,
             ci_low=mean - half, ci_high=mean + half,
             strata=c.strata if c else 0, compared_samples=c.samples if c else 0, compared_tokens=c.tokens if c else 0,
             reference_nll=c.reference if c and is_tested else nan, diff=c.diff if c and is_tested else nan,
             se=c.se if c and is_tested else nan, df=c.df if c and is_tested else nan,
             z=c.z if c and is_tested else nan,
             p=c.p if c and is_tested else nan, p_adjusted=adjusted.get(p, nan), tested=is_tested,
-            verdict=verdict, evidence=evidence))
+            verdict=verdict, evidence=evidence, outliers=listed[name], judged_samples=judged.get(name, 0),
+            outlier_share_p=share_p.get(name, nan)))
     return AuditReport(alpha, pooled, tuple(providers), outliers, policy)
 
 
@@ -395,6 +437,68 @@ def _evidence(name: str, c: _Comparison | None, first: _Comparison | None, share
     return f"no significant difference: {numbers} >= {alpha:g}; {where})"
 
 
+def _outlier_evidence(name: str, listed: dict[str, int], judged: dict[str, int], share_p: dict[str, float],
+                      policy: AuditPolicy) -> str:
+    """What the outliers add to a provider's evidence: how many were left out, and the share test if it fired."""
+    k = listed.get(name, 0)
+    text = ""
+    if k:
+        text = (f"; {k} outlier sample{'s' if k > 1 else ''} (listed) "
+                + ("left out of its mean and tests" if policy.drop_outliers else "counted in its mean and tests"))
+    p = share_p.get(name, math.nan)
+    if p < policy.outlier_share_significance:
+        others_k = sum(v for n, v in listed.items() if n != name)
+        others_n = sum(v for n, v in judged.items() if n != name)
+        text += (f"; outlier share far above the others': {k} of its {judged[name]} judged samples against "
+                 f"{others_k} of {others_n} (one-sided exact test, Holm-adjusted p = {p:.2g} < "
+                 f"{policy.outlier_share_significance:g})")
+    return text
+
+
+def judged_samples(rows: Sequence[ScoreRow], policy: AuditPolicy | None = None) -> dict[str, int]:
+    """Per provider, its scored samples in (provider, dataset, sampling) groups large enough for `sample_outliers`
+    to judge (the denominators of the outlier-share test)."""
+    policy = policy or AuditPolicy()
+    out: dict[str, int] = {}
+    for (provider, _, _), group in _outlier_groups(rows).items():
+        if len(group) >= policy.outlier_min_group:
+            out[provider] = out.get(provider, 0) + len(group)
+    return out
+
+
+def outlier_share_tests(outliers: dict[str, int], judged: dict[str, int]) -> dict[str, float]:
+    """{provider: Holm-adjusted p} that its outlier share is above the other providers' pooled share.
+
+    One-sided exact test conditional on the total count (Fisher's exact test on the 2x2 table: the
+    hypergeometric tail P(X >= k) of drawing its n judged samples from all N with K outliers). Tested: providers
+    with judged samples while another provider has some too."""
+    from scipy.stats import hypergeom
+
+    total_n = sum(judged.values())
+    total_k = sum(outliers.get(name, 0) for name in judged)
+    raw = {name: (float(hypergeom.sf(outliers.get(name, 0) - 1, total_n, total_k, n)) if total_k else 1.0)
+           for name, n in judged.items() if 0 < n < total_n}
+    return holm(raw)
+
+
+def holm(p_values: dict[str, float]) -> dict[str, float]:
+    """Holm's step-down adjusted p-values (monotone, at most 1), in the input's keys."""
+    order = sorted(p_values, key=lambda k: (p_values[k], k))
+    out, running, m = {}, 0.0, len(order)
+    for i, name in enumerate(order):
+        running = min(1.0, max(running, (m - i) * p_values[name]))
+        out[name] = running
+    return out
+
+
+def _outlier_groups(rows: Sequence[ScoreRow]) -> dict[tuple[str, str, str], list[ScoreRow]]:
+    groups: dict[tuple[str, str, str], list[ScoreRow]] = {}
+    for r in rows:
+        if r.score.tokens > 0:
+            groups.setdefault((r.provider or UNKNOWN_PROVIDER, r.dataset, r.sampling), []).append(r)
+    return groups
+
+
 def sample_outliers(rows: Sequence[ScoreRow], policy: AuditPolicy | None = None) -> list[Outlier]:
     """Samples whose mean NLL is far outside their (provider, dataset, sampling) group, most extreme first.
 
@@ -409,12 +513,8 @@ def sample_outliers(rows: Sequence[ScoreRow], policy: AuditPolicy | None = None)
     reference they are judged against, as a mean and a standard deviation would.
     """
     policy = policy or AuditPolicy()
-    groups: dict[tuple[str, str, str], list[ScoreRow]] = {}
-    for r in rows:
-        if r.score.tokens > 0:
-            groups.setdefault((r.provider or UNKNOWN_PROVIDER, r.dataset, r.sampling), []).append(r)
     found = []
-    for (provider, dataset, sampling), group in groups.items():
+    for (provider, dataset, sampling), group in _outlier_groups(rows).items():
         if len(group) < policy.outlier_min_group:
             continue
         n = np.array([r.score.tokens for r in group], dtype=np.float64)

@@ -239,6 +239,8 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
         if bar is not None:
             bar.close()
     extra: dict[str, Any] = {"converted_from": str(src.files.directory), "source_format": m.get("format")}
+    if "assembly" in m:  # what the source's assembly left out (generation's suspects) stays said
+        extra["assembly"] = m["assembly"]
     kept = {e.id for e in entries}
     extra["scoring"] = write_scores(files.directory, [r for r in scores if r.id in kept], len(entries))
     if exclude:

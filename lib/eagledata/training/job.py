@@ -246,6 +246,7 @@ class _Run:
     records_hashes: dict[str, str] | None
     on_batch: Callable[[int], None] | None
     score: bool
+    assembly: dict[str, Any] | None = None  # the assembly's provenance (e.g. providers left out), for the manifest
     todo: list[Sample] = field(default_factory=list)
     skipped: int = 0
     writer: StateWriter | None = None
@@ -256,7 +257,7 @@ class _Run:
     def start(cls, source: StateSource, samples: Sequence[Sample], files: HiddenStateFiles, options: ExtractOptions,
               world: World, *, where: str, desc: str, progress: bool, status_interval_s: float,
               tokenizer_fingerprint: str, records_hashes: dict[str, str] | None,
-              on_batch: Callable[[int], None] | None) -> "_Run":
+              on_batch: Callable[[int], None] | None, assembly: dict[str, Any] | None = None) -> "_Run":
         """Validate → open the target → plan → check → writer → resume; everything refusable is refused here,
         before the first state is computed."""
         layout = get_layout(options.layout)
@@ -279,7 +280,7 @@ class _Run:
         mine = [s for s in samples if world.owns(s)]
         todo = [s for s in mine if s.id not in done]
         run = cls(source, samples, files, world, tokenizer_fingerprint, records_hashes, on_batch, options.score,
-                  todo, len(mine) - len(todo), writer)
+                  assembly, todo, len(mine) - len(todo), writer)
         if not run.finished:
             run.progress = Progress(files.directory.name, where, desc, sum(len(s) for s in todo), len(todo),
                                     show=progress, interval_s=status_interval_s)
@@ -324,6 +325,8 @@ class _Run:
         if self.world.finalizes_after_barrier():
             done = read_parts(self.files)
             extra = self.source.manifest_extra()
+            if self.assembly is not None:
+                extra["assembly"] = self.assembly
             if all(s.id in done for s in self.samples):  # complete: the scores file goes before the manifest
                 rows = score_rows(self.samples, {i: e.score for i, e in done.items()})
                 extra["scoring"] = write_scores(self.files.directory, rows, len(self.samples))
@@ -342,7 +345,8 @@ def run_extraction(source: StateSource, samples: Sequence[Sample], files: Hidden
     """The skeleton for a source whose `batches` is a plain iterator (it computes in this thread).
 
     `kwargs`: `where`/`desc` (the status line's and the bar's label), `progress`, `status_interval_s`,
-    `tokenizer_fingerprint`, `records_hashes`, `on_batch(n)` (after each batch; tests inject a kill here)."""
+    `tokenizer_fingerprint`, `records_hashes`, `assembly` (`Assembly.provenance()`, recorded in the manifest),
+    `on_batch(n)` (after each batch; tests inject a kill here)."""
     run = _Run.start(source, samples, files, options, world, **kwargs)
     if run.finished:
         return run.earlier_result()
@@ -370,7 +374,8 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
             options: ExtractOptions | None = None, device: str = "cpu", dtype: torch.dtype | None = None,
             device_map: Any = None, max_memory: dict | None = None, tp: int = 1, rank: int | None = None,
             world_size: int | None = None, tokenizer_fingerprint: str = "",
-            records_hashes: dict[str, str] | None = None, devices: Devices | None = None,
+            records_hashes: dict[str, str] | None = None, assembly: dict[str, Any] | None = None,
+            devices: Devices | None = None,
             progress: bool = True, status_interval_s: float = 10.0,
             on_batch: Callable[[int], None] | None = None, load_fn: ModelLoader = load_model) -> ExtractResult:
     """Hidden states of `samples` into `<output_dir>/hidden_states/<name>/` by the transformers backend, resuming
@@ -394,12 +399,13 @@ def extract(samples: Sequence[Sample], output_dir: str | Path, name: str, model:
                           desc=f"dp {dp_rank}/{world.dp}" + (f" tp {tp_rank}/{tp}" if tp > 1 else ""),
                           progress=progress, status_interval_s=status_interval_s,
                           tokenizer_fingerprint=tokenizer_fingerprint, records_hashes=records_hashes,
-                          on_batch=on_batch)
+                          assembly=assembly, on_batch=on_batch)
 
 
 async def extract_with_vllm_async(samples: Sequence[Sample], output_dir: str | Path, name: str, model: str | Path,
                                   *, vllm: VllmOptions, options: ExtractOptions | None = None,
                                   tokenizer_fingerprint: str = "", records_hashes: dict[str, str] | None = None,
+                                  assembly: dict[str, Any] | None = None,
                                   progress: bool = True, status_interval_s: float = 10.0,
                                   on_batch: Callable[[int], None] | None = None,
                                   transport: httpx.AsyncBaseTransport | None = None) -> ExtractResult:
@@ -411,7 +417,7 @@ async def extract_with_vllm_async(samples: Sequence[Sample], output_dir: str | P
                                       options or ExtractOptions(), where=f"via {public_url(vllm.server or '')}",
                                       desc=f"vllm {name}", progress=progress, status_interval_s=status_interval_s,
                                       tokenizer_fingerprint=tokenizer_fingerprint, records_hashes=records_hashes,
-                                      on_batch=on_batch)
+                                      assembly=assembly, on_batch=on_batch)
 
 
 def extract_with_vllm(*args: Any, **kwargs: Any) -> ExtractResult:
@@ -461,7 +467,8 @@ class ExtractionJob(Settings):
     async def run_async(self, samples: Sequence[Sample], **kwargs: Any) -> ExtractResult:
         """Either backend from a running event loop (the notebook): the vllm client awaits the server; the
         transformers backend computes here, in this thread, as `run` does. The vllm backend takes
-        `tokenizer_fingerprint`, `records_hashes`, `progress`, `status_interval_s`, `on_batch` and `transport`."""
+        `tokenizer_fingerprint`, `records_hashes`, `assembly`, `progress`, `status_interval_s`, `on_batch` and
+        `transport`."""
         if self.backend != "vllm":
             return self.run(samples, **kwargs)
         kwargs.setdefault("status_interval_s", self.status_interval_s)
