@@ -51,6 +51,7 @@ class Rule:
 RULES: dict[str, Rule] = {
     "ok": Rule("known"),
     "untokenizable": Rule("known"),            # read and paid for, but its text has no exact ids
+    "reasoning_missing": Rule("known"),        # paid for, its reasoning never served: refused, retried elsewhere
     "rate_limit": Rule("none", counts=False, rate_limited=True),
     "upstream_rate_limit": Rule("none", counts=False, rate_limited=True),
     "budget_inflight": Rule("none", counts=False),
