@@ -25,6 +25,7 @@ class StopReason(StrEnum):
     BALANCE_RESERVE_REACHED = "balance_reserve_reached"  # not one more fits above the balance's reserve
     OUT_OF_CREDITS = "out_of_credits"                    # the service said 402: no credits
     NO_ENDPOINTS = "no_endpoints"                        # routing leaves no endpoint, answer after answer
+    NO_FAITHFUL_PROVIDERS = "no_faithful_providers"      # every eligible provider judged suspect (fidelity.py)
     INTERRUPTED = "interrupted"                          # SIGINT/SIGTERM (Ctrl-C, a kernel interrupt)
 
 
