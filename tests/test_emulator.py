@@ -458,7 +458,8 @@ def test_every_quirk_has_one_shape():
     from eagledata.emulator.catalog import QUIRKS
     from eagledata.emulator.content import TEXT_QUIRKS
 
-    assert QUIRKS == ("reasoning_details_only", "inline_think", "literal_specials")
+    assert QUIRKS == ("reasoning_details_only", "inline_think", "literal_specials", "bare_close",
+                      "reasoning_dropped", "special_spaces")
     assert set(SERVED) | set(TEXT_QUIRKS) == set(QUIRKS) and not set(SERVED) & set(TEXT_QUIRKS)
 
 
@@ -479,8 +480,36 @@ def test_quirks_are_served_and_recorded(em, tok):
         elif quirk == "literal_specials":
             assert any(s in msg["content"] for s in ("<|im_end|>", "<think>", "</think>", "<|im_start|>"))
             assert output_ids(tok, msg["reasoning"], msg["content"], "stop") == g["output_ids"]
+        elif quirk == "bare_close":  # no reasoning parser: the reasoning and its </think> as content
+            assert msg["reasoning"] is None and not msg["reasoning_details"]
+            assert msg["content"] == g["reasoning"] + "</think>" + g["content"]
+        elif quirk == "reasoning_dropped":  # billed and counted, served nowhere
+            assert msg["reasoning"] is None and not msg["reasoning_details"] and msg["content"] == g["content"]
+            assert d["usage"]["completion_tokens_details"]["reasoning_tokens"] == g["reasoning_tokens"] > 0
+        elif quirk == "special_spaces":  # vllm#33457: a space beside every special token
+            assert msg["reasoning"] == " " + g["reasoning"] + " " and msg["content"] == " " + g["content"] + " "
         else:
             pytest.fail(f"no expected shape for the quirk {quirk!r}: add it here")
+        # whatever the shape, the ground truth is the model's ids, and the usage counts them
+        assert d["usage"]["completion_tokens"] == len(g["output_ids"])
+        assert g["finish_reason"] == "stop"
+
+
+def test_usage_counts_im_end_or_not_by_endpoint(em):
+    """An endpoint that does not count `<|im_end|>` reports (and bills) one token less on a finished answer, none
+    less on a cut one: a constant offset per provider, the ids unchanged."""
+    em.reset({**em.base, "endpoints": [{"provider": "Fireworks", "usage_counts_im_end": False}]})
+    seen = set()
+    for i, max_tokens in enumerate([5000, 5000, 30]):
+        d = chat(em, content=f"count {i}", max_tokens=max_tokens).json()
+        g, u = em.ground_truth(d["id"]), d["usage"]
+        offset = -1 if g["finish_reason"] == "stop" else 0
+        assert u["completion_tokens"] == len(g["output_ids"]) + offset
+        assert u["cost"] == pytest.approx(g["cost"], rel=1e-12)
+        seen.add(g["finish_reason"])
+    assert seen == {"stop", "length"}
+    from eagledata.emulator.catalog import default_endpoints
+    assert {e.provider for e in default_endpoints() if not e.usage_counts_im_end} == {"SiliconFlow", "Parasail"}
 
 
 def test_two_thousand_in_flight(tokenizer_dir):

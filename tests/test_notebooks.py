@@ -58,6 +58,22 @@ def test_tokenizer_notebook_on_records_file(tok, tokenizer_dir, execute_notebook
         execute_notebook("tokenizer", tokenizer=str(tokenizer_dir), records=str(bad))
 
 
+def test_tokenizer_notebook_fails_on_an_unrepaired_bare_close(tok, tokenizer_dir, execute_notebook, tmp_path):
+    """Empty reasoning and `</think>` inside content (a provider without a reasoning parser, recorded as served):
+    the notebook's verdict fails instead of calling it explained."""
+    from eagledata.records import Record
+    from eagledata.text.sequences import output_ids, prompt_ids
+
+    messages = [{"role": "user", "content": "hi"}]
+    served = "They greet me.</think>Hello!"
+    path = tmp_path / "records.jsonl"
+    path.write_text(Record(id="bare", dataset="B1", messages=messages, reasoning="", content=served,
+                           finish_reason="stop", prompt_ids=prompt_ids(tok, messages),
+                           output_ids=output_ids(tok, "", served, "stop")).to_json() + "\n")
+    with pytest.raises(PapermillExecutionError, match=r"FAIL: 1 of 1 records"):
+        execute_notebook("tokenizer", tokenizer=str(tokenizer_dir), records=str(path))
+
+
 def test_providers_notebook_from_snapshot_without_server(execute_notebook, tmp_path):
     from test_providers import catalog
 

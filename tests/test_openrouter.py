@@ -108,3 +108,50 @@ def test_api_key_from_the_environment_only_and_none_for_a_local_backend(monkeypa
     monkeypatch.setenv("EAGLEDATA_NO_SUCH_KEY", "sk-local")
     assert resolve_api_key(remote, "EAGLEDATA_NO_SUCH_KEY", backend="local") == "sk-local"  # vLLM --api-key
     assert make_client(remote, "sk-local").headers["authorization"] == "Bearer sk-local"
+
+
+# -- answers served without a reasoning parser (answers.repair_reasoning) ---------------------------------
+def _served(content, finish="stop", reasoning=None, reasoning_tokens=3, completion_tokens=8, **message):
+    body = ok_body(content=content, reasoning=reasoning, **message)
+    body["choices"][0]["finish_reason"] = finish
+    body["usage"]["completion_tokens"] = completion_tokens
+    body["usage"]["completion_tokens_details"]["reasoning_tokens"] = reasoning_tokens
+    return classify(200, body)
+
+
+def test_bare_close_is_repaired_exactly():
+    """`reasoning</think>answer` in content, no reasoning field: split at the first `</think>`, kept, named."""
+    out = _served("Think it over.</think>The answer, with a literal </think> in it.")
+    c = out.completion
+    assert out.kind is Kind.OK and c.repaired == "bare_close"
+    assert c.answer == Answer("Think it over.", "The answer, with a literal </think> in it.", "stop")
+    # the model's own empty reasoning, served bare, counted 0: still exact
+    c = _served("</think>Hi.", reasoning_tokens=0).completion
+    assert (c.answer.reasoning, c.answer.content, c.repaired) == ("", "Hi.", "bare_close")
+    # a provider that serves reasoning: content with a literal `</think>` is text, nothing repaired
+    c = _served("A literal </think> tag.", reasoning="Real reasoning.").completion
+    assert (c.answer.reasoning, c.answer.content, c.repaired) == ("Real reasoning.", "A literal </think> tag.", "")
+    # inline `<think>…</think>` keeps its own rule, even with empty reasoning inside
+    c = _served("<think></think>Hi.", reasoning_tokens=0).completion
+    assert (c.answer.reasoning, c.answer.content, c.repaired) == ("", "Hi.", "")
+
+
+def test_a_cut_bare_answer_is_reasoning_only_when_the_count_says_so():
+    # every output token counted as reasoning: the cut fell inside the reasoning
+    c = _served("Still thinking about", finish="length", reasoning_tokens=8, completion_tokens=8).completion
+    assert (c.answer.reasoning, c.answer.content, c.repaired) == ("Still thinking about", "", "bare_close_cut")
+    # no reasoning counted: the model's own empty <think></think>, cut in its answer (as served)
+    c = _served("1, 2, 3, 4", finish="length", reasoning_tokens=0, completion_tokens=8).completion
+    assert (c.answer.reasoning, c.answer.content, c.repaired) == ("", "1, 2, 3, 4", "")
+
+
+def test_reasoning_billed_but_not_served_is_refused():
+    """reasoning_tokens > 0 and no reasoning text anywhere: the ids cannot be rebuilt; retried, billed, named."""
+    for out in (_served("Answer."), _served("1, 2, 3", finish="length", reasoning_tokens=5, completion_tokens=9)):
+        assert (out.kind, out.error_class, out.provider) == (Kind.RETRY, "reasoning_missing", "DeepInfra")
+        assert out.completion is not None and out.completion.usage.cost == 2.5e-5  # what it cost is known
+    from eagledata.generation.policy import rule
+    assert rule(_served("Answer.")).cost == "known"
+    # empty reasoning counted 0 is the model's own <think></think>: valid
+    out = _served("Answer.", reasoning_tokens=0)
+    assert out.kind is Kind.OK and out.completion.answer == Answer("", "Answer.", "stop")

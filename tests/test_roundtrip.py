@@ -71,3 +71,31 @@ def test_agreement():
     assert agreement([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
     assert agreement([1, 2, 9, 4], [1, 2, 3, 4]) == 0.75
     assert agreement([1, 2], [1, 2, 3, 4]) == 0.5
+
+
+def test_an_unrepaired_bare_close_fails_the_verdict(tok, tmp_path):
+    """A provider without a reasoning parser, recorded as served: empty reasoning, `</think>` inside content. It
+    fails the verdict, and with the true ids known the wrong text is fatal too (not "explained")."""
+    from eagledata.records import load_records
+
+    messages = [{"role": "user", "content": "What is 6*7?"}]
+    served = "Six sevens are forty-two.</think>42."
+    bad = Record(id="bare", dataset="B1", messages=messages, reasoning="", content=served, finish_reason="stop",
+                 generation_id="gen-bare", prompt_ids=prompt_ids(tok, messages),
+                 output_ids=output_ids(tok, "", served, "stop"))
+    path = tmp_path / "records.jsonl"
+    path.write_text(good_record(tok).to_json() + "\n" + bad.to_json() + "\n")
+    report = validate(tok, [Case.from_record(r) for r in load_records(path)])
+    assert by_id(report)["bare"].classes[0] == "unrepaired bare close" and by_id(report)["r1"].classes == []
+    assert not report.passed and report.verdict().startswith("FAIL: 1 of 2")
+    true = output_ids(tok, "Six sevens are forty-two.", "42.", "stop")
+    truth = tmp_path / "truth.jsonl"
+    truth.write_text('{"generation_id": "gen-bare", "output_ids": %s}\n' % true)
+    res = validate(tok, [Case.from_record(bad, load_truth(truth))]).results[0]
+    assert "text differs from true ids" in res.classes and res.agreement < 0.5
+    # repaired as generate now records it: passes, and agrees with the true ids exactly
+    fixed = Case.from_record(Record(id="fixed", dataset="B1", messages=messages, reasoning="Six sevens are forty-two.",
+                                    content="42.", finish_reason="stop", generation_id="gen-bare",
+                                    prompt_ids=bad.prompt_ids, output_ids=true), load_truth(truth))
+    report = validate(tok, [fixed])
+    assert report.passed and report.results[0].agreement == 1.0 and report.results[0].classes == []

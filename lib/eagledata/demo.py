@@ -50,8 +50,11 @@ def headline(name: str, r: dict) -> str:
         s = r["summary"]
         per = "; ".join(f"{n} {d['stop_reason']}, {d['records']} records, {d['output_tokens']:,} tokens"
                         for n, d in s.get("datasets", {}).items())
+        fid = ", ".join(f"{who} {p['verdict']} ({p['repaired']} of {p['answers']} repaired, {p['refused']} refused)"
+                        for who, p in (s.get("fidelity") or {}).get("providers", {}).items())
         return (f"{s['stop_reason']}; {s['records']} records, {s['output_tokens']:,} output tokens, "
-                f"charged ${s['run']['spend_usd']:.4f}" + (f" ({per})" if per else ""))
+                f"charged ${s['run']['spend_usd']:.4f}" + (f" ({per})" if per else "")
+                + (f"; fidelity: {fid}" if fid else ""))
     if name == "tokenizer":
         return r["report"]["verdict"]
     if name == "hidden_states":
@@ -95,7 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     # A few faults of the real service, so the generate report shows retries at work.
     faults = {"rate_limit": 0.02, "bad_gateway": 0.02, "empty_content": 0.02, "truncated_json": 0.01,
               "connection_reset": 0.01, "retry_after": 1}
-    with run_emulator(speed=args.speed, ground_truth_file=str(truth), seed=2026, faults=faults) as emu:
+    # One quirky endpoint: the cheapest eligible provider serves a tenth of its answers without a reasoning parser
+    # ("reasoning</think>answer" as content), so the generate report shows them repaired and kept.
+    quirky = [{"provider": "Chutes", "quirks": {"bare_close": 0.1}}]
+    with run_emulator(speed=args.speed, ground_truth_file=str(truth), seed=2026, faults=faults,
+                      endpoints=quirky) as emu:
         print(f"demo: emulator at {emu.base_url}", flush=True)
         step("providers", "providers", base_url=emu.base_url, params_dir=str(params), output_dir=str(demo))
         routing = routing_file("moonshotai/kimi-k2.5", params)

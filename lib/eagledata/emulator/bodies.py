@@ -32,10 +32,30 @@ def _inline_think(gen: Generation, details: list[dict]) -> Served:
     return None, [], "<think>" + gen.reasoning + ("</think>" + gen.content if closed else "")
 
 
+def _bare_close(gen: Generation, details: list[dict]) -> Served:
+    closed = len(gen.output_ids) > gen.reasoning_tokens
+    return None, [], gen.reasoning + ("</think>" + gen.content if closed else "")
+
+
+def _reasoning_dropped(gen: Generation, details: list[dict]) -> Served:
+    return None, [], gen.content
+
+
+def _special_spaces(gen: Generation, details: list[dict]) -> Served:
+    """vllm#33457: `<think>ok</think>1` served as `' <think> ok </think> 1'`, split by the reasoning parser."""
+    closed = len(gen.output_ids) > gen.reasoning_tokens
+    reasoning = " " + gen.reasoning + (" " if closed else "")
+    content = " " + gen.content + (" " if gen.finish_reason == "stop" else "") if closed else ""
+    return reasoning, [{**details[0], "text": reasoning}], content
+
+
 # Quirks that change how the fields are served (the others change the text itself: `content.TEXT_QUIRKS`).
 SERVED: dict[str, Callable[[Generation, list[dict]], Served]] = {
     "reasoning_details_only": _details_only,  # message.reasoning null, the text only in reasoning_details
     "inline_think": _inline_think,  # reasoning inline as <think>…</think> at the start of content
+    "bare_close": _bare_close,  # no reasoning parser: "reasoning</think>answer" as content
+    "reasoning_dropped": _reasoning_dropped,  # reasoning billed, served nowhere
+    "special_spaces": _special_spaces,  # a space beside every special token
 }
 
 

@@ -32,6 +32,11 @@ class Quirks:
     reasoning_details_only: float = 0.0  # message.reasoning null, text only in reasoning_details
     inline_think: float = 0.0  # reasoning inline as <think>…</think> at the start of content
     literal_specials: float = 0.0  # the text "<|im_end|>" or "<think>" inside content
+    # An engine serving K2.5 without its reasoning parser (vllm#36207): no reasoning field, content
+    # "reasoning</think>answer" (no opening tag: the prompt opened it); a cut inside the reasoning is all content.
+    bare_close: float = 0.0
+    reasoning_dropped: float = 0.0  # reasoning billed and counted, its text served nowhere
+    special_spaces: float = 0.0  # a space beside every special token (vllm#33457): " reasoning " / " answer "
 
 
 QUIRKS: tuple[str, ...] = tuple(f.name for f in fields(Quirks))
@@ -60,6 +65,9 @@ class Endpoint:
     # An aborted stream stops generation and billing (the tokens so far are billed); without it the
     # provider generates on and bills the whole answer. A non-streaming request always runs to the end.
     stream_cancellation: bool = False
+    # Whether `usage.completion_tokens` counts the final `<|im_end|>` (providers differ: a constant offset of -1
+    # on finished answers when not). Billing follows the count, as the service bills what it reports.
+    usage_counts_im_end: bool = True
 
     @property
     def tag(self) -> str:
@@ -97,13 +105,13 @@ def default_endpoints() -> list[Endpoint]:
             quirks=Quirks(inline_think=0.02)),
         _ep("DeepInfra", "deepinfra", "int4", 0.45, 2.20, 0.9, 45, 99.6, stream_cancellation=True),
         _ep("SiliconFlow", "siliconflow", "int4", 0.55, 2.30, 2.1, 30, 98.4,
-            quirks=Quirks(reasoning_details_only=0.05)),
+            quirks=Quirks(reasoning_details_only=0.05), usage_counts_im_end=False),
         _ep("AtlasCloud", "atlascloud", "int4", 0.50, 2.40, 1.4, 35, 98.9),
         _ep("Together", "together", "int4", 0.60, 2.80, 0.7, 60, 99.8, max_completion_tokens=32_768,
             stream_cancellation=True),
         _ep("Novita", "novita", "int4", 0.55, 2.50, 1.2, 42, 99.1, quirks=Quirks(literal_specials=0.02),
             stream_cancellation=True),
-        _ep("Parasail", "parasail", "int4", 0.55, 2.60, 1.0, 50, 99.3),
+        _ep("Parasail", "parasail", "int4", 0.55, 2.60, 1.0, 50, 99.3, usage_counts_im_end=False),
         _ep("Moonshot AI", "moonshotai", "int4", 0.60, 2.50, 1.8, 33, 99.5),
         _ep("Venice", "venice", "unknown", 0.70, 2.80, 2.5, 25, 96.0, quirks=Quirks(inline_think=0.1)),
         _ep("Fireworks", "fireworks", "nvfp4", 0.35, 1.80, 0.5, 110, 99.9, stream_cancellation=True),

@@ -111,7 +111,7 @@ def _endpoint(raw: Any, name: str, base: Endpoint | None) -> Endpoint:
             _num(value, where, integer=True)
         elif key == "error_rate":
             _num(value, where, lo=0, hi=1)
-        elif key == "stream_cancellation":
+        elif key in ("stream_cancellation", "usage_counts_im_end"):
             _typed(value, bool, where)
         elif key == "data_collection":
             if value not in ("allow", "deny"):

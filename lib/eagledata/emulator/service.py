@@ -17,7 +17,7 @@ from jinja2 import TemplateError
 from starlette.requests import Request
 
 from ..errors import InputError
-from ..text import KimiTokenizer, prompt_ids
+from ..text import IM_END, KimiTokenizer, prompt_ids
 from .catalog import Endpoint, route
 from .config import EmulatorConfig
 from .content import Generation, content_rng, generate, prompt_hash
@@ -194,7 +194,7 @@ class Emulator:
         assert gen is not None
         if gen.quirk:
             self.stats.quirks[gen.quirk] += 1
-        n_prompt, n_out = len(job.prompt_ids), len(gen.output_ids)
+        n_prompt, n_out = len(job.prompt_ids), self.counted(job)
         self.generations[job.gen_id] = (time.monotonic() + self.cfg.generation_delay, {
             "id": job.gen_id, "upstream_id": f"chatcmpl-{job.gen_id[-12:]}", "total_cost": cost,
             "cache_discount": None, "upstream_inference_cost": None, "created_at": _iso(job.created),
@@ -216,13 +216,19 @@ class Emulator:
             with open(self.cfg.ground_truth_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
-    def cost(self, job: Job) -> float:
+    @staticmethod
+    def counted(job: Job) -> int:
+        """The output tokens the endpoint reports (and bills): the ids, less a final `<|im_end|>` it does not count."""
         assert job.gen is not None
-        return usage_cost(len(job.prompt_ids), len(job.gen.output_ids), job.ep)
+        ids = job.gen.output_ids
+        return len(ids) - (not job.ep.usage_counts_im_end and bool(ids) and ids[-1] == IM_END)
+
+    def cost(self, job: Job) -> float:
+        return usage_cost(len(job.prompt_ids), self.counted(job), job.ep)
 
     def usage(self, job: Job, empty: bool = False) -> dict:
         n_prompt = 0 if empty else len(job.prompt_ids)
-        n_out = 0 if empty or job.gen is None else len(job.gen.output_ids)
+        n_out = 0 if empty or job.gen is None else self.counted(job)
         reasoning = 0 if empty or job.gen is None else job.gen.reasoning_tokens
         return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
                 "cost": 0.0 if empty else self.cost(job), "is_byok": False,

@@ -5,14 +5,15 @@ from .budget import (BudgetConfig, DatasetStats, OutputLengths, Plan, PriceBasis
                      plan_prices, planned_vs_actual, plot_plan, scenario_table)
 from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
 from .engine import GenerateConfig, generate, run_generation
+from .fidelity import FidelityJudge, ignore_suspects
 from .pacing import Pacing
 from .prompts import Prompt, load_prompts, scan_prompts
 from .report import (dataset_rows, dataset_summaries, datasets_table, plot_datasets, plot_run, record_stats,
                      summary_table, without_timelines)
 from .store import Store, StoreLocked
 
-__all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
-           "Store", "StoreLocked", "generate", "get_dataset", "load_datasets", "load_prompts",
+__all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
+           "Store", "StoreLocked", "generate", "get_dataset", "ignore_suspects", "load_datasets", "load_prompts",
            "Pacing", "dataset_rows", "dataset_summaries", "datasets_table", "plot_datasets", "without_timelines",
            "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan", "plot_run",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "write_targets"]

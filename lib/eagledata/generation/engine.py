@@ -34,6 +34,7 @@ from ..errors import InputError
 from ..paths import dataset_files
 from ..openrouter import (ClientPool, Completion, Kind, Outcome, Price, RoutingDecision,
                           build_request, complete, load_routing, read_account, resolve_api_key)
+from ..openrouter.answers import REASONING_MISSING
 from ..settings import Settings, setting
 from ..text import KimiTokenizer, load_tokenizer, prompt_ids
 from .account import AccountReading, Books
@@ -41,6 +42,7 @@ from .admission import Admission, AgeModel, BudgetMode
 from .budget import OutputLengths
 from .congestion import Congestion, ProviderCooldown
 from .datasets import select_datasets
+from .fidelity import FidelityJudge
 from .pacing import Pacing
 from .policy import Rule, StopReason, error_stop, fatal_stop, retry_delay, rule
 from .progress import (DatasetSnapshot, ProgressView, RunSnapshot, RunStats, dataset_summary, make_progress,
@@ -147,6 +149,7 @@ class _Item:  # a prompt on its way: due time and sequence order the retry heap
     last_error: dict | None = field(default=None, compare=False)
     started: bool = field(default=False, compare=False)   # this attempt was sent (pacing counts it in flight)
     requeue: bool = field(default=False, compare=False)   # to the retry heap once its worker lets go of it
+    avoid: set[str] = field(default_factory=set, compare=False)  # providers that refused this prompt's answer
 
 
 @dataclass(eq=False)
@@ -164,6 +167,7 @@ class DatasetRun:
     stop_reason: str = ""
     target_met_s: float | None = None                    # when its recorded tokens reached the target
     stats: RunStats = field(default_factory=RunStats)
+    fidelity: FidelityJudge = field(default_factory=FidelityJudge)  # this dataset's answers (the run's judge decides)
 
     def __post_init__(self) -> None:
         self.prompts = iter(self.scan)
@@ -236,6 +240,7 @@ class Run:
         self.books = Books(lag_s=cfg.account_lag_s)
         self.congestion = Congestion(cfg.concurrency)
         self.cooldown = ProviderCooldown(cooldown_s=cfg.provider_cooldown_s)
+        self.fidelity = FidelityJudge()  # per-provider verdicts over the whole run (fidelity.py)
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
         self.cond = asyncio.Condition()
@@ -450,12 +455,29 @@ class Run:
     async def _in_pool(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
 
-    def _provider(self) -> dict[str, Any] | None:
-        """The routing decision's provider object, leaving out providers cooling off after 429s."""
-        hot = self.cooldown.cooling(time.monotonic(), self.routing.eligible_providers)
-        if not hot or not self.routing.provider:
+    def _provider(self, item: _Item | None = None) -> dict[str, Any] | None:
+        """The routing decision's provider object, leaving out the providers judged suspect (for good), those that
+        refused this prompt's answer (unless that leaves none), and those cooling off after 429s."""
+        eligible = self.routing.eligible_providers
+        out = set(self.fidelity.suspects)
+        if item is not None and item.avoid and not set(eligible) <= out | item.avoid:
+            out |= item.avoid
+        out |= set(self.cooldown.cooling(time.monotonic(), [p for p in eligible if p not in out]))
+        if not out or not self.routing.provider:
             return self.routing.provider
-        return {**self.routing.provider, "ignore": sorted({*self.routing.provider.get("ignore", []), *hot})}
+        return {**self.routing.provider, "ignore": sorted({*self.routing.provider.get("ignore", []), *out})}
+
+    def _judged(self, provider: str, suspect: bool) -> None:
+        """A provider just turned suspect: say so; when no eligible provider is left, stop (caller holds the lock)."""
+        if not suspect:
+            return
+        evidence = self.fidelity.providers[provider].evidence
+        log.warning(
+            "provider %s left out of the rest of the run: suspect, %s", provider, evidence)
+        eligible = set(self.routing.eligible_providers)
+        if self.paid and eligible and eligible <= set(self.fidelity.suspects):
+            self.stop(StopReason.NO_FAITHFUL_PROVIDERS)
+            self.cond.notify_all()
 
     # -- one request ------------------------------------------------------------------------------
     async def worker(self, client: httpx.AsyncClient) -> None:
@@ -496,7 +518,7 @@ class Run:
             pace = self.pacing.start(item.lane.name, time.monotonic())
             item.started = True
         body = build_request(self.cfg.model, item.prompt.messages, max_tokens=self.cfg.max_tokens,
-                             temperature=self.cfg.temperature, provider=self._provider(), backend=self.cfg.backend)
+                             temperature=self.cfg.temperature, provider=self._provider(item), backend=self.cfg.backend)
         item.lane.stats.in_flight += 1
         try:
             outcome = await self.complete(client, body)
@@ -558,14 +580,22 @@ class Run:
                 store.add_record(record, cost)
             self.pacing.end(pace, time.monotonic(), record.output_tokens if written else 0, finished=written)
             item.lane.stats.add_record(record, c.usage, cost)
+            item.lane.fidelity.answer(c.provider, record.meta["fidelity"], record.finish_reason)
+            self._judged(c.provider, self.fidelity.answer(c.provider, record.meta["fidelity"], record.finish_reason))
             self.no_endpoint_streak = 0
             self.cond.notify(2)
 
     async def _not_ok(self, item: _Item, outcome: Outcome, ticket: int, pace: int, cost: float | None = None) -> None:
         cls = outcome.error_class
         lane = item.lane
+        if cost is None and outcome.completion is not None:  # a refused answer: read, and paid for
+            cost = self._cost(outcome.completion)
         async with self.cond:
             r = self._settle(item, ticket, outcome, cost)
+            if cls == REASONING_MISSING:  # retried on another provider, counted against this one
+                item.avoid.add(outcome.provider)
+                lane.fidelity.refusal(outcome.provider)
+                self._judged(outcome.provider, self.fidelity.refusal(outcome.provider))
             finished = False
             lane.stats.errors[cls] += 1
             item.last_error = outcome.error_dict()
@@ -667,6 +697,8 @@ class Run:
         t = time.monotonic() - self.t0
         return RunSnapshot(t=t, in_flight=self.in_flight, limit=self.congestion.allowed, spent=spent,
                            cap=self.cfg.max_spend_usd, money_limit=limit, foreign=self.books.foreign_usd,
+                           suspects=tuple(f"{n}: {self.fidelity.providers[n].evidence.split(' (')[0]}"
+                                          for n in self.fidelity.suspects),
                            stats=self.totals(), datasets=[DatasetSnapshot(
                                name=lane.name, done=lane.store.recorded + lane.store.failed,
                                total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,
@@ -763,7 +795,7 @@ class Run:
         if charged is not None and not self.single:
             total = sum(other.stats.booked_usd for other in self.lanes.values())
             charged = charged * lane.stats.booked_usd / total if total else 0.0
-        return dataset_summary(
+        return {**dataset_summary(
             lane.name, lane.store, lane.stats, common=self._common(wall), stop_reason=lane.stop_reason,
             fatal=self.fatal.error_dict() if self.fatal else None, prompts=lane.scan.total, target=lane.target,
             figures=run_figures(lane.stats, wall_s=wall, charged=charged,
@@ -772,7 +804,8 @@ class Run:
             extra={**self._money_extra(),
                    "concurrency_changes": self._concurrency_changes(),
                    **({"shared_with": [n for n in self.lanes if n != lane.name]} if not self.single else {})},
-            routing={"provider": self.routing.provider, "source": self.routing.source})
+            routing={"provider": self.routing.provider, "source": self.routing.source}),
+            "fidelity": lane.fidelity.summary(verdicts=self.fidelity)}
 
     def _money_extra(self) -> dict[str, Any]:
         return {"foreign_usd": round(self.books.foreign_usd, 8), "money_left": self.money_left}
@@ -784,14 +817,15 @@ class Run:
     def _run_summary(self, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
         totals = self.totals()
-        return run_summary(list(self.lanes), summaries, totals, common=self._common(wall),
+        return {**run_summary(list(self.lanes), summaries, totals, common=self._common(wall),
                            stop_reason=self.stop_reason or StopReason.COMPLETED,
                            fatal=self.fatal.error_dict() if self.fatal else None,
                            figures=run_figures(totals, wall_s=wall, charged=self.books.charged_usd,
                                                spent=self.books.spent()),
                            settings=self._run_settings(),
                            extra={**self._money_extra(), "concurrency_changes": self._concurrency_changes()},
-                           routing={"provider": self.routing.provider, "source": self.routing.source})
+                           routing={"provider": self.routing.provider, "source": self.routing.source}),
+                "fidelity": self.fidelity.summary()}
 
 
 def _install_signal_handlers(callback: Callable[[], None]) -> Callable[[], None]:

@@ -25,6 +25,7 @@ class StopReason(StrEnum):
     BALANCE_RESERVE_REACHED = "balance_reserve_reached"  # not one more fits above the balance's reserve
     OUT_OF_CREDITS = "out_of_credits"                    # the service said 402: no credits
     NO_ENDPOINTS = "no_endpoints"                        # routing leaves no endpoint, answer after answer
+    NO_FAITHFUL_PROVIDERS = "no_faithful_providers"      # every eligible provider judged suspect (fidelity.py)
     INTERRUPTED = "interrupted"                          # SIGINT/SIGTERM (Ctrl-C, a kernel interrupt)
 
 
@@ -51,6 +52,7 @@ class Rule:
 RULES: dict[str, Rule] = {
     "ok": Rule("known"),
     "untokenizable": Rule("known"),            # read and paid for, but its text has no exact ids
+    "reasoning_missing": Rule("known"),        # paid for, its reasoning never served: refused, retried elsewhere
     "rate_limit": Rule("none", counts=False, rate_limited=True),
     "upstream_rate_limit": Rule("none", counts=False, rate_limited=True),
     "budget_inflight": Rule("none", counts=False),

@@ -102,6 +102,7 @@ class RunSnapshot:
     cap: float | None = None      # max_spend_usd
     money_limit: float = math.inf  # what this run may spend: min(cap, balance - reserve)
     foreign: float = 0.0          # usage on the account this run did not book (another spender)
+    suspects: tuple[str, ...] = ()  # providers left out for good: their answers are not the model's (fidelity.py)
 
 
 class ProgressView(Protocol):
@@ -152,6 +153,8 @@ def status_line(snap: RunSnapshot) -> str:
             f"ETA {duration(eta)}{why} | {snap.stats.describe_errors(top=None)}")
     if len(snap.datasets) > 1:
         line += " | " + ", ".join(f"{d.name} {100 * d.share:.1f}%" for d in snap.datasets)
+    if snap.suspects:
+        line += f" | left out as fidelity suspects: {', '.join(snap.suspects)}"
     return line
 
 

@@ -12,6 +12,17 @@ from ..records import Record
 from ..text import KimiTokenizer, agreement, output_ids
 
 
+def answer_check(completion: Completion, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
+    """`meta.fidelity` of a kept answer: the repair rule applied ("" when served whole) and how the service's own
+    counts differ from our ids (`usage` minus ids; None when the service gave no count). A provider's differences
+    are constant (it counts `<|im_end|>` or not); spread-out ones mean its text is not the model's
+    (generation/fidelity.py judges them)."""
+    u = completion.usage
+    return {"repaired": completion.repaired,
+            "completion_diff": u.completion_tokens - len(output_ids) if u.completion_tokens else None,
+            "prompt_diff": u.prompt_tokens - len(prompt_ids) if u.prompt_tokens else None}
+
+
 def build_record(tok: KimiTokenizer, *, prompt_id: str, dataset: str, messages: list[dict], prompt_ids: list[int],
                  completion: Completion, attempts: int, sampling: dict[str, Any] | None = None) -> Record:
     """The record of one answer. A lone surrogate (legal in JSON, not in UTF-8) has no exact ids: it raises
@@ -33,6 +44,7 @@ def build_record(tok: KimiTokenizer, *, prompt_id: str, dataset: str, messages: 
         if completion.prompt_token_ids is not None:
             meta["prompt_ids_match"] = list(completion.prompt_token_ids) == p_ids
             p_ids = list(completion.prompt_token_ids)
+    meta["fidelity"] = answer_check(completion, p_ids, ids)
     return Record(id=prompt_id, dataset=dataset, messages=messages, reasoning=a.reasoning, content=a.content,
                   finish_reason=a.finish_reason, model=completion.model, provider=completion.provider,
                   generation_id=completion.generation_id, usage=completion.usage, prompt_ids=p_ids,

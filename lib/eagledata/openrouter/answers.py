@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import httpx
 
-from ..records import Answer, Usage, split_inline_reasoning
+from ..records import THINK_CLOSE, THINK_OPEN, Answer, Usage, split_inline_reasoning
 
 
 class Kind(Enum):
@@ -37,6 +37,7 @@ class Completion:
     reasoning_inline: bool = False
     prompt_token_ids: list[int] | None = None  # local backends (vLLM/SGLang) that return ids
     output_token_ids: list[int] | None = None
+    repaired: str = ""  # the rule that rebuilt the answer's shape exactly (`repair_reasoning`), "" when served whole
 
 
 @dataclass
@@ -114,6 +115,37 @@ def _error_outcome(status: int, err: Mapping[str, Any], headers: Mapping[str, st
     return Outcome(Kind.RETRY, "error_in_body", **base)
 
 
+# -- answers served without a reasoning parser ----------------------------------------------------------------
+# K2.5's generation prompt ends in `<think>`: the model's output starts inside its reasoning, and its first
+# `</think>` (a control token) ends it. A provider without a reasoning parser serves it all as content.
+BARE_CLOSE = "bare_close"          # content "reasoning</think>answer": split at the first `</think>`
+BARE_CLOSE_CUT = "bare_close_cut"  # cut inside the reasoning, served as content: it is all reasoning
+REASONING_MISSING = "reasoning_missing"  # reasoning billed, never served: refused (not repairable)
+
+
+def repair_reasoning(content: str, finish: str | None, usage: Usage) -> tuple[str, str, str]:
+    """(reasoning, content, rule) of an answer that arrived with no reasoning text in any field (pure).
+
+    Rules, each exact and decided from the answer alone:
+    - `bare_close`: content holds `</think>`. Everything before the first one is the reasoning: the prompt
+      opened it, and the model cannot type a literal `</think>` before it has closed its reasoning (its first
+      `</think>` is the control token; a literal one in its answer comes after).
+    - `bare_close_cut`: cut (`length`), no `</think>`, and the service counted every output token as reasoning
+      (`reasoning_tokens` > 0 and >= `completion_tokens` - 1): the cut fell inside the reasoning. With
+      `reasoning_tokens` 0 the answer is taken as served: the model's own empty `<think></think>` then its
+      answer, cut (a provider that serves cut reasoning so systematically shows up in the count agreement).
+    - otherwise nothing changes (rule ""). With no reasoning left and `reasoning_tokens` > 0 the caller refuses
+      the answer (`reasoning_missing`); an empty reasoning counted 0 is the model's own `<think></think>`.
+    """
+    if THINK_CLOSE in content:
+        reasoning, _, rest = content.partition(THINK_CLOSE)
+        return reasoning, rest, BARE_CLOSE
+    if (finish == "length" and content and usage.reasoning_tokens > 0
+            and usage.reasoning_tokens >= usage.completion_tokens - 1):
+        return content, "", BARE_CLOSE_CUT
+    return "", content, ""
+
+
 _FINISH_ALIASES = {"max_tokens": "length", "eos": "stop", "end_turn": "stop", "stop_sequence": "stop"}
 
 
@@ -144,10 +176,25 @@ def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
     if not reasoning:
         reasoning = _text(message.get("reasoning_content"))  # vLLM / SGLang naming
     raw_content = _text(message.get("content"))
+    u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    details = u.get("completion_tokens_details") if isinstance(u.get("completion_tokens_details"), dict) else {}
+    cost = u.get("cost")
+    usage = Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
+                  int(details.get("reasoning_tokens") or 0), float(cost) if isinstance(cost, (int, float)) else None)
+    provider = _text(body.get("provider"))
     reasoning_split, content = split_inline_reasoning(reasoning, raw_content)
     inline = not reasoning and bool(reasoning_split)
+    repaired = ""
+    if not reasoning and not raw_content.lstrip().startswith(THINK_OPEN):  # inline `<think>` is split above
+        reasoning_split, content, repaired = repair_reasoning(raw_content, finish, usage)
     if not content and not reasoning_split:
-        return Outcome(Kind.RETRY, "empty", 200, "empty answer (cold start?)")
+        return Outcome(Kind.RETRY, "empty", 200, "empty answer (cold start?)")  # nothing served at all: not a shape
+    if not reasoning_split and usage.reasoning_tokens > 0:
+        refused = Completion(answer=Answer("", content, finish or "stop"), provider=provider,
+                             model=_text(body.get("model")), generation_id=_text(body.get("id")), usage=usage)
+        return Outcome(Kind.RETRY, REASONING_MISSING, 200,  # billed: `completion` carries what it cost
+                       f"{usage.reasoning_tokens} reasoning tokens billed, no reasoning text served: the ids "
+                       "cannot be rebuilt", provider=provider, completion=refused)
     if finish not in ("stop", "length"):
         if finish == "content_filter":
             return Outcome(Kind.FAILED, "content_filter", 200, "content filtered")
@@ -156,15 +203,10 @@ def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
         finish = finish or "stop"
     if finish == "stop" and not content:
         return Outcome(Kind.RETRY, "empty", 200, "reasoning without an answer")
-    u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    details = u.get("completion_tokens_details") if isinstance(u.get("completion_tokens_details"), dict) else {}
-    cost = u.get("cost")
-    usage = Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
-                  int(details.get("reasoning_tokens") or 0), float(cost) if isinstance(cost, (int, float)) else None)
     ids = choice.get("token_ids")
-    return Completion(answer=Answer(reasoning_split, content, finish), provider=_text(body.get("provider")),
+    return Completion(answer=Answer(reasoning_split, content, finish), provider=provider,
                       model=_text(body.get("model")), generation_id=_text(body.get("id")), usage=usage,
-                      reasoning_inline=inline,
+                      reasoning_inline=inline, repaired=repaired,
                       prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
                       output_token_ids=ids if isinstance(ids, list) else None)
 

@@ -15,18 +15,26 @@ from typing import Iterable
 from ..defaults import shared
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..records import Answer, Record
+from ..records import THINK_CLOSE, Answer, Record
 from ..settings import Settings, setting
 from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
 from .tokenizer import END_THINK, IM_END, NUM_RANKS, KimiTokenizer
 
 # Classes that fail the verdict; the others explain a disagreement with true ids or flag a hazard.
 FATAL = {"text round-trip", "prompt ids differ from template", "prompt not a prefix of full render",
-         "special token outside structure", "output ids differ from recipe"}
+         "special token outside structure", "output ids differ from recipe", "unrepaired bare close",
+         "text differs from true ids"}
+# What the fatal classes that are not plain reconstruction defects mean.
+DEFECTS = {
+    "unrepaired bare close": "no reasoning, `</think>` in content: a provider without a reasoning parser served the "
+                             "reasoning as content; the ids put the model's reasoning after a `</think>` it never "
+                             "produced there (generate repairs this shape: `answers.repair_reasoning`)",
+    "text differs from true ids": "the served text is not what the model generated (the true ids decode to other "
+                                  "bytes): no recipe can rebuild its ids",
+}
 EXPLAINED = {
     "non-canonical tokenization": "same bytes, other split: the model chose a non-BPE path; text-based ids cannot know",
     "partial character at cut": "max_tokens fell inside a multi-byte character; the API text carries U+FFFD",
-    "text differs from true ids": "the served text is not what the true ids decode to",
     "literal special string in text": "a special-token string typed as text; rendering the finished conversation "
                                       "would turn it into a control token, the recipe keeps it text",
     "literal special string in prompt": "user text holds a special-token string; the server tokenizes it as a "
@@ -112,6 +120,8 @@ def check_case(tok: KimiTokenizer, case: Case) -> Result:
     if stray:
         res.flag("special token outside structure", f"at {stray[:5]}: {tok.token_strings([o_ids[i] for i in stray[:5]])}")
 
+    if not reasoning and THINK_CLOSE in content:
+        res.flag("unrepaired bare close", f"no reasoning, `</think>` at char {content.index(THINK_CLOSE)} of content")
     literal = tok.special_strings_re.search(reasoning + "\0" + content)
     if literal:
         res.flag("literal special string in text", f"{literal.group()!r} kept as text")
@@ -170,7 +180,8 @@ class Report:
         for r in self.results:
             for cls, detail in zip(r.classes, r.details):
                 row = rows.setdefault(cls, {"class": cls, "records": 0, "fatal": cls in FATAL,
-                                            "meaning": EXPLAINED.get(cls, "a defect in the id reconstruction"),
+                                            "meaning": EXPLAINED.get(cls) or DEFECTS.get(
+                                                cls, "a defect in the id reconstruction"),
                                             "examples": []})
                 row["records"] += 1
                 if len(row["examples"]) < 3:
