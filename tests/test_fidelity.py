@@ -1,5 +1,6 @@
 """Every kept token is the model's: providers judged while generating (generation/fidelity.py), against the
 emulator's bad shapes (no reasoning parser, reasoning dropped, spaces beside special tokens)."""
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -98,15 +99,12 @@ def emu(tokenizer_dir):
         assert "Traceback" not in handle.log(), handle.log()[-3000:]
 
 
-def test_every_kept_id_is_the_models_with_three_bad_providers(emu, tok, tmp_path):
-    """200 in flight, the usual faults: bare-close answers are repaired and kept (consistent), the provider that
-    drops reasoning leaves no record, the leaky one is suspect and out within its first few dozen answers; every
-    other record's ids are the emulator's own."""
+def three_bad_providers(emu, tmp_path, n=500):
+    """The emulator with the five endpoints, a dataset of `n` prompts, the routing decision; the run's settings."""
     faults = {cls: 0.02 for cls in FAULT_CLASSES}
     emu.reset({"speed": 0.5, "seed": 30, "content": SMALL, "generation_delay": 0.1, "balance": 1000,
                "faults": {**faults, "retry_after": 0, "slow_seconds": 0.2},
                "replace_endpoints": True, "endpoints": ENDPOINTS})
-    n = 500
     prompts = tmp_path / "D.jsonl"
     with prompts.open("w") as f:
         for i in range(n):
@@ -120,6 +118,14 @@ def test_every_kept_id_is_the_models_with_three_bad_providers(emu, tok, tmp_path
                          output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "params"), concurrency=200,
                          max_tokens=150, progress=False, retry_base_s=0.01, retry_cap_s=0.2, reserve_usd=0.0,
                          max_attempts=40)
+    return cfg, routing, n
+
+
+def test_every_kept_id_is_the_models_with_three_bad_providers(emu, tok, tmp_path):
+    """200 in flight, the usual faults: bare-close answers are repaired and kept (consistent), the provider that
+    drops reasoning leaves no record, the leaky one is suspect and out within its first few dozen answers; every
+    other record's ids are the emulator's own."""
+    cfg, routing, n = three_bad_providers(emu, tmp_path)
     summary = generate(cfg)
 
     fid = summary["fidelity"]["providers"]
@@ -168,3 +174,22 @@ def test_every_kept_id_is_the_models_with_three_bad_providers(emu, tok, tmp_path
     reasons = {x.provider: x.reason for x in RoutingDecision.load(routing).excluded}
     assert reasons["Leaky"].startswith("fidelity while generating: ") and "answers bad" in reasons["Leaky"]
     assert set(decision.eligible_providers) == {"Plain", "BareClose", "Plain2"}
+
+
+def test_a_verdict_carries_over_to_later_runs_of_the_dataset(emu, tmp_path):
+    """A suspect stays suspect in the dataset's books: the next run leaves it out from its first request, and a
+    finished dataset run again (a report re-run) rewrites summary.json with the verdict, not without it."""
+    cfg, _, n = three_bad_providers(emu, tmp_path, n=400)
+    first = generate(dataclasses.replace(cfg, limit=250))
+    before = first["fidelity"]["providers"]
+    assert before["Leaky"]["verdict"] == before["Dropper"]["verdict"] == "suspect"
+    served = emu.stats()["by_provider"]
+    second = generate(cfg)
+    assert second["stop_reason"] == "completed" and second["records"] == n
+    after = emu.stats()["by_provider"]
+    assert after.get("Leaky", 0) == served.get("Leaky", 0) and after.get("Dropper", 0) == served.get("Dropper", 0)
+    fid = second["fidelity"]["providers"]
+    assert fid["Leaky"]["verdict"] == "suspect" and fid["Leaky"]["answers"] == before["Leaky"]["answers"]
+    assert fid["Plain"]["answers"] > before["Plain"]["answers"]  # the books count every run
+    again = generate(cfg)  # nothing left: answered from the checkpoint
+    assert again["run"]["recorded"] == 0 and again["fidelity"] == second["fidelity"]

@@ -198,7 +198,9 @@ def test_every_fault_class_is_survived(emu, tok, tmp_path):
     reset(emu, seed=11, faults={**faults, "retry_after": 0, "slow_seconds": 0.3})
     n = 300
     datasets = make_dataset(tmp_path, n)
-    summary = generate(config(emu, tmp_path, datasets, max_attempts=40))
+    # No 429 cooldown: admission faults answer at once, so the first answers back are mostly errors and an upstream
+    # 429 or two would send the whole (seconds-long) run away from Chutes, whose quirky answers this test checks.
+    summary = generate(config(emu, tmp_path, datasets, max_attempts=40, provider_cooldown_s=0.0))
     records, failures = check_exactly_once(tok, tmp_path, n)
     assert len(records) == n and not failures
     injected = emu.stats()["faults"]
@@ -219,7 +221,8 @@ def test_every_fault_class_is_survived(emu, tok, tmp_path):
                 assert r.output_ids == g["output_ids"]
                 checked["ids"] += 1
     # the checks above ran: on plain answers, on inline <think> ones (Venice, Chutes) and on the ids
-    assert checked["text"].get(None, 0) > n // 2 and checked["text"].get("inline_think", 0) > 0, checked
+    assert checked["text"].get(None, 0) > n // 2 and checked["text"].get("inline_think", 0) > 0, \
+        (checked, summary["run"]["providers"], summary["fidelity"])
     assert checked["ids"] > n // 2, checked
 
 

@@ -167,12 +167,14 @@ class DatasetRun:
     stop_reason: str = ""
     target_met_s: float | None = None                    # when its recorded tokens reached the target
     stats: RunStats = field(default_factory=RunStats)
-    fidelity: FidelityJudge = field(default_factory=FidelityJudge)  # this dataset's answers (the run's judge decides)
+    fidelity: FidelityJudge = field(init=False)  # this dataset's answers, all runs (the run's judge decides)
 
     def __post_init__(self) -> None:
         self.prompts = iter(self.scan)
         self.done_before = len(self.store.done)
         self.tokens_before = self.store.output_tokens
+        self.summary_before = self.store.read_summary()  # an earlier run's: its fidelity books carry over
+        self.fidelity = FidelityJudge.carried([self.summary_before] if self.summary_before else [])
 
     @property
     def target_met(self) -> bool:
@@ -240,7 +242,9 @@ class Run:
         self.books = Books(lag_s=cfg.account_lag_s)
         self.congestion = Congestion(cfg.concurrency)
         self.cooldown = ProviderCooldown(cooldown_s=cfg.provider_cooldown_s)
-        self.fidelity = FidelityJudge()  # per-provider verdicts over the whole run (fidelity.py)
+        # per-provider verdicts over the whole run (fidelity.py), from the datasets' earlier books: a provider judged
+        # suspect before is left out from the first request
+        self.fidelity = FidelityJudge.carried(lane.summary_before for lane in lanes if lane.summary_before)
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
         self.cond = asyncio.Condition()
@@ -283,10 +287,10 @@ class Run:
                 store = Store.open(dataset_files(name, cfg.output_dir))
                 try:
                     scan = scan_prompts(spec.prompts, store.done, cfg.limit)  # every bad line named first
+                    lanes.append(DatasetRun(name, store, scan, cfg.target_output_tokens or spec.target_output_tokens))
                 except BaseException:
                     store.close()
                     raise
-                lanes.append(DatasetRun(name, store, scan, cfg.target_output_tokens or spec.target_output_tokens))
             tok = load_tokenizer(cfg.tokenizer)
             routing = RoutingDecision(model=cfg.model) if cfg.backend == "local" else await load_routing(
                 cfg.model, params_dir=cfg.params_dir, base_url=cfg.base_url, api_key_env=cfg.api_key_env)

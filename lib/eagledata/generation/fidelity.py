@@ -21,7 +21,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 CONSISTENT, SUSPECT = "consistent", "suspect"
 FAITHFUL_RATE = 0.05  # the most a faithful provider's answers leave its offset (measured: well under 1 %)
@@ -54,6 +54,7 @@ class ProviderFidelity:
     repaired: int = 0
     refused: int = 0
     counts: Counter = field(default_factory=Counter)  # (finish, completion_diff, prompt_diff) -> kept answers
+    mismatch_before: int = 0  # count mismatches of earlier runs (their summary.json), beside this run's `counts`
     verdict: str = CONSISTENT
     evidence: str = ""
 
@@ -74,8 +75,8 @@ class ProviderFidelity:
     def count_mismatch(self) -> int:
         """Kept answers whose counts differ from the provider's offsets."""
         completion, prompt = self.offsets()
-        return sum(n for (finish, cd, pd), n in self.counts.items()
-                   if cd != completion.get(finish, 0) or pd != prompt)
+        return self.mismatch_before + sum(n for (finish, cd, pd), n in self.counts.items()
+                                          if cd != completion.get(finish, 0) or pd != prompt)
 
     def to_dict(self) -> dict[str, Any]:
         return {"answers": self.answers, "repaired": self.repaired, "refused": self.refused,
@@ -90,6 +91,24 @@ class FidelityJudge:
     faithful_rate: float = FAITHFUL_RATE
     alpha: float = ALPHA
     min_answers: int = MIN_ANSWERS
+
+    @classmethod
+    def carried(cls, summaries: Iterable[Mapping[str, Any]]) -> "FidelityJudge":
+        """The books of earlier runs, from their summary.json `fidelity` sections: counts carried as totals (a
+        dataset's summary counts all its runs, as its records do), and a suspect stays suspect. Without this a
+        later run, or a finished report run again, would rewrite summary.json without the verdict, and the
+        suspect's records would pass into the training set."""
+        judge = cls()
+        for summary in summaries:
+            for name, d in ((summary.get("fidelity") or {}).get("providers") or {}).items():
+                p = judge._book(name)
+                p.answers += int(d.get("answers", 0))
+                p.repaired += int(d.get("repaired", 0))
+                p.refused += int(d.get("refused", 0))
+                p.mismatch_before += int(d.get("count_mismatch", 0))
+                if d.get("verdict") == SUSPECT and p.verdict != SUSPECT:
+                    p.verdict, p.evidence = SUSPECT, str(d.get("evidence", ""))
+        return judge
 
     def _book(self, provider: str) -> ProviderFidelity:
         return self.providers.setdefault(provider or "?", ProviderFidelity())

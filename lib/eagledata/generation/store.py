@@ -201,6 +201,20 @@ class Store:
         self.done.add(prompt_id)
         self.failed += 1
 
+    def read_summary(self) -> dict[str, Any] | None:
+        """The summary.json an earlier run left (None before the first): what carries across runs (fidelity)."""
+        path = self.files.summary
+        if not path.is_file():
+            return None
+        try:
+            summary = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"not a valid summary ({e}); move it away to start the dataset's books afresh", path) \
+                from None
+        if not isinstance(summary, dict):
+            raise InputError("not a valid summary (a JSON object expected)", path)
+        return summary
+
     def write_summary(self, summary: dict[str, Any]) -> Path:
         return atomic_write_text(self.files.summary, json.dumps(summary, indent=1, ensure_ascii=False))
 
