@@ -13,6 +13,8 @@ the seed's (~18) and latency against client work stays realistic (tens of second
   capped     (d) `--runs` seeded runs with a cap under the usual fault mix and heavy-tailed lengths:
              charged ÷ cap per run (strict mode is covered by tests: it cannot pass the cap by construction).
   abandon    what a killed run pays for its requests in flight, streamed or not, and streaming's client CPU.
+  cap-then-continue  issue 30's trial: 1,500 prompts with a target, a hostile fault mix, 2,000 in flight, a `--cap`
+             run then the uncapped continuation: charged ÷ cap, stop reasons, every prompt once, exact ids.
   job        (e) the user's whole job (issue 23): six datasets (B3-B8), each with its own target, on one balance,
              at seed ratios time-scaled x1/4: $25 balance, $1.25 reserve, 500 in flight, max_tokens 32768, answers
              ~2.4k tokens at ~25 s, the usual fault mix. One run over the six, side by side with the Little's-law
@@ -271,6 +273,55 @@ def capped(a: argparse.Namespace) -> None:
           f"max {max(used):.3f}; over the cap in {sum(u > 1 for u in used)} runs")
 
 
+HOSTILE_FAULTS = {cls: 0.03 for cls in USUAL_FAULTS} | {"rate_limit": 0.06, "upstream_rate_limit": 0.04}
+
+
+def cap_then_continue(a: argparse.Namespace) -> None:
+    """Issue 30's trial: one dataset of 1,500 prompts with a token target, a hostile fault mix, 2,000 in flight,
+    a `--cap` run, then the uncapped continuation. Figures: the capped run's charge ÷ cap, time, stop reason; the
+    continuation's stop reason; every prompt once (records + failures), ids equal to the emulator's."""
+    from eagledata.records import load_records
+
+    speed = a.speed / 15
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        truth_file = d / "truth.jsonl"
+        emu_cfg = {"speed": a.job_speed, "balance": 1000, "seed": a.seed, "generation_delay": 0.1,
+                   "ground_truth_file": str(truth_file), "faults": {**HOSTILE_FAULTS, "slow_seconds": 30 * speed}}
+        with run_emulator(emu_cfg) as emu:
+            n = 1500
+            target = int(n * 2480 * 0.8)  # ~80 % of what the prompts hold: the continuation ends at the target
+            write_datasets(d, n, {"P": target})
+            kw = dict(dataset="P", datasets_file=str(d / "datasets.yaml"), base_url=emu.base_url,
+                      output_dir=str(d / "out"), params_dir=str(d / "params"), concurrency=2000, progress=False,
+                      reserve_usd=0.0, max_tokens=SEED_MAX_TOKENS, account_refresh_s=5.0, account_lag_s=2.0)
+            t0 = time.monotonic()
+            s1 = asyncio.run(run_generation(GenerateConfig(max_spend_usd=a.cap, **kw)))
+            t1 = time.monotonic() - t0
+            charged1 = emu.stats()["charged_usd"]
+            left = s1["run"]["money_left"] or {}
+            print(f"capped: charged ${charged1:.4f} of ${a.cap:g} = {charged1 / a.cap:.3f} in {t1:.0f} s; stop "
+                  f"{s1['stop_reason']}; {s1['records']} records, {s1['remaining']} remaining; issuing stopped with "
+                  f"${left.get('usd', float('nan')):.4f} left, {left.get('in_flight')} in flight "
+                  f"({left.get('why')}); abandoned {s1['run']['abandoned']}", flush=True)
+            t0 = time.monotonic()
+            s2 = asyncio.run(run_generation(GenerateConfig(**kw)))
+            records = load_records(d / "out" / "datasets" / "P" / "records.jsonl")
+            failures = (d / "out" / "datasets" / "P" / "failures.jsonl")
+            failed = [json.loads(x)["id"] for x in failures.read_text().splitlines() if x.strip()] \
+                if failures.exists() else []
+            ids = [r.id for r in records] + failed
+            truth = {}
+            for line in truth_file.read_text().splitlines():
+                g = json.loads(line)
+                truth[g["generation_id"]] = g
+            exact = sum(r.output_ids == truth[r.generation_id]["output_ids"] for r in records)
+            print(f"continued: stop {s2['stop_reason']} in {time.monotonic() - t0:.0f} s; {s2['output_tokens']:,} of "
+                  f"{target:,} target tokens; {len(records)} records + {len(failed)} failures, {len(set(ids))} "
+                  f"distinct of {len(ids)} (duplicates: {len(ids) - len(set(ids))}); ids equal to the emulator's: "
+                  f"{exact} of {len(records)}", flush=True)
+
+
 async def _abandoning_client(base_url: str, routing: Any, stream: bool, concurrency: int, max_tokens: int,
                              seconds: float) -> tuple[int, int, float]:
     """N workers for `seconds`, then every connection dropped at once, as a killed process drops them.
@@ -394,7 +445,7 @@ def job(a: argparse.Namespace) -> None:
               f"max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, faults {'on' if a.faults else 'off'}", flush=True)
         kw = dict(datasets_file=str(datasets), base_url=emu.base_url, params_dir=str(d / "params"), concurrency=slots,
                   progress=False, reserve_usd=reserve, max_tokens=SEED_MAX_TOKENS, account_refresh_s=5.0,
-                  account_lag_s=2.0)
+                  account_lag_s=2.0, straggler_wait_s=a.straggler_wait)
         timed = Timed()
         t0 = time.monotonic()
         s = asyncio.run(run_generation(GenerateConfig(dataset=names, output_dir=str(d / "one"), **kw), complete_fn=timed))
@@ -407,6 +458,14 @@ def job(a: argparse.Namespace) -> None:
               f"{len(timed.tokens):,} answers)")
         _job_report("one run ", s["datasets"], targets, [x["run"]["target_met_s"] for x in s["datasets"].values()],
                     wall, ideal, emu.stats()["charged_usd"], usable)
+        if s["stop_reason"] in ("balance_reserve_reached", "max_spend_reached"):  # the money's end came first
+            money_ideal = timed.ideal_s(usable, slots)
+            left = s["run"]["money_left"] or {}
+            print(f"    the money's end: ideal of one full pool spending ${usable:g} (Little's law on this run's "
+                  f"answers): {money_ideal:.0f} s; issuing stopped with ${left.get('usd', float('nan')):.3f} left "
+                  f"({left.get('in_flight')} in flight: {left.get('why')}); run ended at {wall:.0f} s = "
+                  f"{wall / money_ideal:.2f}x; charged {emu.stats()['charged_usd'] / usable:.3f} of usable; "
+                  f"abandoned {s['run']['abandoned']}", flush=True)
         pairs = list(zip(timed.latency, timed.tokens))
         bound = statistics.median(oracle_time(pairs, targets, slots, seed) for seed in range(5))
         print(f"    an oracle that knows every answer's length once it starts (5 % over allowed, median of 5 "
@@ -424,7 +483,8 @@ def job(a: argparse.Namespace) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("which", choices=["seed", "background", "capacity", "capped", "abandon", "job", "all"])
+    ap.add_argument("which", choices=["seed", "background", "capacity", "capped", "abandon", "job", "cap-then-continue",
+                                      "all"])
     ap.add_argument("--scale", type=float, default=4.0, help="answers this many times shorter, prices higher")
     ap.add_argument("--speed", type=float, default=1.5, help="emulator time scale (1 = the catalog's latencies)")
     ap.add_argument("--seed", type=int, default=1)
@@ -441,12 +501,16 @@ def main() -> int:
                     help="job: the targets cost this share of the usable money (0.85; >1: not enough money)")
     ap.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True, help="job: the usual fault mix")
     ap.add_argument("--baseline", action="store_true", help="job: also six runs one after another")
+    ap.add_argument("--straggler-wait", type=float, default=120.0,
+                    help="job: straggler_wait_s (the engine's default, 120 s, is for real answers of minutes)")
     ap.add_argument("--save", help="job: write the run's summary and its answers' (latency, tokens) to this file")
     a = ap.parse_args()
     for name, fn in (("seed", seed), ("background", background), ("capacity", capacity), ("capped", capped),
                      ("abandon", abandon), ("job", job)):
         if a.which in (name, "all"):
             fn(a)
+    if a.which == "cap-then-continue":
+        cap_then_continue(a)
     return 0
 
 

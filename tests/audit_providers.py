@@ -55,6 +55,18 @@ def noised_copy(model: torch.nn.Module, relative_std: float, *, seed: int = 0) -
     return degraded
 
 
+def _answers(target: torch.nn.Module, degraded: torch.nn.Module, prompts: int, seed: int):
+    """`prompts` prompts of 8 tokens answered by A and B from the target and C from `degraded` (outputs cut to
+    16..48 tokens): (the generator, to draw more from; the prompts' ids; the samples: A's, B's, then C's)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 512, (prompts, 8), generator=gen).tolist()
+    lengths = torch.randint(16, 49, (prompts,), generator=gen).tolist()
+    samples = []
+    for name, model, s in [("A", target, 1), ("B", target, 2), ("C", degraded, 3)]:
+        samples += sample_provider(model, ids, name, new_tokens=48, lengths=lengths, seed=s)
+    return gen, ids, samples
+
+
 def junk_and_noise(*, prompts: int = 60, noise: float = 0.22, junk_tokens: int = 480,
                    seed: int = 1) -> tuple[torch.nn.Module, list[Sample]]:
     """Issue 30's case: three providers answer the same `prompts` prompts of 8 tokens (outputs cut to 16..48
@@ -62,13 +74,7 @@ def junk_and_noise(*, prompts: int = 60, noise: float = 0.22, junk_tokens: int =
     A's answer to prompt 0 is junk instead: `junk_tokens` uniform random ids (a runaway stream, as long as the
     issue's: it lifted A's mean from ~2.4 to ~4.7 nats/token), id `A-junk`. Returns the target and the samples."""
     target = peaked_target(vocab_size=512, head_scale=20.0)
-    degraded = noised_copy(target, noise, seed=5)
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 512, (prompts, 8), generator=gen).tolist()
-    lengths = torch.randint(16, 49, (prompts,), generator=gen).tolist()
-    samples = []
-    for name, model, s in [("A", target, 1), ("B", target, 2), ("C", degraded, 3)]:
-        samples += sample_provider(model, ids, name, new_tokens=48, lengths=lengths, seed=s)
+    gen, ids, samples = _answers(target, noised_copy(target, noise, seed=5), prompts, seed)
     junk = torch.randint(0, 512, (junk_tokens,), generator=gen).tolist()
     samples[0] = Sample("A-junk", "T1", ids[0] + junk, [0] * 8 + [1] * junk_tokens, False, provider="A",
                         sampling=samples[0].sampling)
@@ -80,13 +86,7 @@ def three_providers(*, prompts: int = 48, bits: int = 3, seed: int = 1) -> tuple
     x20, temperature 1) and by C from a copy rounded to `bits` bits, outputs cut to 16..48 tokens; plus one junk
     sample of A (random ids as output). Returns the target and the samples (A, B, C, then the junk one)."""
     target = peaked_target(vocab_size=512, head_scale=20.0)
-    degraded = rounded_copy(target, bits=bits)
-    gen = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, 512, (prompts, 8), generator=gen).tolist()
-    lengths = torch.randint(16, 49, (prompts,), generator=gen).tolist()
-    samples = []
-    for name, model, s in [("A", target, 1), ("B", target, 2), ("C", degraded, 3)]:
-        samples += sample_provider(model, ids, name, new_tokens=48, lengths=lengths, seed=s)
+    gen, ids, samples = _answers(target, rounded_copy(target, bits=bits), prompts, seed)
     junk = torch.randint(0, 512, (40,), generator=gen).tolist()
     samples.append(Sample("A-junk", "T1", ids[0] + junk, [0] * 8 + [1] * 40, False, provider="A",
                           sampling=samples[0].sampling))

@@ -332,27 +332,33 @@ def test_routing_refuses_a_provider_it_does_not_know(tmp_path):
 
 
 # -- the honest test: providers that sample from tiny models -----------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_providers(tmp_path_factory):
-    """48 prompts of 8 tokens, answered by A and B from the target (head scaled x20, temperature 1) and by C from
-    a copy rounded to 3 bits; outputs cut to 16..48 tokens; plus one junk sample of A (random ids as output).
-    Scored as the pipeline scores them: extraction with the target writes scores.jsonl."""
+def _scored(tmp_path_factory, name, build):
+    """The samples `build()` makes, scored as the pipeline scores them: extraction with the target writes
+    scores.jsonl (one thread: a tiny model's ops are too small for threads; on 2 busy cores they only contend)."""
     import torch
 
-    from audit_providers import three_providers
     from eagledata.training import ExtractOptions, extract
     from eagledata.training.scoring import read_scores
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model's ops are too small for threads; on 2 busy cores they only contend
+    torch.set_num_threads(1)
     try:
-        target, samples = three_providers()
-        result = extract(samples, tmp_path_factory.mktemp("audit"), "tiny", target, progress=False,
+        target, samples = build()
+        result = extract(samples, tmp_path_factory.mktemp(name), "tiny", target, progress=False,
                          options=ExtractOptions(max_tokens_per_batch=4096))
         assert result.complete
         return read_scores(result.directory)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tiny_providers(tmp_path_factory):
+    """48 prompts of 8 tokens, answered by A and B from the target (head scaled x20, temperature 1) and by C from
+    a copy rounded to 3 bits; outputs cut to 16..48 tokens; plus one junk sample of A (random ids as output)."""
+    from audit_providers import three_providers
+
+    return _scored(tmp_path_factory, "audit", three_providers)
 
 
 def test_the_audit_finds_the_degraded_provider_among_tiny_models(tiny_providers):
@@ -383,24 +389,11 @@ def test_the_audit_finds_the_degraded_provider_among_tiny_models(tiny_providers)
 
 @pytest.fixture(scope="module")
 def junk_and_noise_rows(tmp_path_factory):
-    """Issue 30's case, scored as the pipeline scores it: 60 prompts answered by A and B from the target and by
-    C from a noised copy (+~33 % NLL per token); A's answer to one prompt is uniform random ids."""
-    import torch
-
+    """Issue 30's case: 60 prompts answered by A and B from the target and by C from a noised copy (+~33 % NLL per
+    token); A's answer to one prompt is uniform random ids."""
     from audit_providers import junk_and_noise
-    from eagledata.training import ExtractOptions, extract
-    from eagledata.training.scoring import read_scores
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        target, samples = junk_and_noise()
-        result = extract(samples, tmp_path_factory.mktemp("junk"), "tiny", target, progress=False,
-                         options=ExtractOptions(max_tokens_per_batch=4096))
-        assert result.complete
-        return read_scores(result.directory)
-    finally:
-        torch.set_num_threads(threads)
+    return _scored(tmp_path_factory, "junk", junk_and_noise)
 
 
 def test_one_junk_sample_neither_flags_its_provider_nor_hides_a_degraded_one(junk_and_noise_rows):
