@@ -21,7 +21,6 @@ import statistics
 import numpy as np
 
 from eagledata.generation.admission import Admission, AgeModel
-from eagledata.generation.engine import TAIL_IN_FLIGHT, TAIL_MONEY, TRICKLE
 
 PRICE_OUT, PRICE_IN, WORST_OUT, WORST_IN = 2.2e-6, 0.4e-6, 2.8e-6, 0.7e-6  # USD per token (the default catalog)
 MAX_TOKENS, PROMPT = 32768, 40
@@ -63,8 +62,7 @@ def engine(seed: int, usable: float, slots: int, tick: float, bernstein_only: bo
                 cost, latency = answer(rng)
                 heapq.heappush(ends, (t + latency, adm.start(t, bound), cost, latency))
                 continue
-            if (not adm.flights or adm.trickle(bound, spent, usable, TRICKLE * slots, TAIL_MONEY)
-                    or (len(adm.flights) < TAIL_IN_FLIGHT * slots and usable - spent < TAIL_MONEY * usable)):
+            if adm.stop_rule(bound, spent, usable, slots) is not None:
                 stopped = t
             break
         if not ends:

@@ -40,6 +40,12 @@ PRIOR_WEIGHT = 30         # pseudo-observations the prior is worth in the estima
 # The Chernoff bound's θ grid, in units of 1 / (the largest bound): θ·b up to 200 keeps e^{θC} finite in float64
 # and covers the optimum from thousands of requests in flight (small θ) down to one (θ·b ≈ ln(1/p) and beyond).
 THETA_GRID = np.geomspace(0.02, 200.0, 24)
+# Near the money's end, stop issuing (`stop_rule`) once the money left after what is in flight settles is under 2 % and
+# buys fewer than 5 % of concurrency at the set risk (`trickle`), or, before the estimate can say so, once under 5 % of
+# concurrency is in flight with under 2 % of the money left: topping up a handful in flight, one by one, is minutes
+# of crawl for ~2 % of the money.
+TRICKLE = TAIL_IN_FLIGHT = 0.05
+TAIL_MONEY = 0.02
 
 
 @dataclass
@@ -297,6 +303,18 @@ class Admission:
             return False
         left = limit - spent - float(self._sums[0])
         return left < max_share * limit and self.capacity(bound, left) < min_requests
+
+    def stop_rule(self, bound: float, spent: float, limit: float, concurrency: int) -> str | None:
+        """Why issuing should stop, now that a request of `bound` does not fit; None: wait for money to free up."""
+        flights = len(self.flights)
+        if not flights:
+            return "nothing in flight, and one more request does not fit"
+        if self.trickle(bound, spent, limit, TRICKLE * concurrency, TAIL_MONEY):
+            return (f"once the {flights} requests in flight settle, the money left is under {TAIL_MONEY:.0%} and buys "
+                    f"fewer than {TRICKLE:.0%} of concurrency at the set risk")
+        if flights < TAIL_IN_FLIGHT * concurrency and limit - spent < TAIL_MONEY * limit:
+            return f"under {TAIL_IN_FLIGHT:.0%} of concurrency in flight with under {TAIL_MONEY:.0%} of the money left"
+        return None
 
     # -- admission ------------------------------------------------------------------------------------
     def commitment(self, extra_bound: float | None = None) -> float:

@@ -56,10 +56,6 @@ log = logging.getLogger("eagledata.generate")
 
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
 PRIOR_PROMPT_TOKENS = 500  # the prompt side of the cost prior (small next to the answer)
-TRICKLE, TAIL_MONEY = 0.05, 0.02  # stop issuing once the money left after what is in flight settles is under 2% and
-# buys < 5% of concurrency at the set risk (admission.trickle): topping up a handful in flight, one by one, is minutes
-# of crawl for ~2% of the money; before the estimate can say so, once under 5% of concurrency is in flight with under
-TAIL_IN_FLIGHT = 0.05  # 2% of the money left
 NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
 
 
@@ -438,19 +434,9 @@ class Run:
                 due = self.books.pending_reconciliation()
                 if due is not None and self._read_attempt_at < due:
                     self._want_reading = True
-                # Nothing in flight will free money: it is gone. Or the money left once what is in flight settles
-                # buys only a trickle, or only dregs are left: stop issuing rather than crawl (the summary says how
-                # much was left).
-                elif not self.admission.flights or self.admission.trickle(
-                        item.bound, spent, limit, TRICKLE * self.cfg.concurrency, TAIL_MONEY) or (
-                        len(self.admission.flights) < TAIL_IN_FLIGHT * self.cfg.concurrency
-                        and limit - spent < TAIL_MONEY * limit):
+                elif (why := self.admission.stop_rule(item.bound, spent, limit, self.cfg.concurrency)) is not None:
                     self.money_left = {"usd": round(max(0.0, limit - spent), 6), "limit_usd": round(limit, 6),
-                                       "in_flight": len(self.admission.flights),
-                                       "why": "nothing in flight, and one more request does not fit" if not
-                                       self.admission.flights else
-                                       f"once the {len(self.admission.flights)} requests in flight settle, the money "
-                                       f"left buys fewer than {TRICKLE:.0%} of concurrency at the set risk"}
+                                       "in_flight": len(self.admission.flights), "why": why}
                     self.stop(self._money_stop(limit))
                     self.cond.notify_all()
                     return None
@@ -476,8 +462,7 @@ class Run:
         if not suspect:
             return
         evidence = self.fidelity.providers[provider].evidence
-        log.warning(
-            "provider %s left out of the rest of the run: suspect, %s", provider, evidence)
+        log.warning("provider %s left out of the rest of the run: suspect, %s", provider, evidence)
         eligible = set(self.routing.eligible_providers)
         if self.paid and eligible and eligible <= set(self.fidelity.suspects):
             self.stop(StopReason.NO_FAITHFUL_PROVIDERS)
