@@ -15,14 +15,14 @@ A request's cost is bounded by b, so the margin needs no distributional assumpti
 
 That margin is loose when few requests are in flight: its first term (b × ln(1/p) / 3, about 4.6 worst cases at
 1e-6) says "one request may cost its bound", so near the end of the money it admits only what every worst case
-covers and the last few percent trickle out a handful at a time (measured: the run's end at ~3× the ideal). So a
+covers and the last few percent trickle out a handful at a time (measured: issuing went on to ~3× the ideal). So a
 request is also admitted when a Chernoff bound on the same estimate says the same risk holds:
 
     P(Σ C_i > money left) ≤ min over θ of exp(−θ·left + Σ log E[e^{θ C_i} | age_i]) ≤ p,
 
 with E[e^{θC} | age] from the same Kaplan–Meier estimate (mass beyond the longest finished attempt at the prior's
 tail), mixed with one pseudo-answer that cost its full bound (ε = 1/(events + 1)), so that an estimate that has seen
-no worst case still grants one; the shared error of the estimated means is taken off the money left first, as in
+no worst case still allows for one; the shared error of the estimated means is taken off the money left first, as in
 the Bernstein check. Each bound is valid on its own, so a request that passes either (or strict) is admitted.
 `trickle` says when the money left, once what is in flight settles, buys too few requests to be worth waiting for.
 """
