@@ -28,13 +28,11 @@ def _details_only(gen: Generation, details: list[dict]) -> Served:
 
 
 def _inline_think(gen: Generation, details: list[dict]) -> Served:
-    closed = len(gen.output_ids) > gen.reasoning_tokens
-    return None, [], "<think>" + gen.reasoning + ("</think>" + gen.content if closed else "")
+    return None, [], "<think>" + gen.reasoning + ("</think>" + gen.content if gen.closed else "")
 
 
 def _bare_close(gen: Generation, details: list[dict]) -> Served:
-    closed = len(gen.output_ids) > gen.reasoning_tokens
-    return None, [], gen.reasoning + ("</think>" + gen.content if closed else "")
+    return None, [], gen.reasoning + ("</think>" + gen.content if gen.closed else "")
 
 
 def _reasoning_dropped(gen: Generation, details: list[dict]) -> Served:
@@ -43,9 +41,8 @@ def _reasoning_dropped(gen: Generation, details: list[dict]) -> Served:
 
 def _special_spaces(gen: Generation, details: list[dict]) -> Served:
     """vllm#33457: `<think>ok</think>1` served as `' <think> ok </think> 1'`, split by the reasoning parser."""
-    closed = len(gen.output_ids) > gen.reasoning_tokens
-    reasoning = " " + gen.reasoning + (" " if closed else "")
-    content = " " + gen.content + (" " if gen.finish_reason == "stop" else "") if closed else ""
+    reasoning = " " + gen.reasoning + (" " if gen.closed else "")
+    content = " " + gen.content + (" " if gen.finish_reason == "stop" else "") if gen.closed else ""
     return reasoning, [{**details[0], "text": reasoning}], content
 
 

@@ -81,6 +81,11 @@ class Generation:
     retokenizes: bool  # output_ids(tok, reasoning, content, finish_reason) == output ids
     cut_mid_char: bool  # the cut split a multi-byte character (served as U+FFFD)
 
+    @property
+    def closed(self) -> bool:
+        """The reasoning was closed (`</think>` among the ids): not cut inside it."""
+        return len(self.output_ids) > self.reasoning_tokens
+
     def to_dict(self) -> dict:
         """Shallow (asdict deep-copies the id list, a third of a request's CPU)."""
         return {f.name: getattr(self, f.name) for f in fields(self)}

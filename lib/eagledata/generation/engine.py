@@ -170,7 +170,7 @@ class DatasetRun:
         self.done_before = len(self.store.done)
         self.tokens_before = self.store.output_tokens
         self.summary_before = self.store.read_summary()  # an earlier run's: its fidelity books carry over
-        self.fidelity = FidelityJudge.carried([self.summary_before] if self.summary_before else [])
+        self.fidelity = FidelityJudge.carried([self.summary_before] if self.summary_before else [], decides=False)
 
     @property
     def target_met(self) -> bool:
@@ -686,8 +686,7 @@ class Run:
         t = time.monotonic() - self.t0
         return RunSnapshot(t=t, in_flight=self.in_flight, limit=self.congestion.allowed, spent=spent,
                            cap=self.cfg.max_spend_usd, money_limit=limit, foreign=self.books.foreign_usd,
-                           suspects=tuple(f"{n}: {self.fidelity.providers[n].evidence.split(' (')[0]}"
-                                          for n in self.fidelity.suspects),
+                           suspects=self.fidelity.suspect_headlines(),
                            stats=self.totals(), datasets=[DatasetSnapshot(
                                name=lane.name, done=lane.store.recorded + lane.store.failed,
                                total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,

@@ -88,17 +88,18 @@ class FidelityJudge:
     """Per-provider books and verdicts; `answer` / `refusal` return True when that provider just became suspect."""
 
     providers: dict[str, ProviderFidelity] = field(default_factory=dict)
+    decides: bool = True  # False: books only (a dataset's share of a run); the run's judge gives the verdicts
     faithful_rate: float = FAITHFUL_RATE
     alpha: float = ALPHA
     min_answers: int = MIN_ANSWERS
 
     @classmethod
-    def carried(cls, summaries: Iterable[Mapping[str, Any]]) -> "FidelityJudge":
+    def carried(cls, summaries: Iterable[Mapping[str, Any]], *, decides: bool = True) -> "FidelityJudge":
         """The books of earlier runs, from their summary.json `fidelity` sections: counts carried as totals (a
         dataset's summary counts all its runs, as its records do), and a suspect stays suspect. Without this a
         later run, or a finished report run again, would rewrite summary.json without the verdict, and the
         suspect's records would pass into the training set."""
-        judge = cls()
+        judge = cls(decides=decides)
         for summary in summaries:
             for name, d in ((summary.get("fidelity") or {}).get("providers") or {}).items():
                 p = judge._book(name)
@@ -131,7 +132,7 @@ class FidelityJudge:
 
     def judge(self, p: ProviderFidelity) -> bool:
         """The stated rule (module doc); True when `p` turns suspect now."""
-        if p.verdict == SUSPECT or p.answers < self.min_answers:
+        if not self.decides or p.verdict == SUSPECT or p.answers < self.min_answers:
             return False
         mismatch = p.count_mismatch
         bad = mismatch + p.refused
@@ -151,6 +152,10 @@ class FidelityJudge:
     @property
     def suspects(self) -> list[str]:
         return sorted(name for name, p in self.providers.items() if p.verdict == SUSPECT)
+
+    def suspect_headlines(self) -> tuple[str, ...]:
+        """`name: N of M answers bad` per suspect (the evidence's head): what the status line shows."""
+        return tuple(f"{n}: {self.providers[n].evidence.split(' (')[0]}" for n in self.suspects)
 
     def summary(self, verdicts: "FidelityJudge | None" = None) -> dict[str, Any]:
         """`{"providers": {name: {answers, repaired, refused, count_mismatch, verdict, evidence}}}`; `verdicts`: the
