@@ -59,7 +59,11 @@ class Usage:
 
 @dataclass(kw_only=True)
 class Record:
-    """One finished prompt: the conversation, the answer as text, and its exact token ids."""
+    """One generated assistant turn: what was sent, the answer as text, and its exact token ids.
+
+    `conversation_id` is the prompt's id and `turn` the 1-based ask it answers (generation/turns.py); a one-turn
+    prompt's record has `id == conversation_id` and `turn == 1`. Records written before conversations had
+    neither field: they read as exactly that."""
 
     id: str
     dataset: str
@@ -70,11 +74,17 @@ class Record:
     model: str = ""
     provider: str = ""
     generation_id: str = ""
+    conversation_id: str = ""  # "" -> `id` (set in __post_init__)
+    turn: int = 1
     usage: Usage = field(default_factory=Usage)
     prompt_ids: list[int] = field(default_factory=list)
     output_ids: list[int] = field(default_factory=list)
     # Beyond the contract: where the ids came from ("retokenized" or "server"), agreement figures, …
     meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.conversation_id:
+            self.conversation_id = self.id
 
     @property
     def input_ids(self) -> list[int]:
@@ -123,6 +133,10 @@ class Record:
         for name in ("reasoning", "content"):
             if d[name] is not None and not isinstance(d[name], str):
                 raise InputError("must be a string", field=name)
+        if "turn" in d and (type(d["turn"]) is not int or d["turn"] < 1):
+            raise InputError("must be a positive integer", field="turn")
+        if "conversation_id" in d and not isinstance(d["conversation_id"], str):
+            raise InputError("must be a string", field="conversation_id")
         usage = d.get("usage") or {}
         if not isinstance(usage, dict) or set(usage) - _USAGE_FIELDS:
             raise InputError("must be an object with prompt_tokens, completion_tokens, reasoning_tokens, cost",
@@ -138,7 +152,8 @@ class Record:
         return cls.from_dict(json.loads(line))
 
 
-_FIELD_ORDER = [f.name for f in fields(Record) if f.name != "meta"]
+_FIRST = ("id", "dataset", "conversation_id", "turn")  # the contract's order (../shared/DESIGN.md)
+_FIELD_ORDER = [*_FIRST, *(f.name for f in fields(Record) if f.name not in ("meta", *_FIRST))]
 _FIELDS = {f.name for f in fields(Record)}
 _REQUIRED = ("id", "dataset", "messages", "reasoning", "content", "finish_reason")
 _USAGE_FIELDS = {f.name for f in fields(Usage)}
