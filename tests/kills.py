@@ -8,9 +8,10 @@ import time
 from pathlib import Path
 
 
-def kill_while_writing(cmd: list[str], records: list[Path], rng: random.Random, times: int) -> tuple[int, list[int]]:
-    """Start `cmd` `times` times; SIGKILL each within 0.5 s after its first new record. Returns how many were
-    killed (a run may finish first) and the records' total size after each."""
+def kill_while_writing(cmd: list[str], records: list[Path], rng: random.Random, times: int,
+                       after_s: tuple[float, float] = (0.0, 0.5)) -> tuple[int, list[int]]:
+    """Start `cmd` `times` times; SIGKILL each at a random moment `after_s` (seconds) after its first new record.
+    Returns how many were killed (a run may finish first) and the records' total size after each."""
     kills, sizes = 0, []
 
     def size() -> int:
@@ -22,7 +23,7 @@ def kill_while_writing(cmd: list[str], records: list[Path], rng: random.Random, 
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and proc.poll() is None and size() <= before:
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 0.5))
+        time.sleep(rng.uniform(*after_s))
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             kills += 1

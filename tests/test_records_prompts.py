@@ -6,7 +6,7 @@ from eagledata.errors import InputError
 from eagledata.generation.prompts import load_prompts
 from eagledata.records import Record, Usage, load_records
 
-CONTRACT_FIELDS = ["id", "dataset", "messages", "reasoning", "content", "finish_reason", "model", "provider",
+CONTRACT_FIELDS = ["id", "dataset", "conversation_id", "turn", "messages", "reasoning", "content", "finish_reason", "model", "provider",
                    "generation_id", "usage", "prompt_ids", "output_ids"]
 
 

@@ -20,6 +20,7 @@ import logging
 import math
 import signal
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -44,13 +45,14 @@ from .congestion import Congestion, ProviderCooldown
 from .datasets import select_datasets
 from .fidelity import FidelityJudge
 from .pacing import Pacing
-from .policy import Rule, StopReason, error_stop, fatal_stop, retry_delay, rule
+from .policy import ERROR_PREFIX, Rule, StopReason, error_stop, fatal_stop, retry_delay, rule
 from .progress import (DatasetSnapshot, ProgressView, RunSnapshot, RunStats, dataset_summary, make_progress,
                        run_figures, run_summary)
 from .prompts import Prompt, PromptScan, scan_prompts
 from .recording import build_record
 from .spender import SpenderLock
 from .store import Store
+from .turns import Conversation, Turn, TurnsMode, later_turn_ids
 
 log = logging.getLogger("eagledata.generate")
 
@@ -80,6 +82,9 @@ class GenerateConfig(Settings):
     reserve_usd: float = shared("reserve_usd")
     output_dir: str = shared("output_dir", "records go to <output_dir>/datasets/<dataset>/")
     limit: int | None = shared("limit", "at most this many prompts; None -> all")
+    turns: TurnsMode = setting(
+        "all", "all: every assistant turn of a conversation is the target's answer on its own earlier answers; "
+               "last: only the last turn, on the dataset's answers")
     params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
@@ -132,11 +137,12 @@ CompleteFn = Callable[[httpx.AsyncClient, dict], Awaitable[Outcome]]
 
 
 @dataclass(order=True)
-class _Item:  # a prompt on its way: due time and sequence order the retry heap
+class _Item:  # a turn on its way: due time and sequence order the retry heap
     due: float
     seq: int
-    prompt: Prompt = field(compare=False)
+    turn: Turn = field(compare=False)
     lane: "DatasetRun" = field(compare=False)
+    source: Literal["new", "next", "retry"] = field(default="new", compare=False)  # where `_take` found it
     attempts: int = field(default=0, compare=False)       # those that count against max_attempts
     tries: int = field(default=0, compare=False)          # every request sent
     rate_limited: int = field(default=0, compare=False)   # 429s in a row
@@ -150,14 +156,17 @@ class _Item:  # a prompt on its way: due time and sequence order the retry heap
 
 @dataclass(eq=False)
 class DatasetRun:
-    """One dataset inside a run: its checkpoint, its prompts still to send, its retries and its counters."""
+    """One dataset inside a run: its checkpoint, its prompts still to send, the next turns of its started
+    conversations, its retries and its counters."""
 
     name: str
     store: Store
     scan: PromptScan
     target: int | None
+    turns: TurnsMode = "all"
     prompts: Iterator[Prompt] = field(init=False)
     exhausted: bool = False
+    ready: deque[Turn] = field(default_factory=deque)     # next turns, answered at once, ahead of new conversations
     retries: list[_Item] = field(default_factory=list)   # heap by due time
     holding: int = 0
     stop_reason: str = ""
@@ -167,9 +176,14 @@ class DatasetRun:
 
     def __post_init__(self) -> None:
         self.prompts = iter(self.scan)
-        self.done_before = len(self.store.done)
+        self.done_before = len(self.store.finished)
         self.tokens_before = self.store.output_tokens
         self.summary_before = self.store.read_summary()  # an earlier run's: its fidelity books carry over
+        # One `turns` setting per dataset: continuing with the other would make one conversation's turns both ways.
+        before = ((self.summary_before or {}).get("run") or {}).get("turns")
+        if self.store.recorded and before is not None and before != self.turns:
+            raise InputError(f"this dataset's records were made with turns: {before}; continue with the same "
+                             f"setting (or another output_dir)", self.store.files.summary, field="turns")
         self.fidelity = FidelityJudge.carried([self.summary_before] if self.summary_before else [], decides=False)
 
     @property
@@ -183,9 +197,38 @@ class DatasetRun:
 
     @property
     def all_finished(self) -> bool:
-        """Every prompt of this run is recorded or failed for good: `completed` is true. (Taken is not finished: a
-        prompt given back unstarted, when the money ran out, is still to do.)"""
-        return len(self.store.done) - self.done_before >= len(self.scan.pending)
+        """Every conversation of this run is finished (recorded to its end or failed): `completed` is true. (Taken
+        is not finished: a prompt given back unstarted, when the money ran out, is still to do.)"""
+        return len(self.store.finished) - self.done_before >= len(self.scan.pending)
+
+    def take(self, now: float, seq: int, may_start: Callable[[], bool]) -> _Item | None:
+        """The next request of this dataset: a retry that is due, else the next turn of a started conversation (a
+        conversation once started goes on while the dataset is short of its target), else the first turn of the
+        next conversation; retries and new conversations only while pacing lets the dataset take more."""
+        if self.retries and self.retries[0].due <= now and may_start():
+            item = heapq.heappop(self.retries)
+            item.source = "retry"
+            return item
+        if self.ready:
+            return _Item(0.0, seq, self.ready.popleft(), self, source="next")
+        if not self.exhausted and may_start():
+            prompt = next(self.prompts, None)
+            if prompt is None:
+                self.exhausted = True
+                return None
+            return _Item(0.0, seq, self.first_turn(Conversation.of(prompt, self.turns)), self)
+        return None
+
+    def first_turn(self, conversation: Conversation) -> Turn:
+        """A conversation's first request in this run: its first turn, or the one after the turns an earlier run
+        recorded (from their recorded answers)."""
+        history = self.store.history(conversation.id) if conversation.id in self.store.chains else []
+        numbers = [r.turn for r in history]
+        if numbers != list(range(conversation.first, conversation.first + len(history))) \
+                or len(history) >= len(conversation.asks):
+            raise InputError(f"conversation {conversation.id!r}: turns {numbers} are recorded, but its prompt has "
+                             f"{len(conversation.asks)} (was the prompt file changed?)", self.store.files.records)
+        return conversation.turn([r.content for r in history])
 
     @property
     def finished(self) -> bool:
@@ -282,8 +325,10 @@ class Run:
                     raise InputError("prompts file not found", spec.prompts, field=f"{name}.prompts")
                 store = Store.open(dataset_files(name, cfg.output_dir))
                 try:
-                    scan = scan_prompts(spec.prompts, store.done, cfg.limit)  # every bad line named first
-                    lanes.append(DatasetRun(name, store, scan, cfg.target_output_tokens or spec.target_output_tokens))
+                    scan = scan_prompts(spec.prompts, store.finished, cfg.limit,  # every bad line named first
+                                        turn_ids=functools.partial(later_turn_ids, turns=cfg.turns))
+                    lanes.append(DatasetRun(name, store, scan, cfg.target_output_tokens or spec.target_output_tokens,
+                                            cfg.turns))
                 except BaseException:
                     store.close()
                     raise
@@ -350,9 +395,16 @@ class Run:
                 lane.stop_reason = StopReason.TARGET_REACHED
             elif lane.all_finished:
                 lane.stop_reason = StopReason.COMPLETED
+            elif lane.exhausted and not lane.retries and not lane.ready:  # the books are wrong: say so, never hang
+                left = len(lane.scan.pending) - (len(lane.store.finished) - lane.done_before)
+                lane.stop_reason = error_stop(RuntimeError(f"{lane.name}: {left} conversations neither finished "
+                                                           f"nor in hand"))
+                log.error("generation: %s", lane.stop_reason)
         if all(lane.finished for lane in self.lanes.values()):
             reasons = {lane.stop_reason for lane in self.lanes.values()}
-            self.stop(StopReason.TARGET_REACHED if reasons == {StopReason.TARGET_REACHED} else StopReason.COMPLETED)
+            errors = sorted(r for r in reasons if r.startswith(ERROR_PREFIX))
+            self.stop(errors[0] if errors else StopReason.TARGET_REACHED if reasons == {StopReason.TARGET_REACHED}
+                      else StopReason.COMPLETED)
 
     def _only_stragglers(self) -> bool:
         """Everything still in hand is an answer to a dataset already at its target, and nothing else is left."""
@@ -367,22 +419,15 @@ class Run:
                 if self.holding < self.congestion.allowed:
                     now = time.monotonic()
                     active = [n for n, lane in self.lanes.items() if not lane.finished and lane.target_met_s is None]
-                    for name in self.pacing.order(active):
+                    for name in self.pacing.ranked(active):
                         lane = self.lanes[name]
-                        item = None
-                        if lane.retries and lane.retries[0].due <= now:
-                            item = heapq.heappop(lane.retries)
-                        elif not lane.exhausted:
-                            prompt = next(lane.prompts, None)
-                            if prompt is None:
-                                lane.exhausted = True
-                            else:
-                                item = _Item(0.0, next(self.seq), prompt, lane)
+                        item = lane.take(now, next(self.seq), self.pacing.lanes[name].open)
                         if item is not None:
                             item.started = False
                             self.holding += 1
                             lane.holding += 1
-                            self.pacing.hold(name)
+                            self.pacing.hold(name, later=item.turn.later if item.source == "new" else 0,
+                                             promised=item.source == "next")
                             return item
                         if lane.retries:
                             due = lane.retries[0].due - now
@@ -403,8 +448,9 @@ class Run:
         async with self.cond:
             self.holding -= 1
             item.lane.holding -= 1
-            if not item.started:
+            if not item.started:  # given back: this conversation goes no further in this run
                 self.pacing.release(item.lane.name)
+                self.pacing.forgo(item.lane.name, item.turn.later)
             if item.requeue:
                 item.requeue = False
                 heapq.heappush(item.lane.retries, item)
@@ -498,7 +544,7 @@ class Run:
 
     async def _work(self, client: httpx.AsyncClient, item: _Item) -> None:
         if item.prompt_ids is None:
-            item.prompt_ids = await self._in_pool(prompt_ids, self.tok, item.prompt.messages)
+            item.prompt_ids = await self._in_pool(prompt_ids, self.tok, item.turn.messages)
             item.bound = self.worst.cost(len(item.prompt_ids), self.cfg.max_tokens)
         ticket = await self._admit(item)
         if ticket is None:
@@ -506,7 +552,7 @@ class Run:
         async with self.cond:
             pace = self.pacing.start(item.lane.name, time.monotonic())
             item.started = True
-        body = build_request(self.cfg.model, item.prompt.messages, max_tokens=self.cfg.max_tokens,
+        body = build_request(self.cfg.model, item.turn.messages, max_tokens=self.cfg.max_tokens,
                              temperature=self.cfg.temperature, provider=self._provider(item), backend=self.cfg.backend)
         item.lane.stats.in_flight += 1
         try:
@@ -554,8 +600,8 @@ class Run:
         assert c is not None
         cost = self._cost(c)
         try:
-            record = await self._in_pool(build_record, self.tok, prompt_id=item.prompt.id, dataset=item.lane.name,
-                                         messages=item.prompt.messages, prompt_ids=item.prompt_ids, completion=c,
+            record = await self._in_pool(build_record, self.tok, turn=item.turn, dataset=item.lane.name,
+                                         prompt_ids=item.prompt_ids, completion=c,
                                          attempts=item.tries, sampling={"temperature": self.cfg.temperature})
         except UnicodeEncodeError:
             spoiled = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)",
@@ -564,10 +610,15 @@ class Run:
         async with self.cond:
             self._settle(item, ticket, outcome, cost)
             store = item.lane.store
-            written = item.prompt.id not in store.done  # a stop signal cannot make us write twice
+            written = item.turn.id not in store.done  # a stop signal cannot make us write twice
+            ends = item.turn.ends(record.finish_reason)
             if written:
                 store.add_record(record, cost)
-            self.pacing.end(pace, time.monotonic(), record.output_tokens if written else 0, finished=written)
+                if ends:
+                    self.pacing.forgo(item.lane.name, item.turn.later)  # a cut turn ends its conversation early
+                else:
+                    item.lane.ready.append(item.turn.next(record.content, record.finish_reason))
+            self.pacing.end(pace, time.monotonic(), record.output_tokens if written else 0, finished=written and ends)
             item.lane.stats.add_record(record, c.usage, cost)
             item.lane.fidelity.answer(c.provider, record.meta["fidelity"], record.finish_reason)
             self._judged(c.provider, self.fidelity.answer(c.provider, record.meta["fidelity"], record.finish_reason))
@@ -620,7 +671,10 @@ class Run:
                 self.cond.notify(2)
 
     def _fail(self, item: _Item, error: dict) -> None:
-        item.lane.store.add_failure(item.prompt.id, error, item.tries)
+        turn = item.turn
+        chain = {"conversation_id": turn.conversation.id, "turn": turn.number} if turn.conversation.chained else {}
+        item.lane.store.add_failure(turn.id, error, item.tries, **chain)
+        self.pacing.forgo(item.lane.name, turn.later)  # a turn that fails for good ends its conversation
         item.lane.stats.counts["failed"] += 1
 
     # -- the run ----------------------------------------------------------------------------------
@@ -688,7 +742,7 @@ class Run:
                            cap=self.cfg.max_spend_usd, money_limit=limit, foreign=self.books.foreign_usd,
                            suspects=self.fidelity.suspect_headlines(),
                            stats=self.totals(), datasets=[DatasetSnapshot(
-                               name=lane.name, done=lane.store.recorded + lane.store.failed,
+                               name=lane.name, done=len(lane.store.finished),
                                total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,
                                in_flight=lane.stats.in_flight, stats=lane.stats, done_before=lane.done_before,
                                tokens_before=lane.tokens_before) for lane in self.lanes.values()])
@@ -767,7 +821,7 @@ class Run:
         cheapest = self.routing.cheapest()
         return {"max_spend_usd": self.cfg.max_spend_usd, "reserve_usd": self.cfg.reserve_usd,
                 "balance_start_usd": self.balance_start, "budget_mode": self.cfg.budget_mode,
-                "concurrency": self.cfg.concurrency, "max_tokens": self.cfg.max_tokens,
+                "concurrency": self.cfg.concurrency, "max_tokens": self.cfg.max_tokens, "turns": self.cfg.turns,
                 "cheapest_eligible_usd_per_m_output": cheapest.completion_per_m if cheapest else None}
 
     def _common(self, wall: float) -> dict[str, Any]:

@@ -3,7 +3,8 @@
 Several datasets share one pool of slots and one budget. Each dataset with a token target advances in
 proportion to it: the next request goes to the dataset furthest behind, measured as
 
-    expected = recorded tokens + Σ E[tokens | age] over its requests in flight + E[tokens] × requests about to start
+    expected = recorded tokens + Σ E[tokens | age] over its requests in flight
+               + E[tokens] × (requests about to start + later turns of its started conversations)
 
 ÷ its target. E[tokens | age] comes from the same Kaplan–Meier estimate admission uses for money
 (`AgeModel`), over this run's attempts of that dataset: requests in flight are length-biased (long answers stay
@@ -61,6 +62,7 @@ class Lane:
     model: AgeModel                 # this dataset's attempts
     pooled: AgeModel                # every dataset's attempts (age says most: generation time grows with length)
     waiting: int = 0                # taken, not started yet (tokenizing, waiting for money)
+    promised: int = 0               # later turns of started conversations, not taken yet (each counts as a request)
     flights: dict[int, list[float]] = field(default_factory=dict)  # ticket -> [started, mean, var, error]
     _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # Σ mean, var, error in flight
     _new: tuple[float, float] | None = None  # moments of a request about to start, cached between refreshes
@@ -77,12 +79,12 @@ class Lane:
 
     def expected(self) -> float:
         """Output tokens this dataset will hold once everything taken has finished, in expectation."""
-        return self.recorded + self._sums[0] + self.waiting * self.new_moments()[0]
+        return self.recorded + self._sums[0] + (self.waiting + self.promised) * self.new_moments()[0]
 
     def upper(self, extra: int = 0) -> float:
         """`expected` (plus `extra` new requests) at Z standard deviations, the estimate's error included."""
         m0, v0 = self.new_moments()
-        n_new = self.waiting + extra
+        n_new = self.waiting + self.promised + extra
         var = self._sums[1] + n_new * v0
         estimate_error = self._sums[2] + n_new * _error(v0, self.estimator.events)
         return self.expected() + extra * m0 + Z * math.sqrt(max(0.0, var) + estimate_error ** 2)
@@ -104,7 +106,7 @@ class Lane:
             return True
         if self.recorded >= self.target:
             return False
-        if not self.flights and not self.waiting:
+        if not self.flights and not self.waiting and not self.promised:
             return True  # under target with nothing on the way: always top up
         m0, _ = self.new_moments()
         return (self.expected() + m0 <= self.target * (1 + AIM)
@@ -134,9 +136,27 @@ class Pacing:
         return [lane.name for lane in sorted((lane for lane in lanes if lane.open()),
                                              key=lambda lane: (lane.target is None, lane.progress()))]
 
-    def hold(self, name: str) -> None:
-        """An item of `name` was taken (it will start, or be put back with `release`)."""
-        self.lanes[name].waiting += 1
+    def ranked(self, names: Iterable[str]) -> list[str]:
+        """Every dataset of `names`, open or not, the one furthest behind first (a started conversation's next turn
+        goes ahead whether or not its dataset may start more)."""
+        return [lane.name for lane in sorted((self.lanes[n] for n in names),
+                                             key=lambda lane: (lane.target is None, lane.progress()))]
+
+    def hold(self, name: str, *, later: int = 0, promised: bool = False) -> None:
+        """An item of `name` was taken (it will start, or be put back with `release`). `later`: turns its
+        conversation has after it (a conversation starting); `promised`: it is such a turn, counted till now."""
+        lane = self.lanes[name]
+        if promised:
+            self.forgo(name, 1)
+        lane.waiting += 1
+        lane.promised += later
+
+    def forgo(self, name: str, turns: int) -> None:
+        """`turns` promised turns will not be asked in this run (their conversation ended early, or was put back)."""
+        lane = self.lanes[name]
+        if turns > lane.promised:
+            raise ValueError(f"pacing: {name}: {turns} promised turns forgone, {lane.promised} promised")
+        lane.promised -= turns
 
     def release(self, name: str) -> None:
         """A taken item goes back unstarted (money gone, the run stopping)."""

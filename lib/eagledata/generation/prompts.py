@@ -7,7 +7,7 @@ import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..errors import InputError, open_input
 
@@ -119,14 +119,17 @@ class PromptScan:
                 yield normalize_prompt(json.loads(f.readline()))
 
 
-def scan_prompts(path: str | Path, done: set[str] = frozenset(), limit: int | None = None) -> PromptScan:
+def scan_prompts(path: str | Path, done: set[str] = frozenset(), limit: int | None = None,
+                 turn_ids: Callable[[Prompt], Iterable[str]] | None = None) -> PromptScan:
     """Validate the first `limit` prompts (all by default), naming file:line for a bad one.
 
     Lines of finished prompts (their id in `done`) are only checked for a duplicate id: a resume over a
-    million finished prompts costs one regex per line instead of a JSON parse.
+    million finished prompts costs one regex per line instead of a JSON parse. `turn_ids`: the record ids an
+    unfinished prompt's later turns will have; one that is another prompt's id is refused.
     """
     path = Path(path)
     seen: dict[str, int] = {}
+    derived: list[tuple[str, int]] = []
     pending = array("q")
     total = 0
     with open_input(path) as f:
@@ -141,7 +144,10 @@ def scan_prompts(path: str | Path, done: set[str] = frozenset(), limit: int | No
                 if not raw.strip():
                     continue
                 try:
-                    pid = normalize_prompt(json.loads(raw)).id
+                    prompt = normalize_prompt(json.loads(raw))
+                    pid = prompt.id
+                    if turn_ids is not None and pid not in done:
+                        derived += ((rid, lineno) for rid in turn_ids(prompt))
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     raise InputError(f"not valid JSON: {getattr(e, 'msg', e)}", path, lineno) from None
                 except InputError as e:
@@ -154,4 +160,8 @@ def scan_prompts(path: str | Path, done: set[str] = frozenset(), limit: int | No
             total += 1
     if total == 0:
         raise InputError("no prompts in file", path)
+    for rid, lineno in derived:
+        if rid in seen:
+            raise InputError(f"a later turn of this conversation would have the id {rid!r}, which the prompt on line "
+                             f"{seen[rid]} has", path, lineno)
     return PromptScan(path, total, pending)

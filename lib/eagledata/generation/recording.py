@@ -10,6 +10,7 @@ from typing import Any
 from ..openrouter import Completion
 from ..records import Record
 from ..text import KimiTokenizer, agreement, output_ids
+from .turns import Turn
 
 
 def answer_check(completion: Completion, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
@@ -23,15 +24,19 @@ def answer_check(completion: Completion, prompt_ids: list[int], output_ids: list
             "prompt_diff": u.prompt_tokens - len(prompt_ids) if u.prompt_tokens else None}
 
 
-def build_record(tok: KimiTokenizer, *, prompt_id: str, dataset: str, messages: list[dict], prompt_ids: list[int],
-                 completion: Completion, attempts: int, sampling: dict[str, Any] | None = None) -> Record:
-    """The record of one answer. A lone surrogate (legal in JSON, not in UTF-8) has no exact ids: it raises
-    UnicodeEncodeError rather than record ids that decode to other text. `sampling`: the request's sampling
-    settings, kept in `meta.sampling` (the fidelity audit compares providers under the same settings)."""
+def build_record(tok: KimiTokenizer, *, turn: Turn, dataset: str, prompt_ids: list[int], completion: Completion,
+                 attempts: int, sampling: dict[str, Any] | None = None) -> Record:
+    """The record of one answer to `turn` (its id, conversation, turn number and messages as sent). A lone surrogate
+    (legal in JSON, not in UTF-8) has no exact ids: it raises UnicodeEncodeError rather than record ids that decode to
+    other text. `sampling`: the request's sampling settings, kept in `meta.sampling` (the fidelity audit compares
+    providers under the same settings). A turn of a chained conversation keeps `meta.turns`, its last turn's number:
+    with the finish reason it tells a resume whether the conversation went on."""
     a = completion.answer
     a.reasoning.encode("utf-8"), a.content.encode("utf-8")
     ids = output_ids(tok, a.reasoning, a.content, a.finish_reason)
     meta: dict[str, Any] = {"attempts": attempts}
+    if turn.conversation.chained:
+        meta["turns"] = turn.conversation.last
     if sampling is not None:
         meta["sampling"] = dict(sampling)
     if completion.reasoning_inline:
@@ -45,7 +50,7 @@ def build_record(tok: KimiTokenizer, *, prompt_id: str, dataset: str, messages: 
             meta["prompt_ids_match"] = list(completion.prompt_token_ids) == p_ids
             p_ids = list(completion.prompt_token_ids)
     meta["fidelity"] = answer_check(completion, p_ids, ids)
-    return Record(id=prompt_id, dataset=dataset, messages=messages, reasoning=a.reasoning, content=a.content,
-                  finish_reason=a.finish_reason, model=completion.model, provider=completion.provider,
-                  generation_id=completion.generation_id, usage=completion.usage, prompt_ids=p_ids,
-                  output_ids=ids, meta=meta)
+    return Record(id=turn.id, dataset=dataset, conversation_id=turn.conversation.id, turn=turn.number,
+                  messages=turn.messages, reasoning=a.reasoning, content=a.content, finish_reason=a.finish_reason,
+                  model=completion.model, provider=completion.provider, generation_id=completion.generation_id,
+                  usage=completion.usage, prompt_ids=p_ids, output_ids=ids, meta=meta)

@@ -5,6 +5,11 @@ leaves whole lines plus at most one torn tail, which the next open cuts off (kep
 `records.jsonl.torn`). An index of finished ids (`done.idx`, id + byte offset) makes resume start-up
 independent of record size; it is only a cache: lines past its last offset are re-read from the file.
 Paths come from `eagledata.paths.DatasetFiles`.
+
+Conversations (generation/turns.py): a record that does not finish its conversation (a turn with more to come, its
+record's `meta.turns` saying how many) leaves the conversation open; `finished` holds the conversations that are
+done (their last turn recorded, a cut turn, or a failure), which is what a resume skips, and `chains` where the
+recorded turns of each open one are, so that a resume continues it at the next turn from its recorded answers.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import InputError
 from ..files import LockHeld, atomic_write_text, hold_lock, iter_jsonl
@@ -60,7 +65,43 @@ def _repair_tail(path: Path) -> int:
         return len(torn)
 
 
-Entry = tuple[str, int, int, float]  # id, end offset in records.jsonl, output tokens, cost USD
+class Entry(NamedTuple):
+    """One record as the index keeps it (a tuple: a million are read at every resume). A turn of a chained
+    conversation carries its conversation; any other record is its own conversation, finished."""
+
+    id: str
+    end: int        # end offset of its line in records.jsonl
+    tokens: int     # output tokens
+    cost: float     # USD
+    conversation: str = ""  # "" -> `id`
+    turn: int = 1
+    ends: bool = True  # this record finishes its conversation
+
+    @property
+    def conversation_id(self) -> str:
+        return self.conversation or self.id
+
+    def line(self) -> str:
+        base = f"{self.id}\t{self.end}\t{self.tokens}\t{self.cost!r}"
+        if self.conversation_id == self.id and self.ends:
+            return base + "\n"
+        return f"{base}\t{self.conversation_id}\t{self.turn}\t{int(self.ends)}\n"
+
+    @classmethod
+    def parse(cls, line: str) -> "Entry":
+        """A line of done.idx: four fields, or seven for a turn of a chained conversation (ValueError if neither)."""
+        f = line.split("\t")
+        if len(f) == 4:
+            return cls(f[0], int(f[1]), int(f[2]), float(f[3]))
+        rid, end, tokens, cost, conversation, turn, ends = f  # ValueError when the count is wrong
+        return cls(rid, int(end), int(tokens), float(cost), conversation, int(turn), ends == "1")
+
+
+def record_ends(d: dict[str, Any]) -> bool:
+    """Whether a record (as a dict) finishes its conversation: it is not a turn of a chain, or its chain's last, or
+    its answer did not finish (the chain stops there)."""
+    turns = (d.get("meta") or {}).get("turns")
+    return turns is None or d.get("turn", 1) >= turns or d.get("finish_reason") != "stop"
 
 
 def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
@@ -77,15 +118,13 @@ def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
                 d = json.loads(line)
                 usage = d.get("usage") or {}
                 tokens = int(output_tokens(usage.get("completion_tokens"), d.get("output_ids")))
-                entry = (str(d["id"]), offset, tokens, float(usage.get("cost") or 0.0))
+                rid = str(d["id"])
+                entry = Entry(rid, offset, tokens, float(usage.get("cost") or 0.0), str(d.get("conversation_id") or rid),
+                              int(d.get("turn", 1)), record_ends(d))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise InputError("not a valid record line (after byte %d)" % start, path, lineno) from None
             out.append(entry)
     return out
-
-
-def _index_line(rid: str, end: int, tokens: int, cost: float) -> str:
-    return f"{rid}\t{end}\t{tokens}\t{cost!r}\n"
 
 
 def _read_index(index: Path, records_size: int) -> list[Entry]:
@@ -93,21 +132,23 @@ def _read_index(index: Path, records_size: int) -> list[Entry]:
     entries: list[Entry] = []
     try:
         for line in index.read_text().splitlines():
-            rid, end, tokens, cost = line.split("\t")
-            entries.append((rid, int(end), int(tokens), float(cost)))
+            entries.append(Entry.parse(line))
     except ValueError:
         return []
-    if entries and entries[-1][1] > records_size:
+    if entries and entries[-1].end > records_size:
         return []
     return entries
 
 
 @dataclass
 class Store:
-    """Append-only record and failure files of one dataset; `done` holds the ids finished either way."""
+    """Append-only record and failure files of one dataset; `done` holds the ids (records' and failures') written,
+    `finished` the conversations done, `chains` the recorded turns of the open ones."""
 
     files: DatasetFiles
     done: set[str] = field(default_factory=set)
+    finished: set[str] = field(default_factory=set)
+    chains: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)  # conversation -> (turn, start, end)
     recorded: int = 0
     failed: int = 0
     output_tokens: int = 0   # over every record of the dataset, all runs
@@ -144,28 +185,32 @@ class Store:
         indexed: list[Entry] = []
         if index.exists() and records.exists():
             indexed = _read_index(index, records.stat().st_size)
-        tail = _entries_of_lines(records, indexed[-1][1] if indexed else 0) if records.exists() else []
+        tail = _entries_of_lines(records, indexed[-1].end if indexed else 0) if records.exists() else []
         if tail or not indexed:
             with index.open("a" if indexed else "w") as f:
-                f.writelines(_index_line(*e) for e in tail)
-        self.done.update(e[0] for e in indexed)
-        self.done.update(e[0] for e in tail)
-        self.recorded = len(indexed) + len(tail)
-        self.output_tokens = sum(e[2] for e in indexed) + sum(e[2] for e in tail)
-        self.spend_usd = sum(e[3] for e in indexed) + sum(e[3] for e in tail)
-        newest = (indexed + tail)[-COSTS_KEPT:]
-        self.costs, self.lengths = [e[3] for e in newest], [e[2] for e in newest]
+                f.writelines(e.line() for e in tail)
+        entries = indexed + tail
+        start = 0
+        for e in entries:
+            if e.ends and not e.conversation:  # a one-turn record: the common case, kept cheap
+                self.done.add(e.id)
+                self.finished.add(e.id)
+            else:
+                self._entered(e, start)
+            start = e.end
+        self.recorded = len(entries)
+        self.output_tokens = sum(e.tokens for e in entries)
+        self.spend_usd = sum(e.cost for e in entries)
+        newest = entries[-COSTS_KEPT:]
+        self.costs, self.lengths = [e.cost for e in newest], [e.tokens for e in newest]
         if len(self.done) != self.recorded:
             raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
                              records)
         if failures.exists():
-            failed = []
             for lineno, obj in iter_jsonl(failures):
                 if not isinstance(obj, dict) or "id" not in obj:
                     raise InputError("not a valid failure line", failures, lineno)
-                failed.append(str(obj["id"]))
-            self.failed = len(failed)
-            self.done.update(failed)
+                self._failed(str(obj["id"]), str(obj.get("conversation_id") or obj["id"]))
         for path in (records, failures, index):
             self._fds[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
@@ -176,15 +221,41 @@ class Store:
             n += os.write(fd, data[n:])
         return os.lseek(fd, 0, os.SEEK_END)
 
+    def _entered(self, e: Entry, start: int) -> None:
+        self.done.add(e.id)
+        if e.ends:
+            self.finished.add(e.conversation_id)
+            self.chains.pop(e.conversation_id, None)
+        else:
+            self.chains.setdefault(e.conversation_id, []).append((e.turn, start, e.end))
+
+    def _failed(self, rid: str, conversation_id: str) -> None:
+        self.done.add(rid)
+        self.finished.add(conversation_id)  # a turn that failed for good ends its conversation
+        self.chains.pop(conversation_id, None)
+        self.failed += 1
+
+    def history(self, conversation_id: str) -> list[Record]:
+        """The recorded turns of an open conversation, in order (a resume continues after the last)."""
+        out = []
+        with self.files.records.open("rb") as f:
+            for _, start, end in self.chains.get(conversation_id, ()):
+                f.seek(start)
+                out.append(Record.from_json(f.read(end - start)))
+        return out
+
     def add_record(self, record: Record, cost: float | None = None) -> None:
         """Append one record; `cost` defaults to its usage (it feeds the dataset totals)."""
         if record.id in self.done:
             raise ValueError(f"record {record.id!r} is already finished")
         tokens = record.output_tokens
         cost = cost if cost is not None else (record.usage.cost or 0.0)
+        start = os.lseek(self._fds[self.files.records], 0, os.SEEK_END)
         end = self._append(self.files.records, (record.to_json() + "\n").encode())
-        self._append(self.files.done_index, _index_line(record.id, end, tokens, cost).encode())
-        self.done.add(record.id)
+        entry = Entry(record.id, end, tokens, cost, record.conversation_id, record.turn,
+                      record_ends({"meta": record.meta, "turn": record.turn, "finish_reason": record.finish_reason}))
+        self._append(self.files.done_index, entry.line().encode())
+        self._entered(entry, start)
         self.recorded += 1
         self.output_tokens += tokens
         self.spend_usd += cost
@@ -193,13 +264,16 @@ class Store:
         if len(self.costs) > 2 * COSTS_KEPT:
             del self.costs[:COSTS_KEPT], self.lengths[:COSTS_KEPT]
 
-    def add_failure(self, prompt_id: str, error: dict[str, Any], attempts: int) -> None:
-        if prompt_id in self.done:
-            raise ValueError(f"prompt {prompt_id!r} is already finished")
-        line = json.dumps({"id": prompt_id, "error": error, "attempts": attempts}, ensure_ascii=False)
+    def add_failure(self, rid: str, error: dict[str, Any], attempts: int, *, conversation_id: str | None = None,
+                    turn: int | None = None) -> None:
+        """A request that failed for good; a turn of a chained conversation names its conversation and turn (the
+        failure ends the conversation)."""
+        if rid in self.done:
+            raise ValueError(f"prompt {rid!r} is already finished")
+        chain = {"conversation_id": conversation_id, "turn": turn} if conversation_id is not None else {}
+        line = json.dumps({"id": rid, **chain, "error": error, "attempts": attempts}, ensure_ascii=False)
         self._append(self.files.failures, (line + "\n").encode())
-        self.done.add(prompt_id)
-        self.failed += 1
+        self._failed(rid, conversation_id or rid)
 
     def read_summary(self) -> dict[str, Any] | None:
         """The summary.json an earlier run left (None before the first): what carries across runs (fidelity)."""

@@ -118,3 +118,10 @@ class Turn:
     def ends(self, finish_reason: str) -> bool:
         """Recording this turn with `finish_reason` finishes its conversation."""
         return not self.later or finish_reason != "stop"
+
+
+def later_turn_ids(prompt: Prompt, turns: TurnsMode) -> list[str]:
+    """The record ids a prompt's turns after the first will have (the prompt scan refuses a clash with another
+    prompt's id)."""
+    c = Conversation.of(prompt, turns)
+    return [turn_id(c.id, n, first=False) for n in range(c.first + 1, c.last + 1)]
