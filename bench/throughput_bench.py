@@ -21,6 +21,8 @@ the seed's (~18) and latency against client work stays realistic (tens of second
              ideal of one full pool measured on that run's own answers: time to every target ÷ ideal, each
              dataset's tokens ÷ target, charged vs balance - reserve, and the time an oracle pacing would need.
              `--money-share-of-targets 1.67`: money for 60% of the targets. `--baseline`: also the old way, six runs one after another on the same balance.
+             `--multi-turn 0.4`: 40 % of the prompts are conversations of 2–4 user turns, every turn answered on the
+             target's own answers (issue 31); the oracle then runs the same chains.
 """
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ from eagledata.openrouter import ClientPool, Kind, build_request, complete, load
 from eagledata.openrouter.client import LOCAL_KEY
 
 SEED_MAX_TOKENS = 32768
+MULTI_TURNS = (2, 3, 4)  # user turns of a multi-turn conversation, equally likely
 USUAL_FAULTS = {"rate_limit": 0.04, "upstream_rate_limit": 0.02, "bad_gateway": 0.01, "unavailable": 0.01,
                 "timeout": 0.005, "error_in_choice": 0.005, "error_top_level": 0.005, "empty_content": 0.005,
                 "truncated_json": 0.005, "connection_reset": 0.005, "slow": 0.005}
@@ -63,14 +66,22 @@ def write_prompts(d: Path, n: int, name: str = "P") -> Path:
     return write_datasets(d, n, {name: None})
 
 
-def write_datasets(d: Path, n: int, targets: dict[str, int | None]) -> Path:
-    """A prompt file of `n` prompts per dataset and the datasets file naming them (with their targets)."""
+def write_datasets(d: Path, n: int, targets: dict[str, int | None], multi_turn: float = 0.0) -> Path:
+    """A prompt file of `n` prompts per dataset and the datasets file naming them (with their targets). A share
+    `multi_turn` of the prompts are conversations of 2–4 user turns, the dataset's old answers between them."""
+    import random
+
+    rng = random.Random(0)
     lines = []
     for name, target in targets.items():
         prompts = d / f"{name}.jsonl"
         with prompts.open("w") as f:
             for i in range(n):
+                turns = rng.choice(MULTI_TURNS) if rng.random() < multi_turn else 1
                 msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
+                for j in range(2, turns + 1):
+                    msgs += [{"role": "assistant", "content": f"(the dataset's old answer {i}.{j - 1})"},
+                             {"role": "user", "content": f"Question {i}.{j}: prove that {i} + {j} is odd or even."}]
                 f.write(json.dumps({"id": f"{name}{i:07d}", "messages": msgs}) + "\n")
         lines.append(f"{name}:\n  prompts: {prompts}\n" + (f"  target_output_tokens: {target}\n" if target else ""))
     (d / "datasets.yaml").write_text("".join(lines))
@@ -381,11 +392,13 @@ def abandon(a: argparse.Namespace) -> None:
 
 
 def oracle_time(pairs: list[tuple[float, int]], targets: dict[str, int], slots: int, seed: int,
-                aim: float = 1.05) -> float:
+                aim: float = 1.05, multi_turn: float = 0.0) -> float:
     """What no pacing can beat, in simulated time: answers drawn from this run's own (latency, tokens), and a
     scheduler that knows the length of every answer in flight (not of the next one). It keeps the pool full,
     gives each slot to the dataset furthest behind, and stops a dataset once its true tokens in flight would take
-    it to `aim` × target (5 % over, the most allowed). Returns the time every target was recorded."""
+    it to `aim` × target (5 % over, the most allowed). With `multi_turn`, that share of conversations has 2–4 turns
+    in a chain: a finished turn's next one starts at once, while its dataset is open. Returns the time every target
+    was recorded."""
     import heapq
     import random
 
@@ -401,15 +414,21 @@ def oracle_time(pairs: list[tuple[float, int]], targets: dict[str, int], slots: 
             if not open_:
                 break
             name = min(open_, key=lambda n: (recorded[n] + flying[n]) / targets[n])
+            later = rng.choice(MULTI_TURNS) - 1 if rng.random() < multi_turn else 0
             latency, tokens = rng.choice(pairs)
             flying[name] += tokens
             seq += 1
-            heapq.heappush(ends, (t + latency, seq, name, tokens))
+            heapq.heappush(ends, (t + latency, seq, name, tokens, later))
         if not ends:
             return max(met.values()) if len(met) == len(targets) else math.inf
-        t, _, name, tokens = heapq.heappop(ends)
+        t, _, name, tokens, later = heapq.heappop(ends)
         flying[name] -= tokens
         recorded[name] += tokens
+        if later and recorded[name] + flying[name] + mean <= aim * targets[name]:  # the chain goes on
+            latency, tokens = rng.choice(pairs)
+            flying[name] += tokens
+            seq += 1
+            heapq.heappush(ends, (t + latency, seq, name, tokens, later - 1))
         if name not in met and recorded[name] >= targets[name]:
             met[name] = t
 
@@ -439,10 +458,11 @@ def job(a: argparse.Namespace) -> None:
         price = routing.cheapest().completion_per_m / 1e6
         each = int(usable * a.money_share_of_targets / price / len(names))  # one target: its share of the money
         targets = dict.fromkeys(names, each)
-        datasets = write_datasets(d, 20_000, targets)
+        datasets = write_datasets(d, 20_000, targets, multi_turn=a.multi_turn)
         print(f"(e) the job: {len(names)} datasets x {each:,} output tokens (money for {1 / a.money_share_of_targets:.0%} "
               f"of them at ${price * 1e6:.2f}/M), ${balance:g} balance, ${reserve:g} reserve, {slots} in flight, "
-              f"max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, faults {'on' if a.faults else 'off'}", flush=True)
+              f"max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, faults {'on' if a.faults else 'off'}, "
+              f"{a.multi_turn:.0%} multi-turn", flush=True)
         kw = dict(datasets_file=str(datasets), base_url=emu.base_url, params_dir=str(d / "params"), concurrency=slots,
                   progress=False, reserve_usd=reserve, max_tokens=SEED_MAX_TOKENS, account_refresh_s=5.0,
                   account_lag_s=2.0, straggler_wait_s=a.straggler_wait)
@@ -467,9 +487,15 @@ def job(a: argparse.Namespace) -> None:
                   f"{wall / money_ideal:.2f}x; charged {emu.stats()['charged_usd'] / usable:.3f} of usable; "
                   f"abandoned {s['run']['abandoned']}", flush=True)
         pairs = list(zip(timed.latency, timed.tokens))
-        bound = statistics.median(oracle_time(pairs, targets, slots, seed) for seed in range(5))
+        bound = statistics.median(oracle_time(pairs, targets, slots, seed, multi_turn=a.multi_turn) for seed in range(5))
+        last = [x["run"]["target_met_s"] for x in s["datasets"].values()]
         print(f"    an oracle that knows every answer's length once it starts (5 % over allowed, median of 5 "
-              f"draws of this run's answers): every target at {bound:.0f} s = {bound / ideal:.2f}x ideal", flush=True)
+              f"draws of this run's answers): every target at {bound:.0f} s = {bound / ideal:.2f}x ideal; the run's "
+              f"last target ÷ the oracle's: {max(last) / bound if None not in last else float('nan'):.2f}x", flush=True)
+        if a.multi_turn:
+            per_turn = {n: x["records"] for n, x in s["datasets"].items()}
+            print(f"    records (turns) per dataset: {per_turn}; conversations left open: "
+                  f"{sum(x['open_conversations'] for x in s['datasets'].values())}", flush=True)
         if a.baseline:
             emu.reset(emu_cfg)  # a fresh account: the same balance again
             per, met, t0, elapsed = {}, [], time.monotonic(), 0.0
@@ -503,6 +529,8 @@ def main() -> int:
     ap.add_argument("--baseline", action="store_true", help="job: also six runs one after another")
     ap.add_argument("--straggler-wait", type=float, default=120.0,
                     help="job: straggler_wait_s (the engine's default, 120 s, is for real answers of minutes)")
+    ap.add_argument("--multi-turn", type=float, default=0.0,
+                    help="job: this share of the prompts are conversations of 2-4 user turns (issue 31: 0.4)")
     ap.add_argument("--save", help="job: write the run's summary and its answers' (latency, tokens) to this file")
     a = ap.parse_args()
     for name, fn in (("seed", seed), ("background", background), ("capacity", capacity), ("capped", capped),
