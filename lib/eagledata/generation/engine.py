@@ -3,7 +3,9 @@
 One run serves one dataset or several on one pool of slots, one admission, one account and one congestion
 controller; each dataset keeps its own checkpoint store, target and summary. Workers (one coroutine per
 concurrency slot, none per prompt) pull the next prompt as they free up, from the dataset furthest behind its
-target (pacing.py), so memory stays flat however many prompts wait and the budget plan's shares hold. A request
+target (pacing.py), so memory stays flat however many prompts wait and the budget plan's shares hold. What a slot
+takes is a `Turn` (turns.py): a prompt's conversation is a chain of requests, each turn answered on the target's
+own earlier answers, and a finished turn's next one goes ahead of new conversations. A request
 starts only when admission (admission.py) says its cost fits the money left; retries wait in a heap until due so
 a Retry-After never blocks a slot; only a window of mostly 429s lowers the number in flight (congestion.py). What
 each outcome means is a table (policy.py); the books follow the account (account.py), and one run at a time
