@@ -397,7 +397,8 @@ class Run:
                 lane.stop_reason = StopReason.TARGET_REACHED
             elif lane.all_finished:
                 lane.stop_reason = StopReason.COMPLETED
-            elif lane.exhausted and not lane.retries and not lane.ready:  # the books are wrong: say so, never hang
+            elif not self.stopping and lane.exhausted and not lane.retries and not lane.ready:
+                # nothing left to take, nothing given back, yet not finished: the books are wrong; say so, never hang
                 left = len(lane.scan.pending) - (len(lane.store.finished) - lane.done_before)
                 lane.stop_reason = error_stop(RuntimeError(f"{lane.name}: {left} conversations neither finished "
                                                            f"nor in hand"))
