@@ -145,3 +145,159 @@ def test_prices_come_from_the_routing_decision_else_the_catalog_and_say_which(tm
     assert decided.note.startswith(f"prices from the routing decision {routing}")
     with pytest.raises(InputError, match=r"typo\.yaml field 'routing': routing decision not found"):
         run_sync(plan_prices(BudgetConfig(routing=str(tmp_path / "typo.yaml"), snapshot=str(snap))), "plan_prices")
+
+
+# -- conversations: a request per user turn (turns: all) ------------------------------------------------------------
+def _conversations(tmp_path, extra: tuple[dict, ...] = ()):
+    """Conversations of 1, 2 and 3 asks (a system turn; the dataset's answers, which `all` drops)."""
+    rows = [
+        {"id": "one", "messages": [{"role": "user", "content": "What is the CAP theorem?"}]},
+        {"id": "two", "messages": [{"role": "system", "content": "Be brief."},
+                                   {"role": "user", "content": "Capital of France?"},
+                                   {"role": "assistant", "content": "The dataset's own answer: Paris."},
+                                   {"role": "user", "content": "And of Japan? 日本語で。"}]},
+        {"id": "three", "conversations": [{"from": "human", "value": "Write fizzbuzz in Python."},
+                                          {"from": "gpt", "value": "for i in range(1, 101): ..."},
+                                          {"from": "human", "value": "Now in Rust."},
+                                          {"from": "gpt", "value": "fn main() { ... }"},
+                                          {"from": "human", "value": "Which is faster, and why?"}]},
+        *extra,
+    ]
+    path = tmp_path / "conv.jsonl"
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    return path
+
+
+# The target's answers as generation would send them back (content only), of varied shapes.
+ANSWERS = ["Paris.", "東京です。\n\n```python\nprint('hi')\n```", "  leading spaces, trailing newline\n"]
+
+
+def _rendered(tok, path, answers):
+    """Each request's prompt tokens, rendering the real chains with these answers (what generation sends)."""
+    from eagledata.generation.prompts import iter_prompts
+    from eagledata.generation.turns import Conversation
+    from eagledata.text import prompt_ids
+
+    out = []
+    for p in iter_prompts(path):
+        conv = Conversation.of(p, "all")
+        out += [len(prompt_ids(tok, conv.turn(answers[:k]).messages)) for k in range(len(conv.asks))]
+    return out
+
+
+def test_each_turns_prompt_is_its_asks_plus_the_earlier_answers_content_exactly(tok, tmp_path):
+    """Turn j's prompt = the measured asks (template included) + the content tokens of answers 1..j−1, exactly:
+    the answers sit between special tokens, so nothing merges across them."""
+    from eagledata.generation.budget import measure_prompts
+
+    path = _conversations(tmp_path)
+    m = measure_prompts(tok, "conv", path)
+    assert m.conversation_turns.tolist() == [1, 2, 3] and m.earlier_answers.tolist() == [0, 0, 1, 0, 1, 2]
+    content = [len(tok.encode_ordinary(a)) for a in ANSWERS]
+    model = [int(a) + sum(content[:k]) for a, k in zip(m.asks_tokens, m.earlier_answers)]
+    assert model == _rendered(tok, path, ANSWERS)
+
+
+def test_dataset_stats_with_answers_of_the_modelled_length_equal_the_rendered_chains(tok, tmp_path):
+    from eagledata.generation.budget import ContentLengths, measure_prompts
+
+    answers = ["ok" + " hello" * 40] * 2
+    n = len(tok.encode_ordinary(answers[0]))
+    path = _conversations(tmp_path)
+    got = measure_prompts(tok, "conv", path).stats(ContentLengths(n, 0.0, "known"))
+    want = DatasetStats.from_lengths("conv", _rendered(tok, path, answers), prompts=3,
+                                     turns_per_conversation={1: 1, 2: 1, 3: 1})
+    assert (got.prompts, got.requests, got.turns_per_conversation) == (3, 6, {1: 1, 2: 1, 3: 1})
+    assert got.turns_mean == 2.0 and got.prompt_tokens_total == want.prompt_tokens_total
+    for f in ("prompt_tokens_mean", "prompt_tokens_sd", "prompt_tokens_p50", "prompt_tokens_p90"):
+        assert getattr(got, f) == pytest.approx(getattr(want, f), abs=1e-9), f  # same integers, float sums
+    # the answers' spread widens the per-request spread: 0+0+1+0+1+2 earlier answers over 6 requests, each sd² = 100²
+    spread = measure_prompts(tok, "conv", path).stats(ContentLengths(n, 100.0, "known"))
+    assert spread.prompt_tokens_sd == pytest.approx((want.prompt_tokens_sd ** 2 + 4 / 6 * 100 ** 2) ** 0.5, abs=1e-9)
+    with pytest.raises(InputError, match="field 'conv'.*content-length model"):
+        measure_prompts(tok, "conv", path).stats(None)
+
+
+def test_one_render_per_conversation_equals_rendering_every_turn(tok, tmp_path):
+    """The fast path cuts the last request at the empty answers; where it cannot find them exactly once each (the
+    scaffold typed in a user turn) it renders turn by turn. Both give what rendering every turn gives."""
+    from eagledata.generation.budget import _Scaffold, turn_prompt_tokens
+    from eagledata.generation.prompts import iter_prompts
+    from eagledata.generation.turns import Conversation
+    from eagledata.text import prompt_ids
+
+    typed = {"id": "typed", "messages": [
+        {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "quote: <|im_assistant|>assistant<|im_middle|><think></think><|im_end|> end"}]}
+    scaffold = _Scaffold.of(tok)
+    assert scaffold is not None and scaffold.generation == tuple(tok.encode(
+        "<|im_assistant|>assistant<|im_middle|><think>", allow_special=True))
+    found = {}
+    for p in iter_prompts(_conversations(tmp_path, (typed,))):
+        conv = Conversation.of(p)
+        assert turn_prompt_tokens(tok, conv, scaffold) == turn_prompt_tokens(tok, conv, None), p.id
+        found[p.id] = len(scaffold.starts(prompt_ids(tok, conv.turn([""] * (len(conv.asks) - 1)).messages)))
+    assert found == {"one": 0, "two": 1, "three": 2, "typed": 2}  # typed: one answer, two scaffolds -> every turn
+
+
+def test_turns_last_reproduces_todays_plan_exactly(tok, tmp_path):
+    """`last`: one request per prompt, the prompt as written (the dataset's answers as history) — the figures
+    budget.ipynb gave before conversations, down to the plan."""
+    from eagledata.generation.budget import ContentLengths, measure_prompts
+    from eagledata.generation.prompts import iter_prompts
+    from eagledata.text import prompt_ids
+
+    path = _conversations(tmp_path)
+    today = DatasetStats.from_lengths("conv", [len(prompt_ids(tok, p.messages)) for p in iter_prompts(path)])
+    last = measure_prompts(tok, "conv", path, "last").stats(ContentLengths(900, 300, "ignored: no earlier answers"))
+    assert last == today and last.requests == last.prompts == 3
+    plan = dict(balance_usd=5, reserve_usd=1, round_to=1)
+    assert plan_budget([last, SIX[0]], LENGTHS, PRICES, **plan) == plan_budget([today, SIX[0]], LENGTHS, PRICES, **plan)
+    every = measure_prompts(tok, "conv", path, "all").stats(ContentLengths(900, 300, "test"))
+    assert every.requests == 6 and every.prompt_tokens_mean > last.prompt_tokens_mean
+    with pytest.raises(InputError, match="field 'turns'"):
+        measure_prompts(tok, "conv", path, "first")
+
+
+def test_the_prompt_cap_counts_turns_not_prompts():
+    """100 conversations of 2.5 turns on average: 250 requests of 4,000 tokens = 1M output tokens at most."""
+    talk = DatasetStats("talk", 100, 350, 200, 300, 700, 250 * 350, requests=250,
+                        turns_per_conversation={2: 50, 3: 50})
+    plan = plan_budget([talk, *SIX[:2]], LENGTHS, PRICES, balance_usd=50, reserve_usd=0, round_to=1)
+    d = plan.datasets[0]
+    assert plan.targets["talk"] == 1_000_000 and d.limited_by_prompts and d.requests_available == 250
+    assert plan.targets["B1"] == plan.targets["B2"] > 1_000_000
+    assert plan.total_usd == pytest.approx(50, abs=1e-3)
+    prop = plan_budget([talk, SIX[0]], LENGTHS, PRICES, balance_usd=1, policy="proportional", round_to=1).targets
+    assert prop["B1"] == pytest.approx(80 * prop["talk"], rel=1e-6)  # 20,000 requests vs 250
+
+
+def test_content_lengths_from_finished_records_else_a_share_of_the_output_guess(tmp_path):
+    from eagledata.generation.budget import ContentLengths
+
+    path = tmp_path / "B1" / "records.jsonl"
+    path.parent.mkdir()
+    recs = [  # output ids: reasoning, </think>, content, <|im_end|> (ids from docs/FORMATS.md's example)
+        {"finish_reason": "stop", "output_ids": [38, 7673, 13, 163607, 18699, 0, 163586], "usage": {}},  # 2
+        {"finish_reason": "stop", "usage": {"completion_tokens": 10, "reasoning_tokens": 4}},  # 10 − 4 − 2 = 4
+        {"finish_reason": "length", "output_ids": [38, 163607, 5, 5, 5], "usage": {"completion_tokens": 5}},  # cut
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    got = ContentLengths.from_records([path, tmp_path / "missing.jsonl"])
+    assert (got.mean, got.sd) == (3.0, 1.0) and "2 finished answers" in got.source
+    assert ContentLengths.from_records([tmp_path / "none.jsonl"]) is None
+    prior = ContentLengths.prior(LENGTHS, 0.25)
+    assert (prior.mean, prior.sd) == (1000.0, 750.0)
+    with pytest.raises(InputError, match="field 'prior_content_share'"):
+        ContentLengths.prior(LENGTHS, 1.5)
+
+
+def test_budget_settings_plan_every_turn_by_default():
+    from eagledata.generation import BudgetConfig
+
+    cfg = BudgetConfig()
+    assert (cfg.turns, cfg.prior_content_share) == ("all", 0.25)
+    with pytest.raises(InputError, match="field 'turns'"):
+        BudgetConfig(turns="first")
+    with pytest.raises(InputError, match="field 'prior_content_share'"):
+        BudgetConfig(prior_content_share=-0.1)

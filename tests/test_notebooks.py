@@ -118,8 +118,13 @@ def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_pat
     assert targets["demo-a"] == targets["demo-b"] and 0 < targets["demo-a"] <= 0.15 / 2 / 2.2e-6
     assert results["plan"]["total_usd"] <= results["plan"]["usable_usd"] == pytest.approx(0.15)
     assert results["prices"]["routing_file"] == str(routing) and results["prices"]["completion_per_m"] == 2.2
-    assert {row["name"] for row in results["prompts"]} == {"demo-a", "demo-b"}
+    rows = {row["name"]: row for row in results["prompts"]}
+    assert set(rows) == {"demo-a", "demo-b"}
+    # turns: all (the default): demo-a's 10 two-ask conversations make two requests each
+    assert (rows["demo-a"]["prompts"], rows["demo-a"]["requests"]) == (40, 50)
+    assert rows["demo-a"]["turns_per_conversation"] == {"1": 30, "2": 10} and rows["demo-b"]["requests"] == 40
     assert results["output_lengths"]["source"].startswith("lognormal(")  # no earlier records
+    assert results["answer_content"]["source"].startswith("0.25 x output lengths (lognormal(")
 
 
 def test_budget_notebook_without_a_routing_decision_prices_from_the_emulators_catalog(tokenizer_dir,
@@ -131,8 +136,9 @@ def test_budget_notebook_without_a_routing_decision_prices_from_the_emulators_ca
     with run_emulator(speed=0) as emu:
         out = execute_notebook("budget", datasets_file=str(datasets), params_dir=str(tmp_path / "no-params"),
                                base_url=emu.base_url, budget_usd=0.2, reserve_usd=0.05, round_to=1000,
-                               output_dir=str(tmp_path), write=False)
+                               output_dir=str(tmp_path), write=False, turns="last")
     results = read_results(out)
+    assert [(r["prompts"], r["requests"]) for r in results["prompts"]] == [(40, 40), (40, 40)]  # a request per prompt
     prices = results["prices"]
     assert prices["routing_file"] is None and "no routing decision at" in prices["note"] and emu.base_url in prices["note"]
     assert prices["source"] == "cheapest eligible (Chutes)" and prices["completion_per_m"] == 2.2

@@ -1,8 +1,8 @@
 """Generation: a dataset's prompts → token-exact records, 2,000 requests in flight, crash-safe resume and a
 hard budget stop; the budget model that sets each dataset's token target; the run report."""
 from .admission import Admission, AgeModel
-from .budget import (BudgetConfig, DatasetStats, OutputLengths, Plan, PriceBasis, Prices, measure_prompts, plan_budget,
-                     plan_prices, planned_vs_actual, plot_plan, scenario_table)
+from .budget import (BudgetConfig, ContentLengths, DatasetStats, OutputLengths, Plan, PriceBasis, Prices, PromptTurns,
+                     measure_prompts, plan_budget, plan_prices, planned_vs_actual, plot_plan, scenario_table)
 from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
 from .engine import GenerateConfig, generate, run_generation
 from .fidelity import FidelityJudge, ignore_suspects
@@ -13,6 +13,7 @@ from .report import (dataset_rows, dataset_summaries, datasets_table, plot_datas
 from .store import Store, StoreLocked
 
 __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
+           "ContentLengths", "PromptTurns",
            "Store", "StoreLocked", "generate", "get_dataset", "ignore_suspects", "load_datasets", "load_prompts",
            "Pacing", "dataset_rows", "dataset_summaries", "datasets_table", "plot_datasets", "without_timelines",
            "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan", "plot_run",

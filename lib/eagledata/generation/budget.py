@@ -2,9 +2,16 @@
 budget.ipynb's settings and the prices it plans with.
 
 Cost of a dataset with output target T: T × price.completion + (T / mean output per request) ×
-mean prompt tokens × price.prompt. Targets are chosen so the expected cost of the whole plan stays
-within balance − reserve; the band (P50/P90) comes from the spread of output lengths and the requests
-still in flight when a run stops issuing.
+mean prompt tokens per request × price.prompt. Targets are chosen so the expected cost of the whole plan
+stays within balance − reserve; the band (P50/P90) comes from the spread of output lengths and the
+requests still in flight when a run stops issuing.
+
+A request is one turn of a conversation (`turns: all`, see turns.py): turn j's prompt is the asks 1..j with
+the target's answers to turns 1..j−1 between them, so prompts grow along a conversation. What can be
+measured is measured exactly (the rendered asks and template, `measure_prompts`); the answers are not
+written yet, so each earlier answer adds the expected content tokens of an answer (`ContentLengths`:
+earlier runs' finished answers, else a share of the output guess). A dataset can send as many requests as
+its conversations have turns; `turns: last` is one request per prompt, the prompt as written.
 """
 from __future__ import annotations
 
@@ -23,8 +30,9 @@ from ..paths import dataset_files, routing_file
 from ..openrouter import Price, RoutingDecision, load_routing
 from ..records import output_tokens
 from ..settings import Settings, setting
-from ..text import KimiTokenizer, prompt_ids
+from ..text import END_THINK, IM_END, KimiTokenizer, prompt_ids, render_chat
 from .prompts import iter_prompts
+from .turns import Conversation, TurnsMode
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile
 Policy = Literal["equal", "proportional", "weights"]
@@ -33,7 +41,11 @@ PriceMode = Literal["cheapest", "worst", "mix"]
 
 @dataclass(frozen=True)
 class DatasetStats:
-    """Prompt-side facts of one dataset, measured with the real tokenizer and chat template."""
+    """Prompt-side facts of one dataset: its requests' prompt tokens (measured with the real tokenizer and chat
+    template, plus the expected contents of earlier answers) and how many requests its prompts make.
+
+    With `turns: all` a prompt is a conversation of one request per user turn, so `requests` (what the run can
+    send, and what caps a target) is the sum of the turns, not `prompts`; prompt-token figures are per request."""
 
     name: str
     prompts: int
@@ -42,22 +54,183 @@ class DatasetStats:
     prompt_tokens_p50: float
     prompt_tokens_p90: float
     prompt_tokens_total: int
+    requests: int | None = None  # None: one request per prompt
+    turns_per_conversation: dict[int, int] | None = None  # requests in a conversation -> conversations
+    turns_mean: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.requests is None:
+            object.__setattr__(self, "requests", self.prompts)
+        if self.turns_per_conversation is None:
+            object.__setattr__(self, "turns_per_conversation", {1: self.prompts})
+        object.__setattr__(self, "turns_mean", self.requests / self.prompts if self.prompts else 0.0)
 
     @classmethod
-    def from_lengths(cls, name: str, lengths: Sequence[int]) -> "DatasetStats":
+    def from_lengths(cls, name: str, lengths: Sequence[float], *, prompts: int | None = None,
+                     extra_variance: float = 0.0,
+                     turns_per_conversation: dict[int, int] | None = None) -> "DatasetStats":
+        """From each request's prompt tokens (one per prompt unless `prompts` says how many prompts made them).
+        `extra_variance`: spread the lengths do not show (answers not yet written), added to their variance."""
         if len(lengths) == 0:
             raise InputError("dataset has no prompts", field=name)
         a = np.asarray(lengths, dtype=float)
-        return cls(name, len(a), float(a.mean()), float(a.std()), float(np.percentile(a, 50)),
-                   float(np.percentile(a, 90)), int(a.sum()))
+        return cls(name, len(a) if prompts is None else prompts, float(a.mean()),
+                   float(math.sqrt(a.var() + extra_variance)), float(np.percentile(a, 50)),
+                   float(np.percentile(a, 90)), int(round(a.sum())), requests=len(a),
+                   turns_per_conversation=turns_per_conversation)
 
 
-def measure_prompts(tok: KimiTokenizer, name: str, path: str | Path) -> tuple[DatasetStats, np.ndarray]:
-    """Prompt token counts exactly as generation will send them (template + generation prompt)."""
-    lengths = np.fromiter((len(prompt_ids(tok, p.messages)) for p in iter_prompts(path)), dtype=np.int64)
-    if lengths.size == 0:
+@dataclass(frozen=True)
+class ContentLengths:
+    """Content tokens of one earlier answer, as the later turns of its conversation carry it in their prompts.
+
+    Only the content counts: K2.5's template renders an earlier answer as `<think></think>` + content, so its
+    reasoning costs later turns nothing. Only finished answers (`stop`) become history: a cut one ends its
+    conversation."""
+
+    mean: float
+    sd: float
+    source: str
+
+    @classmethod
+    def from_records(cls, paths: Iterable[str | Path]) -> "ContentLengths | None":
+        """Content tokens of earlier runs' finished answers; None when there are none."""
+        lengths, used = [], []
+        for p in paths:
+            p = Path(p)
+            if not p.is_file():
+                continue
+            used.append(p.parent.name)
+            for _, rec in iter_jsonl(p, tolerate_torn_tail=True):
+                n = content_tokens(rec)
+                if n is not None:
+                    lengths.append(n)
+        if not lengths:
+            return None
+        a = np.asarray(lengths, dtype=float)
+        return cls(float(a.mean()), float(a.std()),
+                   f"content of {len(a):,} finished answers of earlier runs ({', '.join(used)})")
+
+    @classmethod
+    def prior(cls, lengths: "OutputLengths", share: float) -> "ContentLengths":
+        """Before any finished answer exists: a share of the output-length model (the rest is reasoning)."""
+        if not 0 <= share <= 1:
+            raise InputError(f"must be within [0, 1], got {share!r}", field="prior_content_share")
+        return cls(share * lengths.mean, share * lengths.sd, f"{share:g} x output lengths ({lengths.source})")
+
+
+def content_tokens(record: dict) -> int | None:
+    """Content tokens of a record's answer if it finished (else None: a cut answer is never history).
+
+    From the output ids (those after `</think>`, less the closing `<|im_end|>`), else from usage: completion
+    minus reasoning minus the two closing specials (`</think>`, `<|im_end|>`)."""
+    if record.get("finish_reason") != "stop":
+        return None
+    ids = record.get("output_ids")
+    if ids:
+        after = ids[ids.index(END_THINK) + 1:] if END_THINK in ids else ids
+        return len(after) - (1 if after and after[-1] == IM_END else 0)
+    usage = record.get("usage") or {}
+    if not usage.get("completion_tokens"):
+        return None
+    return max(0, usage["completion_tokens"] - (usage.get("reasoning_tokens") or 0) - 2)
+
+
+@dataclass(frozen=True)
+class PromptTurns:
+    """A dataset's requests, measured as far as they can be before any answer exists: per request, its prompt
+    tokens with every earlier answer's content left empty (the asks, the template, the generation prompt and
+    each earlier answer's `<think></think>` and `<|im_end|>`), and how many earlier answers of the target it
+    carries. Adding those answers' expected content gives the prompt tokens the run will send."""
+
+    name: str
+    turns: TurnsMode
+    asks_tokens: np.ndarray = field(repr=False)       # per request
+    earlier_answers: np.ndarray = field(repr=False)   # per request: its turn index within its conversation
+    conversation_turns: np.ndarray = field(repr=False)  # per prompt: requests it makes
+
+    def prompt_tokens(self, content_mean: float) -> np.ndarray:
+        """Expected prompt tokens per request when each earlier answer has `content_mean` content tokens."""
+        return self.asks_tokens + self.earlier_answers * content_mean
+
+    def stats(self, content: ContentLengths | None = None) -> DatasetStats:
+        """The dataset's stats with earlier answers at `content`'s mean (needed once any request carries one).
+        The answers' spread adds (earlier answers) x sd² to each request's variance; P50/P90 are of the expected
+        counts."""
+        if content is None and self.earlier_answers.any():
+            raise InputError("requests carry earlier answers: a content-length model is needed", field=self.name)
+        mean, sd = (content.mean, content.sd) if content is not None else (0.0, 0.0)
+        turns, counts = np.unique(self.conversation_turns, return_counts=True)
+        return DatasetStats.from_lengths(
+            self.name, self.prompt_tokens(mean), prompts=len(self.conversation_turns),
+            extra_variance=float(self.earlier_answers.mean()) * sd ** 2,
+            turns_per_conversation={int(t): int(c) for t, c in zip(turns, counts)})
+
+
+@dataclass(frozen=True)
+class _Scaffold:
+    """Ids the template puts around a request, read off the template once: the generation prompt, and an
+    earlier answer with empty content. None of the template's specials merge with text, so a conversation's
+    turn-j prompt is its last prompt up to the j-th such answer, then the generation prompt."""
+
+    generation: tuple[int, ...]
+    empty_answer: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tok: KimiTokenizer) -> "_Scaffold | None":
+        """None when the template does not render so (every turn is then rendered on its own)."""
+        user = [{"role": "user", "content": "x"}]
+        bare = tok.encode(render_chat(tok, user, add_generation_prompt=False), allow_special=True)
+        asking = prompt_ids(tok, user)
+        answered = tok.encode(render_chat(tok, [*user, {"role": "assistant", "content": ""}],
+                                          add_generation_prompt=False), allow_special=True)
+        if asking[:len(bare)] != bare or answered[:len(bare)] != bare or len(answered) == len(bare):
+            return None
+        return cls(tuple(asking[len(bare):]), tuple(answered[len(bare):]))
+
+    def starts(self, ids: Sequence[int]) -> list[int]:
+        """Where each empty answer begins in `ids`."""
+        pat, n, out, i = self.empty_answer, len(self.empty_answer), [], 0
+        while i <= len(ids) - n:
+            if ids[i] == pat[0] and tuple(ids[i:i + n]) == pat:
+                out.append(i)
+                i += n
+            else:
+                i += 1
+        return out
+
+
+def turn_prompt_tokens(tok: KimiTokenizer, conversation: Conversation, scaffold: _Scaffold | None = None) -> list[int]:
+    """Prompt tokens of each request of a conversation with every earlier answer's content empty.
+
+    One render per conversation (its last request, cut at the answers): the template render costs milliseconds,
+    and rendering every turn made measuring 5-turn conversations ~4x slower. Rendered turn by turn when the
+    answers are not found exactly once each (an empty leading assistant message, the scaffold typed in a user
+    turn)."""
+    n = len(conversation.asks)
+    ids = prompt_ids(tok, conversation.turn([""] * (n - 1)).messages)
+    if n > 1 and scaffold is not None and len(starts := scaffold.starts(ids)) == n - 1:
+        return [s + len(scaffold.generation) for s in starts] + [len(ids)]
+    return [len(prompt_ids(tok, conversation.turn([""] * k).messages)) for k in range(n - 1)] + [len(ids)]
+
+
+def measure_prompts(tok: KimiTokenizer, name: str, path: str | Path, turns: TurnsMode = "all") -> PromptTurns:
+    """Every request a prompt file makes under `turns` (generation's setting), exactly as generation will render
+    it (template + generation prompt), with the target's earlier answers left empty (`PromptTurns.stats` adds
+    their expected content). `last` is one request per prompt: the prompt as written."""
+    if turns not in ("all", "last"):
+        raise InputError(f"must be all or last, got {turns!r}", field="turns")
+    scaffold = _Scaffold.of(tok)
+    asks, earlier, per_conversation = [], [], []
+    for p in iter_prompts(path):
+        lengths = turn_prompt_tokens(tok, Conversation.of(p, turns), scaffold)
+        asks += lengths
+        earlier += range(len(lengths))
+        per_conversation.append(len(lengths))
+    if not per_conversation:
         raise InputError("no prompts in file", path, field=name)
-    return DatasetStats.from_lengths(name, lengths), lengths
+    return PromptTurns(name, turns, np.asarray(asks, dtype=np.int64), np.asarray(earlier, dtype=np.int64),
+                       np.asarray(per_conversation, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -160,6 +333,7 @@ def cost_band(output_tokens: float, stats: DatasetStats, lengths: OutputLengths,
 class DatasetPlan:
     name: str
     prompts: int
+    requests_available: int  # turns of all its conversations: what the run can send
     target_output_tokens: int
     requests: int
     input_usd: float
@@ -216,9 +390,9 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
                 round_to: int = 100_000, concurrency: int = 2000) -> Plan:
     """Output-token targets whose expected total cost fits balance − reserve.
 
-    Weights per dataset (equal, by prompt count, or the user's) share the money; a dataset that would
-    need more requests than it has prompts is capped at what its prompts can give and the rest is
-    shared among the others. Targets are rounded down to `round_to` tokens.
+    Weights per dataset (equal, by requests available, or the user's) share the money; a dataset that would
+    need more requests than it has (its prompts' turns: one request each) is capped at what they can give and
+    the rest is shared among the others. Targets are rounded down to `round_to` tokens.
     """
     _check_money(balance_usd, reserve_usd)
     if not stats:
@@ -229,7 +403,7 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
     if policy == "equal":
         w = {s.name: 1.0 for s in stats}
     elif policy == "proportional":
-        w = {s.name: float(s.prompts) for s in stats}
+        w = {s.name: float(s.requests) for s in stats}
     elif policy == "weights":
         if not weights or set(weights) != {s.name for s in stats} or any(v < 0 for v in weights.values()):
             raise InputError("give a non-negative weight for every dataset", field="weights")
@@ -238,7 +412,7 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
         raise InputError("must be equal, proportional or weights", field="policy")
 
     per_token = {s.name: sum(cost_usd(1.0, s, lengths, prices)) for s in stats}
-    cap = {s.name: s.prompts * lengths.mean for s in stats}
+    cap = {s.name: s.requests * lengths.mean for s in stats}  # every turn answered once
     targets: dict[str, float] = {}
     money = balance_usd - reserve_usd
     active = [s.name for s in stats if w[s.name] > 0]
@@ -258,9 +432,9 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
         t = int(targets.get(s.name, 0) // round_to * round_to) if round_to > 1 else int(targets.get(s.name, 0))
         inp, out = cost_usd(t, s, lengths, prices)
         p50, p90 = cost_band(t, s, lengths, prices, concurrency)
-        plans.append(DatasetPlan(name=s.name, prompts=s.prompts, target_output_tokens=t,
-                                 requests=math.ceil(t / lengths.mean), input_usd=inp, output_usd=out,
-                                 total_usd=inp + out, p50_usd=p50, p90_usd=p90,
+        plans.append(DatasetPlan(name=s.name, prompts=s.prompts, requests_available=s.requests,
+                                 target_output_tokens=t, requests=math.ceil(t / lengths.mean), input_usd=inp,
+                                 output_usd=out, total_usd=inp + out, p50_usd=p50, p90_usd=p90,
                                  limited_by_prompts=s.name in targets and targets[s.name] >= cap[s.name]))
     return Plan(plans, balance_usd, reserve_usd, prices, lengths.source, policy)
 
@@ -343,17 +517,26 @@ class BudgetConfig(Settings):
     api_key_env: str = shared("api_key_env")
     price_mode: PriceMode = setting("cheapest", "cheapest | worst | mix (eligible endpoints)")
     price_mix: dict[str, float] | None = setting(None, "provider -> weight, used with the mix price mode")
-    policy: Policy = setting("equal", "equal | proportional | weights")
+    policy: Policy = setting("equal", "equal | proportional (to requests) | weights")
     weights: dict[str, float] | None = setting(None, "dataset -> weight, used with the weights policy")
     prior_output_median_tokens: float = shared("prior_output_median_tokens")
     prior_output_sigma: float = shared("prior_output_sigma")
     max_tokens: int = shared("max_tokens", "generation cap per request (caps the guess)")
+    turns: TurnsMode = shared("turns", "as generate plans to run: all (a request per user turn, on the target's own "
+                              "answers) | last (a request per prompt)")
+    prior_content_share: float = setting(0.25, "no finished records yet: guess an earlier answer's content (what "
+                                         "later turns resend) as this share of the output guess (the rest: reasoning)")
     concurrency: int = shared("concurrency", "requests in flight when a run stops issuing (cost band)")
     round_to: int = setting(100_000, "targets are rounded down to this many tokens")
     scenario_targets: list[int] = setting([10_000_000, 7_000_000], "per-dataset targets priced in the scenario table")
     write: bool = setting(True, "write the chosen targets into datasets_file")
     tokenizer: str | None = shared("tokenizer")
     output_dir: str = shared("output_dir", "earlier runs' records are read from <output_dir>/datasets/")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 <= self.prior_content_share <= 1:
+            raise InputError(f"must be within [0, 1], got {self.prior_content_share!r}", field="prior_content_share")
 
     def routing_path(self) -> Path:
         return Path(self.routing) if self.routing else routing_file(self.model, self.params_dir)
