@@ -84,9 +84,7 @@ class GenerateConfig(Settings):
     reserve_usd: float = shared("reserve_usd")
     output_dir: str = shared("output_dir", "records go to <output_dir>/datasets/<dataset>/")
     limit: int | None = shared("limit", "at most this many prompts; None -> all")
-    turns: TurnsMode = setting(
-        "all", "all: every assistant turn of a conversation is the target's answer on its own earlier answers; "
-               "last: only the last turn, on the dataset's answers")
+    turns: TurnsMode = shared("turns")
     params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
