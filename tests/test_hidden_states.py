@@ -410,7 +410,8 @@ def test_assembly_leaves_out_the_providers_generation_called_suspect(tok, tmp_pa
     assert asm.dropped == {"suspect_provider": 3} and asm.stats()["dropped_suspect_provider"] == 3
     summary_path = str(b1 / "summary.json")
     left_out = {"Leaky": {"records": 3, "by_dataset": {"B1": 2, "B2": 1}, "evidence": {summary_path: evidence}}}
-    assert asm.provenance() == {"left_out_providers": left_out, "kept_suspect_providers": {}}
+    assert asm.provenance() == {"left_out_providers": left_out, "kept_suspect_providers": {},
+                                "extraction_cost": asm.extraction_cost()}
 
     result = run(asm.samples, tmp_path, models["llama"], assembly=asm.provenance())
     on_disk = json.loads((result.directory / "manifest.json").read_text())
@@ -431,7 +432,8 @@ def test_assembly_leaves_out_the_providers_generation_called_suspect(tok, tmp_pa
     kept = assemble(["B1", "B2"], output_dir=tmp_path, policy=AssemblyPolicy(keep_suspect_providers=True))
     assert [s.id for s in kept.samples] == ["r0", "r1", "r2", "r3", "r4", "r6"]  # r5: r4's prompt came first
     assert kept.dropped == {"duplicate_prompt": 1}
-    assert kept.provenance() == {"left_out_providers": {}, "kept_suspect_providers": left_out}
+    assert kept.provenance() == {"left_out_providers": {}, "kept_suspect_providers": left_out,
+                                 "extraction_cost": kept.extraction_cost()}
 
     (b1 / "summary.json").write_text(json.dumps({"stop_reason": "completed"}))  # an older run: no fidelity
     older = assemble(["B1", "B2"], output_dir=tmp_path)
@@ -451,6 +453,194 @@ def test_assembly_leaves_out_the_providers_generation_called_suspect(tok, tmp_pa
     (b1 / "summary.json").write_text("{")
     with pytest.raises(InputError, match=r"B1/summary\.json:1: not JSON"):
         assemble(["B1"], output_dir=tmp_path)
+
+
+# -- multi-turn conversations: one sample per turn ----------------------------------------------------------
+def make_conversation(tok, cid, asks, *, dataset="B1", system=None, answers=None, words=4):
+    """One record per turn, as generation writes them: turn j's `messages` are the asks 1..j with this
+    conversation's own earlier answers (content only) between them, its `prompt_ids` their render, its
+    `output_ids` turn j's answer; turn 1 keeps the prompt's id, turn j >= 2 is `<cid>#<j>`."""
+    from eagledata.text.sequences import output_ids, prompt_ids
+
+    history = [{"role": "system", "content": system}] if system else []
+    records = []
+    for j, ask in enumerate(asks, 1):
+        messages = [*history, {"role": "user", "content": ask}]
+        reasoning = f"turn {j} of {cid}: " + "think " * (words + 3 * j)
+        content = answers[j - 1] if answers else f"answer {j} of {cid}: " + "so " * (words + 5 * j)
+        records.append(Record(id=cid if j == 1 else f"{cid}#{j}", dataset=dataset, conversation_id=cid, turn=j,
+                              messages=messages, reasoning=reasoning, content=content, finish_reason="stop",
+                              prompt_ids=prompt_ids(tok, messages),
+                              output_ids=output_ids(tok, reasoning, content, "stop")))
+        history = [*messages, {"role": "assistant", "content": content}]
+    return records
+
+
+CONVERSATION_IDS = ["c1", "c2", "c2#2", "c3", "c3#2", "c3#3"]
+
+
+@pytest.fixture(scope="module")
+def conversations(tok, tmp_path_factory):
+    """Conversations of 1, 2 and 3 turns over two datasets: (records file, records in file order)."""
+    records = [*make_conversation(tok, "c1", ["what is a drafter?"]),
+               *make_conversation(tok, "c2", ["name a prime", "and a larger one?"], system="Be brief."),
+               *make_conversation(tok, "c3", ["tell me a story", "go on", "and then?"], dataset="B2")]
+    path = tmp_path_factory.mktemp("conversations") / "records.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in records))
+    return path, records
+
+
+def test_turn_records_carry_their_history_as_prompt(tok, conversations):
+    """The fixture is what generation writes: turn j's prompt is turn j-1's prompt, then its answer without the
+    reasoning (the chat template drops it), then the next ask. So no single sequence holds every turn's answer as
+    generated: each turn must be a sample of its own."""
+    _, records = conversations
+    by_id = {r.id: r for r in records}
+    for prev, cur in [("c2", "c2#2"), ("c3", "c3#2"), ("c3#2", "c3#3")]:
+        a, b = by_id[prev], by_id[cur]
+        assert b.prompt_ids[:len(a.prompt_ids)] == a.prompt_ids
+        history = tok.decode(b.prompt_ids[len(a.prompt_ids):])
+        assert a.content in history and a.reasoning.strip() not in history
+
+
+@pytest.mark.parametrize("layout", ["eagledata", "speculators", "specforge"])
+def test_each_turn_is_one_sample_in_every_layout(layout, tok, models, conversations, tmp_path):
+    """A records file of 1-, 2- and 3-turn conversations gives one sample per turn record, in record order, in each
+    layout: its id, `input_ids` = that turn's prompt (the history) + its answer, loss 0 over the history and 1 over
+    the answer; the trainer's own view of the files agrees, and a later turn's states are those of its whole
+    sequence."""
+    import specforge_reader as sf
+    from datasets import load_from_disk
+
+    path, records = conversations
+    asm = assemble([path], tok=tok)  # re-renders the multi-turn prompts with the real template: they must agree
+    assert [s.id for s in asm.samples] == CONVERSATION_IDS and asm.dropped == {}
+    assert [(s.conversation_id, s.turn) for s in asm.samples] == [(r.conversation_id, r.turn) for r in records]
+    result = run(asm.samples, tmp_path, models["llama"], layout=layout, max_batch_size=4,
+                 assembly=asm.provenance())
+    hs = HiddenStates(result.directory)
+    assert hs.ids == CONVERSATION_IDS and hs.verify(records) == len(records)
+    for r in records:
+        got = hs[r.id]
+        assert got.input_ids.tolist() == r.prompt_ids + r.output_ids
+        assert got.loss_mask.tolist() == [0] * len(r.prompt_ids) + [1] * len(r.output_ids)
+    m = hs.manifest
+    tokens, loss = sum(len(r.input_ids) for r in records), sum(len(r.output_ids) for r in records)
+    assert (m["num_samples"], m["num_tokens"], m["num_loss_tokens"]) == (6, tokens, loss)
+    assert m["tokens_per_loss_token"] == pytest.approx(tokens / loss, rel=1e-12)
+    assert m["assembly"]["extraction_cost"]["later_turns"] == 3
+
+    last = records[-1]  # c3#3: states over its history and answer, as a batch-1 forward computes them
+    aux, _ = reference_states(models["llama"], asm.samples[-1])
+    torch.testing.assert_close(hs[last.id].aux_hidden_states.float(), aux, rtol=1e-2, atol=1e-2)
+
+    directory = result.directory
+    if layout == "speculators":  # the trainer's Arrow rows, row i = sample i, and its token frequencies
+        data = load_from_disk(str(directory))
+        assert [data[i]["id"] for i in range(len(data))] == CONVERSATION_IDS
+        for i, r in enumerate(records):
+            assert data[i]["input_ids"].tolist() == r.input_ids and data[i]["loss_mask"].tolist() == r.loss_mask
+        from collections import Counter
+        assert torch.load(directory / "token_freq.pt", weights_only=True) == \
+            dict(Counter(t for r in records for t in r.output_ids))  # the supervised tokens: every answer's
+    if layout == "specforge":  # SpecForge's own reading: one file per turn, the last position never supervised
+        index = {e["shard"]: e["id"] for e in map(json.loads, (directory / "index.jsonl").read_text().splitlines())}
+        files = sf.list_feature_files(str(directory))
+        assert sorted(index[os.path.relpath(f, directory)] for f in files) == sorted(CONVERSATION_IDS)
+        by_id = {r.id: r for r in records}
+        for f in files:
+            r = by_id[index[os.path.relpath(f, directory)]]
+            item = sf.normalize(sf.load_feature_file(f), max_len=4096)
+            assert item["input_ids"][0].tolist() == r.input_ids
+            assert item["loss_mask"][0].tolist() == r.loss_mask[:-1] + [0]
+
+
+def test_exports_write_each_turn_with_its_history(tok, conversations, tmp_path):
+    """SpecForge's row for turn j is its conversation so far (the model's own earlier answers as assistant turns)
+    and turn j's answer, over exactly turn j's ids with loss on that answer only; speculators' rows carry the
+    conversation and turn, and read back as the same samples."""
+    path, records = conversations
+    asm = assemble([path], tok=tok)
+    rows = {row["id"]: row for row in map(json.loads, export_specforge(asm, tmp_path / "sf.jsonl", tok)
+                                          .read_text().splitlines())}
+    assert list(rows) == CONVERSATION_IDS
+    by_id = {r.id: r for r in records}
+    row = rows["c3#3"]
+    assert (row["conversation_id"], row["turn"]) == ("c3", 3)
+    assert [t["role"] for t in row["conversations"]] == ["user", "assistant"] * 3
+    assert [t["content"] for t in row["conversations"][1::2]] == [by_id[i].content for i in ("c3", "c3#2", "c3#3")]
+    assert [t["content"] for t in row["conversations"][0::2]] == ["tell me a story", "go on", "and then?"]
+    assert "reasoning_content" not in row["conversations"][1] and "reasoning_content" not in row["conversations"][3]
+    assert row["conversations"][-1]["reasoning_content"] == by_id["c3#3"].reasoning
+    assert [t["role"] for t in rows["c2#2"]["conversations"]] == ["system", "user", "assistant", "user", "assistant"]
+    for r in records:
+        assert rows[r.id]["input_ids"] == r.prompt_ids + r.output_ids and rows[r.id]["loss_mask"] == r.loss_mask
+        assert rows[r.id]["text"] == tok.decode(r.input_ids)
+
+    export = export_speculators(asm, tmp_path / "speculators.jsonl")
+    lines = [json.loads(x) for x in export.read_text().splitlines()]
+    assert [(x["id"], x["conversation_id"], x["turn"]) for x in lines] == \
+        [(r.id, r.conversation_id, r.turn) for r in records]
+    back = read_samples(export)
+    assert [(s.id, s.input_ids, s.loss_mask, s.conversation_id, s.turn) for s in back] == \
+        [(r.id, r.input_ids, r.loss_mask, r.conversation_id, r.turn) for r in records]
+    assert (tmp_path / "speculators" / "token_freq.pt").is_file()  # speculators' --data-path finds it there
+
+
+def test_extraction_cost_counts_history_against_supervised_tokens(tok, conversations):
+    """Tokens extracted (each turn's whole sequence, history included) against tokens supervised (its answer), and
+    the ratio, overall and per dataset; a later turn re-reads its history, so the 3-turn dataset costs more per
+    supervised token than the same dataset's first turns alone."""
+    path, records = conversations
+    asm = assemble([path], tok=tok)
+
+    def expect(rs):
+        tokens, loss = sum(len(r.prompt_ids) + len(r.output_ids) for r in rs), sum(len(r.output_ids) for r in rs)
+        return tokens, loss, tokens / loss
+
+    cost = asm.extraction_cost()
+    tokens, loss, ratio = expect(records)
+    assert (cost["tokens"], cost["loss_tokens"], cost["samples"], cost["conversations"], cost["later_turns"]) == \
+        (tokens, loss, 6, 3, 3)
+    assert cost["tokens_per_loss_token"] == pytest.approx(ratio, rel=1e-12)
+    for dataset, (n, conv, later) in {"B1": (3, 2, 1), "B2": (3, 1, 2)}.items():
+        rs = [r for r in records if r.dataset == dataset]
+        row = cost["by_dataset"][dataset]
+        t, l, q = expect(rs)
+        assert (row["tokens"], row["loss_tokens"], row["samples"], row["conversations"], row["later_turns"]) == \
+            (t, l, n, conv, later)
+        assert row["tokens_per_loss_token"] == pytest.approx(q, rel=1e-12)
+    assert asm.by_dataset() == cost["by_dataset"]
+    stats = asm.stats()
+    assert (stats["tokens"], stats["loss_tokens"], stats["conversations"], stats["later_turns"]) == (tokens, loss, 3, 3)
+    assert stats["tokens_per_loss_token"] == pytest.approx(ratio, rel=1e-12)
+    first_turns = expect([r for r in records if r.dataset == "B2" and r.turn == 1])[2]
+    assert cost["by_dataset"]["B2"]["tokens_per_loss_token"] > first_turns
+    assert asm.provenance()["extraction_cost"] == cost
+
+
+def test_dedupe_never_merges_turns_of_one_conversation(tok, tmp_path):
+    """Turns of one conversation are never dropped as duplicates of each other, even when they ask the same thing;
+    identical prompts in other conversations still dedupe: `b` opens as `a` did (its first turn goes, its second,
+    on its own history, stays) and `c` repeats `a` word for word, answers included (every turn goes)."""
+    from eagledata.training.assembly import is_duplicate_prompt, prompt_key
+
+    asks = ["tell me a story", "go on", "go on"]
+    a = make_conversation(tok, "a", asks)
+    b = make_conversation(tok, "b", asks[:2], dataset="B2")
+    c = make_conversation(tok, "c", asks, dataset="B2", answers=[r.content for r in a])
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in [*a, *b, *c]))
+
+    asm = assemble([path], tok=tok)
+    assert [s.id for s in asm.samples] == ["a", "a#2", "a#3", "b#2"]
+    assert asm.dropped == {"duplicate_prompt": 4}
+    assert [s.id for s in assemble([path], policy=AssemblyPolicy(dedupe_prompts=False)).samples] == \
+        ["a", "a#2", "a#3", "b", "b#2", "c", "c#2", "c#3"]
+    # the rule itself: a prompt first kept by the same conversation never makes a turn a duplicate; by another, it does
+    assert not is_duplicate_prompt(a[1], {prompt_key(a[1]): ("B1", "a")})
+    assert is_duplicate_prompt(a[1], {prompt_key(a[1]): ("B2", "c")})
+    assert not is_duplicate_prompt(a[2], {prompt_key(a[1]): ("B2", "c")})
 
 
 # -- notebook --------------------------------------------------------------------------------------
@@ -477,6 +667,11 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
                        project_root=tmp_path)
     results = read_results(out)
     assert results["verified_samples"] == 12 and results["assembly"]["samples"] == 12
+    every = load_records(records_file)  # extraction cost: tokens read against tokens trained on, as published
+    tokens, loss = sum(len(r.input_ids) for r in every), sum(len(r.output_ids) for r in every)
+    assert (results["assembly"]["tokens"], results["assembly"]["loss_tokens"]) == (tokens, loss)
+    assert results["assembly"]["tokens_per_loss_token"] == pytest.approx(tokens / loss, rel=1e-12)
+    assert results["assembly"]["by_dataset"]["B1"]["tokens_per_loss_token"] == pytest.approx(tokens / loss, rel=1e-12)
     assert results["extraction"]["complete"] and results["extraction"]["extracted"] == 12
     assert results["exports"]["speculators"].endswith("speculators.jsonl")
     audit = results["audit"]  # the fidelity audit over the set's scores.jsonl: a verdict per provider
@@ -492,7 +687,7 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
     assert export["excluded"]["samples"] == len(gone) and set(export["excluded"]["excluded_ids"]) == gone
     assert HiddenStates(export["directory"]).ids == [f"r{i}" for i in range(12) if f"r{i}" not in gone]
     text = cell_outputs_text(out)
-    assert "WARNING" not in text
+    assert "WARNING" not in text and f"extraction reads {tokens:,} tokens to supervise {loss:,}" in text
     # the memory plans, before loading: the tiny model fits; K2.5 INT4 on 8×96 GB does not through transformers
     assert "per device / usable" in text and "fits" in text and "transformers tp=8" in text
     assert "dequantized to 16-bit at load" in text and "INT4 packed" in text
@@ -753,7 +948,7 @@ def test_exports_carry_exact_ids_text_and_an_arrow_form(tok, records_file, tmp_p
     assert [arrow[i]["input_ids"].tolist() for i in range(len(arrow))] == [s.input_ids for s in asm.samples]
 
 
-def test_arrow_form_is_what_datasets_from_dict_makes_in_any_number_of_chunks(samples, tmp_path, monkeypatch):
+def test_arrow_form_is_what_datasets_from_dict_makes_in_any_number_of_chunks(samples, tmp_path):
     from datasets import Dataset, Features, Sequence, Value, load_from_disk
 
     from eagledata.training import assembly
@@ -763,13 +958,15 @@ def test_arrow_form_is_what_datasets_from_dict_makes_in_any_number_of_chunks(sam
     ref = Dataset.from_dict({"id": [s.id for s in samples], "input_ids": [s.input_ids for s in samples],
                              "loss_mask": [s.loss_mask for s in samples], "seq_len": [len(s) for s in samples]},
                             features=features)  # how the Arrow form was made before
+    freqs = []
     for chunk in (1 << 30, 25):  # 25 tokens: a chunk per sample or two
-        monkeypatch.setattr(assembly, "ARROW_CHUNK_TOKENS", chunk)
-        got = load_from_disk(str(assembly.save_arrow(samples, tmp_path / f"a{chunk}")))
+        got = load_from_disk(str(assembly.save_arrow(samples, tmp_path / f"a{chunk}", chunk_tokens=chunk)))
+        freqs.append(torch.load(tmp_path / f"a{chunk}" / "token_freq.pt", weights_only=True))
         assert got.format["type"] == "torch" and len(got) == len(samples)
         assert got.features == ref.features
         got.reset_format()
         assert got.to_dict() == ref.to_dict()
+    assert freqs[0] == freqs[1]  # counted per chunk, summed: the same whatever the chunking
 
 
 def test_headless_extraction_logs_status_lines(models, samples, tmp_path, caplog):

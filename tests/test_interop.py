@@ -7,6 +7,7 @@ installed: its reader is reproduced in tests/specforge_reader.py and covered in 
 """
 import json
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from eagledata.notebooks import run_notebook
 from eagledata.records import load_records
 from eagledata.training import find_decoder
 from eagledata.training.tiny import build_tiny_model
-from test_hidden_states import make_record
+from test_hidden_states import make_conversation, make_record
 
 pytestmark = pytest.mark.interop
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,8 +26,14 @@ LAYERS = [2, 4, 5]
 
 
 def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, tok, tmp_path):
+    """One-turn prompts and conversations of 2 and 3 turns: speculators' own `ArrowDataset` reads one sample per
+    turn (its history with loss 0, its answer with loss 1), and its trainer builds the draft vocabulary
+    (`--draft-vocab-size`) from the set's `token_freq.pt`, which holds what its own counter counts."""
     records = tmp_path / "records.jsonl"
-    records.write_text("".join(make_record(tok, i, words=(i * 37) % 120 + 1).to_json() + "\n" for i in range(12)))
+    turns = [*make_conversation(tok, "c2", ["name a prime", "and a larger one?"], system="Be brief."),
+             *make_conversation(tok, "c3", ["tell me a story", "go on", "and then?"], words=30)]
+    records.write_text("".join(make_record(tok, i, words=(i * 37) % 120 + 1).to_json() + "\n" for i in range(12))
+                       + "".join(r.to_json() + "\n" for r in turns))
     model_dir = tmp_path / "tiny-kimi"
     model = build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
     run_notebook("hidden_states", tmp_path / "hidden_states.out.ipynb",
@@ -37,13 +44,14 @@ def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, to
 
     dump = tmp_path / "read.pt"
     done = subprocess.run([interop_python, str(ROOT / "tests" / "interop" / "read_speculators.py"), str(data_path),
-                           str(dump)], capture_output=True, text=True, timeout=600)
+                           str(dump), str(model_dir), "32000", "16"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    assert report == {"rows": 12, "speculators": "0.9.0"}
+    assert report == {"rows": 17, "speculators": "0.9.0"}
     got = torch.load(dump, weights_only=False)
 
     expected = load_records(records)
+    assert [r.id for r in expected][-5:] == ["c2", "c2#2", "c3", "c3#2", "c3#3"]
     assert got["ids"] == [r.id for r in expected] and got["approx_lengths"] == [len(r.input_ids) for r in expected]
     norm = find_decoder(model).module.norm
     for record, item in zip(expected, got["items"]):
@@ -59,4 +67,23 @@ def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, to
         torch.testing.assert_close(item["hidden_states"].float(), aux, rtol=2 ** -7, atol=1e-3)  # bf16 rounding
         torch.testing.assert_close(last, ref[-1][0], rtol=2 ** -6, atol=2e-3)
     tokens = sum(len(r.input_ids) for r in expected)
-    assert got["batch_shapes"]["hidden_states"] == [1, 8192, 3 * H] and tokens - 12 <= 8192
+    assert got["batch_shapes"]["hidden_states"] == [1, 8192, 3 * H] and tokens - len(expected) <= 8192
+
+    # token_freq.pt: what speculators' own save_token_frequency_distribution counts, {int id: int count} over the
+    # supervised tokens (every answer's output ids), loaded as its trainer loads it
+    freq = got["token_freq"]["ours"]
+    supervised = Counter(t for r in expected for t in r.output_ids)
+    assert freq == got["token_freq"]["speculators"] == dict(supervised)
+    assert all(type(k) is int and type(v) is int for k, v in freq.items())
+    # its trainer's parse_vocab_mappings builds d2t/t2d from it: --draft-vocab-size 32000 (Kimi: 163,840 ids) ...
+    full = got["vocab_mappings"][32000]
+    d2t, t2d = full["d2t"], full["t2d"]
+    assert full["draft_vocab_size"] == 32000 and d2t.shape == (32000,) and t2d.shape == (163_840,)
+    assert t2d.dtype == torch.bool and int(t2d.sum()) == 32000
+    draft_ids = (d2t + torch.arange(32000)).tolist()  # target id = draft index + d2t[draft index]
+    assert set(supervised) <= set(draft_ids) and all(t2d[i] for i in supervised)  # every supervised id fits
+    # ... and a draft vocabulary smaller than the supervised ids keeps the most frequent ones
+    small = got["vocab_mappings"][16]
+    top = [t for t, _ in sorted(supervised.items(), key=lambda kv: (-kv[1], kv[0]))[:8]]
+    assert len(supervised) > 16 and small["d2t"].shape == (16,) and int(small["t2d"].sum()) == 16
+    assert set(top) <= set((small["d2t"] + torch.arange(16)).tolist()) and all(small["t2d"][t] for t in top)

@@ -12,6 +12,13 @@ assembled, not only the one whose summary called it so, since the verdict is abo
 dataset's prompts. `AssemblyPolicy.keep_suspect_providers` keeps them. Either way `Assembly.provenance()` says which
 providers, how many records and why, and the hidden-states manifest records it under `assembly`. A summary
 without `fidelity` (an older run), or no summary at all, leaves nothing out.
+
+A record is one generated assistant turn, so a sample is one turn: a multi-turn conversation gives a sample per
+turn, turn j's history (its own earlier answers, reasoning dropped by the chat template) as context with loss 0
+and turn j's answer with loss 1. Later turns re-read their history, so extraction reads more tokens than it
+supervises: `Assembly.extraction_cost()` says how many, overall and per dataset. The history drops the earlier
+answers' reasoning, so no single sequence holds every turn as generated: one sample per turn is the only exact
+form (the speculators data tools write the same).
 """
 from __future__ import annotations
 
@@ -50,6 +57,8 @@ class Sample:
     cut: bool = False  # shortened here by the max-length policy
     provider: str = ""  # who served the record (the fidelity audit's groups); not part of the digest
     sampling: str = ""  # the record's sampling settings as canonical JSON ("" when the record does not say)
+    conversation_id: str = ""  # the record's conversation ("" when not known, e.g. a set read back from its index)
+    turn: int = 1  # the user turn this sample answers (1-based); not part of the digest
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -66,7 +75,8 @@ class Sample:
         """A line of the token export: speculators' fields, then where the sample came from (`read_samples`
         gives it back, so an extraction from the export keeps the audit's providers)."""
         return {"id": self.id, "input_ids": self.input_ids, "loss_mask": self.loss_mask, "seq_len": len(self),
-                "dataset": self.dataset, "provider": self.provider, "sampling": self.sampling}
+                "dataset": self.dataset, "provider": self.provider, "sampling": self.sampling,
+                "conversation_id": self.conversation_id or self.id, "turn": self.turn}
 
 
 def sampling_key(record: Record) -> str:
@@ -94,7 +104,8 @@ class AssemblyPolicy(Settings):
     keep_truncated: bool = setting(True, "keep generations cut by max_tokens (still the model's tokens)")
     max_length: int | None = setting(None, "longest sample in tokens; None -> no limit")
     overlong: Overlong = setting("drop", "samples longer than max_length: drop or truncate")
-    dedupe_prompts: bool = setting(True, "keep only the first record of an identical prompt")
+    dedupe_prompts: bool = setting(True, "keep only the first record of an identical prompt (turns of one "
+                                         "conversation are never merged)")
     keep_suspect_providers: bool = setting(False, "keep the records of providers that generation's summary.json "
                                                   "calls suspect (fidelity); False: leave them out, the manifest "
                                                   "says which, how many and why")
@@ -151,6 +162,33 @@ def read_generation_suspects(records: Path) -> dict[str, str]:
     return generation_suspects(summary, path)
 
 
+def per_loss_token(tokens: int, loss_tokens: int) -> float | None:
+    """Tokens read per supervised token; None when nothing is supervised."""
+    return tokens / loss_tokens if loss_tokens else None
+
+
+def extraction_cost(samples: Iterable[Sample]) -> dict[str, Any]:
+    """What extracting a set costs against what it trains (pure): `tokens` the target reads (every sample's whole
+    sequence), `loss_tokens` the drafter is trained on (loss mask 1), their ratio, overall and per dataset. A later
+    turn re-reads its history, so the ratio grows with the turns per conversation and the length of the answers."""
+    rows: dict[str, dict[str, Any]] = {}
+    conversations: dict[str, set[str]] = {}
+    for s in samples:
+        row = rows.setdefault(s.dataset, {"samples": 0, "later_turns": 0, "tokens": 0, "loss_tokens": 0})
+        row["samples"] += 1
+        row["later_turns"] += s.turn > 1
+        row["tokens"] += len(s)
+        row["loss_tokens"] += sum(s.loss_mask)
+        conversations.setdefault(s.dataset, set()).add(s.conversation_id or s.id)
+    for name, row in rows.items():
+        row["conversations"] = len(conversations[name])
+        row["tokens_per_loss_token"] = per_loss_token(row["tokens"], row["loss_tokens"])
+    total = {k: sum(r[k] for r in rows.values()) for k in ("samples", "conversations", "later_turns", "tokens",
+                                                           "loss_tokens")}
+    return {**total, "tokens_per_loss_token": per_loss_token(total["tokens"], total["loss_tokens"]),
+            "by_dataset": {name: rows[name] for name in sorted(rows)}}
+
+
 @dataclass(frozen=True)
 class Located:
     """A record and the file line it came from, so any later error can name file:line."""
@@ -172,10 +210,16 @@ class Assembly:
 
     def provenance(self) -> dict[str, Any]:
         """What the hidden-states manifest records under `assembly` and the notebook publishes: the providers
-        generation called suspect, their records (left out, or kept by the setting) and the evidence."""
+        generation called suspect, their records (left out, or kept by the setting) and the evidence; and what
+        extracting the set costs against what it trains (`extraction_cost`)."""
         doc = {p: s.to_publish() for p, s in sorted(self.suspects.items())}
         return {"left_out_providers": {} if self.kept_suspects else doc,
-                "kept_suspect_providers": doc if self.kept_suspects else {}}
+                "kept_suspect_providers": doc if self.kept_suspects else {},
+                "extraction_cost": self.extraction_cost()}
+
+    def extraction_cost(self) -> dict[str, Any]:
+        """Tokens extracted against tokens supervised, overall and per dataset (`extraction_cost`)."""
+        return extraction_cost(self.samples)
 
     @property
     def num_tokens(self) -> int:
@@ -194,22 +238,20 @@ class Assembly:
         def pct(q: float) -> int:
             return lengths[min(len(lengths) - 1, int(q * len(lengths)))] if lengths else 0
 
+        cost = self.extraction_cost()
         return {"records_read": self.read, "samples": len(self.samples),
+                "conversations": cost["conversations"], "later_turns": cost["later_turns"],
                 **{f"dropped_{k}": v for k, v in sorted(self.dropped.items())},
                 "truncated_kept": sum(s.truncated for s in self.samples),
                 "cut_to_max_length": sum(s.cut for s in self.samples),
-                "tokens": self.num_tokens, "loss_tokens": self.num_loss_tokens,
+                "tokens": cost["tokens"], "loss_tokens": cost["loss_tokens"],
+                "tokens_per_loss_token": cost["tokens_per_loss_token"],
                 "length_p50": pct(0.5), "length_p90": pct(0.9), "length_p99": pct(0.99),
                 "length_max": lengths[-1] if lengths else 0}
 
-    def by_dataset(self) -> dict[str, dict[str, int]]:
-        out: dict[str, dict[str, int]] = {}
-        for s in self.samples:
-            row = out.setdefault(s.dataset, {"samples": 0, "tokens": 0, "loss_tokens": 0})
-            row["samples"] += 1
-            row["tokens"] += len(s)
-            row["loss_tokens"] += sum(s.loss_mask)
-        return out
+    def by_dataset(self) -> dict[str, dict[str, Any]]:
+        """Per dataset: samples (turns), conversations, later turns, tokens extracted and supervised, their ratio."""
+        return self.extraction_cost()["by_dataset"]
 
 
 def _file_sha256(path: Path) -> str:
@@ -247,6 +289,31 @@ def check_tokenizer(located: Sequence[Located], tok: KimiTokenizer, sample: int 
         if r.prompt_ids and prompt_ids(tok, r.messages) != r.prompt_ids:
             raise InputError(f"record {r.id!r}: prompt ids are not this tokenizer's render of its messages "
                              f"(made with another tokenizer or chat template?)", loc.path, loc.line, "prompt_ids")
+
+
+ConversationKey = tuple[str, str]  # (dataset, conversation_id): prompt ids are unique within a prompt file only
+
+
+def prompt_key(record: Record) -> bytes:
+    """What `dedupe_prompts` compares: the exact prompt ids. A turn's prompt holds its whole history, so two
+    records share a key only when everything the model saw before answering was the same."""
+    return hashlib.sha256(json.dumps(record.prompt_ids).encode()).digest()
+
+
+def conversation_key(record: Record) -> ConversationKey:
+    return record.dataset, record.conversation_id
+
+
+def is_duplicate_prompt(record: Record, first_seen: dict[bytes, ConversationKey]) -> bool:
+    """The dedupe rule (pure): an earlier kept record of ANOTHER conversation has exactly this prompt.
+
+    `first_seen`: prompt key -> the conversation of the first kept record with it. Turns of one conversation are
+    never duplicates of each other: each is a distinct training sample (turn j+1's prompt extends turn j's with its
+    answer and the next ask, so their keys differ anyway; the rule says so rather than rely on it). Identical
+    prompts in different conversations (the same first ask in two datasets, a conversation repeated with the same
+    answers) dedupe as one-turn prompts always did; a later turn whose history differs stays."""
+    first = first_seen.get(prompt_key(record))
+    return first is not None and first != conversation_key(record)
 
 
 def apply_length_policy(sample: Sample, policy: AssemblyPolicy) -> tuple[Sample | None, str | None]:
@@ -294,21 +361,20 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
 
     dropped: Counter = Counter()
     seen_ids: set[str] = set()
-    seen_prompts: set[bytes] = set()
+    seen_prompts: dict[bytes, ConversationKey] = {}  # prompt key -> conversation of its first kept record
     samples: list[Sample] = []
     kept: list[Record] = []
     served: dict[str, Counter] = {p: Counter() for p in evidence}  # suspect -> dataset -> records
     for loc in located:
         r = loc.record
         reason = None
-        prompt_key = hashlib.sha256(json.dumps(r.prompt_ids).encode()).digest()
         if r.provider in served:  # before dedupe: its prompts must not keep another provider's answer out
             served[r.provider][r.dataset] += 1
         if r.provider in served and not policy.keep_suspect_providers:
             reason = "suspect_provider"
         elif r.id in seen_ids:
             reason = "duplicate_id"
-        elif policy.dedupe_prompts and prompt_key in seen_prompts:
+        elif policy.dedupe_prompts and is_duplicate_prompt(r, seen_prompts):
             reason = "duplicate_prompt"
         elif not r.prompt_ids or not r.output_ids:
             reason = "no_ids"
@@ -318,12 +384,12 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
         if reason is None:
             sample, reason = apply_length_policy(
                 Sample(r.id, r.dataset, r.input_ids, r.loss_mask, r.finish_reason == "length", provider=r.provider,
-                       sampling=sampling_key(r)), policy)
+                       sampling=sampling_key(r), conversation_id=r.conversation_id, turn=r.turn), policy)
         if reason is not None:
             dropped[reason] += 1
             continue
         seen_ids.add(r.id)
-        seen_prompts.add(prompt_key)
+        seen_prompts.setdefault(prompt_key(r), conversation_key(r))
         samples.append(sample)
         kept.append(r)
     suspects = {p: SuspectProvider(p, evidence[p], sum(served[p].values()), dict(served[p])) for p in evidence}
@@ -333,14 +399,16 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
 
 # -- exports ------------------------------------------------------------------------------------
 def specforge_row(record: Record, sample: Sample, tok: KimiTokenizer | None = None) -> dict[str, Any]:
-    """SpecForge's conversation row (the prompt turns, then the model's own answer), plus the exact ids and
-    mask the states are taken over and, with `tok`, their exact text: SpecForge's template list has no
-    Kimi-K2.5 entry, so its trainer should not re-render."""
+    """SpecForge's conversation row (the messages sent: for a later turn its history, with the model's own earlier
+    answers as `assistant` turns; then this turn's answer, its reasoning as `reasoning_content`), plus the exact ids
+    and mask the states are taken over (loss on this turn's answer only) and, with `tok`, their exact text:
+    SpecForge's template list has no Kimi-K2.5 entry, so its trainer should not re-render."""
     turns = [{"role": m["role"], "content": m.get("content", "")} for m in record.messages]
     answer: dict[str, Any] = {"role": "assistant", "content": record.content}
     if record.reasoning:
         answer["reasoning_content"] = record.reasoning
-    row: dict[str, Any] = {"id": record.id, "conversations": [*turns, answer]}
+    row: dict[str, Any] = {"id": record.id, "conversation_id": record.conversation_id, "turn": record.turn,
+                           "conversations": [*turns, answer]}
     if tok is not None:
         row["text"] = tok.decode(sample.input_ids)
     row.update(input_ids=sample.input_ids, loss_mask=sample.loss_mask)
@@ -353,8 +421,9 @@ def export_specforge(assembly: Assembly, path: str | Path, tok: KimiTokenizer | 
 
 
 def export_speculators(assembly: Assembly, path: str | Path) -> Path:
-    """Token export: `{id, input_ids, loss_mask, seq_len}` per line, exactly the ids the states are taken
-    over; beside it (same name, no suffix) the same rows as the Arrow dataset speculators' trainer reads, and
+    """Token export: `{id, input_ids, loss_mask, seq_len}` per line (then `dataset`, `provider`, `sampling`,
+    `conversation_id`, `turn`), exactly the ids the states are taken over, one line per turn; beside it (same
+    name, no suffix) the same rows as the Arrow dataset speculators' trainer reads, with its `token_freq.pt`, and
     `provenance_file(path)`: `Assembly.provenance()`, which `eagledata-hidden-states --samples` records in the
     manifest as the notebook does."""
     path = Path(path)
@@ -384,11 +453,50 @@ def read_provenance(samples_path: str | Path) -> dict[str, Any] | None:
 
 
 ARROW_CHUNK_TOKENS = 1 << 30
+TOKEN_FREQ_FILE = "token_freq.pt"  # speculators' trainer looks for <data-path>/token_freq.pt (--token-freq-path)
 
 
-def save_arrow(samples: Sequence[Sample], directory: str | Path) -> Path:
+def token_frequencies(input_ids: Any, loss_mask: Any) -> dict[int, int]:
+    """{token id: count} over the supervised tokens (loss mask non-zero) of flat id and mask arrays (pure): what
+    `speculators.train.vocab_mapping.save_token_frequency_distribution` counts, by one bincount."""
+    import numpy as np
+
+    ids = np.asarray(input_ids, dtype=np.int64)[np.asarray(loss_mask) != 0]
+    counts = np.bincount(ids) if ids.size else np.zeros(0, dtype=np.int64)
+    nonzero = np.flatnonzero(counts)
+    return dict(zip(nonzero.tolist(), counts[nonzero].tolist()))
+
+
+def add_frequencies(total: dict[int, int], more: dict[int, int]) -> dict[int, int]:
+    for token, n in more.items():
+        total[token] = total.get(token, 0) + n
+    return total
+
+
+def save_token_freq(counts: dict[int, int], directory: str | Path) -> Path:
+    """`<directory>/token_freq.pt` as speculators writes it: `torch.save` of a plain dict of int -> int (read back
+    with `torch.load(weights_only=True)`), keys in id order; replaced atomically (written under its own name in a
+    temp folder, so the archive inside is named as speculators' own)."""
+    import torch
+
+    path = Path(directory) / TOKEN_FREQ_FILE
+    tmp = path.parent / f".token-freq-tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        torch.save({int(t): int(counts[t]) for t in sorted(counts)}, tmp / TOKEN_FREQ_FILE)
+        os.replace(tmp / TOKEN_FREQ_FILE, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def save_arrow(samples: Sequence[Sample], directory: str | Path, *, chunk_tokens: int = ARROW_CHUNK_TOKENS,
+               token_freq: bool = True) -> Path:
     """`samples` as a torch-format Arrow dataset (`id`, `input_ids`, `loss_mask`, `seq_len`, int64), the form
-    speculators' preprocessing writes and `datasets.load_from_disk` reads; replaced atomically file by file."""
+    speculators' preprocessing writes and `datasets.load_from_disk` reads; replaced atomically file by file. With
+    `token_freq`, `token_freq.pt` beside it (`save_token_freq`), counted from the same flat arrays: without it
+    speculators' trainer cannot build a draft vocabulary (`--draft-vocab-size`) and trains over the whole
+    verifier vocabulary. `chunk_tokens`: tokens per Arrow chunk (its list offsets are int32)."""
     import numpy as np
     import pyarrow as pa
     from datasets import (Dataset, DatasetInfo, Features, Sequence as Seq, Value, disable_progress_bars,
@@ -399,25 +507,28 @@ def save_arrow(samples: Sequence[Sample], directory: str | Path) -> Path:
     features = Features({"id": Value("string"), "input_ids": Seq(Value("int64")), "loss_mask": Seq(Value("int64")),
                          "seq_len": Value("int64")})
     lengths = np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))
-    groups, start, tokens = [], 0, 0  # Arrow lists count offsets in int32: a group of rows per 2^30 tokens
+    groups, start, tokens = [], 0, 0  # Arrow lists count offsets in int32: a group of rows per chunk_tokens
     for i, n in enumerate(lengths.tolist()):
-        if tokens + n > ARROW_CHUNK_TOKENS and i > start:
+        if tokens + n > chunk_tokens and i > start:
             groups.append((start, i))
             start, tokens = i, 0
         tokens += n
     groups.append((start, len(samples)))
 
-    def column(field: str) -> pa.ChunkedArray:  # from flat arrays: twice as fast as Dataset.from_dict
-        chunks = []
-        for a, b in groups:
-            offsets = np.zeros(b - a + 1, dtype=np.int32)
-            np.cumsum(lengths[a:b], out=offsets[1:])
-            flat = np.fromiter(itertools.chain.from_iterable(getattr(s, field) for s in samples[a:b]),
-                               dtype=np.int64, count=int(offsets[-1]))
-            chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)))
-        return pa.chunked_array(chunks, pa.list_(pa.int64()))
-    table = pa.table({"id": pa.array([s.id for s in samples], pa.string()), "input_ids": column("input_ids"),
-                      "loss_mask": column("loss_mask"), "seq_len": pa.array(lengths)})
+    columns: dict[str, list[pa.Array]] = {"input_ids": [], "loss_mask": []}
+    counts: dict[int, int] = {}
+    for a, b in groups:  # from flat arrays: twice as fast as Dataset.from_dict
+        offsets = np.zeros(b - a + 1, dtype=np.int32)
+        np.cumsum(lengths[a:b], out=offsets[1:])
+        flat = {name: np.fromiter(itertools.chain.from_iterable(getattr(s, name) for s in samples[a:b]),
+                                  dtype=np.int64, count=int(offsets[-1])) for name in columns}
+        for name, chunks in columns.items():
+            chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat[name])))
+        if token_freq:
+            add_frequencies(counts, token_frequencies(flat["input_ids"], flat["loss_mask"]))
+    table = pa.table({"id": pa.array([s.id for s in samples], pa.string()),
+                      **{name: pa.chunked_array(chunks, pa.list_(pa.int64())) for name, chunks in columns.items()},
+                      "seq_len": pa.array(lengths)})
     ds = Dataset(table, info=DatasetInfo(features=features))
     ds.set_format("torch")  # speculators compares stored token ids with the row's input_ids as tensors
     tmp = directory / f".arrow-tmp-{uuid.uuid4().hex[:8]}"
@@ -429,6 +540,8 @@ def save_arrow(samples: Sequence[Sample], directory: str | Path) -> Path:
     for f in tmp.iterdir():
         os.replace(f, directory / f.name)
     shutil.rmtree(tmp)
+    if token_freq:
+        save_token_freq(counts, directory)
     return directory
 
 
@@ -441,7 +554,8 @@ def read_samples(path: str | Path) -> list[Sample]:
             if len(ids) != len(mask) or not all(type(i) is int for i in ids):
                 raise ValueError
             out.append(Sample(str(obj["id"]), obj.get("dataset", ""), ids, mask, False,
-                              provider=obj.get("provider", ""), sampling=obj.get("sampling", "")))
+                              provider=obj.get("provider", ""), sampling=obj.get("sampling", ""),
+                              conversation_id=str(obj.get("conversation_id", "")), turn=int(obj.get("turn", 1))))
         except (KeyError, TypeError, ValueError):
             raise InputError("expected {id, input_ids, loss_mask} of equal lengths", path, line) from None
     return out

@@ -8,7 +8,7 @@ from typing import Any, Literal, Sequence
 from ...errors import InputError
 from ...files import atomic_write_text
 from ...paths import HiddenStateFiles
-from ..assembly import Sample, samples_hash
+from ..assembly import Sample, per_loss_token, samples_hash
 from ..layers import eagle3_layers
 from . import native, specforge, speculators
 from .common import (ERROR_STRIDE, FORMAT, STORAGE_DTYPES, FinalState, IndexEntry, Layout, Reader, SampleStates,
@@ -102,11 +102,13 @@ def finalize(files: HiddenStateFiles, samples: Sequence[Sample], *, tokenizer_fi
     shards = list(dict.fromkeys(e.shard for e in entries))
     sq_err, sq_ref = sum(e.sq_err for e in entries), sum(e.sq_ref for e in entries)
     tokens = sum(e.length for e in entries)
+    loss_tokens = sum(sum(s.loss_mask) for s in samples)
     state_bytes = sum((directory / s).stat().st_size for s in shards)
     manifest = {**plan, "format": FORMAT, **(extra or {}),
                 "shards": shards if layout.name == "eagledata" else [], "num_files": len(shards),
                 "num_samples": len(entries), "num_tokens": tokens,
-                "num_loss_tokens": sum(sum(s.loss_mask) for s in samples),
+                "num_loss_tokens": loss_tokens,  # a later turn re-reads its history: more tokens than trained on
+                "tokens_per_loss_token": per_loss_token(tokens, loss_tokens),
                 "bytes": state_bytes, "bytes_per_token": state_bytes / tokens if tokens else 0.0,
                 "reconstruction_rel_rmse": ((sq_err / sq_ref if sq_ref else 0.0) + prior_rel_rmse ** 2) ** 0.5,
                 "tokenizer_fingerprint": tokenizer_fingerprint, "records_hashes": records_hashes or {},

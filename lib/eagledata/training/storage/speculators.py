@@ -4,7 +4,8 @@ The set's directory is the Arrow dataset the trainer's `--data-path` names (`dat
 format; columns `id`, `input_ids`, `loss_mask`, `seq_len`), with `hidden_states/hs_{i}.safetensors` beside it,
 `i` being the row: `token_ids` [T] int64 (compared with the row's `input_ids`) and `hidden_states` [T, 4, H],
 the three aux layers then the verifier's last state. The trainer flattens the first three into [T, 3H] and
-takes the last as `verifier_last_hidden_states`.
+takes the last as `verifier_last_hidden_states`. `token_freq.pt` beside them (`assembly.save_token_freq`) is what
+its `--draft-vocab-size` builds the draft vocabulary from.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ...files import DirectFile
-from ..assembly import Sample, save_arrow
+from ..assembly import TOKEN_FREQ_FILE, Sample, save_arrow
 from .common import IndexEntry, Layout, PerSampleWriter, Reader, write_tensor
 
 STATES_DIR = "hidden_states"
@@ -59,14 +60,16 @@ class RowFileWriter(PerSampleWriter):
 
 
 def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: list[Sample]) -> None:
-    """The Arrow dataset, in sample order (row i ↔ hs_i), written beside the states; stray temp files removed."""
+    """The Arrow dataset, in sample order (row i ↔ hs_i), and its `token_freq.pt`, written beside the states; stray
+    temp files removed."""
     for stray in (directory / STATES_DIR).glob(".tmp-*"):
         stray.unlink()
     save_arrow(samples, directory)
     manifest["trainer"] = {
         "reads_with": "speculators.train.data.ArrowDataset(max_len, <this directory>)",
         "data_path": str(directory), "hidden_states_backend": "file",
-        "target_layer_ids": manifest["layers"], "verifier_name_or_path": manifest["model"]}
+        "target_layer_ids": manifest["layers"], "verifier_name_or_path": manifest["model"],
+        "token_freq_path": str(directory / TOKEN_FREQ_FILE)}
 
 
 class RowFileReader(Reader):
@@ -87,5 +90,6 @@ class RowFileReader(Reader):
 LAYOUT = Layout("speculators", RowFileWriter, RowFileReader, finish, final="pre_norm",
                 about="speculators 0.9.0: speculators.train.data.ArrowDataset(max_len, <this directory>); "
                       "it applies the verifier's norm to the last state itself",
-                files="Arrow dataset (id, input_ids, loss_mask, seq_len) + hidden_states/hs_{row}.safetensors: "
-                      "token_ids [T], hidden_states [T, 4, H]", finish_imports=("datasets",))
+                files="Arrow dataset (id, input_ids, loss_mask, seq_len) + token_freq.pt + "
+                      "hidden_states/hs_{row}.safetensors: token_ids [T], hidden_states [T, 4, H]",
+                finish_imports=("datasets",))
