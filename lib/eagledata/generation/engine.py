@@ -395,17 +395,23 @@ class Run:
                 lane.stop_reason = StopReason.TARGET_REACHED
             elif lane.all_finished:
                 lane.stop_reason = StopReason.COMPLETED
+                if (leak := self.pacing.unsettled(lane.name)) is not None:
+                    lane.stop_reason = self._books_wrong(leak)
             elif not self.stopping and lane.exhausted and not lane.retries and not lane.ready:
-                # nothing left to take, nothing given back, yet not finished: the books are wrong; say so, never hang
                 left = len(lane.scan.pending) - (len(lane.store.finished) - lane.done_before)
-                lane.stop_reason = error_stop(RuntimeError(f"{lane.name}: {left} conversations neither finished "
-                                                           f"nor in hand"))
-                log.error("generation: %s", lane.stop_reason)
+                lane.stop_reason = self._books_wrong(f"{lane.name}: {left} conversations neither finished nor in hand")
         if all(lane.finished for lane in self.lanes.values()):
             reasons = {lane.stop_reason for lane in self.lanes.values()}
             errors = sorted(r for r in reasons if r.startswith(ERROR_PREFIX))
             self.stop(errors[0] if errors else StopReason.TARGET_REACHED if reasons == {StopReason.TARGET_REACHED}
                       else StopReason.COMPLETED)
+
+    @staticmethod
+    def _books_wrong(what: str) -> str:
+        """The engine's own counts disagree (a bug): the dataset stops saying so, never hangs or drifts on."""
+        reason = error_stop(RuntimeError(what))
+        log.error("generation: %s", reason)
+        return reason
 
     def _only_stragglers(self) -> bool:
         """Everything still in hand is an answer to a dataset already at its target, and nothing else is left."""
@@ -430,8 +436,8 @@ class Run:
                             self.pacing.hold(name, later=item.turn.later if item.source == "new" else 0,
                                              promised=item.source == "next")
                             return item
-                        if lane.retries:
-                            due = lane.retries[0].due - now
+                        if lane.retries and lane.retries[0].due > now:  # one due already waits for its dataset
+                            due = lane.retries[0].due - now            # to open: a change, which notifies
                             timeout = due if timeout is None else min(timeout, due)
                     self._settle_lanes()
                     if self.stopping:

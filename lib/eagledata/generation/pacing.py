@@ -151,6 +151,15 @@ class Pacing:
         lane.waiting += 1
         lane.promised += later
 
+    def unsettled(self, name: str) -> str | None:
+        """What pacing still counts for a dataset that has nothing left (every conversation finished, nothing in
+        hand), or None: anything left means the engine's books leaked and pacing would hold the dataset shut."""
+        lane = self.lanes[name]
+        if lane.waiting or lane.promised or lane.flights:
+            return (f"pacing: {name}: {lane.waiting} taken, {lane.promised} promised turns and {len(lane.flights)} "
+                    f"in flight left with every conversation finished")
+        return None
+
     def forgo(self, name: str, turns: int) -> None:
         """`turns` promised turns will not be asked in this run (their conversation ended early, or was put back)."""
         lane = self.lanes[name]
