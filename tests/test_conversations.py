@@ -240,6 +240,7 @@ def test_300_conversations_with_faults_a_sigkill_and_a_resume(emu, tok, tmp_path
     resumed = [r for r in records if r.conversation_id in open_chains and r.id not in {k.id for k in killed_at}]
     assert resumed and all(r.turn > 1 for r in resumed)  # they went on at k+1, from the recorded answers
     assert summary["records"] == len(records) and summary["failures"] == len(failures)
+    assert sum(summary["run"]["by_turn"].values()) == summary["run"]["recorded"] and "3" in summary["run"]["by_turn"]
     assert len(multi) > 100
 
 
@@ -270,7 +271,7 @@ def test_turns_last_keeps_todays_records(emu, tok, tmp_path):
         assert a == b
     # one setting per dataset: continuing the `all` records with `last` is refused, naming the setting
     with pytest.raises(InputError, match="turns") as e:
-        generate(GenerateConfig(**common, output_dir=str(tmp_path / "all"), turns="last", limit=41))
+        generate(GenerateConfig(**common, output_dir=str(tmp_path / "all"), turns="last"))
     assert "summary.json" in str(e.value)
 
 
@@ -294,3 +295,31 @@ def test_a_turns_answer_depends_on_its_whole_history(emu, tok):
     c2, n2 = answer(h2 + ask)
     assert c1 != c2
     assert n1 == len(prompt_ids(tok, h1 + ask))
+
+
+def test_a_turn_over_the_context_limit_ends_its_conversation(emu, tok, tmp_path):
+    """Histories grow: where turn 3 no longer fits the context, it fails for good, `failures.jsonl` names the
+    conversation and the turn, and turns 1–2 stay recorded."""
+    from eagledata.emulator.catalog import default_endpoints
+
+    eps = [{"provider": e.provider, "context_length": 700} for e in default_endpoints()]
+    emu.reset({**BASE, "seed": 34, "endpoints": eps})
+    long_ask = " ".join(["why"] * 150)  # ~150 tokens an ask: turn 3's prompt + max_tokens passes 700
+    objs = {}
+    for i in range(6):
+        cid = f"long-{i}"
+        objs[cid] = {"id": cid, "messages": [m for j in (1, 2, 3) for m in (
+            {"role": "user", "content": f"{cid} ask {j}: {long_ask}"}, {"role": "assistant", "content": OLD})][:-1]}
+    prompts = tmp_path / "C.jsonl"
+    prompts.write_text("".join(json.dumps(o) + "\n" for o in objs.values()))
+    (tmp_path / "datasets.yaml").write_text(f"C:\n  prompts: {prompts}\n")
+    summary = generate(GenerateConfig(dataset="C", datasets_file=str(tmp_path / "datasets.yaml"),
+                                      base_url=emu.base_url, output_dir=str(tmp_path / "out"),
+                                      params_dir=str(tmp_path / "p"), concurrency=10, max_tokens=200, progress=False,
+                                      reserve_usd=0.0))
+    records, failures = check_conversations(tok, tmp_path / "out", objs)
+    assert summary["stop_reason"] == "completed" and summary["open_conversations"] == 0
+    went_on = {r.conversation_id for r in records if r.turn == 2 and r.finish_reason == "stop"}
+    assert {(f["conversation_id"], f["turn"]) for f in failures} == {(cid, 3) for cid in went_on}
+    assert failures and all(f["error"]["class"] == "bad_request" for f in failures)
+    assert all(len(r.prompt_ids) + 200 <= 700 for r in records)

@@ -621,10 +621,10 @@ class Run:
             ends = item.turn.ends(record.finish_reason)
             if written:
                 store.add_record(record, cost)
-                if ends:
-                    self.pacing.forgo(item.lane.name, item.turn.later)  # a cut turn ends its conversation early
-                else:
-                    item.lane.ready.append(item.turn.next(record.content, record.finish_reason))
+            if written and not ends:
+                item.lane.ready.append(item.turn.next(record.content, record.finish_reason))
+            else:  # its last turn, or a cut one (which ends its conversation early)
+                self.pacing.forgo(item.lane.name, item.turn.later)
             self.pacing.end(pace, time.monotonic(), record.output_tokens if written else 0, finished=written and ends)
             item.lane.stats.add_record(record, c.usage, cost)
             item.lane.fidelity.answer(c.provider, record.meta["fidelity"], record.finish_reason)

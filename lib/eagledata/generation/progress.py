@@ -20,6 +20,7 @@ class RunStats:
     errors: Counter = field(default_factory=Counter)      # by error class
     providers: Counter = field(default_factory=Counter)
     finish: Counter = field(default_factory=Counter)
+    turns: Counter = field(default_factory=Counter)       # records by turn number
     output_tokens: int = 0
     prompt_tokens: int = 0
     reasoning_tokens: int = 0
@@ -36,7 +37,7 @@ class RunStats:
         total = cls(timeline=[] if timeline is None else timeline)
         for p in parts:
             for mine, theirs in ((total.counts, p.counts), (total.errors, p.errors), (total.providers, p.providers),
-                                 (total.finish, p.finish)):
+                                 (total.finish, p.finish), (total.turns, p.turns)):
                 mine.update(theirs)
             total.agreement.extend(p.agreement)
             for name in ("output_tokens", "prompt_tokens", "reasoning_tokens", "recorded_usd", "in_flight",
@@ -52,6 +53,7 @@ class RunStats:
         self.recorded_usd += cost
         self.providers[record.provider or "?"] += 1
         self.finish[record.finish_reason] += 1
+        self.turns[record.turn] += 1
         if "retokenized_agreement" in record.meta:
             self.agreement.append(record.meta["retokenized_agreement"])
 
@@ -248,6 +250,7 @@ def _run_counts(s: RunStats) -> dict[str, Any]:
 
 def _run_tail(s: RunStats) -> dict[str, Any]:
     return {"errors": dict(s.errors), "providers": dict(s.providers), "finish_reasons": dict(s.finish),
+            "by_turn": {str(t): n for t, n in sorted(s.turns.items())},
             "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None}
 
 
