@@ -19,7 +19,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal, Sequence
+from typing import Callable, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -95,16 +95,7 @@ class ContentLengths:
     @classmethod
     def from_records(cls, paths: Iterable[str | Path]) -> "ContentLengths | None":
         """Content tokens of earlier runs' finished answers; None when there are none."""
-        lengths, used = [], []
-        for p in paths:
-            p = Path(p)
-            if not p.is_file():
-                continue
-            used.append(p.parent.name)
-            for _, rec in iter_jsonl(p, tolerate_torn_tail=True):
-                n = content_tokens(rec)
-                if n is not None:
-                    lengths.append(n)
+        lengths, used = record_lengths(paths, content_tokens)
         if not lengths:
             return None
         a = np.asarray(lengths, dtype=float)
@@ -117,6 +108,20 @@ class ContentLengths:
         if not 0 <= share <= 1:
             raise InputError(f"must be within [0, 1], got {share!r}", field="prior_content_share")
         return cls(share * lengths.mean, share * lengths.sd, f"{share:g} x output lengths ({lengths.source})")
+
+
+def record_lengths(paths: Iterable[str | Path], measure: Callable[[dict], int | None]) -> tuple[list[int], list[str]]:
+    """`measure` of every record (as a dict) in the records files that exist, leaving out None; and the datasets
+    (folder names) read."""
+    lengths, used = [], []
+    for p in map(Path, paths):
+        if not p.is_file():
+            continue
+        used.append(p.parent.name)
+        for _, rec in iter_jsonl(p, tolerate_torn_tail=True):
+            if (n := measure(rec)) is not None:
+                lengths.append(n)
+    return lengths, used
 
 
 def content_tokens(record: dict) -> int | None:
@@ -264,16 +269,9 @@ class OutputLengths:
     @classmethod
     def from_records(cls, paths: Iterable[str | Path]) -> "OutputLengths | None":
         """Completion tokens of earlier runs (usage, else output ids); None when there are none."""
-        lengths, used = [], []
-        for p in paths:
-            p = Path(p)
-            if not p.is_file():
-                continue
-            used.append(p.parent.name)
-            for _, rec in iter_jsonl(p, tolerate_torn_tail=True):
-                n = output_tokens((rec.get("usage") or {}).get("completion_tokens"), rec.get("output_ids"))
-                if n:
-                    lengths.append(n)
+        lengths, used = record_lengths(
+            paths, lambda rec: output_tokens((rec.get("usage") or {}).get("completion_tokens"), rec.get("output_ids"))
+            or None)
         if not lengths:
             return None
         return cls.from_samples(lengths, f"{len(lengths):,} records of earlier runs ({', '.join(used)})")
