@@ -156,6 +156,26 @@ def test_pacing_counts_the_turns_a_started_conversation_still_has():
         pacing.forgo("D", 1)
 
 
+def test_a_dataset_stops_starting_conversations_first_and_continuing_them_second():
+    pacing = Pacing([Pacing.lane("D", target=10_000, prompts=100, recorded=0, finished=0, prior_tokens=[1000] * 50)])
+    lane = pacing.lanes["D"]
+    tickets = []
+    for _ in range(4):  # four conversations of three turns on their way: 4 in flight, 8 turns to come
+        pacing.hold("D", later=2)
+        tickets.append(pacing.start("D", 0.0))
+    assert not lane.open() and lane.may_continue()  # 12 expected: no new conversation, but the chains go on
+    for t in tickets[:2]:
+        pacing.end(t, 1.0, 1000, finished=False)
+    for _ in range(6):  # six next turns start: 2,000 recorded + 8 on their way ≈ 10,000
+        pacing.hold("D", promised=True)
+        tickets.append(pacing.start("D", 1.0))
+    assert not lane.may_continue()  # one more would pass the target: the answers on their way will meet it
+    for t in tickets[2:]:
+        pacing.end(t, 2.0, 900, finished=False)
+    assert lane.recorded == 9_200 and lane.may_continue()  # short answers: under target, nothing on the way
+    assert lane.promised == 2 and not lane.open()  # the last two promised turns go first
+
+
 # -- the whole job ------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def emu(tokenizer_dir):

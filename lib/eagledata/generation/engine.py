@@ -201,15 +201,16 @@ class DatasetRun:
         is not finished: a prompt given back unstarted, when the money ran out, is still to do.)"""
         return len(self.store.finished) - self.done_before >= len(self.scan.pending)
 
-    def take(self, now: float, seq: int, may_start: Callable[[], bool]) -> _Item | None:
-        """The next request of this dataset: a retry that is due, else the next turn of a started conversation (a
-        conversation once started goes on while the dataset is short of its target), else the first turn of the
-        next conversation; retries and new conversations only while pacing lets the dataset take more."""
+    def take(self, now: float, seq: int, may_start: Callable[[], bool], may_continue: Callable[[], bool]) \
+            -> _Item | None:
+        """The next request of this dataset: a retry that is due, else the next turn of a started conversation, else
+        the first turn of the next conversation; retries and new conversations while pacing lets the dataset take
+        more, next turns while it lets conversations go on (pacing.Lane.may_continue)."""
         if self.retries and self.retries[0].due <= now and may_start():
             item = heapq.heappop(self.retries)
             item.source = "retry"
             return item
-        if self.ready:
+        if self.ready and may_continue():
             return _Item(0.0, seq, self.ready.popleft(), self, source="next")
         if not self.exhausted and may_start():
             prompt = next(self.prompts, None)
@@ -428,7 +429,8 @@ class Run:
                     active = [n for n, lane in self.lanes.items() if not lane.finished and lane.target_met_s is None]
                     for name in self.pacing.ranked(active):
                         lane = self.lanes[name]
-                        item = lane.take(now, next(self.seq), self.pacing.lanes[name].open)
+                        pace = self.pacing.lanes[name]
+                        item = lane.take(now, next(self.seq), pace.open, pace.may_continue)
                         if item is not None:
                             item.started = False
                             self.holding += 1

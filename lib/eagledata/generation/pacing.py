@@ -16,7 +16,9 @@ A dataset stops taking requests once one more would put its expected total past 
 its upper bound (expected + Z·sd, the sd of what is in flight plus the estimate's own error, which grows for old
 requests: their estimate rests on the few answers that took longer) past `target × (1 + BOUND)`, so that none
 ends more than `MAX_OVERSHOOT` (5 %) over. It opens again when answers come in shorter than expected, and a
-dataset under its target with nothing in flight is always open, so every target is met. Datasets without a target come after
+dataset under its target with nothing in flight is always open, so every target is met. A started conversation's
+later turns count among the expected tokens (they are coming), which closes the dataset to new conversations first;
+its next turns go on while the answers on their way, those later turns left out, still fall short (`may_continue`). Datasets without a target come after
 those with one: they take the slots no dataset with a target can use, sharing them in proportion to their prompts.
 
 Times are the caller's clock (tests and the bench run this in simulated time).
@@ -111,6 +113,20 @@ class Lane:
         m0, _ = self.new_moments()
         return (self.expected() + m0 <= self.target * (1 + AIM)
                 and self.upper(1) <= self.target * (1 + BOUND))
+
+    def may_continue(self) -> bool:
+        """May a started conversation's next turn go? While what is recorded and on its way (its later turns left
+        out) still needs it: later than `open`, which counts them, so a dataset stops starting conversations first
+        and continuing them second; and no turn starts late, which the dataset would then wait for, once the answers
+        in flight alone will meet the target."""
+        if self.target is None:
+            return True
+        if self.recorded >= self.target:
+            return False
+        if not self.flights and not self.waiting:
+            return True
+        m0, _ = self.new_moments()
+        return self.recorded + self._sums[0] + (self.waiting + 1) * m0 <= self.target * (1 + AIM)
 
 
 class Pacing:
