@@ -7,7 +7,7 @@ independent of record size; it is only a cache: lines past its last offset are r
 Paths come from `eagledata.paths.DatasetFiles`.
 
 Conversations (generation/turns.py): a record that does not finish its conversation (a turn with more to come, its
-record's `meta.turns` saying how many) leaves the conversation open; `finished` holds the conversations that are
+record's `meta.turns` saying how many) leaves the conversation open; `finished` says which conversations are
 done (their last turn recorded, a cut turn, or a failure), which is what a resume skips, and `chains` where the
 recorded turns of each open one are, so that a resume continues it at the next turn from its recorded answers.
 """
@@ -17,7 +17,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import InputError
 from ..files import LockHeld, atomic_write_text, hold_lock, iter_jsonl
@@ -65,36 +65,20 @@ def _repair_tail(path: Path) -> int:
         return len(torn)
 
 
-class Entry(NamedTuple):
-    """One record as the index keeps it (a tuple: a million are read at every resume). A turn of a chained
-    conversation carries its conversation; any other record is its own conversation, finished."""
+# One record as the index keeps it, a plain tuple (a million are read at every resume): (id, end offset of its line,
+# output tokens, cost USD) for a record that is its own conversation, finished; a turn of a chained conversation
+# adds (conversation id, turn, whether it ends the conversation).
+Entry = tuple
 
-    id: str
-    end: int        # end offset of its line in records.jsonl
-    tokens: int     # output tokens
-    cost: float     # USD
-    conversation: str = ""  # "" -> `id`
-    turn: int = 1
-    ends: bool = True  # this record finishes its conversation
 
-    @property
-    def conversation_id(self) -> str:
-        return self.conversation or self.id
+def _entry(rid: str, end: int, tokens: int, cost: float, conversation: str, turn: int, ends: bool) -> Entry:
+    return (rid, end, tokens, cost) if conversation == rid and ends else (rid, end, tokens, cost, conversation, turn,
+                                                                         ends)
 
-    def line(self) -> str:
-        base = f"{self.id}\t{self.end}\t{self.tokens}\t{self.cost!r}"
-        if self.conversation_id == self.id and self.ends:
-            return base + "\n"
-        return f"{base}\t{self.conversation_id}\t{self.turn}\t{int(self.ends)}\n"
 
-    @classmethod
-    def parse(cls, line: str) -> "Entry":
-        """A line of done.idx: four fields, or seven for a turn of a chained conversation (ValueError if neither)."""
-        f = line.split("\t")
-        if len(f) == 4:
-            return cls(f[0], int(f[1]), int(f[2]), float(f[3]))
-        rid, end, tokens, cost, conversation, turn, ends = f  # ValueError when the count is wrong
-        return cls(rid, int(end), int(tokens), float(cost), conversation, int(turn), ends == "1")
+def _index_line(e: Entry) -> str:
+    line = f"{e[0]}\t{e[1]}\t{e[2]}\t{e[3]!r}"
+    return line + "\n" if len(e) == 4 else f"{line}\t{e[4]}\t{e[5]}\t{int(e[6])}\n"
 
 
 def record_ends(d: dict[str, Any]) -> bool:
@@ -119,35 +103,43 @@ def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
                 usage = d.get("usage") or {}
                 tokens = int(output_tokens(usage.get("completion_tokens"), d.get("output_ids")))
                 rid = str(d["id"])
-                entry = Entry(rid, offset, tokens, float(usage.get("cost") or 0.0), str(d.get("conversation_id") or rid),
-                              int(d.get("turn", 1)), record_ends(d))
+                entry = _entry(rid, offset, tokens, float(usage.get("cost") or 0.0),
+                               str(d.get("conversation_id") or rid), int(d.get("turn", 1)), record_ends(d))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise InputError("not a valid record line (after byte %d)" % start, path, lineno) from None
             out.append(entry)
     return out
 
 
-def _read_index(index: Path, records_size: int) -> list[Entry]:
-    """The index's entries; [] (rebuild from the records) when a line is bad or points past the file."""
+def _read_index(index: Path, records_size: int) -> tuple[list[Entry], list[int]]:
+    """The index's entries and the positions of the chained ones among them; ([], []) (rebuild from the records)
+    when a line is bad or points past the file."""
     entries: list[Entry] = []
-    try:
-        for line in index.read_text().splitlines():
-            entries.append(Entry.parse(line))
-    except ValueError:
-        return []
-    if entries and entries[-1].end > records_size:
-        return []
-    return entries
+    chained: list[int] = []
+    for line in index.read_text().splitlines():
+        try:  # the four fields of a one-turn record first: this loop runs a million times at a resume
+            rid, end, tokens, cost = line.split("\t")
+            entries.append((rid, int(end), int(tokens), float(cost)))
+        except ValueError:
+            try:
+                rid, end, tokens, cost, conversation, turn, ends = line.split("\t")
+                entries.append((rid, int(end), int(tokens), float(cost), conversation, int(turn), ends == "1"))
+            except ValueError:
+                return [], []
+            chained.append(len(entries) - 1)
+    if entries and entries[-1][1] > records_size:
+        return [], []
+    return entries, chained
 
 
 @dataclass
 class Store:
     """Append-only record and failure files of one dataset; `done` holds the ids (records' and failures') written,
-    `finished` the conversations done, `chains` the recorded turns of the open ones."""
+    `finished` the conversations done (a view), `chains` the recorded turns of the open ones."""
 
     files: DatasetFiles
     done: set[str] = field(default_factory=set)
-    finished: set[str] = field(default_factory=set)
+    conversations_finished: int = 0
     chains: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)  # conversation -> (turn, start, end)
     recorded: int = 0
     failed: int = 0
@@ -182,27 +174,24 @@ class Store:
         records, failures, index = self.files.records, self.files.failures, self.files.done_index
         self.torn_bytes = _repair_tail(records) + _repair_tail(failures)
         _repair_tail(index)
-        indexed: list[Entry] = []
+        indexed, chained = [], []
         if index.exists() and records.exists():
-            indexed = _read_index(index, records.stat().st_size)
-        tail = _entries_of_lines(records, indexed[-1].end if indexed else 0) if records.exists() else []
+            indexed, chained = _read_index(index, records.stat().st_size)
+        tail = _entries_of_lines(records, indexed[-1][1] if indexed else 0) if records.exists() else []
         if tail or not indexed:
             with index.open("a" if indexed else "w") as f:
-                f.writelines(e.line() for e in tail)
+                f.writelines(map(_index_line, tail))
         entries = indexed + tail
-        start = 0
-        for e in entries:
-            if e.ends and not e.conversation:  # a one-turn record: the common case, kept cheap
-                self.done.add(e.id)
-                self.finished.add(e.id)
-            else:
-                self._entered(e, start)
-            start = e.end
+        self.done.update(e[0] for e in entries)
+        chained += [len(indexed) + i for i, e in enumerate(tail) if len(e) == 7]
+        self.conversations_finished = len(entries) - len(chained)
+        for i in chained:  # turns of chained conversations, in order: which conversations are still open
+            self._chained(entries[i], entries[i - 1][1] if i else 0)
         self.recorded = len(entries)
-        self.output_tokens = sum(e.tokens for e in entries)
-        self.spend_usd = sum(e.cost for e in entries)
+        self.output_tokens = sum(e[2] for e in entries)
+        self.spend_usd = sum(e[3] for e in entries)
         newest = entries[-COSTS_KEPT:]
-        self.costs, self.lengths = [e.cost for e in newest], [e.tokens for e in newest]
+        self.costs, self.lengths = [e[3] for e in newest], [e[2] for e in newest]
         if len(self.done) != self.recorded:
             raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
                              records)
@@ -221,19 +210,25 @@ class Store:
             n += os.write(fd, data[n:])
         return os.lseek(fd, 0, os.SEEK_END)
 
-    def _entered(self, e: Entry, start: int) -> None:
-        self.done.add(e.id)
-        if e.ends:
-            self.finished.add(e.conversation_id)
-            self.chains.pop(e.conversation_id, None)
+    def _chained(self, e: Entry, start: int) -> None:
+        """A turn of a chained conversation, its line starting at byte `start`: it ends the conversation, or the
+        conversation stays open with one more turn recorded."""
+        rid, end, _, _, conversation, turn, ends = e
+        if ends:
+            self.conversations_finished += 1
+            self.chains.pop(conversation, None)
         else:
-            self.chains.setdefault(e.conversation_id, []).append((e.turn, start, e.end))
+            self.chains.setdefault(conversation, []).append((turn, start, end))
 
     def _failed(self, rid: str, conversation_id: str) -> None:
         self.done.add(rid)
-        self.finished.add(conversation_id)  # a turn that failed for good ends its conversation
+        self.conversations_finished += 1  # a turn that failed for good ends its conversation
         self.chains.pop(conversation_id, None)
         self.failed += 1
+
+    @property
+    def finished(self) -> "FinishedConversations":
+        return FinishedConversations(self)
 
     def history(self, conversation_id: str) -> list[Record]:
         """The recorded turns of an open conversation, in order (a resume continues after the last)."""
@@ -252,10 +247,14 @@ class Store:
         cost = cost if cost is not None else (record.usage.cost or 0.0)
         start = os.lseek(self._fds[self.files.records], 0, os.SEEK_END)
         end = self._append(self.files.records, (record.to_json() + "\n").encode())
-        entry = Entry(record.id, end, tokens, cost, record.conversation_id, record.turn,
-                      record_ends({"meta": record.meta, "turn": record.turn, "finish_reason": record.finish_reason}))
-        self._append(self.files.done_index, entry.line().encode())
-        self._entered(entry, start)
+        entry = _entry(record.id, end, tokens, cost, record.conversation_id, record.turn,
+                       record_ends({"meta": record.meta, "turn": record.turn, "finish_reason": record.finish_reason}))
+        self._append(self.files.done_index, _index_line(entry).encode())
+        self.done.add(record.id)
+        if len(entry) == 7:
+            self._chained(entry, start)
+        else:
+            self.conversations_finished += 1
         self.recorded += 1
         self.output_tokens += tokens
         self.spend_usd += cost
@@ -309,3 +308,18 @@ class Store:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class FinishedConversations:
+    """The conversations of a store that are done, as a container (`in`, `len`) without a second set of a million
+    ids: a conversation's first request keeps its id, so it is done when that id is written (a record or a failure)
+    and the conversation is not open."""
+
+    store: Store
+
+    def __contains__(self, conversation_id: object) -> bool:
+        return conversation_id in self.store.done and conversation_id not in self.store.chains
+
+    def __len__(self) -> int:
+        return self.store.conversations_finished
