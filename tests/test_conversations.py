@@ -108,7 +108,7 @@ def _record(turn, content="x", finish="stop") -> Record:
 def finished(store: Store) -> set[str]:
     """The finished conversations among the store's ids, each checked through the view (and its count)."""
     out = {c for c in ("one", "c", "k", "f") if c in store.finished}
-    assert len(store.finished) == len(out)
+    assert store.conversations_finished == len(out)
     return out
 
 

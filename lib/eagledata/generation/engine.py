@@ -176,7 +176,7 @@ class DatasetRun:
 
     def __post_init__(self) -> None:
         self.prompts = iter(self.scan)
-        self.done_before = len(self.store.finished)
+        self.done_before = self.store.conversations_finished
         self.tokens_before = self.store.output_tokens
         self.summary_before = self.store.read_summary()  # an earlier run's: its fidelity books carry over
         # One `turns` setting per dataset: continuing with the other would make one conversation's turns both ways.
@@ -199,7 +199,7 @@ class DatasetRun:
     def all_finished(self) -> bool:
         """Every conversation of this run is finished (recorded to its end or failed): `completed` is true. (Taken
         is not finished: a prompt given back unstarted, when the money ran out, is still to do.)"""
-        return len(self.store.finished) - self.done_before >= len(self.scan.pending)
+        return self.store.conversations_finished - self.done_before >= len(self.scan.pending)
 
     def take(self, now: float, seq: int, may_start: Callable[[], bool], may_continue: Callable[[], bool]) \
             -> _Item | None:
@@ -277,7 +277,7 @@ class Run:
         guess = prior_lengths(cfg)
         self.pacing = Pacing(Pacing.lane(
             lane.name, target=lane.target, prompts=lane.scan.total, recorded=lane.store.output_tokens,
-            finished=len(lane.store.done), prior_tokens=lane.store.lengths if len(lane.store.lengths) >= 30 else guess)
+            finished=lane.store.conversations_finished, prior_tokens=lane.store.lengths if len(lane.store.lengths) >= 30 else guess)
             for lane in lanes)
         self.books = Books(lag_s=cfg.account_lag_s)
         self.congestion = Congestion(cfg.concurrency)
@@ -399,7 +399,7 @@ class Run:
                 if (leak := self.pacing.unsettled(lane.name)) is not None:
                     lane.stop_reason = self._books_wrong(leak)
             elif not self.stopping and lane.exhausted and not lane.retries and not lane.ready:
-                left = len(lane.scan.pending) - (len(lane.store.finished) - lane.done_before)
+                left = len(lane.scan.pending) - (lane.store.conversations_finished - lane.done_before)
                 lane.stop_reason = self._books_wrong(f"{lane.name}: {left} conversations neither finished nor in hand")
         if all(lane.finished for lane in self.lanes.values()):
             reasons = {lane.stop_reason for lane in self.lanes.values()}
@@ -751,7 +751,7 @@ class Run:
                            cap=self.cfg.max_spend_usd, money_limit=limit, foreign=self.books.foreign_usd,
                            suspects=self.fidelity.suspect_headlines(),
                            stats=self.totals(), datasets=[DatasetSnapshot(
-                               name=lane.name, done=len(lane.store.finished),
+                               name=lane.name, done=lane.store.conversations_finished,
                                total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,
                                in_flight=lane.stats.in_flight, stats=lane.stats, done_before=lane.done_before,
                                tokens_before=lane.tokens_before) for lane in self.lanes.values()])

@@ -263,7 +263,7 @@ def dataset_summary(name: str, store: Any, stats: RunStats, *, common: dict[str,
         "dataset": name, **common, "stop_reason": stop_reason, "fatal_error": fatal,
         # dataset totals (all runs), read by budget.ipynb's planned-vs-actual
         "output_tokens": store.output_tokens, "spend_usd": round(store.spend_usd, 8), "records": store.recorded,
-        "failures": store.failed, "prompts": prompts, "remaining": prompts - len(store.finished),
+        "failures": store.failed, "prompts": prompts, "remaining": prompts - store.conversations_finished,
         "open_conversations": len(store.chains),
         "target_output_tokens": target,
         "run": {**_run_counts(stats), **figures, **settings, **_run_tail(stats), **extra,

@@ -227,8 +227,11 @@ class Store:
         self.failed += 1
 
     @property
-    def finished(self) -> "FinishedConversations":
-        return FinishedConversations(self)
+    def finished(self) -> "set[str] | FinishedConversations":
+        """The conversations done, for `in` (a resume's scan asks once per prompt): the written ids themselves while
+        no conversation is open (a conversation's first request keeps its id; a later turn's id is never a prompt's),
+        else a view that leaves the open ones out. Their number is `conversations_finished`."""
+        return FinishedConversations(self) if self.chains else self.done
 
     def history(self, conversation_id: str) -> list[Record]:
         """The recorded turns of an open conversation, in order (a resume continues after the last)."""
@@ -312,14 +315,10 @@ class Store:
 
 @dataclass(frozen=True)
 class FinishedConversations:
-    """The conversations of a store that are done, as a container (`in`, `len`) without a second set of a million
-    ids: a conversation's first request keeps its id, so it is done when that id is written (a record or a failure)
-    and the conversation is not open."""
+    """The conversations of a store that are done, without a second set of a million ids: a conversation's first
+    request keeps its id, so it is done when that id is written (a record or a failure) and it is not open."""
 
     store: Store
 
     def __contains__(self, conversation_id: object) -> bool:
         return conversation_id in self.store.done and conversation_id not in self.store.chains
-
-    def __len__(self) -> int:
-        return self.store.conversations_finished
