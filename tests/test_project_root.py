@@ -1,5 +1,6 @@
 """The project root is found, not assumed: a notebook means the same params/ and outputs/ wherever it lies
 (notebooks/, a report in outputs/runs/, a copy anywhere in the project), in JupyterLab and under papermill."""
+import json
 import os
 import re
 from pathlib import Path
@@ -151,10 +152,9 @@ def test_every_notebook_runs_wherever_it_lies(location, emu, tiny_model, tmp_pat
     out = run_from(project, location, "generate", base_url=emu.base_url, concurrency=8, max_tokens=400,
                    reserve_usd=0.0)
     assert "stop reason: completed" in cell_outputs_text(out)
-    records = project / "outputs" / "datasets" / "demo-a" / "records.jsonl"
-    assert len(records.read_text().splitlines()) == 12
+    assert conversations_in(project) == 12  # demo-a's first 12 prompts, three of them two user turns: a record a turn
     out = run_from(project, location, "tokenizer", records="outputs/datasets/demo-a/records.jsonl")
-    assert "PASS: 12 records" in cell_outputs_text(out)
+    assert f"PASS: {records_in(project)} records" in cell_outputs_text(out) and records_in(project) > 12
     out = run_from(project, location, "hidden_states", datasets=["demo-a"], model="models/tiny-kimi", device="cpu",
                    max_tokens_per_batch=4096)
     assert re.search(r"verified [1-9]\d* samples", cell_outputs_text(out))  # demo-a repeats a prompt: 11
@@ -178,6 +178,12 @@ def records_in(project: Path) -> int:
     return len((project / "outputs" / "datasets" / "demo-a" / "records.jsonl").read_text().splitlines())
 
 
+def conversations_in(project: Path) -> int:
+    """demo-a's conversations with a record (a record per generated turn; `turns: all` by default)."""
+    lines = (project / "outputs" / "datasets" / "demo-a" / "records.jsonl").read_text().splitlines()
+    return len({json.loads(line)["conversation_id"] for line in lines})
+
+
 def test_a_report_run_again_continues_its_work(emu, tmp_path):
     """`papermill notebooks/generate.ipynb outputs/runs/….ipynb` from the root, then the report run again from
     its own folder (as JupyterLab runs it): the same dataset and output folder; a tweak of its parameters
@@ -193,7 +199,7 @@ def test_a_report_run_again_continues_its_work(emu, tmp_path):
         prior_output_median_tokens=80.0, max_spend_usd=0.002), cwd=project)
     assert "stop reason: max_spend_reached" in cell_outputs_text(report)
     first = records_in(project)
-    assert 0 < first < 12
+    assert 0 < conversations_in(project) < 12
 
     execute_notebook(report, report, cwd=report.parent)  # Run All on the report, where it lies
     assert "stop reason: max_spend_reached" in cell_outputs_text(report) or "completed" in cell_outputs_text(report)
@@ -205,11 +211,12 @@ def test_a_report_run_again_continues_its_work(emu, tmp_path):
     cell.source += "\nmax_spend_usd = None\n"
     nbformat.write(nb, report)
     execute_notebook(report, report, cwd=report.parent)
-    assert "stop reason: completed" in cell_outputs_text(report) and records_in(project) == 12
+    assert "stop reason: completed" in cell_outputs_text(report) and conversations_in(project) == 12
+    done = records_in(project)
 
     before = emu.stats()
     execute_notebook(report, report, cwd=report.parent)
     after = emu.stats()
     assert "stop reason: completed" in cell_outputs_text(report)
     assert after["requests"] == before["requests"] and after["charged_usd"] == before["charged_usd"]
-    assert records_in(project) == 12
+    assert records_in(project) == done
