@@ -429,8 +429,8 @@ class Run:
                     active = [n for n, lane in self.lanes.items() if not lane.finished and lane.target_met_s is None]
                     for name in self.pacing.ranked(active):
                         lane = self.lanes[name]
-                        pace = self.pacing.lanes[name]
-                        item = lane.take(now, next(self.seq), pace.open, pace.may_continue)
+                        paced = self.pacing.lanes[name]
+                        item = lane.take(now, next(self.seq), paced.open, paced.may_continue)
                         if item is not None:
                             item.started = False
                             self.holding += 1

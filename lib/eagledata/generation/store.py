@@ -23,6 +23,7 @@ from ..errors import InputError
 from ..files import LockHeld, atomic_write_text, hold_lock, iter_jsonl
 from ..paths import DatasetFiles
 from ..records import Record, output_tokens
+from .turns import conversation_ends
 
 
 COSTS_KEPT = 20_000  # the newest records' costs and lengths: the priors of the next run
@@ -82,10 +83,8 @@ def _index_line(e: Entry) -> str:
 
 
 def record_ends(d: dict[str, Any]) -> bool:
-    """Whether a record (as a dict) finishes its conversation: it is not a turn of a chain, or its chain's last, or
-    its answer did not finish (the chain stops there)."""
-    turns = (d.get("meta") or {}).get("turns")
-    return turns is None or d.get("turn", 1) >= turns or d.get("finish_reason") != "stop"
+    """Whether a record (as read from its line) finishes its conversation (`meta.turns`: its chain's last turn)."""
+    return conversation_ends(d.get("turn", 1), (d.get("meta") or {}).get("turns"), d.get("finish_reason"))
 
 
 def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
@@ -248,14 +247,14 @@ class Store:
             raise ValueError(f"record {record.id!r} is already finished")
         tokens = record.output_tokens
         cost = cost if cost is not None else (record.usage.cost or 0.0)
-        start = os.lseek(self._fds[self.files.records], 0, os.SEEK_END)
-        end = self._append(self.files.records, (record.to_json() + "\n").encode())
+        line = (record.to_json() + "\n").encode()
+        end = self._append(self.files.records, line)
         entry = _entry(record.id, end, tokens, cost, record.conversation_id, record.turn,
-                       record_ends({"meta": record.meta, "turn": record.turn, "finish_reason": record.finish_reason}))
+                       conversation_ends(record.turn, record.meta.get("turns"), record.finish_reason))
         self._append(self.files.done_index, _index_line(entry).encode())
         self.done.add(record.id)
         if len(entry) == 7:
-            self._chained(entry, start)
+            self._chained(entry, end - len(line))
         else:
             self.conversations_finished += 1
         self.recorded += 1

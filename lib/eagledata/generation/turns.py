@@ -31,6 +31,12 @@ def turn_id(conversation_id: str, turn: int, *, first: bool) -> str:
     return conversation_id if first else f"{conversation_id}{TURN_ID_SEP}{turn}"
 
 
+def conversation_ends(turn: int, last: int | None, finish_reason: str | None) -> bool:
+    """Recording `turn` with `finish_reason` finishes its conversation: it has no later turn (`last`: its last
+    turn's number, None for a conversation of one request), or the answer did not finish (a cut turn ends it)."""
+    return last is None or turn >= last or finish_reason != "stop"
+
+
 def split_asks(messages: Sequence[dict]) -> list[list[dict]] | None:
     """The asks of a conversation (its messages with the dataset's assistant answers taken out), or None when it
     cannot be regenerated turn by turn: tool calls and tool results (their content answers the dataset's own
@@ -117,7 +123,7 @@ class Turn:
 
     def ends(self, finish_reason: str) -> bool:
         """Recording this turn with `finish_reason` finishes its conversation."""
-        return not self.later or finish_reason != "stop"
+        return conversation_ends(self.number, self.conversation.last, finish_reason)
 
 
 def later_turn_ids(prompt: Prompt, turns: TurnsMode) -> list[str]:
