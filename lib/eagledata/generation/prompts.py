@@ -7,7 +7,7 @@ import re
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Container, Iterable, Iterator, Mapping
 
 from ..errors import InputError, open_input
 
@@ -119,7 +119,7 @@ class PromptScan:
                 yield normalize_prompt(json.loads(f.readline()))
 
 
-def scan_prompts(path: str | Path, done: set[str] = frozenset(), limit: int | None = None,
+def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: int | None = None,
                  turn_ids: Callable[[Prompt], Iterable[str]] | None = None) -> PromptScan:
     """Validate the first `limit` prompts (all by default), naming file:line for a bad one.
 

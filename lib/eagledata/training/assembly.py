@@ -467,12 +467,6 @@ def token_frequencies(input_ids: Any, loss_mask: Any) -> dict[int, int]:
     return dict(zip(nonzero.tolist(), counts[nonzero].tolist()))
 
 
-def add_frequencies(total: dict[int, int], more: dict[int, int]) -> dict[int, int]:
-    for token, n in more.items():
-        total[token] = total.get(token, 0) + n
-    return total
-
-
 def save_token_freq(counts: dict[int, int], directory: str | Path) -> Path:
     """`<directory>/token_freq.pt` as speculators writes it: `torch.save` of a plain dict of int -> int (read back
     with `torch.load(weights_only=True)`), keys in id order; replaced atomically (written under its own name in a
@@ -516,7 +510,7 @@ def save_arrow(samples: Sequence[Sample], directory: str | Path, *, chunk_tokens
     groups.append((start, len(samples)))
 
     columns: dict[str, list[pa.Array]] = {"input_ids": [], "loss_mask": []}
-    counts: dict[int, int] = {}
+    counts: Counter = Counter()
     for a, b in groups:  # from flat arrays: twice as fast as Dataset.from_dict
         offsets = np.zeros(b - a + 1, dtype=np.int32)
         np.cumsum(lengths[a:b], out=offsets[1:])
@@ -525,7 +519,7 @@ def save_arrow(samples: Sequence[Sample], directory: str | Path, *, chunk_tokens
         for name, chunks in columns.items():
             chunks.append(pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat[name])))
         if token_freq:
-            add_frequencies(counts, token_frequencies(flat["input_ids"], flat["loss_mask"]))
+            counts.update(token_frequencies(flat["input_ids"], flat["loss_mask"]))
     table = pa.table({"id": pa.array([s.id for s in samples], pa.string()),
                       **{name: pa.chunked_array(chunks, pa.list_(pa.int64())) for name, chunks in columns.items()},
                       "seq_len": pa.array(lengths)})
