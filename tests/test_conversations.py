@@ -154,11 +154,15 @@ def test_pacing_counts_the_turns_a_started_conversation_still_has():
     t = pacing.start("D", 0.0)
     pacing.end(t, 1.0, 1000, finished=True)
     assert lane.promised == 0 and lane.waiting == 0 and lane.expected() == 3000
-    # three more conversations of three: 9 requests of ~1000 on 3000 recorded pass the target, so none more starts
+    # three more conversations of three: 9 requests of ~1000 on 3000 recorded pass the aim, but their first turns
+    # (what is in hand) fall short of the target, so new ones still start: the later turns come an answer later
     for _ in range(3):
         pacing.hold("D", later=2)
+    assert lane.expected() == pytest.approx(12_000, rel=0.05) and lane.open()
+    for _ in range(4):  # seven first turns on 3000 recorded: one more would pass the target in hand alone
+        pacing.hold("D", later=2)
     assert not lane.open() and pacing.order() == []
-    pacing.forgo("D", 6)  # they were cut short
+    pacing.forgo("D", 14)  # they were cut short
     with pytest.raises(ValueError):
         pacing.forgo("D", 1)
 
@@ -167,20 +171,24 @@ def test_a_dataset_stops_starting_conversations_first_and_continuing_them_second
     pacing = Pacing([Pacing.lane("D", target=10_000, prompts=100, recorded=0, finished=0, prior_tokens=[1000] * 50)])
     lane = pacing.lanes["D"]
     tickets = []
-    for _ in range(4):  # four conversations of three turns on their way: 4 in flight, 8 turns to come
-        pacing.hold("D", later=2)
-        tickets.append(pacing.start("D", 0.0))
-    assert not lane.open() and lane.may_continue()  # 12 expected: no new conversation, but the chains go on
+
+    def begin(n: int, **how) -> None:
+        for _ in range(n):
+            pacing.hold("D", **how)
+            tickets.append(pacing.start("D", 0.0))
+
+    begin(4, later=2)  # four conversations of three turns: 4 in flight, 8 turns to come
+    assert lane.expected() == pytest.approx(12_000) and lane.open() and lane.may_continue()  # 4,000 in hand
     for t in tickets[:2]:
-        pacing.end(t, 1.0, 1000, finished=False)
-    for _ in range(6):  # six next turns start: 2,000 recorded + 8 on their way ≈ 10,000
-        pacing.hold("D", promised=True)
-        tickets.append(pacing.start("D", 1.0))
-    assert not lane.may_continue()  # one more would pass the target: the answers on their way will meet it
+        pacing.end(t, 1.0, 1050, finished=False)
+    begin(5, later=2)  # 2,100 recorded + 7 in flight: one more would put 10,100 in hand, past the target
+    assert not lane.open() and lane.may_continue()  # no new conversation, but the chains go on (aim 10,200)
+    begin(1, promised=True)  # a next turn: now the answers on their way will meet the aim
+    assert not lane.may_continue()
     for t in tickets[2:]:
         pacing.end(t, 2.0, 900, finished=False)
-    assert lane.recorded == 9_200 and lane.may_continue()  # short answers: under target, nothing on the way
-    assert lane.promised == 2 and not lane.open()  # the last two promised turns go first
+    assert lane.recorded == 9_300 and lane.may_continue()  # short answers: under target, nothing on the way
+    assert lane.promised == 17 and not lane.open()  # the promised turns go first
 
 
 # -- the whole job ------------------------------------------------------------------------------

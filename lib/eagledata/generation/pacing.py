@@ -17,9 +17,12 @@ its upper bound (expected + Z·sd, the sd of what is in flight plus the estimate
 requests: their estimate rests on the few answers that took longer) past `target × (1 + BOUND)`, so that none
 ends more than `MAX_OVERSHOOT` (5 %) over. It opens again when answers come in shorter than expected, and a
 dataset under its target with nothing in flight is always open, so every target is met. A started conversation's
-later turns count among the expected tokens (they are coming), which closes the dataset to new conversations first;
-its next turns go on while the answers on their way, those later turns left out, still fall short (`may_continue`). Datasets without a target come after
-those with one: they take the slots no dataset with a target can use, sharing them in proportion to their prompts.
+later turns count among the expected tokens (they are coming), which closes the dataset to new conversations first,
+but never before what is in hand (recorded and in flight) will meet the target: those turns come a whole answer
+later, and counting on them made the last dataset wait for them. Its next turns go on while the answers on their
+way, those later turns left out, stay at the aim and its bound (`may_continue`). Datasets without a target come
+after those with one: they take the slots no dataset with a target can use, sharing them in proportion to their
+prompts.
 
 Times are the caller's clock (tests and the bench run this in simulated time).
 """
@@ -81,15 +84,21 @@ class Lane:
 
     def expected(self) -> float:
         """Output tokens this dataset will hold once everything taken has finished, in expectation."""
-        return self.recorded + self._sums[0] + (self.waiting + self.promised) * self.new_moments()[0]
+        return self.outlook(0)[0]
 
     def upper(self, extra: int = 0) -> float:
         """`expected` (plus `extra` new requests) at Z standard deviations, the estimate's error included."""
+        return self.outlook(extra)[1]
+
+    def outlook(self, extra: int, *, promised: bool = True) -> tuple[float, float]:
+        """(expected, upper bound) of the output tokens once everything taken and `extra` new requests have
+        finished; `promised=False` leaves out the later turns of started conversations (what is in hand)."""
         m0, v0 = self.new_moments()
-        n_new = self.waiting + self.promised + extra
+        n_new = self.waiting + extra + (self.promised if promised else 0)
+        mean = self.recorded + self._sums[0] + n_new * m0
         var = self._sums[1] + n_new * v0
         estimate_error = self._sums[2] + n_new * _error(v0, self.estimator.events)
-        return self.expected() + extra * m0 + Z * math.sqrt(max(0.0, var) + estimate_error ** 2)
+        return mean, mean + Z * math.sqrt(max(0.0, var) + estimate_error ** 2)
 
     def progress(self) -> float:
         """How far along: expected ÷ target, or (for no target) prompts taken ÷ prompts."""
@@ -103,21 +112,28 @@ class Lane:
         return self.target is not None and self.recorded >= self.target
 
     def open(self) -> bool:
-        """May this dataset take one more request?"""
+        """May this dataset take one more request (a new conversation, or a retry)? While its expected total, later
+        turns of started conversations included, stays at the aim; and, whatever those later turns, while what is in
+        hand stays under the target: a later turn starts only when the answer before it is in, a whole answer's time
+        later, so a dataset that counted on them would sit short of its target waiting for them (a conversation
+        still open at the target is continued by the next run with a higher one)."""
         if self.target is None:
             return True
         if self.recorded >= self.target:
             return False
         if not self.flights and not self.waiting and not self.promised:
             return True  # under target with nothing on the way: always top up
-        m0, _ = self.new_moments()
-        return (self.expected() + m0 <= self.target * (1 + AIM)
-                and self.upper(1) <= self.target * (1 + BOUND))
+        bound = self.target * (1 + BOUND)
+        mean, upper = self.outlook(1)
+        if mean <= self.target * (1 + AIM) and upper <= bound:
+            return True
+        mean, upper = self.outlook(1, promised=False)
+        return mean <= self.target and upper <= bound
 
     def may_continue(self) -> bool:
         """May a started conversation's next turn go? While what is recorded and on its way (its later turns left
-        out) still needs it: later than `open`, which counts them, so a dataset stops starting conversations first
-        and continuing them second; and no turn starts late, which the dataset would then wait for, once the answers
+        out) stays at the aim and its bound: later than `open`, so a dataset stops starting conversations first and
+        continuing them second; and no turn starts late, which the dataset would then wait for, once the answers
         in flight alone will meet the target."""
         if self.target is None:
             return True
@@ -125,8 +141,8 @@ class Lane:
             return False
         if not self.flights and not self.waiting:
             return True
-        m0, _ = self.new_moments()
-        return self.recorded + self._sums[0] + (self.waiting + 1) * m0 <= self.target * (1 + AIM)
+        mean, upper = self.outlook(1, promised=False)
+        return mean <= self.target * (1 + AIM) and upper <= self.target * (1 + BOUND)
 
 
 class Pacing:
