@@ -23,6 +23,9 @@ the seed's (~18) and latency against client work stays realistic (tens of second
              `--money-share-of-targets 1.67`: money for 60% of the targets. `--baseline`: also the old way, six runs one after another on the same balance.
              `--multi-turn 0.4`: 40 % of the prompts are conversations of 2–4 user turns, every turn answered on the
              target's own answers (issue 31); the oracle then runs the same chains.
+  panel      (f) what the live panel costs (issue 33): the seed replay's engine, 2,000 in flight, `--panel-balance`
+             usable, `--runs` pairs with the panel off and on in turn, each pair on one emulator seed: time to charge
+             90 % of usable, off ÷ on (goal >= 0.98), and the panel's frames and drawing time (a share of one core).
 """
 from __future__ import annotations
 
@@ -224,6 +227,38 @@ def seed(a: argparse.Namespace) -> None:
         print(f"    {who:6s}: 50% at {t50 or float('nan'):.1f} s, 90% at {t90 or float('nan'):.1f} s = {ratio}; "
               f"mean in flight until then {inflight:,.0f} ({inflight / 2000:.3f} of 2,000); charged ${charged:.2f} "
               f"({charged / usable:.3f} of usable), stop: {stop}, wall {wall:.0f} s", flush=True)
+
+
+def panel(a: argparse.Namespace) -> None:
+    from eagledata.generation.panel import LivePanel
+
+    usable = a.panel_balance
+    max_tokens = int(SEED_MAX_TOKENS / a.scale)
+    print(f"(f) the live panel: ${usable:g} usable, 2,000 in flight, max_tokens {max_tokens}, answers "
+          f"~{2400 / a.scale:.0f} tokens, speed {a.speed}, {a.runs} pairs (off, on)", flush=True)
+    ratios = []
+    for i in range(a.runs):
+        t90 = {}
+        for who in ("off", "on"):
+            emu_cfg = scaled_emulator(a.scale, a.speed, balance=usable, seed=a.seed + i)
+            with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
+                d = Path(tmp)
+                write_prompts(d, 60_000)
+                mon, panels = Monitor(emu.base_url, usable), []
+                view = (lambda snap: panels.append(LivePanel(snap, show=None)) or panels[0]) if who == "on" else None
+                cpu0, t0 = time.process_time(), time.monotonic()
+                s = asyncio.run(with_monitor(run_generation(config(d, emu.base_url, a.scale), view=view), mon))
+                wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
+            t90[who] = mon.reached.get(0.9, math.nan)
+            drawn = (f"; {panels[0].frames} frames, drawing {panels[0].busy_s:.1f} s = "
+                     f"{panels[0].busy_s / wall:.3f} of one core") if panels else ""
+            print(f"    pair {i + 1} panel {who:3s}: 90% charged at {t90[who]:.1f} s, wall {wall:.0f} s, "
+                  f"{s['run']['output_tokens'] / wall:,.0f} output tok/s, client CPU {cpu:.0f} s "
+                  f"({cpu / wall:.2f} cores), stop {s['stop_reason']}{drawn}", flush=True)
+        ratios.append(t90["off"] / t90["on"])
+        print(f"    pair {i + 1}: off ÷ on {ratios[-1]:.3f}", flush=True)
+    print(f"    throughput with the panel ÷ without (time to 90 % charged, off ÷ on): median "
+          f"{statistics.median(ratios):.3f}, min {min(ratios):.3f}, max {max(ratios):.3f}", flush=True)
 
 
 def background(a: argparse.Namespace) -> None:
@@ -525,7 +560,7 @@ def job(a: argparse.Namespace) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("which", choices=["seed", "background", "capacity", "capped", "abandon", "job", "cap-then-continue",
-                                      "all"])
+                                      "panel", "all"])
     ap.add_argument("--scale", type=float, default=4.0, help="answers this many times shorter, prices higher")
     ap.add_argument("--speed", type=float, default=1.5, help="emulator time scale (1 = the catalog's latencies)")
     ap.add_argument("--seed", type=int, default=1)
@@ -546,6 +581,7 @@ def main() -> int:
                     help="job: straggler_wait_s (the engine's default, 120 s, is for real answers of minutes)")
     ap.add_argument("--multi-turn", type=float, default=0.0,
                     help="job: this share of the prompts are conversations of 2-4 user turns (issue 31: 0.4)")
+    ap.add_argument("--panel-balance", type=float, default=30.0, help="panel: usable $ of each run")
     ap.add_argument("--save", help="job: write the run's summary and its answers' (latency, tokens) to this file")
     a = ap.parse_args()
     for name, fn in (("seed", seed), ("background", background), ("capacity", capacity), ("capped", capped),
@@ -554,6 +590,8 @@ def main() -> int:
             fn(a)
     if a.which == "cap-then-continue":
         cap_then_continue(a)
+    if a.which == "panel":
+        panel(a)
     return 0
 
 

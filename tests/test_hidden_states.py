@@ -1,6 +1,7 @@
 """Assembly and EAGLE-3 hidden-state extraction on CPU with tiny random models (vocabulary sized for Kimi ids)."""
 import gc
 import json
+import re
 import os
 import zipfile
 
@@ -981,6 +982,8 @@ def test_headless_extraction_logs_status_lines(models, samples, tmp_path, caplog
     lines = [r.getMessage() for r in caplog.records if r.name == "eagledata.hidden_states"]
     assert result.complete and 4 <= len(lines) <= len(samples) + 1  # ~1.2 s of batches at 0.2 s, + the final one
     assert all(line.startswith("hidden states set rank 0/1: ") and " tok/s | ETA " in line for line in lines)
+    assert all(re.search(r" \| memory cpu [\d.,]+/[\d.,]+ GB \| scoring \d+% of the time$", line.split(" | ended")[0])
+               for line in lines), lines[-1]  # the extraction scores by default, timed apart on this backend
     assert lines[-1].startswith(f"hidden states set rank 0/1: {total:,}/{total:,} tokens (100.0%), "
                                 f"{len(samples)}/{len(samples)} samples") and "ended after" in lines[-1]
 

@@ -2,8 +2,8 @@
 repository and does Run All on generate.ipynb against the emulator, first as a notebook beside the others in
 notebooks/, then as a papermill report in outputs/runs/ (which must continue its own work where it lies).
 
-Each time: the progress widget updates while the run goes, the stop reason and the report's plots render, no
-traceback; a screenshot goes to outputs/lab-test/. Without playwright or a Chromium they fail and say how to get
+Each time: the live panel shows while the run goes (with both datasets over a minute, it changes at least ten
+times), the stop reason and the report's plots render, no traceback; screenshots go to outputs/lab-test/. Without playwright or a Chromium they fail and say how to get
 them (`make test-lab` installs both): a browser test that skips would pass unseen. `make test` leaves them out
 (marker `lab`).
 """
@@ -148,11 +148,11 @@ def work() -> Path:
     return work
 
 
-def generate_parameters(emu, dataset: str, **more) -> dict:
+def generate_parameters(emu, dataset: str | list[str], **more) -> dict:
     """Small parameters, every path relative to the project root (they must mean the same from any folder)."""
-    return dict(dataset=dataset, datasets_file=f"{WORK}/params/datasets.yaml", params_dir=f"{WORK}/params",
-                output_dir=WORK, base_url=emu.base_url, concurrency=2, max_tokens=400, reserve_usd=0.0, limit=PROMPTS,
-                **more)
+    return {**dict(dataset=dataset, datasets_file=f"{WORK}/params/datasets.yaml", params_dir=f"{WORK}/params",
+                   output_dir=WORK, base_url=emu.base_url, concurrency=2, max_tokens=400, reserve_usd=0.0,
+                   limit=PROMPTS), **more}
 
 
 def records(dataset: str) -> int:
@@ -161,14 +161,19 @@ def records(dataset: str) -> int:
 
 
 # -- driving Lab ------------------------------------------------------------------------------------------
-PROGRESS = ".jp-OutputArea-output .widget-hbox"  # tqdm.notebook: description, bar, counts
+PANEL = ".jp-OutputArea-output .eagledata-live-panel"  # the run's live panel (generation/panel.py)
+WATCH = """els => els.map(p => ({
+    frame: (p.querySelector('img') || {}).src || '',
+    head: (p.querySelector('.widget-html') || p).innerText,
+    datasets: [...p.querySelectorAll('.eagledata-dataset')].map(e => e.innerText),
+    providers: [...p.querySelectorAll('table.eagledata-providers tbody tr th')].map(e => e.innerText)}))"""
 
 
 def run_all_in_lab(browser, lab, path: str, screenshot: Path) -> dict:
     """Open `path` (relative to the repository) in Lab, Run All, wait for the kernel to finish, save.
 
-    Returns what the browser showed: the progress widget's texts in order, the output text, how many images
-    rendered and any error outputs."""
+    Returns what the browser showed: the live panel's frames in order (each with its headline, dataset bars and
+    provider rows, while the run cell executed), the output text, how many images rendered and any error outputs."""
     url, token = lab
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     try:
@@ -179,14 +184,14 @@ def run_all_in_lab(browser, lab, path: str, screenshot: Path) -> dict:
                                ".some(e => /Idle/.test(e.textContent))", timeout=120_000)
         page.get_by_role("menuitem", name="Run", exact=True).click()
         page.get_by_role("menuitem", name=re.compile(r"^Run All Cells")).click()
-        seen: list[str] = []
+        frames: list[dict] = []
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            texts = page.eval_on_selector_all(PROGRESS, "els => els.map(e => e.innerText)")
-            if texts and (not seen or texts[-1] != seen[-1]):
-                seen.append(texts[-1])
-                if len(seen) == 2:  # the widget has moved once: show it running
-                    page.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-running.png")))
+            panels = page.eval_on_selector_all(PANEL, WATCH)
+            if panels and panels[-1]["frame"] and (not frames or panels[-1]["frame"] != frames[-1]["frame"]):
+                frames.append(panels[-1])
+                if len(frames) == 3:  # the panel has changed twice: show it running
+                    page.locator(PANEL).last.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-running.png")))
             prompts = page.eval_on_selector_all(".jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.innerText)")
             if prompts and all(re.fullmatch(r"\[\d+\]:", p.strip()) for p in prompts):
                 break
@@ -197,13 +202,15 @@ def run_all_in_lab(browser, lab, path: str, screenshot: Path) -> dict:
         page.keyboard.press("Control+s")
         time.sleep(1.0)
         shown = {
-            "progress": seen,
+            "frames": frames,
             "text": page.inner_text(".jp-NotebookPanel .jp-Notebook"),
             "images": page.locator(".jp-OutputArea-output img").count(),
             "errors": page.eval_on_selector_all('[data-mime-type="application/vnd.jupyter.error"], '
                                                 '.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]',
                                                 "els => els.map(e => e.innerText)"),
         }
+        if page.locator(PANEL).count():
+            page.locator(PANEL).last.screenshot(path=str(screenshot.with_name(f"{screenshot.stem}-panel.png")))
         page.locator(".jp-OutputArea-output img").last.scroll_into_view_if_needed()
         page.screenshot(path=str(screenshot))
         return shown
@@ -211,16 +218,20 @@ def run_all_in_lab(browser, lab, path: str, screenshot: Path) -> dict:
         page.close()
 
 
-def check_run(shown: dict, saved: Path) -> str:
-    """The widget moved, a stop reason and the plots showed, nothing failed; the saved notebook agrees."""
+def check_run(shown: dict, saved: Path, datasets: list[str]) -> str:
+    """The live panel showed and ended on the run's end, with a bar per dataset and the provider table; a stop
+    reason and the report's plots showed; nothing failed; the saved notebook agrees."""
     assert not shown["errors"], shown["errors"]
     assert "Traceback" not in shown["text"]
     stop = re.search(r"stop reason: (\w+)", shown["text"])
     assert stop, shown["text"][-2000:]
-    assert shown["images"] >= 1, "the report's plots did not render"
-    values = [re.search(r"(\d+)/(\d+)", t) for t in shown["progress"]]
-    counts = [int(m.group(1)) for m in values if m]
-    assert len(set(counts)) >= 2 and counts[-1] > counts[0], f"the progress widget did not move: {shown['progress']}"
+    assert shown["images"] >= 3, "the panel and the report's plots did not render"
+    frames = shown["frames"]
+    assert frames, "the live panel never showed"
+    last = frames[-1]
+    assert f"ended: {stop.group(1)}" in last["head"], last
+    assert [d.split()[0] for d in last["datasets"]] == datasets and all("%" in d for d in last["datasets"]), last
+    assert last["providers"], f"no provider rows in the panel's table: {last}"
     nb = json.loads(saved.read_text())
     outputs = [o for c in nb["cells"] for o in c.get("outputs", [])]
     assert not [o for o in outputs if o["output_type"] == "error"]
@@ -241,7 +252,7 @@ def test_generate_notebook_runs_in_lab(browser, lab, emu, work):
     try:
         shown = run_all_in_lab(browser, lab, "notebooks/lab-test-generate.ipynb",
                                work / "screenshots" / "generate-in-notebooks.png")
-        assert check_run(shown, copy) == "completed"
+        assert check_run(shown, copy, ["demo-a"]) == "completed"
         assert records("demo-a") == PROMPTS
         assert not (NOTEBOOK_DIR / "outputs").exists() and not (NOTEBOOK_DIR / "params").exists()
     finally:
@@ -260,7 +271,33 @@ def test_report_in_outputs_runs_continues_in_lab(browser, lab, emu, work):
     requests = emu.stats()["requests"]
     shown = run_all_in_lab(browser, lab, f"outputs/runs/{REPORT}",
                            work / "screenshots" / "report-in-outputs-runs.png")
-    assert check_run(shown, report) in ("max_spend_reached", "completed")
+    assert check_run(shown, report, ["demo-b"]) in ("max_spend_reached", "completed")
     assert records("demo-b") > before and emu.stats()["requests"] > requests
     runs = ROOT / "outputs" / "runs"
     assert not (runs / "outputs").exists() and not (runs / "params").exists()
+
+
+def test_live_panel_changes_while_two_datasets_run_in_lab(browser, lab, emu, work):
+    """Run All on generate.ipynb over two datasets for about a minute: the live panel appears and changes at least
+    ten times while the run cell executes, always with both datasets' bars and, once answers came, the provider
+    table; its last frame says how the run ended."""
+    copy = NOTEBOOK_DIR / "lab-test-generate-live.ipynb"
+    import papermill
+
+    papermill.execute_notebook(str(notebook_path("generate")), str(copy), generate_parameters(
+        emu, ["demo-a", "demo-b"], limit=None, concurrency=1, output_dir=f"{WORK}/live"),
+        prepare_only=True, progress_bar=False)
+    try:
+        t0 = time.monotonic()
+        shown = run_all_in_lab(browser, lab, f"notebooks/{copy.name}", work / "screenshots" / "live-panel.png")
+        took = time.monotonic() - t0
+        assert check_run(shown, copy, ["demo-a", "demo-b"]) == "completed"
+        frames = shown["frames"]
+        assert len(frames) >= 11, f"the panel changed {len(frames) - 1} times in {took:.0f} s"
+        assert all([d.split()[0] for d in f["datasets"]] == ["demo-a", "demo-b"] for f in frames)
+        running = [f for f in frames if f["head"].startswith("running")]
+        assert len(running) >= 10 and any(f["providers"] for f in running), frames[-3:]
+        assert all("ETA targets" in f["head"] for f in running)
+    finally:
+        copy.unlink(missing_ok=True)
+        (NOTEBOOK_DIR / ".ipynb_checkpoints" / f"{copy.stem}-checkpoint.ipynb").unlink(missing_ok=True)

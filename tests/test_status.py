@@ -151,18 +151,20 @@ def test_a_zero_interval_logs_nothing_periodic(interval):
     assert not log.maybe(lambda: "x")
 
 
-def test_widget_bars_one_per_dataset_and_one_for_the_run():
-    """Several datasets: a first bar over the run's output tokens, then one per dataset (tokens to its target,
-    or prompts without one); the bars follow the snapshots."""
-    from eagledata.generation.progress import Progress
+def test_extraction_progress_says_memory_per_device_and_the_scoring_share():
+    """hidden_states' progress: each device's memory in use, and the share of the time spent scoring where the
+    source times it apart (transformers), else where it happens (vLLM: inside the server's forward)."""
+    from eagledata.training.job import Progress as ExtractionProgress
 
-    run_stats = stats(1000)
-    ds = [DatasetSnapshot("B3", 10, 100, 400, 1000, 3, run_stats), DatasetSnapshot("B4", 20, 50, 600, None, 2, run_stats)]
-    snap = RunSnapshot(t=10.0, in_flight=5, limit=8, spent=0.5, stats=run_stats, datasets=ds)
-    view = Progress(snap)
-    assert view.total is not None and view.total.total is None  # B4 has no target: no total to reach
-    assert [(b.total, b.n) for b in view.bars] == [(1000, 400), (50, 20)]
-    later = [DatasetSnapshot("B3", 30, 100, 1200, 1000, 0, run_stats), DatasetSnapshot("B4", 50, 50, 900, None, 0,
-                                                                                        run_stats)]
-    view.close(RunSnapshot(t=20.0, in_flight=0, limit=8, spent=1.0, stats=run_stats, datasets=later))
-    assert [b.n for b in view.bars] == [1000, 50] and view.total.n == 2100
+    gpus = [("cuda:0", 61.2e9, 80e9), ("cuda:1", 59.0e9, 80e9)]
+    p = ExtractionProgress("set", "rank 0/1", "x", 1000, 10, show=False, interval_s=1.0, memory=lambda: gpus)
+    p.start -= 4.0  # four seconds in
+    p.advance(100, 1, scored=True, scoring_s=0.5)
+    p.advance(100, 1, scored=True, scoring_s=0.5)
+    assert p.line().endswith(" | memory cuda:0 61.2/80.0 GB, cuda:1 59.0/80.0 GB | scoring 25% of the time")
+    served = ExtractionProgress("set", "rank 0/1", "x", 1000, 10, show=False, interval_s=1.0, memory=lambda: gpus[:1])
+    served.advance(100, 1, scored=True)
+    assert served.line().endswith(" | memory cuda:0 61.2/80.0 GB | scoring in the server's forward (not timed apart)")
+    unscored = ExtractionProgress("set", "rank 0/1", "x", 1000, 10, show=False, interval_s=1.0, memory=lambda: gpus[:1])
+    unscored.advance(100, 1)
+    assert unscored.line().endswith(" | no scoring")

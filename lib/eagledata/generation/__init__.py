@@ -8,13 +8,14 @@ from .engine import GenerateConfig, generate, run_generation
 from .fidelity import FidelityJudge, ignore_suspects
 from .pacing import Pacing
 from .prompts import Prompt, load_prompts, scan_prompts
-from .report import (dataset_rows, dataset_summaries, datasets_table, plot_datasets, plot_run, record_stats,
-                     summary_table, without_timelines)
+from .report import (RunHealth, dataset_rows, dataset_summaries, datasets_table, plot_datasets, plot_health,
+                     plot_records, provider_table, record_stats, summary_table, without_timelines)
 from .store import Store, StoreLocked
 
 __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
            "ContentLengths", "PromptTurns",
            "Store", "StoreLocked", "generate", "get_dataset", "ignore_suspects", "load_datasets", "load_prompts",
            "Pacing", "dataset_rows", "dataset_summaries", "datasets_table", "plot_datasets", "without_timelines",
-           "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan", "plot_run",
+           "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan", "plot_health",
+           "plot_records", "provider_table", "RunHealth",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "write_targets"]

@@ -363,6 +363,11 @@ class Plan:
     def targets(self) -> dict[str, int]:
         return {d.name: d.target_output_tokens for d in self.datasets}
 
+    @property
+    def planned_usd(self) -> dict[str, float]:
+        """What each target is expected to cost (the run draws it as its planned spend line)."""
+        return {d.name: d.total_usd for d in self.datasets}
+
     def frame(self):
         import pandas as pd
 

@@ -1,4 +1,5 @@
-"""The datasets file (`params/datasets.yaml`): `<name>: {prompts: <path>, target_output_tokens: <int>}`."""
+"""The datasets file (`params/datasets.yaml`): `<name>: {prompts: <path>, target_output_tokens: <int>}`, and the
+budget plan's `planned_usd` (what its target is expected to cost) where budget.ipynb wrote the targets."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ class DatasetSpec:
     name: str
     prompts: Path
     target_output_tokens: int | None
+    planned_usd: float | None = None  # the budget plan's expected $ for the target (the run's planned spend line)
 
 
 def _resolve(base: Path, p: str) -> Path:
@@ -45,7 +47,11 @@ def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:
         target = entry.get("target_output_tokens")
         if target is not None and (not isinstance(target, int) or isinstance(target, bool) or target <= 0):
             raise InputError("must be a positive integer", path, field=f"{name}.target_output_tokens")
-        specs[str(name)] = DatasetSpec(str(name), _resolve(path.parent, entry["prompts"]), target)
+        planned = entry.get("planned_usd")
+        if planned is not None and (not isinstance(planned, (int, float)) or isinstance(planned, bool) or planned < 0):
+            raise InputError("must be a non-negative number", path, field=f"{name}.planned_usd")
+        specs[str(name)] = DatasetSpec(str(name), _resolve(path.parent, entry["prompts"]), target,
+                                       None if planned is None else float(planned))
     return specs
 
 
@@ -65,8 +71,10 @@ def select_datasets(path: str | Path, dataset: str | list[str]) -> list[DatasetS
     return [specs[name] for name in names]
 
 
-def write_targets(path: str | Path, targets: dict[str, int], note: str = "") -> Path:
-    """Set `target_output_tokens` per dataset, keeping every other entry and field as it was."""
+def write_targets(path: str | Path, targets: dict[str, int], note: str = "",
+                  planned_usd: dict[str, float] | None = None) -> Path:
+    """Set `target_output_tokens` (and the plan's `planned_usd`) per dataset, keeping every other entry and field
+    as it was."""
     path = Path(path)
     raw: dict[str, Any] = yaml.safe_load(path.read_text()) or {}
     unknown = set(targets) - set(raw)
@@ -74,5 +82,7 @@ def write_targets(path: str | Path, targets: dict[str, int], note: str = "") -> 
         raise InputError(f"datasets not in the file: {sorted(unknown)}", path)
     for name, tokens in targets.items():
         raw[name]["target_output_tokens"] = int(tokens)
+        if planned_usd is not None and name in planned_usd:
+            raw[name]["planned_usd"] = round(float(planned_usd[name]), 4)
     header = f"# target_output_tokens last set by budget.ipynb{': ' + note if note else ''}\n"
     return atomic_write_text(path, header + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))

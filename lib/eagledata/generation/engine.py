@@ -49,6 +49,7 @@ from .fidelity import FidelityJudge
 from .pacing import Pacing
 from .policy import ERROR_PREFIX, Rule, StopReason, error_stop, fatal_stop, retry_delay, rule
 from .progress import (DatasetSnapshot, ProgressView, RunSnapshot, RunStats, dataset_summary, make_progress,
+                       merge_provider_health, merge_timelines,
                        run_figures, run_summary)
 from .prompts import Prompt, PromptScan, scan_prompts
 from .recording import build_record
@@ -58,6 +59,7 @@ from .turns import Conversation, Turn, TurnsMode, later_turn_ids
 
 log = logging.getLogger("eagledata.generate")
 
+ViewFactory = Callable[[RunSnapshot], ProgressView]  # what shows a run, from its first snapshot
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
 PRIOR_PROMPT_TOKENS = 500  # the prompt side of the cost prior (small next to the answer)
 NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
@@ -104,7 +106,7 @@ class GenerateConfig(Settings):
     account_refresh_s: float = setting(10.0, "seconds between account readings (/key usage, /credits)")
     account_lag_s: float = setting(5.0, "how far the account's usage may lag behind its answers")
     provider_cooldown_s: float = setting(30.0, "a provider answering mostly 429s is left out this long")
-    progress: bool = setting(True, "a widget bar in JupyterLab, else a status line through logging")
+    progress: bool = setting(True, "a live panel in JupyterLab (throughput, spend, datasets, providers), else a status line through logging")
     status_interval_s: float = shared("status_interval_s")
 
     def __post_init__(self) -> None:
@@ -150,6 +152,7 @@ class _Item:  # a turn on its way: due time and sequence order the retry heap
     bound: float = field(default=0.0, compare=False)      # the most one attempt can cost
     last_error: dict | None = field(default=None, compare=False)
     started: bool = field(default=False, compare=False)   # this attempt was sent (pacing counts it in flight)
+    sent_at: float = field(default=0.0, compare=False)    # when this attempt was sent (its latency)
     requeue: bool = field(default=False, compare=False)   # to the retry heap once its worker lets go of it
     avoid: set[str] = field(default_factory=set, compare=False)  # providers that refused this prompt's answer
 
@@ -164,6 +167,7 @@ class DatasetRun:
     scan: PromptScan
     target: int | None
     turns: TurnsMode = "all"
+    planned_usd: float | None = None  # the budget plan's $ for its target (None: no plan, or another target)
     prompts: Iterator[Prompt] = field(init=False)
     exhausted: bool = False
     ready: deque[Turn] = field(default_factory=deque)     # next turns, answered at once, ahead of new conversations
@@ -329,7 +333,7 @@ class Run:
                     scan = scan_prompts(spec.prompts, store.finished, cfg.limit,  # every bad line named first
                                         turn_ids=functools.partial(later_turn_ids, turns=cfg.turns))
                     lanes.append(DatasetRun(name, store, scan, cfg.target_output_tokens or spec.target_output_tokens,
-                                            cfg.turns))
+                                            cfg.turns, None if cfg.target_output_tokens else spec.planned_usd))
                 except BaseException:
                     store.close()
                     raise
@@ -559,7 +563,8 @@ class Run:
         if ticket is None:
             return  # unfinished: the next run issues it again
         async with self.cond:
-            pace = self.pacing.start(item.lane.name, time.monotonic())
+            item.sent_at = time.monotonic()
+            pace = self.pacing.start(item.lane.name, item.sent_at)
             item.started = True
         body = build_request(self.cfg.model, item.turn.messages, max_tokens=self.cfg.max_tokens,
                              temperature=self.cfg.temperature, provider=self._provider(item), backend=self.cfg.backend)
@@ -602,6 +607,8 @@ class Run:
         self.congestion.observe(now, r.rate_limited)
         provider = outcome.completion.provider if outcome.completion is not None else outcome.provider
         self.cooldown.observe(now, provider, r.rate_limited)
+        item.lane.stats.attempt(provider, ok=outcome.completion is not None, rate_limited=r.rate_limited,
+                                latency_s=now - item.sent_at)
         return r
 
     async def _record(self, item: _Item, outcome: Outcome, ticket: int, pace: int) -> None:
@@ -730,15 +737,26 @@ class Run:
             for w in workers:
                 w.cancel()
 
-    def _sample(self) -> None:
+    def _sample(self, final: bool = False) -> None:
+        """A point of the timelines. The final one holds what the summaries hold: the account's delta (not the
+        books, which keep abandoned stragglers at their bound until the account says what they cost)."""
         now = time.monotonic() - self.t0
-        spent = self.books.spent()
+        spent = self._snapshot(final).spent
         self.totals().sample(now, spent, self.in_flight, self.congestion.allowed)
         for lane in self.lanes.values():  # one dataset alone: the run's reconciled spend, as before
-            lane.stats.sample(now, spent if self.single else lane.stats.booked_usd, lane.stats.in_flight,
+            lane.stats.sample(now, spent if self.single else self._lane_spent(lane, final), lane.stats.in_flight,
                               self.congestion.allowed)
-        if self.progress is not None:
+        if self.progress is not None and not final:
             self.progress.update(self._snapshot())
+
+    def _lane_spent(self, lane: DatasetRun, final: bool) -> float:
+        """One dataset's money in a run over several: what its answers were booked at, and at the end its share
+        of the account's delta, apportioned by that."""
+        charged = self.books.charged_usd
+        if not final or charged is None:
+            return lane.stats.booked_usd
+        total = sum(other.stats.booked_usd for other in self.lanes.values())
+        return charged * lane.stats.booked_usd / total if total else 0.0
 
     def _snapshot(self, final: bool = False) -> RunSnapshot:
         """Where the run stands. The final one reports what the summary reports: the account's delta."""
@@ -746,20 +764,27 @@ class Run:
         if final and self.books.charged_usd is not None:
             spent = self.books.charged_usd
         limit = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd) if self.paid else float("inf")
+        usable = self.books.limit(None, self.cfg.reserve_usd) if self.paid else float("inf")
         t = time.monotonic() - self.t0
         return RunSnapshot(t=t, in_flight=self.in_flight, limit=self.congestion.allowed, spent=spent,
                            cap=self.cfg.max_spend_usd, money_limit=limit, foreign=self.books.foreign_usd,
-                           suspects=self.fidelity.suspect_headlines(),
+                           suspects=self.fidelity.suspect_headlines(), usable=usable,
+                           verdicts={name: p.verdict for name, p in self.fidelity.providers.items()},
+                           planned_usd_per_m=self._planned_per_m(),
+                           stop_reason=(self.stop_reason or StopReason.COMPLETED) if final else None,
                            stats=self.totals(), datasets=[DatasetSnapshot(
                                name=lane.name, done=lane.store.conversations_finished,
                                total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,
                                in_flight=lane.stats.in_flight, stats=lane.stats, done_before=lane.done_before,
                                tokens_before=lane.tokens_before) for lane in self.lanes.values()])
 
-    async def execute(self, clients: ClientPool) -> dict[str, Any]:
+    async def execute(self, clients: ClientPool, view: ViewFactory | None = None) -> dict[str, Any]:
         """Run to the end; every dataset's summary.json is written, and the run's summary returned (for one
-        dataset named alone, that dataset's summary)."""
-        if self.cfg.progress:
+        dataset named alone, that dataset's summary). `view` makes what shows the run (else `cfg.progress` picks
+        the live panel or status lines)."""
+        if view is not None:
+            self.progress = view(self._snapshot())
+        elif self.cfg.progress:
             self.progress = make_progress(self._snapshot(), interval_s=self.cfg.status_interval_s)
         workers = [asyncio.ensure_future(self.worker(clients[i])) for i in range(self.cfg.concurrency)]
         ticker = asyncio.ensure_future(self._ticker(clients[0], workers))
@@ -785,19 +810,23 @@ class Run:
             for lane in self.lanes.values():
                 if not lane.finished:
                     lane.stop_reason = self.stop_reason or StopReason.COMPLETED
-            self._sample()
-            if self.progress is not None:
-                self.progress.close(self._snapshot(final=True))
+            self._sample(final=True)
             self.pool.shutdown(wait=True)
             for lane in self.lanes.values():
                 lane.store.sync()
-        summaries = {}
-        for lane in self.lanes.values():
-            summaries[lane.name] = self._dataset_summary(lane)
-            lane.store.write_summary(summaries[lane.name])
+        summary = None
+        try:
+            summaries = {}
+            for lane in self.lanes.values():
+                summaries[lane.name] = self._dataset_summary(lane)
+                lane.store.write_summary(summaries[lane.name])
+            summary = summaries[self.cfg.dataset] if self.single else self._run_summary(summaries)
+        finally:
+            if self.progress is not None:  # the last frame: the report's figure, drawn from the summary
+                self.progress.close(self._snapshot(final=True), summary)
         if cancelled is not None:
             raise cancelled
-        return summaries[self.cfg.dataset] if self.single else self._run_summary(summaries)
+        return summary
 
     def _on_signal(self) -> None:
         """First signal: stop issuing, let in-flight requests finish (up to drain_timeout_s).
@@ -831,7 +860,16 @@ class Run:
         return {"max_spend_usd": self.cfg.max_spend_usd, "reserve_usd": self.cfg.reserve_usd,
                 "balance_start_usd": self.balance_start, "budget_mode": self.cfg.budget_mode,
                 "concurrency": self.cfg.concurrency, "max_tokens": self.cfg.max_tokens, "turns": self.cfg.turns,
-                "cheapest_eligible_usd_per_m_output": cheapest.completion_per_m if cheapest else None}
+                "cheapest_eligible_usd_per_m_output": cheapest.completion_per_m if cheapest else None,
+                "planned_usd_per_m_output": self._planned_per_m()}
+
+    def _planned_per_m(self) -> float | None:
+        """The budget plan's $ per million output tokens over this run's targets: the spend line it expects (None
+        when a dataset with a target has no plan)."""
+        planned = [(lane.planned_usd, lane.target) for lane in self.lanes.values() if lane.target is not None]
+        if not planned or any(usd is None for usd, _ in planned):
+            return None
+        return round(1e6 * sum(usd for usd, _ in planned) / sum(t for _, t in planned), 4)
 
     def _common(self, wall: float) -> dict[str, Any]:
         return {"model": self.cfg.model, "base_url": self.cfg.base_url, "backend": self.cfg.backend,
@@ -844,9 +882,8 @@ class Run:
         wall = time.monotonic() - self.t0
         charged = self.books.charged_usd
         if charged is not None and not self.single:
-            total = sum(other.stats.booked_usd for other in self.lanes.values())
-            charged = charged * lane.stats.booked_usd / total if total else 0.0
-        return {**dataset_summary(
+            charged = self._lane_spent(lane, final=True)
+        summary = {**dataset_summary(
             lane.name, lane.store, lane.stats, common=self._common(wall), stop_reason=lane.stop_reason,
             fatal=self.fatal.error_dict() if self.fatal else None, prompts=lane.scan.total, target=lane.target,
             figures=run_figures(lane.stats, wall_s=wall, charged=charged,
@@ -857,6 +894,17 @@ class Run:
                    **({"shared_with": [n for n in self.lanes if n != lane.name]} if not self.single else {})},
             routing={"provider": self.routing.provider, "source": self.routing.source}),
             "fidelity": lane.fidelity.summary(verdicts=self.fidelity)}
+        return self._carried(summary, [lane.summary_before or {}])
+
+    def _carried(self, summary: dict[str, Any], before: list[dict[str, Any]]) -> dict[str, Any]:
+        """An idle run (nothing to send: a finished report run again) keeps the timeline and provider health of
+        the run that did the work, so the report, and the panel's last frame, show that run, not an empty one."""
+        if not self.idle:
+            return summary
+        summary["timeline"] = merge_timelines([b.get("timeline") or [] for b in before])
+        summary["run"]["provider_health"] = merge_provider_health(
+            [(b.get("run") or {}).get("provider_health") or {} for b in before])
+        return summary
 
     def _money_extra(self) -> dict[str, Any]:
         return {"foreign_usd": round(self.books.foreign_usd, 8), "money_left": self.money_left}
@@ -868,7 +916,7 @@ class Run:
     def _run_summary(self, summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
         wall = time.monotonic() - self.t0
         totals = self.totals()
-        return {**run_summary(list(self.lanes), summaries, totals, common=self._common(wall),
+        summary = {**run_summary(list(self.lanes), summaries, totals, common=self._common(wall),
                            stop_reason=self.stop_reason or StopReason.COMPLETED,
                            fatal=self.fatal.error_dict() if self.fatal else None,
                            figures=run_figures(totals, wall_s=wall, charged=self.books.charged_usd,
@@ -876,7 +924,8 @@ class Run:
                            settings=self._run_settings(),
                            extra={**self._money_extra(), "concurrency_changes": self._concurrency_changes()},
                            routing={"provider": self.routing.provider, "source": self.routing.source}),
-                "fidelity": self.fidelity.summary()}
+                   "fidelity": self.fidelity.summary()}
+        return self._carried(summary, list(summaries.values()))
 
 
 def _install_signal_handlers(callback: Callable[[], None]) -> Callable[[], None]:
@@ -901,16 +950,17 @@ def _install_signal_handlers(callback: Callable[[], None]) -> Callable[[], None]
     return restore
 
 
-async def run_generation(cfg: GenerateConfig, *, complete_fn: CompleteFn = complete) -> dict[str, Any]:
+async def run_generation(cfg: GenerateConfig, *, complete_fn: CompleteFn = complete,
+                         view: ViewFactory | None = None) -> dict[str, Any]:
     """Generate one dataset, or several in one pool on one budget; returns the summary (one dataset named alone:
     its summary.json; otherwise the run's, with each dataset's inside). Every input error is raised before the
     first completion request; a fatal API error (bad key, no endpoints) is raised after the summaries are
-    written. `complete_fn` sends one request (tests and benches wrap it)."""
+    written. `complete_fn` sends one request, `view` shows the run (tests and benches pass their own)."""
     key = resolve_api_key(cfg.base_url, cfg.api_key_env, cfg.backend)
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
         run = await Run.start(cfg, clients[0], api_key=key, complete_fn=complete_fn)
         try:
-            summary = await run.execute(clients)
+            summary = await run.execute(clients, view)
         finally:
             run.close()
     if run.fatal is not None:

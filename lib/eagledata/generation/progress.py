@@ -1,10 +1,11 @@
-"""What a run counts and shows: counters, the timeline for the report's plots, and its progress: a widget bar
-in JupyterLab, else a status line every `status_interval_s` through `logging` (papermill, the command)."""
+"""What a run counts and shows: counters, the timeline for the report's plots, and its progress: the live panel
+in JupyterLab (panel.py), else a status line every `status_interval_s` through `logging` (papermill, the command)."""
 from __future__ import annotations
 
 import math
+import statistics
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -12,6 +13,68 @@ from ..records import Record, Usage
 from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
 
 TIMELINE_COLUMNS = ["t_s", "recorded", "output_tokens", "spend_usd", "in_flight", "limit"]
+TIMELINE_POINTS = 2000  # a summary's timeline is thinned to this many samples, first and last kept
+LATENCY_WINDOW = 500    # a provider's median latency is over its last this many attempts: how it serves now
+
+
+@dataclass
+class ProviderStats:
+    """How one provider serves this run: its attempts, answers, errors (429s among them) and recent latencies."""
+
+    attempts: int = 0
+    answers: int = 0
+    errors: int = 0
+    rate_limited: int = 0
+    latencies: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
+
+    def add(self, other: "ProviderStats") -> None:
+        self.attempts += other.attempts
+        self.answers += other.answers
+        self.errors += other.errors
+        self.rate_limited += other.rate_limited
+        self.latencies = deque([*self.latencies, *other.latencies])  # a run's total: every dataset's window
+
+    def figures(self) -> dict[str, Any]:
+        """summary.json's `run.provider_health[<provider>]`."""
+        return {"attempts": self.attempts, "answers": self.answers, "errors": self.errors,
+                "rate_limited": self.rate_limited,
+                "median_latency_s": round(statistics.median(self.latencies), 3) if self.latencies else None}
+
+
+def merge_timelines(timelines: list[list[list[float]]]) -> list[list[float]]:
+    """The run's timeline from its datasets' (sampled at the same ticks): counts, tokens, $ and requests in flight
+    added up, the limit the pool's. Datasets whose samples do not line up (they ran apart) give none."""
+    timelines = [tl for tl in timelines if tl]
+    if not timelines or len({len(tl) for tl in timelines}) != 1:
+        return []
+    return [[rows[0][0], *(sum(r[i] for r in rows) for i in range(1, 5)), rows[0][5]] for rows in zip(*timelines)]
+
+
+def merge_provider_health(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The run's provider health from its datasets': counts added up, the median latency the attempts-weighted
+    mean of theirs (their samples are gone)."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for name, h in part.items():
+            o = out.setdefault(name, {"attempts": 0, "answers": 0, "errors": 0, "rate_limited": 0, "_lat": []})
+            for k in ("attempts", "answers", "errors", "rate_limited"):
+                o[k] += h[k]
+            if h.get("median_latency_s") is not None:
+                o["_lat"].append((h["median_latency_s"], h["attempts"]))
+    for o in out.values():
+        lat = o.pop("_lat")
+        total = sum(w for _, w in lat)
+        o["median_latency_s"] = round(sum(m * w for m, w in lat) / total, 3) if total else None
+    return dict(sorted(out.items()))
+
+
+def thin(timeline: list[list[float]], n: int = TIMELINE_POINTS) -> list[list[float]]:
+    """At most `n` samples of a timeline, evenly spread, the first and the last kept: a long run's report shows
+    the whole run (not its last `n` samples), and the live panel and the summary thin alike."""
+    if len(timeline) <= n:
+        return list(timeline)
+    step = (len(timeline) - 1) / (n - 1)
+    return [timeline[round(i * step)] for i in range(n)]
 
 
 @dataclass
@@ -21,6 +84,7 @@ class RunStats:
     providers: Counter = field(default_factory=Counter)
     finish: Counter = field(default_factory=Counter)
     turns: Counter = field(default_factory=Counter)       # records by turn number
+    by_provider: dict[str, ProviderStats] = field(default_factory=dict)  # attempts that reached a provider
     output_tokens: int = 0
     prompt_tokens: int = 0
     reasoning_tokens: int = 0
@@ -40,6 +104,8 @@ class RunStats:
                                  (total.finish, p.finish), (total.turns, p.turns)):
                 mine.update(theirs)
             total.agreement.extend(p.agreement)
+            for name, ps in p.by_provider.items():
+                total.by_provider.setdefault(name, ProviderStats()).add(ps)
             for name in ("output_tokens", "prompt_tokens", "reasoning_tokens", "recorded_usd", "in_flight",
                          "booked_usd", "abandoned"):
                 setattr(total, name, getattr(total, name) + getattr(p, name))
@@ -56,6 +122,16 @@ class RunStats:
         self.turns[record.turn] += 1
         if "retokenized_agreement" in record.meta:
             self.agreement.append(record.meta["retokenized_agreement"])
+
+    def attempt(self, provider: str | None, *, ok: bool, rate_limited: bool, latency_s: float) -> None:
+        """An attempt ended: `ok`, an answer came (kept, or refused on its content). Attempts no provider answered
+        (a connection error before routing) count under "-"."""
+        ps = self.by_provider.setdefault(provider or "-", ProviderStats())
+        ps.attempts += 1
+        ps.answers += ok
+        ps.errors += not ok
+        ps.rate_limited += rate_limited
+        ps.latencies.append(latency_s)
 
     def sample(self, t: float, spent: float, in_flight: int, limit: int) -> None:
         self.timeline.append([round(t, 2), self.counts["recorded"], self.output_tokens, round(spent, 6), in_flight,
@@ -105,20 +181,39 @@ class RunSnapshot:
     money_limit: float = math.inf  # what this run may spend: min(cap, balance - reserve)
     foreign: float = 0.0          # usage on the account this run did not book (another spender)
     suspects: tuple[str, ...] = ()  # providers left out for good: their answers are not the model's (fidelity.py)
+    usable: float = math.inf      # what the balance allows above the reserve (the money's end without a cap)
+    verdicts: dict[str, str] = field(default_factory=dict)  # provider -> fidelity verdict
+    planned_usd_per_m: float | None = None  # the budget plan's $ per M output tokens (its spend line)
+    stop_reason: str | None = None  # set on the final snapshot
 
 
 class ProgressView(Protocol):
     def update(self, snap: RunSnapshot) -> None: ...
 
-    def close(self, snap: RunSnapshot) -> None: ...
+    def close(self, snap: RunSnapshot, summary: dict[str, Any] | None = None) -> None:
+        """The run ended: `snap` is its last state, `summary` what it returns (None when it failed first)."""
 
 
-def _money_eta(snap: RunSnapshot, eta: float | None) -> tuple[float | None, str]:
+def run_etas(snap: RunSnapshot) -> tuple[float | None, float | None]:
+    """(seconds to the work's end, seconds to the money's end), each at this run's mean rate so far: the work is
+    the slowest dataset's prompts, or output tokens when it stops at a target; None where there is no rate yet
+    or no limit."""
+    if len(snap.datasets) == 1:
+        work = _head(snap.datasets[0], snap.t)[1]
+    else:
+        etas = [_head(d, snap.t)[1] for d in snap.datasets if d.share < 1]
+        work = max((e for e in etas if e is not None), default=None) if etas else 0.0
+    money = None
     if math.isfinite(snap.money_limit) and snap.spent > 0 and snap.t > 0:
-        money_eta = max(snap.money_limit - snap.spent, 0.0) * snap.t / snap.spent
-        if eta is None or money_eta < eta:
-            return money_eta, " (money)"
-    return eta, ""
+        money = max(snap.money_limit - snap.spent, 0.0) * snap.t / snap.spent
+    return work, money
+
+
+def _sooner(work: float | None, money: float | None) -> tuple[float | None, str]:
+    """The ETA to show, and " (money)" when the money ends first."""
+    if money is not None and (work is None or money < work):
+        return money, " (money)"
+    return work, ""
 
 
 def _head(d: DatasetSnapshot, t: float) -> tuple[str, float | None]:
@@ -138,16 +233,14 @@ def status_line(snap: RunSnapshot) -> str:
     money left, each at this run's mean rate so far; for several datasets, the slowest dataset's."""
     if len(snap.datasets) == 1:
         d = snap.datasets[0]
-        who, (head, eta) = d.name, _head(d, snap.t)
+        who, head = d.name, _head(d, snap.t)[0]
     else:
-        etas = [_head(d, snap.t)[1] for d in snap.datasets if d.share < 1]
-        eta = max((e for e in etas if e is not None), default=None) if etas else 0.0
         tokens, done = sum(d.tokens for d in snap.datasets), sum(d.done for d in snap.datasets)
         targets = [d.target for d in snap.datasets if d.target is not None]
         who = f"{len(snap.datasets)} datasets"
         head = (f"{tokens:,}/{sum(targets):,} output tokens" if len(targets) == len(snap.datasets)
                 else f"{tokens:,} output tokens") + f", {done:,}/{sum(d.total_prompts for d in snap.datasets):,} prompts"
-    eta, why = _money_eta(snap, eta)
+    eta, why = _sooner(*run_etas(snap))
     cap = f" of ${snap.cap:,.2f} cap" if snap.cap is not None else ""
     other = f" | other spending on this key ${snap.foreign:,.4f}" if snap.foreign else ""
     line = (f"{who}: {head} | {snap.stats.output_tokens / max(snap.t, 1e-9):,.0f} output tok/s | "
@@ -158,52 +251,6 @@ def status_line(snap: RunSnapshot) -> str:
     if snap.suspects:
         line += f" | left out as fidelity suspects: {', '.join(snap.suspects)}"
     return line
-
-
-class Progress:
-    """tqdm widget bars (JupyterLab): one per dataset over prompts (or output tokens, when it stops at a token
-    target), and for several datasets a first bar over the run's output tokens."""
-
-    def __init__(self, snap: RunSnapshot):
-        from tqdm.auto import tqdm
-
-        self.total = None
-        if len(snap.datasets) > 1:
-            targets = [d.target for d in snap.datasets]
-            total = sum(targets) if all(t is not None for t in targets) else None
-            self.total = tqdm(total=total, initial=sum(d.tokens for d in snap.datasets), unit="tok", unit_scale=True,
-                              desc=f"{len(snap.datasets)} datasets, output tokens", dynamic_ncols=True)
-        self.bars = []
-        for d in snap.datasets:
-            if d.target is not None:
-                bar = tqdm(total=d.target, initial=min(d.tokens, d.target), unit="tok", unit_scale=True,
-                           desc=f"{d.name} output tokens", dynamic_ncols=True)
-            else:
-                bar = tqdm(total=d.total_prompts, initial=d.done, unit="prompt", desc=f"{d.name} prompts",
-                           dynamic_ncols=True)
-            self.bars.append(bar)
-
-    def update(self, snap: RunSnapshot) -> None:
-        cap_s = f"/{snap.cap:g}" if snap.cap else ""
-        for bar, d in zip(self.bars, snap.datasets):
-            now = d.tokens if d.target is not None else d.done
-            bar.n = min(now, bar.total or now)
-            bar.set_postfix_str(f"done {d.done:,}/{d.total_prompts:,} | in flight {d.in_flight} | "
-                                f"{d.stats.describe_errors()}", refresh=False)
-        head = self.total if self.total is not None else self.bars[0]
-        if self.total is not None:
-            tokens = sum(d.tokens for d in snap.datasets)
-            self.total.n = min(tokens, self.total.total or tokens)
-        head.set_postfix_str(
-            f"{snap.stats.output_tokens / max(snap.t, 1e-9):,.0f} tok/s | in flight {snap.in_flight}/{snap.limit} | "
-            f"${snap.spent:,.2f}{cap_s} | {snap.stats.describe_errors()}", refresh=False)
-        for bar in ([self.total] if self.total is not None else []) + self.bars:
-            bar.refresh()
-
-    def close(self, snap: RunSnapshot) -> None:
-        self.update(snap)
-        for bar in ([self.total] if self.total is not None else []) + self.bars:
-            bar.close()
 
 
 class StatusLines:
@@ -217,14 +264,18 @@ class StatusLines:
     def update(self, snap: RunSnapshot) -> None:
         self.log.maybe(lambda: status_line(snap))
 
-    def close(self, snap: RunSnapshot) -> None:
+    def close(self, snap: RunSnapshot, summary: dict[str, Any] | None = None) -> None:
         self.log.emit(status_line(snap) + f" | ended after {duration(snap.t)}")
 
 
 def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None = None) -> ProgressView:
-    """The bars where a widget frontend shows them, else status lines."""
+    """The live panel where a widget frontend shows it (JupyterLab), else status lines."""
     if widget_frontend() if widget is None else widget:
-        return Progress(snap)
+        from IPython.display import display
+
+        from .panel import LivePanel
+
+        return LivePanel(snap, show=display)
     return StatusLines(interval_s=interval_s)
 
 
@@ -250,6 +301,7 @@ def _run_counts(s: RunStats) -> dict[str, Any]:
 
 def _run_tail(s: RunStats) -> dict[str, Any]:
     return {"errors": dict(s.errors), "providers": dict(s.providers), "finish_reasons": dict(s.finish),
+            "provider_health": {name: ps.figures() for name, ps in sorted(s.by_provider.items())},
             "by_turn": {str(t): n for t, n in sorted(s.turns.items())},
             "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None}
 
@@ -269,7 +321,7 @@ def dataset_summary(name: str, store: Any, stats: RunStats, *, common: dict[str,
         "run": {**_run_counts(stats), **figures, **settings, **_run_tail(stats), **extra,
                 "target_met_s": None if target_met_s is None else round(target_met_s, 1),
                 "torn_bytes_repaired": store.torn_bytes, "done_before": done_before},
-        "routing": routing, "timeline_columns": TIMELINE_COLUMNS, "timeline": stats.timeline[-2000:],
+        "routing": routing, "timeline_columns": TIMELINE_COLUMNS, "timeline": thin(stats.timeline),
     }
 
 
@@ -287,5 +339,5 @@ def run_summary(names: list[str], summaries: dict[str, dict[str, Any]], stats: R
         "prompts": sum(s["prompts"] for s in per), "remaining": sum(s["remaining"] for s in per),
         "target_output_tokens": sum(targets) if all(t is not None for t in targets) else None,
         "run": {**_run_counts(stats), **figures, **settings, **_run_tail(stats), **extra},
-        "routing": routing, "timeline_columns": TIMELINE_COLUMNS, "timeline": stats.timeline[-2000:],
+        "routing": routing, "timeline_columns": TIMELINE_COLUMNS, "timeline": thin(stats.timeline),
     }

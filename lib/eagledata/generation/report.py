@@ -1,11 +1,22 @@
-"""The run report of generate.ipynb: tables and plots from the run's summary and the records."""
+"""The run report of generate.ipynb: tables and plots from the run's summary and the records.
+
+The run's health (throughput, spend, datasets, providers, errors, ETA) is one `RunHealth`, read from a summary
+(the report) or from a live snapshot (the panel a run shows while it goes, panel.py): both draw the same figure and
+table from it, so the panel's last frame is the report's figure."""
 from __future__ import annotations
 
+import bisect
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from ..files import iter_jsonl
 from ..paths import DatasetFiles
 from ..records import output_tokens
+from ..status import duration
+from .progress import TIMELINE_COLUMNS, RunSnapshot, run_etas, thin
+
+RATE_WINDOW_S = 5.0  # throughput is over at least this long (a sample right after the last is not a rate)
 
 
 def dataset_summaries(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -123,44 +134,164 @@ def _usd(x: float | None) -> str:
     return "-" if x is None else f"${x:,.4f}"
 
 
-def plot_run(summary: dict[str, Any], stats):
-    """Throughput and spend over time, provider mix, finish reasons, output lengths, error classes."""
-    import matplotlib.pyplot as plt
+def plot_records(stats):
+    """What the records say: how answers ended, and output lengths (the run's health is `plot_health`)."""
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
-    cols = summary["timeline_columns"]
-    tl = summary["timeline"]
-    t = [row[cols.index("t_s")] for row in tl]
-    tokens = [row[cols.index("output_tokens")] for row in tl]
-    spend = [row[cols.index("spend_usd")] for row in tl]
-    rate = [0.0] + [(b - a) / max(tb - ta, 1e-9) for a, b, ta, tb in zip(tokens, tokens[1:], t, t[1:])]
-    ax = axes[0, 0]
-    ax.plot(t, rate, color="tab:blue")
-    ax.set(title="throughput and requests in flight", xlabel="seconds", ylabel="output tokens / s")
-    if "limit" in cols:
-        twin = ax.twinx()
-        twin.plot(t, [row[cols.index("in_flight")] for row in tl], color="tab:gray", lw=0.8, label="in flight")
-        twin.plot(t, [row[cols.index("limit")] for row in tl], color="tab:gray", ls=":", label="allowed")
-        twin.set(ylabel="requests")
-        twin.legend(loc="lower right")
-    ax = axes[0, 1]
-    ax.plot(t, spend, color="tab:green")
-    cap = summary["run"]["max_spend_usd"]
-    if cap:
-        ax.axhline(cap, color="tab:red", ls="--", label=f"cap ${cap:g}")
-        ax.legend()
-    ax.set(title="spend (the books, reconciled with the account)", xlabel="seconds", ylabel="USD")
-    providers = summary["run"]["providers"] or {"none": 0}
-    axes[0, 2].barh(list(providers), list(providers.values()), color="tab:purple")
-    axes[0, 2].set(title="provider mix (this run)", xlabel="records")
-    finish = summary["run"]["finish_reasons"] or {"none": 0}
-    axes[1, 0].bar(list(finish), list(finish.values()), color="tab:orange")
-    axes[1, 0].set(title="finish reasons (this run)", ylabel="records")
-    if len(stats):
-        axes[1, 1].hist(stats["output_tokens"], bins=40, color="tab:blue")
-    axes[1, 1].set(title="output length (dataset)", xlabel="tokens", ylabel="records")
-    errors = summary["run"]["errors"] or {"none": 0}
-    axes[1, 2].barh(list(errors), list(errors.values()), color="tab:red")
-    axes[1, 2].set(title="error classes (retried or failed)", xlabel="responses")
+    fig = Figure(figsize=(14, 3.5))
+    finish_ax, length_ax = fig.subplots(1, 2)
+    finish = stats["finish_reason"].value_counts() if len(stats) else None
+    if finish is not None:
+        finish_ax.bar([str(k) for k in finish.index], list(finish.values), color="tab:orange")
+        length_ax.hist(stats["output_tokens"], bins=40, color="tab:blue")
+    finish_ax.set(title="finish reasons (dataset)", ylabel="records")
+    length_ax.set(title="output length (dataset)", xlabel="tokens", ylabel="records")
     fig.tight_layout()
     return fig
+
+
+# -- the run's health: the live panel's frames and the report's figure ------------------------------------------
+@dataclass(frozen=True)
+class DatasetShare:
+    name: str
+    share: float            # output tokens ÷ target, else prompts finished ÷ prompts
+    of: str                 # "target" or "prompts"
+
+
+@dataclass(frozen=True)
+class RunHealth:
+    """What a person watching a run asks of it: is throughput holding, is spend on the plan's line, which providers
+    serve and how, are the datasets advancing together, when does it end and on what."""
+
+    t: float                                  # seconds since the run started
+    timeline: list[list[float]]               # samples, TIMELINE_COLUMNS (thinned)
+    cap: float | None                         # max_spend_usd
+    usable: float | None                      # balance − reserve, as this run counts money (None: unknown)
+    planned_usd_per_m: float | None           # the budget plan's spend line
+    datasets: list[DatasetShare]
+    providers: dict[str, dict[str, Any]]      # name -> ProviderStats.figures() + verdict
+    errors: dict[str, int]
+    eta_work_s: float | None = None
+    eta_money_s: float | None = None
+    stop_reason: str | None = None            # None while the run goes
+    charged: float = 0.0                      # the last spend point
+
+    @classmethod
+    def of_snapshot(cls, snap: RunSnapshot) -> "RunHealth":
+        stats = snap.stats
+        providers = {name: {**ps.figures(), "verdict": snap.verdicts.get(name, "")}
+                     for name, ps in sorted(stats.by_provider.items())}
+        work, money = (None, None) if snap.stop_reason else run_etas(snap)
+        return cls(t=snap.t, timeline=thin(stats.timeline), cap=snap.cap,
+                   usable=snap.usable if math.isfinite(snap.usable) else None,
+                   planned_usd_per_m=snap.planned_usd_per_m,
+                   datasets=[DatasetShare(d.name, d.tokens / d.target if d.target else d.share,
+                                          "target" if d.target is not None else "prompts") for d in snap.datasets],
+                   providers=providers, errors=dict(stats.errors), eta_work_s=work, eta_money_s=money,
+                   stop_reason=snap.stop_reason, charged=snap.spent)
+
+    @classmethod
+    def of_summary(cls, summary: dict[str, Any]) -> "RunHealth":
+        run = summary["run"]
+        verdicts = {n: p.get("verdict", "") for n, p in ((summary.get("fidelity") or {}).get("providers") or {}).items()}
+        balance = run.get("balance_start_usd")
+        shares = []
+        for name, s in dataset_summaries(summary).items():
+            target = s["target_output_tokens"]
+            shares.append(DatasetShare(name, s["output_tokens"] / target if target else
+                                       (s["prompts"] - s["remaining"]) / max(s["prompts"], 1),
+                                       "target" if target is not None else "prompts"))
+        timeline = summary.get("timeline") or []
+        cols = summary.get("timeline_columns") or TIMELINE_COLUMNS
+        t = timeline[-1][cols.index("t_s")] if timeline else summary["wall_s"]  # an idle run: the one it carries
+        return cls(t=t, timeline=thin(timeline), cap=run.get("max_spend_usd"),
+                   usable=None if balance is None else balance - run["reserve_usd"],
+                   planned_usd_per_m=run.get("planned_usd_per_m_output"), datasets=shares,
+                   providers={n: {**h, "verdict": verdicts.get(n, "")}
+                              for n, h in (run.get("provider_health") or {}).items()},
+                   errors=dict(run.get("errors") or {}), stop_reason=summary["stop_reason"],
+                   charged=timeline[-1][cols.index("spend_usd")] if timeline else 0.0)
+
+    def column(self, name: str) -> list[float]:
+        i = TIMELINE_COLUMNS.index(name)
+        return [row[i] for row in self.timeline]
+
+    def headline(self) -> str:
+        """One line: where the run stands and when it ends, and on what (targets or money)."""
+        if self.stop_reason:
+            return f"ended: {self.stop_reason} after {duration(self.t)}, charged ${self.charged:,.4f}"
+        work, money = self.eta_work_s, self.eta_money_s
+        first = ("money" if money is not None and (work is None or money < work) else
+                 "targets" if work is not None else "?")
+        return (f"running {duration(self.t)}, charged ${self.charged:,.4f} | ETA targets {duration(work)}, "
+                f"money {duration(money)}: {first} first")
+
+
+def rates(t: list[float], tokens: list[float], window_s: float = RATE_WINDOW_S) -> list[float]:
+    """Output tokens/s at each sample, over the samples of at least the last `window_s` seconds (from the start
+    while the run is younger): a sample taken just after another (the final one) makes no spike."""
+    out = []
+    for i, (ti, ki) in enumerate(zip(t, tokens)):
+        j = bisect.bisect_right(t, ti - window_s, 0, i) - 1
+        out.append((ki - tokens[j]) / (ti - t[j]) if j >= 0 else ki / max(ti, window_s))
+    return out
+
+
+def provider_table(health: RunHealth):
+    """Per provider: share of answers, answers, median latency (recent), error and 429 rates, fidelity verdict."""
+    import pandas as pd
+
+    answers = sum(p["answers"] for p in health.providers.values()) or 1
+    rows = [{"provider": name, "share_of_answers": round(p["answers"] / answers, 3), "answers": p["answers"],
+             "median_latency_s": p["median_latency_s"],
+             "error_rate": round(p["errors"] / p["attempts"], 3) if p["attempts"] else None,
+             "rate_limited": round(p["rate_limited"] / p["attempts"], 3) if p["attempts"] else None,
+             "verdict": p.get("verdict") or ""} for name, p in health.providers.items()]
+    return pd.DataFrame(rows, columns=["provider", "share_of_answers", "answers", "median_latency_s", "error_rate",
+                                       "rate_limited", "verdict"]).set_index("provider")
+
+
+def plot_health(health: RunHealth, fig=None):
+    """The run's health in four panels: throughput with requests in flight against the limit; $ charged against
+    the cap, balance − reserve and the plan's line; each dataset's share of its target; errors by kind. A
+    `matplotlib.figure.Figure` (no pyplot: the live panel draws it off the event loop's thread)."""
+    from matplotlib.figure import Figure
+
+    fig = fig or Figure(figsize=(14, 7))
+    fig.clear()
+    axes = fig.subplots(2, 2)
+    t, tokens = health.column("t_s"), health.column("output_tokens")
+    ax = axes[0, 0]
+    ax.plot(t, rates(t, tokens), color="tab:blue")
+    ax.set(title="throughput and requests in flight", xlabel="seconds", ylabel="output tokens / s")
+    twin = ax.twinx()
+    twin.plot(t, health.column("in_flight"), color="tab:gray", lw=0.8, label="in flight")
+    twin.plot(t, health.column("limit"), color="tab:gray", ls=":", label="allowed")
+    twin.set(ylabel="requests")
+    twin.legend(loc="lower right")
+    ax = axes[0, 1]
+    ax.plot(t, health.column("spend_usd"), color="tab:green", label="charged")
+    if health.planned_usd_per_m is not None:
+        ax.plot(t, [k * health.planned_usd_per_m / 1e6 for k in tokens], color="tab:green", ls="--",
+                label="the plan's line (its $ per output token)")
+    if health.cap is not None:
+        ax.axhline(health.cap, color="tab:red", ls="--", label=f"cap ${health.cap:g}")
+    if health.usable is not None and (health.cap is None or health.usable < 2 * health.cap):
+        ax.axhline(health.usable, color="tab:orange", ls=":", label=f"balance − reserve ${health.usable:,.2f}")
+    ax.set(title="spend (the books, reconciled with the account)", xlabel="seconds", ylabel="USD")
+    ax.legend(loc="upper left", fontsize="small")
+    ax = axes[1, 0]
+    names = [d.name for d in health.datasets] or ["none"]
+    shares = [d.share for d in health.datasets] or [0.0]
+    ax.barh(names, shares, color=["tab:blue" if d.of == "target" else "tab:cyan" for d in health.datasets] or None)
+    ax.axvline(1.0, color="black", lw=0.8)
+    for y, v in enumerate(shares):
+        ax.text(v, y, f" {100 * v:.1f}%", va="center", fontsize="small")
+    ax.set(title="datasets: share of target (or of prompts)", xlabel="share")
+    ax.invert_yaxis()
+    errors = health.errors or {"none": 0}
+    axes[1, 1].barh(list(errors), list(errors.values()), color="tab:red")
+    axes[1, 1].set(title="errors by kind (retried or failed)", xlabel="responses")
+    fig.suptitle(health.headline())
+    fig.subplots_adjust(left=0.06, right=0.95, bottom=0.08, top=0.9, wspace=0.38, hspace=0.4)  # not tight_layout:
+    return fig                                                  # it draws the figure twice, a frame's cost

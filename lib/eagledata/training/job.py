@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
 import uuid
@@ -34,7 +35,7 @@ from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_fron
 from .assembly import AssemblyPolicy, Sample
 from .audit import AuditActions, AuditPolicy
 from .layers import resolve_layers, vllm_layer_ids
-from .memory import Devices, MemoryPlan, model_config
+from .memory import Devices, MemoryPlan, memory_in_use, model_config
 from .models import load_model
 from .scoring import DEFAULT_CHUNK_TOKENS, batch_scores, score_rows, write_scores
 from .source import StatesBatch, StateSource, Target
@@ -190,14 +191,20 @@ def plan_doc(target: Target, layers: Sequence[int], options: ExtractOptions, lay
 
 # -- progress --------------------------------------------------------------------------------------------
 class Progress:
-    """A widget bar in JupyterLab, else a status line through logging every `interval_s` (at batch ends)."""
+    """A widget bar in JupyterLab, else a status line through logging every `interval_s` (at batch ends): tokens/s,
+    samples done, ETA, memory in use per device, and the share of the time spent scoring (the audit's
+    log-probabilities, where the source can tell it apart)."""
 
     def __init__(self, name: str, where: str, desc: str, total_tokens: int, total_samples: int, *, show: bool,
-                 interval_s: float):
+                 interval_s: float, memory: Callable[[], list[tuple[str, int, int]]] = memory_in_use):
         self.name, self.where = name, where
         self.total, self.samples_total = total_tokens, total_samples
         self.tokens = self.samples = 0
+        self.scored = False                   # a batch came with log-probabilities
+        self.scoring_s: float | None = None   # time spent scoring them, where the source timed it
+        self.memory = memory
         self.start = time.perf_counter()
+        self._postfix_at = -math.inf
         self.bar = self.status = None
         if show and widget_frontend():
             from tqdm.auto import tqdm
@@ -211,23 +218,39 @@ class Progress:
     def seconds(self) -> float:
         return time.perf_counter() - self.start
 
+    def health(self) -> str:
+        """`memory cuda:0 61.2/80.0 GB, … | scoring 14% of the time` (or `scoring in the server's forward`)."""
+        memory = ", ".join(f"{d} {used / 1e9:,.1f}/{total / 1e9:,.1f} GB" for d, used, total in self.memory())
+        if self.scoring_s is None:
+            scoring = "no scoring" if not self.scored else "scoring in the server's forward (not timed apart)"
+        else:
+            scoring = f"scoring {100 * self.scoring_s / max(self.seconds, 1e-9):.0f}% of the time"
+        return f"memory {memory} | {scoring}"
+
     def line(self) -> str:
         elapsed = self.seconds
         share = 100 * self.tokens / self.total if self.total else 100.0
         return (f"hidden states {self.name} {self.where}: {self.tokens:,}/{self.total:,} tokens ({share:.1f}%), "
                 f"{self.samples:,}/{self.samples_total:,} samples | {self.tokens / max(elapsed, 1e-9):,.0f} tok/s | "
-                f"ETA {duration(eta_s(self.tokens, self.total, elapsed))}")
+                f"ETA {duration(eta_s(self.tokens, self.total, elapsed))} | {self.health()}")
 
-    def advance(self, tokens: int, samples: int) -> None:
+    def advance(self, tokens: int, samples: int, *, scored: bool = False, scoring_s: float | None = None) -> None:
         self.tokens += tokens
         self.samples += samples
+        self.scored = self.scored or scored
+        if scoring_s is not None:
+            self.scoring_s = (self.scoring_s or 0.0) + scoring_s
         if self.bar is not None:
             self.bar.update(tokens)
+            if self.seconds - self._postfix_at >= 1.0:  # the memory reading is not free: once a second
+                self._postfix_at = self.seconds
+                self.bar.set_postfix_str(f"{self.samples:,}/{self.samples_total:,} samples | {self.health()}")
         if self.status is not None:
             self.status.maybe(self.line)
 
     def close(self, finished: bool) -> None:
         if self.bar is not None:
+            self.bar.set_postfix_str(f"{self.samples:,}/{self.samples_total:,} samples | {self.health()}")
             self.bar.close()
         if finished and self.status is not None:
             self.status.emit(self.line() + f" | ended after {duration(self.seconds)}")
@@ -303,7 +326,8 @@ class _Run:
         if self.world.writes:
             self.writer.add(samples, states, batch_scores(samples, batch.logprobs) if self.score else None)
         self.batches += 1
-        self.progress.advance(states.shape[0], len(samples))
+        self.progress.advance(states.shape[0], len(samples), scored=batch.logprobs is not None,
+                              scoring_s=batch.scoring_s)
         if self.on_batch is not None:
             self.on_batch(self.batches)
 

@@ -39,6 +39,23 @@ def visible_devices() -> Devices:
     return Devices(1, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "cpu")
 
 
+def memory_in_use() -> list[tuple[str, int, int]]:
+    """(device, bytes in use, bytes in all) per device, as a run watches it: each GPU's whole use (this process
+    and any other on it, e.g. a vLLM server's), else this process's resident memory against the machine's."""
+    import torch
+
+    if torch.cuda.is_available():
+        out = []
+        for i in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(i)
+            out.append((f"cuda:{i}", total - free, total))
+        return out
+    page = os.sysconf("SC_PAGE_SIZE")
+    with open("/proc/self/statm") as f:
+        resident = int(f.read().split()[1]) * page
+    return [("cpu", resident, page * os.sysconf("SC_PHYS_PAGES"))]
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the plan needs from config.json (a multimodal wrapper's text_config when present)."""

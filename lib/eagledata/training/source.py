@@ -19,6 +19,7 @@ class StatesBatch(NamedTuple):
     samples: list[Sample]
     states: torch.Tensor  # [sum of lengths, 4, H]
     logprobs: list[torch.Tensor] | None = None  # per sample, float32 [len(scored_positions(sample))]
+    scoring_s: float | None = None  # time this batch spent scoring, where the source can tell it apart (not vLLM's)
 
 
 def scored_positions(sample: Sample) -> list[int]:

@@ -9,6 +9,7 @@ only yields (samples, states).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
@@ -237,13 +238,14 @@ class TransformersSource:
                 group = [todo[i] for i in batch]
                 ids, mask = _pad([s.input_ids for s in group], in_device)
                 states, last = capture.run(ids, mask, compute_dtype)
-                logprobs = None
+                logprobs, scoring_s = None, None
                 if self.head is not None:
+                    t0 = time.perf_counter()
                     where, targets, counts = scored_targets(group)
                     scored = token_logprobs(last, where, targets, self.head, self.score_chunk_tokens).cpu()
-                    logprobs = list(scored.split(counts))
+                    logprobs, scoring_s = list(scored.split(counts)), time.perf_counter() - t0
                 del last
-                yield StatesBatch(group, states, logprobs)
+                yield StatesBatch(group, states, logprobs, scoring_s)
 
     def manifest_extra(self) -> dict[str, Any]:
         return {}

@@ -1,0 +1,135 @@
+"""The live panel (panel.py) and the report's health figure (report.py): the panel redraws in place from the run's
+snapshots, its last frame is the report's figure, and every point agrees with the summary."""
+import json
+from pathlib import Path
+
+import pytest
+
+from eagledata.emulator import run_emulator
+from eagledata.generation import GenerateConfig, RunHealth, generate, provider_table
+from eagledata.generation.panel import LivePanel
+from eagledata.generation.progress import TIMELINE_COLUMNS, thin
+from eagledata.generation.report import plot_health, rates
+from eagledata.openrouter import PrecisionPolicy, decide, fetch_catalog
+from eagledata.aio import run_sync
+from eagledata.generation.engine import run_generation
+
+SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.6, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
+# Answers whose cost cannot be read (a torn body, a reset connection) are booked at their bound until the account
+# says what they cost: the spend line's last point once ended on those books, over what the run was charged.
+FAULTS = {"rate_limit": 0.05, "bad_gateway": 0.03, "truncated_json": 0.06, "connection_reset": 0.06}
+EMULATOR = {"speed": 0.5, "content": SMALL, "generation_delay": 0.1, "balance": 1000, "faults": FAULTS, "seed": 5}
+
+
+@pytest.fixture(autouse=True)
+def own_state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLEDATA_STATE_DIR", str(tmp_path / "state"))
+
+
+def test_rates_make_no_spike_from_a_sample_just_after_the_last():
+    """Samples every 0.5 s at 1,000 tok/s, and a final one 0.01 s after the last with one more answer of 500
+    tokens: over a 5 s window the last rate is ~1,100 tok/s, where sample-to-sample it would be 50,000."""
+    t = [0.5 * i for i in range(1, 41)]
+    tokens = [1000 * x for x in t]
+    t.append(t[-1] + 0.01)
+    tokens.append(tokens[-1] + 500)
+    r = rates(t, tokens)
+    assert r[-2] == pytest.approx(1000, rel=1e-9)
+    assert r[-1] == pytest.approx((5000 + 500) / 5.01, rel=1e-9)
+    assert max(r) < 1200
+    assert r[0] == pytest.approx(500 / 5.0)  # younger than the window: over the window, not over 0.5 s
+
+
+def test_a_long_timeline_is_thinned_not_cut():
+    """A 30-minute run has 3,600 samples: the report keeps 2,000 spread over the whole run, the first and last."""
+    timeline = [[0.5 * i, i, 10 * i, 0.01 * i, 100, 2000] for i in range(3600)]
+    kept = thin(timeline)
+    assert len(kept) == 2000 and kept[0] == timeline[0] and kept[-1] == timeline[-1]
+    gaps = {round(b[0] - a[0], 1) for a, b in zip(kept, kept[1:])}
+    assert gaps <= {0.5, 1.0}
+    assert thin(kept) == kept  # the summary's timeline, thinned again by the report, is the same
+
+
+def datasets_file(tmp_path: Path, planned: dict[str, float], target: int = 6000) -> Path:
+    lines = []
+    for name in ("A", "B"):
+        prompts = tmp_path / f"{name}.jsonl"
+        prompts.write_text("".join(json.dumps({"id": f"{name}-{i:04d}", "messages": [
+            {"role": "user", "content": f"{name} question {i}: why is the sky blue at {i} o'clock?"}]}) + "\n"
+            for i in range(400)))
+        lines.append(f"{name}:\n  prompts: {prompts}\n  target_output_tokens: {target}\n  planned_usd: {planned[name]}\n")
+    (tmp_path / "datasets.yaml").write_text("".join(lines))
+    return tmp_path / "datasets.yaml"
+
+
+def test_the_panel_redraws_in_place_and_its_last_frame_is_the_reports_figure(tokenizer_dir, tmp_path):
+    """Two datasets to their targets: the panel redraws while the run goes, and every line ends where the
+    summary does."""
+    planned = {"A": 0.02, "B": 0.03}
+    shown = []
+    panels: list[LivePanel] = []
+
+    def view(snap):
+        panels.append(LivePanel(snap, interval_s=0.0, show=shown.append))
+        return panels[0]
+
+    with run_emulator(EMULATOR) as emu:
+        cfg = GenerateConfig(dataset=["A", "B"], datasets_file=str(datasets_file(tmp_path, planned)),
+                             base_url=emu.base_url, output_dir=str(tmp_path / "out"),
+                             params_dir=str(tmp_path / "params"), concurrency=40, max_tokens=400, progress=False,
+                             retry_base_s=0.01, retry_cap_s=0.2, reserve_usd=0.0, account_refresh_s=0.5,
+                             account_lag_s=0.1, straggler_wait_s=1.0, prior_output_median_tokens=80.0)
+        summary = run_sync(run_generation(cfg, view=view), "test")
+        charged = emu.stats()["charged_usd"]
+    panel = panels[0]
+    assert shown == [panel.box]  # put on screen once, then changed in place
+    assert panel.frames >= 5, panel.frames
+    stop = summary["stop_reason"]
+    assert stop == "target_reached"
+    assert bytes(panel.image.value).startswith(b"\x89PNG") and f"ended: {stop}" in panel.headline.value
+    assert "<table" in panel.table.value and "verdict" in panel.table.value
+
+    run = summary["run"]
+    assert run["charged_usd"] == pytest.approx(charged, abs=1e-6)
+    health = RunHealth.of_summary(summary)
+    spend = TIMELINE_COLUMNS.index("spend_usd")
+    assert summary["timeline"][-1][spend] == pytest.approx(run["charged_usd"], abs=1e-6)  # not the books' bound
+    assert health.charged == pytest.approx(run["charged_usd"], abs=1e-6)
+    for name, s in summary["datasets"].items():  # each dataset's line ends at its share of the account's delta
+        assert s["timeline"][-1][spend] == pytest.approx(s["run"]["charged_usd"], abs=1e-6)
+    assert health.planned_usd_per_m == pytest.approx(1e6 * sum(planned.values()) / 12_000, rel=1e-3)
+
+    table = provider_table(health)
+    assert set(table.index) >= set(run["providers"]) and (table["rate_limited"] > 0).any()
+    attempts = sum(h["attempts"] for h in run["provider_health"].values())
+    assert attempts == run["recorded"] + sum(run["errors"].values())  # every attempt, on the provider that served it
+    assert [d.share for d in health.datasets] == pytest.approx(
+        [s["output_tokens"] / 6000 for s in summary["datasets"].values()])
+    fig = plot_health(health)
+    assert len(fig.axes) == 5 and health.headline() in fig._suptitle.get_text()
+
+
+def test_a_finished_run_run_again_shows_its_final_panel_without_a_request(tokenizer_dir, tmp_path):
+    """A report re-run months later answers from the checkpoint: the panel's final frame is the run that did the
+    work, and nothing is sent (the server is gone)."""
+    with run_emulator({**EMULATOR, "faults": {}}) as emu:
+        catalog = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")  # the decision on file, as providers.ipynb
+        decide(catalog.model, catalog.normalized(), PrecisionPolicy.for_model(catalog.model)).save(tmp_path / "params")
+        cfg = GenerateConfig(dataset=["A", "B"], datasets_file=str(datasets_file(tmp_path, {"A": 0.02, "B": 0.02})),
+                             base_url=emu.base_url, output_dir=str(tmp_path / "out"),
+                             params_dir=str(tmp_path / "params"), concurrency=40, max_tokens=400, progress=False,
+                             reserve_usd=0.0, account_refresh_s=0.5, account_lag_s=0.1)
+        first = generate(cfg)
+    panels: list[LivePanel] = []
+    again = run_sync(run_generation(GenerateConfig(**{**cfg.__dict__, "base_url": "http://127.0.0.1:9/api/v1"}),
+                                    view=lambda snap: panels.append(LivePanel(snap, show=None)) or panels[0]), "t")
+    assert again["run"]["recorded"] == 0
+    before, now = RunHealth.of_summary(first), RunHealth.of_summary(again)
+    spend = TIMELINE_COLUMNS.index("spend_usd")  # the datasets' books, added up: the run's reconciled one at the end
+    assert [r[:spend] + r[spend + 1:] for r in now.timeline] == [r[:spend] + r[spend + 1:] for r in before.timeline]
+    assert now.charged == pytest.approx(before.charged, abs=1e-6)
+    assert before.charged == pytest.approx(first["run"]["charged_usd"], abs=1e-6)
+    counts = ("attempts", "answers", "errors", "rate_limited")
+    assert {n: [p[k] for k in counts] for n, p in now.providers.items()} == \
+        {n: [p[k] for k in counts] for n, p in before.providers.items()}
+    assert "ended: target_reached" in panels[0].headline.value and bytes(panels[0].image.value).startswith(b"\x89PNG")
