@@ -107,6 +107,7 @@ def test_the_panel_redraws_in_place_and_its_last_frame_is_the_reports_figure(tok
         [s["output_tokens"] / 6000 for s in summary["datasets"].values()])
     fig = plot_health(health)
     assert len(fig.axes) == 5 and health.headline() in fig._suptitle.get_text()
+    assert fig._repr_png_().startswith(b"\x89PNG")  # a notebook shows it as an image, pyplot imported or not
 
 
 def test_a_finished_run_run_again_shows_its_final_panel_without_a_request(tokenizer_dir, tmp_path):

@@ -42,7 +42,7 @@ def render(health: RunHealth) -> tuple[bytes, str, str]:
     head = f"<b>{html.escape(health.headline())}</b><br>{bars}"
     table = provider_table(health)
     providers = ("<b>providers</b>: share of answers, median latency of the last attempts, error and 429 rates, "
-                 "fidelity verdict" + (table.to_html(classes="eagledata-providers",
+                 "fidelity verdict" + (table.to_html(classes="eagledata-providers", index_names=False,
                                                      float_format=lambda x: f"{x:,.3g}")
                                        if len(table) else "<p>no answers yet</p>"))
     return buf.getvalue(), head, providers
@@ -100,9 +100,9 @@ class LivePanel:
         if self._closed and not final:
             return  # a frame drawn before the final one, arriving after it
         png, headline, table = frame
-        self.image.value = png
         self.headline.value = headline
         self.table.value = table
+        self.image.value = png
         self.frames += 1
 
     def close(self, snap: RunSnapshot, summary: dict[str, Any] | None = None) -> None:

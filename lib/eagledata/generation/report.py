@@ -6,6 +6,8 @@ table from it, so the panel's last frame is the report's figure."""
 from __future__ import annotations
 
 import bisect
+import functools
+import io
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,27 @@ from ..status import duration
 from .progress import TIMELINE_COLUMNS, RunSnapshot, run_etas, thin
 
 RATE_WINDOW_S = 5.0  # throughput is over at least this long (a sample right after the last is not a rate)
+
+
+@functools.cache
+def _figure_class():
+    """A matplotlib Figure outside pyplot (the live panel draws it on a worker thread) that a notebook shows as a
+    PNG by itself: without pyplot imported, IPython knows no formatter for a bare Figure and prints its repr."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    class ReportFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            buf = io.BytesIO()
+            FigureCanvasAgg(self)
+            self.savefig(buf, format="png", dpi=80)
+            return buf.getvalue()
+
+    return ReportFigure
+
+
+def _figure(**kw: Any):
+    return _figure_class()(**kw)
 
 
 def dataset_summaries(summary: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -136,9 +159,7 @@ def _usd(x: float | None) -> str:
 
 def plot_records(stats):
     """What the records say: how answers ended, and output lengths (the run's health is `plot_health`)."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(14, 3.5))
+    fig = _figure(figsize=(14, 3.5))
     finish_ax, length_ax = fig.subplots(1, 2)
     finish = stats["finish_reason"].value_counts() if len(stats) else None
     if finish is not None:
@@ -221,10 +242,11 @@ class RunHealth:
         if self.stop_reason:
             return f"ended: {self.stop_reason} after {duration(self.t)}, charged ${self.charged:,.4f}"
         work, money = self.eta_work_s, self.eta_money_s
-        first = ("money" if money is not None and (work is None or money < work) else
-                 "targets" if work is not None else "?")
-        return (f"running {duration(self.t)}, charged ${self.charged:,.4f} | ETA targets {duration(work)}, "
-                f"money {duration(money)}: {first} first")
+        head = f"running {duration(self.t)}, charged ${self.charged:,.4f} | "
+        if work is None and money is None:
+            return head + "ETA once answers come"
+        first = "money" if money is not None and (work is None or money < work) else "targets"
+        return head + f"ETA targets {duration(work)}, money {duration(money)}: {first} first"
 
 
 def rates(t: list[float], tokens: list[float], window_s: float = RATE_WINDOW_S) -> list[float]:
@@ -255,9 +277,7 @@ def plot_health(health: RunHealth, fig=None):
     """The run's health in four panels: throughput with requests in flight against the limit; $ charged against
     the cap, balance − reserve and the plan's line; each dataset's share of its target; errors by kind. A
     `matplotlib.figure.Figure` (no pyplot: the live panel draws it off the event loop's thread)."""
-    from matplotlib.figure import Figure
-
-    fig = fig or Figure(figsize=(14, 7))
+    fig = fig or _figure(figsize=(14, 7))
     fig.clear()
     axes = fig.subplots(2, 2)
     t, tokens = health.column("t_s"), health.column("output_tokens")
@@ -276,8 +296,12 @@ def plot_health(health: RunHealth, fig=None):
                 label="the plan's line (its $ per output token)")
     if health.cap is not None:
         ax.axhline(health.cap, color="tab:red", ls="--", label=f"cap ${health.cap:g}")
-    if health.usable is not None and (health.cap is None or health.usable < 2 * health.cap):
-        ax.axhline(health.usable, color="tab:orange", ls=":", label=f"balance − reserve ${health.usable:,.2f}")
+    if health.usable is not None:
+        shown = max([*ax.get_ylim(), health.cap or 0.0])
+        if health.usable <= 5 * shown:  # drawn where it is in sight, else said (a $100 line flattens $0.01)
+            ax.axhline(health.usable, color="tab:orange", ls=":", label=f"balance − reserve ${health.usable:,.2f}")
+        else:
+            ax.plot([], [], " ", label=f"balance − reserve ${health.usable:,.2f} (off the scale)")
     ax.set(title="spend (the books, reconciled with the account)", xlabel="seconds", ylabel="USD")
     ax.legend(loc="upper left", fontsize="small")
     ax = axes[1, 0]
