@@ -48,9 +48,9 @@ from .datasets import select_datasets
 from .fidelity import FidelityJudge
 from .pacing import Pacing
 from .policy import ERROR_PREFIX, Rule, StopReason, error_stop, fatal_stop, retry_delay, rule
-from .progress import (DatasetSnapshot, ProgressView, RunSnapshot, RunStats, dataset_summary, make_progress,
-                       merge_provider_health, merge_timelines,
-                       run_figures, run_summary)
+from .panel import make_progress
+from .progress import (DatasetSnapshot, ProgressView, RunSnapshot, RunStats, dataset_summary, merge_provider_health,
+                       merge_timelines, run_figures, run_summary)
 from .prompts import Prompt, PromptScan, scan_prompts
 from .recording import build_record
 from .spender import SpenderLock
@@ -106,7 +106,8 @@ class GenerateConfig(Settings):
     account_refresh_s: float = setting(10.0, "seconds between account readings (/key usage, /credits)")
     account_lag_s: float = setting(5.0, "how far the account's usage may lag behind its answers")
     provider_cooldown_s: float = setting(30.0, "a provider answering mostly 429s is left out this long")
-    progress: bool = setting(True, "a live panel in JupyterLab (throughput, spend, datasets, providers), else a status line through logging")
+    progress: bool = setting(True, "a live panel in JupyterLab (throughput, spend, datasets, providers), else a "
+                                   "status line through logging")
     status_interval_s: float = shared("status_interval_s")
 
     def __post_init__(self) -> None:
@@ -741,7 +742,7 @@ class Run:
         """A point of the timelines. The final one holds what the summaries hold: the account's delta (not the
         books, which keep abandoned stragglers at their bound until the account says what they cost)."""
         now = time.monotonic() - self.t0
-        spent = self._snapshot(final).spent
+        spent = self._spent(final)
         self.totals().sample(now, spent, self.in_flight, self.congestion.allowed)
         for lane in self.lanes.values():  # one dataset alone: the run's reconciled spend, as before
             lane.stats.sample(now, spent if self.single else self._lane_spent(lane, final), lane.stats.in_flight,
@@ -758,11 +759,15 @@ class Run:
         total = sum(other.stats.booked_usd for other in self.lanes.values())
         return charged * lane.stats.booked_usd / total if total else 0.0
 
-    def _snapshot(self, final: bool = False) -> RunSnapshot:
-        """Where the run stands. The final one reports what the summary reports: the account's delta."""
-        spent = self.books.spent()
+    def _spent(self, final: bool) -> float:
+        """The run's money: its books, and at the end what the summary reports, the account's delta."""
         if final and self.books.charged_usd is not None:
-            spent = self.books.charged_usd
+            return self.books.charged_usd
+        return self.books.spent()
+
+    def _snapshot(self, final: bool = False) -> RunSnapshot:
+        """Where the run stands."""
+        spent = self._spent(final)
         limit = self.books.limit(self.cfg.max_spend_usd, self.cfg.reserve_usd) if self.paid else float("inf")
         usable = self.books.limit(None, self.cfg.reserve_usd) if self.paid else float("inf")
         t = time.monotonic() - self.t0
@@ -917,13 +922,13 @@ class Run:
         wall = time.monotonic() - self.t0
         totals = self.totals()
         summary = {**run_summary(list(self.lanes), summaries, totals, common=self._common(wall),
-                           stop_reason=self.stop_reason or StopReason.COMPLETED,
-                           fatal=self.fatal.error_dict() if self.fatal else None,
-                           figures=run_figures(totals, wall_s=wall, charged=self.books.charged_usd,
-                                               spent=self.books.spent()),
-                           settings=self._run_settings(),
-                           extra={**self._money_extra(), "concurrency_changes": self._concurrency_changes()},
-                           routing={"provider": self.routing.provider, "source": self.routing.source}),
+                                 stop_reason=self.stop_reason or StopReason.COMPLETED,
+                                 fatal=self.fatal.error_dict() if self.fatal else None,
+                                 figures=run_figures(totals, wall_s=wall, charged=self.books.charged_usd,
+                                                     spent=self.books.spent()),
+                                 settings=self._run_settings(),
+                                 extra={**self._money_extra(), "concurrency_changes": self._concurrency_changes()},
+                                 routing={"provider": self.routing.provider, "source": self.routing.source}),
                    "fidelity": self.fidelity.summary()}
         return self._carried(summary, list(summaries.values()))
 

@@ -8,6 +8,7 @@ growing output, where `display(..., update=True)` of a figure re-renders the who
 widgets are there wherever tqdm's bars were (the same frontend test, `status.widget_frontend`). The figure is
 matplotlib's Agg without pyplot, drawn on a worker thread at most every `interval_s` (a frame is skipped while the
 last is still drawing), so the event loop that serves 2,000 requests only copies the snapshot's figures.
+`make_progress` picks what shows a run: this panel under a widget frontend, else status lines (progress.py).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from .progress import RunSnapshot
+from ..status import widget_frontend
+from .progress import ProgressView, RunSnapshot, StatusLines
 from .report import RunHealth, plot_health, provider_table
 
 FRAME_INTERVAL_S = 2.0  # at most one frame this often (a frame takes ~0.2 s of one core to draw)
@@ -113,3 +115,12 @@ class LivePanel:
         self._pool.shutdown(wait=True)
         health = RunHealth.of_summary(summary) if summary is not None else RunHealth.of_snapshot(snap)
         self._put(render(health), final=True)
+
+
+def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None = None) -> ProgressView:
+    """The live panel where a widget frontend shows it (JupyterLab), else status lines every `interval_s`."""
+    if widget_frontend() if widget is None else widget:
+        from IPython.display import display
+
+        return LivePanel(snap, show=display)
+    return StatusLines(interval_s=interval_s)

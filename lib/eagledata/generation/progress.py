@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from ..records import Record, Usage
-from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
+from ..status import StatusLog, duration, ensure_log_handler, eta_s
 
 TIMELINE_COLUMNS = ["t_s", "recorded", "output_tokens", "spend_usd", "in_flight", "limit"]
 TIMELINE_POINTS = 2000  # a summary's timeline is thinned to this many samples, first and last kept
@@ -266,17 +266,6 @@ class StatusLines:
 
     def close(self, snap: RunSnapshot, summary: dict[str, Any] | None = None) -> None:
         self.log.emit(status_line(snap) + f" | ended after {duration(snap.t)}")
-
-
-def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None = None) -> ProgressView:
-    """The live panel where a widget frontend shows it (JupyterLab), else status lines."""
-    if widget_frontend() if widget is None else widget:
-        from IPython.display import display
-
-        from .panel import LivePanel
-
-        return LivePanel(snap, show=display)
-    return StatusLines(interval_s=interval_s)
 
 
 def run_figures(stats: RunStats, *, wall_s: float, charged: float | None, spent: float) -> dict[str, Any]:
