@@ -25,17 +25,23 @@ RATE_WINDOW_S = 5.0  # throughput is over at least this long (a sample right aft
 def _figure_class():
     """A matplotlib Figure outside pyplot (the live panel draws it on a worker thread) that a notebook shows as a
     PNG by itself: without pyplot imported, IPython knows no formatter for a bare Figure and prints its repr."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     class ReportFigure(Figure):
         def _repr_png_(self) -> bytes:
-            buf = io.BytesIO()
-            FigureCanvasAgg(self)
-            self.savefig(buf, format="png", dpi=80)
-            return buf.getvalue()
+            return figure_png(self)
 
     return ReportFigure
+
+
+def figure_png(fig, dpi: int = 80) -> bytes:
+    """A figure drawn as PNG by Agg (thread-safe: no pyplot, no GUI backend)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
 
 
 def _figure(**kw: Any):
