@@ -53,18 +53,19 @@ def merge_timelines(timelines: list[list[list[float]]]) -> list[list[float]]:
 def merge_provider_health(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """The run's provider health from its datasets': counts added up, the median latency the attempts-weighted
     mean of theirs (their samples are gone)."""
+    counts = ("attempts", "answers", "errors", "rate_limited")
     out: dict[str, dict[str, Any]] = {}
+    latencies: dict[str, list[tuple[float, int]]] = {}
     for part in parts:
         for name, h in part.items():
-            o = out.setdefault(name, {"attempts": 0, "answers": 0, "errors": 0, "rate_limited": 0, "_lat": []})
-            for k in ("attempts", "answers", "errors", "rate_limited"):
+            o = out.setdefault(name, dict.fromkeys(counts, 0))
+            for k in counts:
                 o[k] += h[k]
             if h.get("median_latency_s") is not None:
-                o["_lat"].append((h["median_latency_s"], h["attempts"]))
-    for o in out.values():
-        lat = o.pop("_lat")
-        total = sum(w for _, w in lat)
-        o["median_latency_s"] = round(sum(m * w for m, w in lat) / total, 3) if total else None
+                latencies.setdefault(name, []).append((h["median_latency_s"], h["attempts"]))
+    for name, o in out.items():
+        total = sum(w for _, w in latencies.get(name, []))
+        o["median_latency_s"] = round(sum(m * w for m, w in latencies[name]) / total, 3) if total else None
     return dict(sorted(out.items()))
 
 
@@ -209,7 +210,7 @@ def run_etas(snap: RunSnapshot) -> tuple[float | None, float | None]:
     return work, money
 
 
-def _sooner(work: float | None, money: float | None) -> tuple[float | None, str]:
+def sooner(work: float | None, money: float | None) -> tuple[float | None, str]:
     """The ETA to show, and " (money)" when the money ends first."""
     if money is not None and (work is None or money < work):
         return money, " (money)"
@@ -240,7 +241,7 @@ def status_line(snap: RunSnapshot) -> str:
         who = f"{len(snap.datasets)} datasets"
         head = (f"{tokens:,}/{sum(targets):,} output tokens" if len(targets) == len(snap.datasets)
                 else f"{tokens:,} output tokens") + f", {done:,}/{sum(d.total_prompts for d in snap.datasets):,} prompts"
-    eta, why = _sooner(*run_etas(snap))
+    eta, why = sooner(*run_etas(snap))
     cap = f" of ${snap.cap:,.2f} cap" if snap.cap is not None else ""
     other = f" | other spending on this key ${snap.foreign:,.4f}" if snap.foreign else ""
     line = (f"{who}: {head} | {snap.stats.output_tokens / max(snap.t, 1e-9):,.0f} output tok/s | "

@@ -16,7 +16,7 @@ from ..files import iter_jsonl
 from ..paths import DatasetFiles
 from ..records import output_tokens
 from ..status import duration
-from .progress import TIMELINE_COLUMNS, RunSnapshot, run_etas, thin
+from .progress import TIMELINE_COLUMNS, RunSnapshot, run_etas, sooner, thin
 
 RATE_WINDOW_S = 5.0  # throughput is over at least this long (a sample right after the last is not a rate)
 
@@ -251,7 +251,7 @@ class RunHealth:
         head = f"running {duration(self.t)}, charged ${self.charged:,.4f} | "
         if work is None and money is None:
             return head + "ETA once answers come"
-        first = "money" if money is not None and (work is None or money < work) else "targets"
+        first = "money" if sooner(work, money)[1] else "targets"
         return head + f"ETA targets {duration(work)}, money {duration(money)}: {first} first"
 
 
@@ -279,12 +279,11 @@ def provider_table(health: RunHealth):
                                        "rate_limited", "verdict"]).set_index("provider")
 
 
-def plot_health(health: RunHealth, fig=None):
+def plot_health(health: RunHealth):
     """The run's health in four panels: throughput with requests in flight against the limit; $ charged against
     the cap, balance − reserve and the plan's line; each dataset's share of its target; errors by kind. A
     `matplotlib.figure.Figure` (no pyplot: the live panel draws it off the event loop's thread)."""
-    fig = fig or _figure(figsize=(14, 7))
-    fig.clear()
+    fig = _figure(figsize=(14, 7))
     axes = fig.subplots(2, 2)
     t, tokens = health.column("t_s"), health.column("output_tokens")
     ax = axes[0, 0]

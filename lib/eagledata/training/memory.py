@@ -50,10 +50,9 @@ def memory_in_use() -> list[tuple[str, int, int]]:
             free, total = torch.cuda.mem_get_info(i)
             out.append((f"cuda:{i}", total - free, total))
         return out
-    page = os.sysconf("SC_PAGE_SIZE")
     with open("/proc/self/statm") as f:
-        resident = int(f.read().split()[1]) * page
-    return [("cpu", resident, page * os.sysconf("SC_PHYS_PAGES"))]
+        resident = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return [("cpu", resident, visible_devices().bytes_each)]
 
 
 @dataclass(frozen=True)
