@@ -30,18 +30,57 @@ def split_inline_reasoning(reasoning: str | None, content: str | None) -> tuple[
     return (inner, rest) if sep else (inner, "")
 
 
+NATIVE_ID_PREFIX = "functions."  # the model writes a call's id as `functions.NAME:IDX` (docs/FORMATS.md#tool-calls)
+
+
+def native_call_id(name: str, index: int) -> str:
+    """The id K2.5 writes for the conversation's `index`-th tool call (0-based, counted over the whole
+    conversation): what its chat template renders back, and what vLLM's `kimi_k2` parser passes through."""
+    return f"{NATIVE_ID_PREFIX}{name}:{index}"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of an answer. `arguments` is the string as served (never re-serialized: its tokens are the
+    model's); `id` is the id the model wrote (`functions.NAME:IDX`) once the recipe has rebuilt it."""
+
+    id: str
+    name: str
+    arguments: str
+
+    @classmethod
+    def from_api(cls, d: Any) -> "ToolCall":
+        """An OpenAI-shaped call `{id, type: function, function: {name, arguments}}`; arguments given as an object
+        (some datasets) are written as the template writes them (`tojson`)."""
+        if not isinstance(d, dict) or not isinstance(d.get("function"), dict):
+            raise InputError("a tool call must be {id, type: function, function: {name, arguments}}", field="tool_calls")
+        fn = d["function"]
+        name, args = fn.get("name"), fn.get("arguments", "")
+        if not isinstance(name, str) or not name:
+            raise InputError("must be a non-empty string", field="tool_calls[].function.name")
+        if not isinstance(args, str):
+            args = json.dumps(args, ensure_ascii=False)
+        cid = d.get("id")
+        return cls(cid if isinstance(cid, str) else "", name, args)
+
+    def to_api(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
 @dataclass(frozen=True)
 class Answer:
     """The model's answer as text: what the API returns, and what output ids decode back to."""
 
     reasoning: str
     content: str
-    finish_reason: str  # "stop" | "length" | anything else the server said
+    finish_reason: str  # "stop" | "length" | "tool_calls" | anything else the server said
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @classmethod
-    def from_api(cls, reasoning: str | None, content: str | None, finish_reason: str) -> "Answer":
+    def from_api(cls, reasoning: str | None, content: str | None, finish_reason: str,
+                 tool_calls: tuple[ToolCall, ...] = ()) -> "Answer":
         """An answer as served, with reasoning a provider inlined as `<think>…</think>` split out."""
-        return cls(*split_inline_reasoning(reasoning, content), finish_reason)
+        return cls(*split_inline_reasoning(reasoning, content), finish_reason, tuple(tool_calls))
 
 
 def output_tokens(completion_tokens: int | None, output_ids: list | None) -> int:
@@ -71,6 +110,10 @@ class Record:
     reasoning: str
     content: str
     finish_reason: str
+    # Written only when present, so a record without tools is as before: the tools the request declared (its
+    # prompt ids depend on them), and the answer's calls in the OpenAI shape with the ids the model wrote.
+    tools: list[dict] | None = None
+    tool_calls: list[dict] | None = None
     model: str = ""
     provider: str = ""
     generation_id: str = ""
@@ -101,11 +144,12 @@ class Record:
 
     @property
     def answer(self) -> Answer:
-        return Answer(self.reasoning, self.content, self.finish_reason)
+        return Answer(self.reasoning, self.content, self.finish_reason,
+                      tuple(ToolCall.from_api(c) for c in self.tool_calls or ()))
 
     def to_dict(self) -> dict[str, Any]:
         """Shallow (no deep copy of the id lists: this runs once per record at 2,000 in flight)."""
-        d = {f: getattr(self, f) for f in _FIELD_ORDER}
+        d = {f: getattr(self, f) for f in _FIELD_ORDER if f not in _OPTIONAL or getattr(self, f)}
         d["usage"] = {"prompt_tokens": self.usage.prompt_tokens, "completion_tokens": self.usage.completion_tokens,
                       "reasoning_tokens": self.usage.reasoning_tokens, "cost": self.usage.cost}
         if self.meta:
@@ -137,6 +181,9 @@ class Record:
             raise InputError("must be a positive integer", field="turn")
         if "conversation_id" in d and not isinstance(d["conversation_id"], str):
             raise InputError("must be a string", field="conversation_id")
+        for name in _OPTIONAL:
+            if d.get(name) is not None and not (isinstance(d[name], list) and all(isinstance(x, dict) for x in d[name])):
+                raise InputError("must be a list of objects", field=name)
         usage = d.get("usage") or {}
         if not isinstance(usage, dict) or set(usage) - _USAGE_FIELDS:
             raise InputError("must be an object with prompt_tokens, completion_tokens, reasoning_tokens, cost",
@@ -155,6 +202,7 @@ class Record:
 _FIRST = ("id", "dataset", "conversation_id", "turn")  # the contract's order (../shared/DESIGN.md)
 _FIELD_ORDER = [*_FIRST, *(f.name for f in fields(Record) if f.name not in ("meta", *_FIRST))]
 _FIELDS = {f.name for f in fields(Record)}
+_OPTIONAL = ("tools", "tool_calls")
 _REQUIRED = ("id", "dataset", "messages", "reasoning", "content", "finish_reason")
 _USAGE_FIELDS = {f.name for f in fields(Usage)}
 

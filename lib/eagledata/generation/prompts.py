@@ -21,6 +21,7 @@ SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistan
 class Prompt:
     id: str
     messages: list[dict]
+    tools: list[dict] | None = None  # OpenAI-style tool declarations the conversation may call
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,10 @@ def normalize_prompt(obj: Any) -> Prompt:
         out.pop()
     if not any(m["role"] == "user" for m in out):
         raise InputError("no user turn left to answer", field="messages")
-    return Prompt(str(pid), out)
+    tools = obj.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise InputError("must be a list of OpenAI-style tool objects", field="tools")
+    return Prompt(str(pid), out, tools or None)
 
 
 def iter_prompts(path: str | Path) -> Iterator[Prompt]:

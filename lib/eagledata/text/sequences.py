@@ -12,8 +12,9 @@ from functools import lru_cache
 from typing import Any, Sequence
 
 from ..errors import InputError
-from ..records import Answer
-from .tokenizer import END_THINK, IM_END, KimiTokenizer
+from ..records import Answer, ToolCall
+from .tokenizer import (ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, END_THINK, IM_END, SECTION_BEGIN, SECTION_END,
+                        KimiTokenizer)
 
 # What a tokenizer's `apply_chat_template` passes for its special tokens; K2.5's template uses none of them.
 _SPECIAL_TOKEN_KWARGS = dict(bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]", unk_token="[UNK]")
@@ -58,42 +59,61 @@ def prompt_ids(tok: KimiTokenizer, messages: Sequence[dict], *, thinking: bool =
     return tok.encode(render_chat(tok, messages, thinking=thinking, tools=tools), allow_special=True)
 
 
-def conversation_ids(tok: KimiTokenizer, messages: Sequence[dict], reasoning: str, content: str) -> list[int]:
+def conversation_ids(tok: KimiTokenizer, messages: Sequence[dict], reasoning: str, content: str,
+                     tool_calls: Sequence[ToolCall] = (), tools: list | None = None) -> list[int]:
     """The finished conversation rendered with `preserve_thinking`: a check that prompt ids are its prefix."""
-    full = [*messages, {"role": "assistant", "content": content, "reasoning_content": reasoning}]
-    return tok.encode(render_chat(tok, full, add_generation_prompt=False, preserve_thinking=True),
-                      allow_special=True)
+    answer: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    if tool_calls:
+        answer["tool_calls"] = [c.to_api() for c in tool_calls]
+    return tok.encode(render_chat(tok, [*messages, answer], add_generation_prompt=False, preserve_thinking=True,
+                                  tools=tools), allow_special=True)
 
 
 # -- answers ------------------------------------------------------------------------------------
 def output_ids(tok: KimiTokenizer, reasoning: str | None, content: str | None, finish_reason: str | None,
-               *, thinking: bool = True) -> list[int]:
-    """The recipe: encode(reasoning) + [</think>] + encode(content) + [<|im_end|>].
+               *, thinking: bool = True, tool_calls: Sequence[ToolCall] = ()) -> list[int]:
+    """The recipe: encode(reasoning) + [</think>] + encode(content) [+ the tool-call section] + [<|im_end|>].
 
     No `<|im_end|>` after a cut (`finish_reason == "length"`), and no `</think>` when the cut fell
     inside the reasoning (nothing after it). With thinking off the prompt already closed `<think></think>`.
-    Reasoning a provider inlined as `<think>…</think>` in content is split out first.
+    Reasoning a provider inlined as `<think>…</think>` in content is split out first. Tool calls (their ids as
+    the model wrote them, `functions.NAME:IDX`) follow the content as the template's `render_toolcalls` writes
+    them; a cut answer keeps the section's start and its whole calls, no section end.
     """
     a = Answer.from_api(reasoning, content, finish_reason or "")
     return _assemble(tok.encode_ordinary(a.reasoning) if a.reasoning else [],
                      tok.encode_ordinary(a.content) if a.content else [],
-                     finish_reason, thinking, a.reasoning)
+                     finish_reason, thinking, a.reasoning, _section(tok, tool_calls, finish_reason))
+
+
+def _section(tok: KimiTokenizer, calls: Sequence[ToolCall], finish_reason: str | None) -> list[int]:
+    """`<|tool_calls_section_begin|>` + per call `<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS
+    <|tool_call_end|>` + `<|tool_calls_section_end|>` (not after a cut); [] without calls."""
+    if not calls:
+        return []
+    ids = [SECTION_BEGIN]
+    for c in calls:
+        ids += [CALL_BEGIN, *tok.encode_ordinary(c.id), ARGUMENT_BEGIN, *tok.encode_ordinary(c.arguments), CALL_END]
+    if finish_reason != "length":
+        ids.append(SECTION_END)
+    return ids
 
 
 def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thinking: bool,
-              reasoning: str) -> list[int]:
+              reasoning: str, section: list[int] = ()) -> list[int]:
     """Join encoded parts in place (`r_ids` is ours to extend): this runs once per output token."""
     cut = finish_reason == "length"
     if not thinking:
         if reasoning:
             raise InputError("reasoning present but thinking is off", field="reasoning")
         ids = c_ids
-    elif cut and not c_ids:
+    elif cut and not c_ids and not section:
         return r_ids
     else:
         ids = r_ids
         ids.append(END_THINK)
         ids.extend(c_ids)
+    ids.extend(section)
     if not cut:
         ids.append(IM_END)
     return ids
@@ -102,25 +122,47 @@ def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thi
 def output_ids_batch(tok: KimiTokenizer, answers: Sequence[Answer], *, thinking: bool = True,
                      threads: int = 2) -> list[list[int]]:
     """`output_ids` for many answers, BPE spread over `threads` cores."""
-    split = [Answer.from_api(a.reasoning, a.content, a.finish_reason) for a in answers]
+    split = [Answer.from_api(a.reasoning, a.content, a.finish_reason, a.tool_calls) for a in answers]
     texts = [t for a in split for t in (a.reasoning, a.content)]
     encoded = tok.encode_ordinary_batch(texts, threads=threads)
-    return [_assemble(encoded[2 * i], encoded[2 * i + 1], a.finish_reason, thinking, a.reasoning)
+    return [_assemble(encoded[2 * i], encoded[2 * i + 1], a.finish_reason, thinking, a.reasoning,
+                      _section(tok, a.tool_calls, a.finish_reason))
             for i, a in enumerate(split)]
 
 
+def _parse_section(tok: KimiTokenizer, ids: list[int]) -> tuple[ToolCall, ...]:
+    """The whole calls of a tool-call section's ids (after `<|tool_calls_section_begin|>`); a call cut before its
+    `<|tool_call_end|>` is not one."""
+    calls = []
+    while CALL_BEGIN in ids:
+        ids = ids[ids.index(CALL_BEGIN) + 1:]
+        if ARGUMENT_BEGIN not in ids or CALL_END not in ids:
+            break
+        a, e = ids.index(ARGUMENT_BEGIN), ids.index(CALL_END)
+        cid = tok.decode(ids[:a])
+        calls.append(ToolCall(cid, cid.removeprefix("functions.").rpartition(":")[0], tok.decode(ids[a + 1:e])))
+        ids = ids[e + 1:]
+    return tuple(calls)
+
+
 def parse_output_ids(tok: KimiTokenizer, ids: Sequence[int], *, thinking: bool = True) -> Answer:
-    """The inverse of `output_ids`: split at the first `</think>`, drop a final `<|im_end|>`."""
+    """The inverse of `output_ids`: split at the first `</think>`, the tool-call section off the content, drop a
+    final `<|im_end|>` (an answer with calls finishes as `tool_calls`)."""
     ids = list(ids)
     finish = "length"
     if ids and ids[-1] == IM_END:
         ids, finish = ids[:-1], "stop"
+    calls: tuple[ToolCall, ...] = ()
+    if SECTION_BEGIN in ids:
+        k = ids.index(SECTION_BEGIN)
+        ids, calls = ids[:k], _parse_section(tok, ids[k + 1:])
+        finish = "tool_calls" if finish == "stop" and calls else finish
     if not thinking:
-        return Answer("", tok.decode(ids), finish)
+        return Answer("", tok.decode(ids), finish, calls)
     if END_THINK in ids:
         k = ids.index(END_THINK)
-        return Answer(tok.decode(ids[:k]), tok.decode(ids[k + 1:]), finish)
-    return Answer(tok.decode(ids), "", finish)
+        return Answer(tok.decode(ids[:k]), tok.decode(ids[k + 1:]), finish, calls)
+    return Answer(tok.decode(ids), "", finish, calls)
 
 
 def first_difference(a: Sequence, b: Sequence) -> int:

@@ -52,8 +52,10 @@ _RUNS = re.compile(r"\s+|\S+")
 REQUIRED_FILES = ("tiktoken.model", "tokenizer_config.json")
 HUB_FILES = ["tiktoken.model", "tokenizer_config.json", "chat_template.jinja"]
 
-# The two special ids the output-id recipe places by structure (docs/FORMATS.md#output-ids-and-loss-mask).
+# The special ids the output-id recipe places by structure (docs/FORMATS.md#output-ids-and-loss-mask): the turn's
+# end, the reasoning's end, and the tool-call section (docs/FORMATS.md#tool-calls).
 IM_END, END_THINK = 163586, 163607
+SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = 163595, 163596, 163597, 163598, 163599
 
 
 def split_long_runs(text: str, max_run: int = MAX_RUN_CHARS, max_chunk: int = MAX_ENCODE_CHARS) -> list[str]:
