@@ -176,12 +176,14 @@ def _rendered(tok, path, answers):
     """Each request's prompt tokens, rendering the real chains with these answers (what generation sends)."""
     from eagledata.generation.prompts import iter_prompts
     from eagledata.generation.turns import Conversation
+    from eagledata.records import Answer
     from eagledata.text import prompt_ids
 
     out = []
     for p in iter_prompts(path):
         conv = Conversation.of(p, "all")
-        out += [len(prompt_ids(tok, conv.turn(answers[:k]).messages)) for k in range(len(conv.asks))]
+        said = [Answer("", a, "stop") for a in answers]
+        out += [len(prompt_ids(tok, conv.turn(said[:k]).messages)) for k in range(len(conv.asks))]
     return out
 
 
@@ -236,7 +238,7 @@ def test_one_render_per_conversation_equals_rendering_every_turn(tok, tmp_path):
     for p in iter_prompts(_conversations(tmp_path, (typed,))):
         conv = Conversation.of(p)
         assert turn_prompt_tokens(tok, conv, scaffold) == turn_prompt_tokens(tok, conv, None), p.id
-        found[p.id] = len(scaffold.starts(prompt_ids(tok, conv.turn([""] * (len(conv.asks) - 1)).messages)))
+        found[p.id] = len(scaffold.starts(prompt_ids(tok, conv.turn([conv.stand_in(k) for k in range(len(conv.asks) - 1)]).messages)))
     assert found == {"one": 0, "two": 1, "three": 2, "typed": 2}  # typed: one answer, two scaffolds -> every turn
 
 

@@ -18,7 +18,7 @@ from eagledata.generation.pacing import Pacing
 from eagledata.generation.prompts import normalize_prompt, scan_prompts
 from eagledata.generation.store import Store
 from eagledata.generation.turns import Conversation, later_turn_ids, split_asks
-from eagledata.records import Record, load_records
+from eagledata.records import Answer, Record, load_records
 from eagledata.text import parse_output_ids, prompt_ids
 from kills import kill_while_writing
 
@@ -47,18 +47,19 @@ def test_a_conversation_is_its_asks_with_the_targets_answers_between_them():
     t1 = c.turn()
     assert t1.id == "c" and t1.number == 1 and t1.later == 2
     assert [m["role"] for m in t1.messages] == ["system", "user"]
-    t2 = t1.next("mine 1", "stop")
+    t2 = t1.next(said("mine 1"))
     assert t2.id == "c#2" and t2.messages == [*t1.messages, {"role": "assistant", "content": "mine 1"},
                                                {"role": "user", "content": "c ask 2: what is 2 + 1? 量子"}]
-    t3 = t2.next("mine 2", "stop")
+    t3 = t2.next(said("mine 2"))
     assert t3.id == "c#3" and t3.later == 0 and t3.messages[:len(t2.messages)] == t2.messages
     assert [m["content"] for m in t3.messages if m["role"] == "assistant"] == ["mine 1", "mine 2"]
     assert not any(OLD in m["content"] for m in t3.messages)
-    assert t3.next("mine 3", "stop") is None and t3.ends("stop")
-    assert t1.next("cut off", "length") is None and t1.ends("length")  # a cut turn ends its conversation
-    assert c.turn(["mine 1", "mine 2"]) == t3  # a resume rebuilds the same request from recorded answers
+    assert t3.next(said("mine 3")) is None and t3.ends(said("mine 3"))
+    cut = said("cut off", "length")
+    assert t1.next(cut) is None and t1.ends(cut)  # a cut turn ends its conversation
+    assert c.turn([said("mine 1"), said("mine 2")]) == t3  # a resume rebuilds the same request from recorded answers
     with pytest.raises(ValueError):
-        c.turn(["a", "b", "c"])
+        c.turn([said("a"), said("b"), said("c")])
     assert later_turn_ids(p, "all") == ["c#2", "c#3"] and later_turn_ids(p, "last") == []
 
 
@@ -77,15 +78,11 @@ def test_split_asks_edge_cases():
     a = lambda s: {"role": "assistant", "content": s}  # noqa: E731
     sysm = {"role": "system", "content": "s"}
     # a greeting before any user turn is context; two dataset answers in a row are both dropped
-    assert split_asks([a("hello"), u("1"), a("x"), a("y"), u("2")]) == [[a("hello"), u("1")], [u("2")]]
+    assert split_asks([a("hello"), u("1"), a("x"), a("y"), u("2")]) == ([[a("hello"), u("1")], [u("2")]], [()])
     # two user messages in a row are one ask; a system message between turns goes with the next ask
-    assert split_asks([u("1"), u("1b"), a("x"), sysm, u("2")]) == [[u("1"), u("1b")], [sysm, u("2")]]
-    # tool conversations are answered as they stand (their tool results answer the dataset's own calls)
-    tool = [u("1"), {"role": "assistant", "content": "", "tool_calls": [{"id": "t"}]}, {"role": "tool",
-                                                                                       "content": "r"}, u("2")]
-    assert split_asks(tool) is None
-    c = Conversation.of(normalize_prompt({"id": "t", "messages": tool}), "all")
-    assert not c.chained and c.turn().messages == tool
+    assert split_asks([u("1"), u("1b"), a("x"), sysm, u("2")]) == ([[u("1"), u("1b")], [sysm, u("2")]], [()])
+    # nothing left to ask after the last answer: answered as it stands
+    assert split_asks([u("1"), a("x"), sysm]) is None
 
 
 def test_a_later_turns_id_that_another_prompt_has_is_refused(tmp_path):
@@ -98,9 +95,14 @@ def test_a_later_turns_id_that_another_prompt_has_is_refused(tmp_path):
 
 
 # -- the store ------------------------------------------------------------------------------------
+def said(content: str, finish: str = "stop") -> Answer:
+    """An answer of the target's with no reasoning."""
+    return Answer("", content, finish)
+
+
 def _record(turn, content="x", finish="stop") -> Record:
     c = Conversation.of(normalize_prompt(sharegpt("c", 3)), "all")
-    t = c.turn(["a1", "a2"][:turn - 1])
+    t = c.turn([said("a1"), said("a2")][:turn - 1])
     return Record(id=t.id, dataset="D", conversation_id="c", turn=turn, messages=t.messages, reasoning="r",
                   content=content, finish_reason=finish, output_ids=[1, 2], meta={"turns": 3})
 
@@ -225,7 +227,7 @@ def check_conversations(tok, out: Path, objs: dict[str, dict]) -> tuple[list[Rec
         by_conv.setdefault(r.conversation_id, {})[r.turn] = r
     failed = {f.get("conversation_id", f["id"]): f for f in failures}
     for cid, obj in objs.items():
-        asks = split_asks(normalize_prompt(obj).messages)
+        asks = split_asks(normalize_prompt(obj).messages)[0]
         turns = by_conv.get(cid, {})
         k = len(turns)
         assert sorted(turns) == list(range(1, k + 1)), (cid, sorted(turns))
@@ -269,7 +271,7 @@ def test_300_conversations_with_faults_a_sigkill_and_a_resume(emu, tok, tmp_path
     records, failures = check_conversations(tok, out, objs)
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "completed" and summary["remaining"] == 0 and summary["run"]["turns"] == "all"
-    multi = {cid for cid, o in objs.items() if len(split_asks(normalize_prompt(o).messages)) > 1}
+    multi = {cid for cid, o in objs.items() if len(split_asks(normalize_prompt(o).messages)[0]) > 1}
     assert sum(r.turn > 1 for r in records) > 100, "too few later turns to mean anything"
     assert len(open_chains) >= 20, "the kill left few conversations half done: the resume was hardly tested"
     resumed = [r for r in records if r.conversation_id in open_chains and r.id not in {k.id for k in killed_at}]
@@ -292,12 +294,12 @@ def test_turns_last_keeps_todays_records(emu, tok, tmp_path):
     for cid, obj in objs.items():
         p = normalize_prompt(obj)
         r = last[cid]
-        assert (r.conversation_id, r.messages, r.turn) == (cid, p.messages, len(split_asks(p.messages)))
+        assert (r.conversation_id, r.messages, r.turn) == (cid, p.messages, len(split_asks(p.messages)[0]))
         assert "turns" not in r.meta and r.prompt_ids == prompt_ids(tok, p.messages)
     emu.reset({**BASE, "seed": 32})
     generate(GenerateConfig(**common, output_dir=str(tmp_path / "all")))
     every = {r.id: r for r in load_records(tmp_path / "all" / "datasets" / "C" / "records.jsonl")}
-    ones = [cid for cid, o in objs.items() if len(split_asks(normalize_prompt(o).messages)) == 1]
+    ones = [cid for cid, o in objs.items() if len(split_asks(normalize_prompt(o).messages)[0]) == 1]
     assert ones and len(every) > len(last)
     for cid in ones:
         a, b = last[cid].to_dict(), every[cid].to_dict()

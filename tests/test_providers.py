@@ -6,7 +6,7 @@ from eagledata.paths import routing_file
 from eagledata.openrouter import (Catalog, Endpoint, PrecisionPolicy, Price, RoutingDecision, decide, precision_rank,
                                   price_summary, workload_costs)
 
-REASONING = ["reasoning", "include_reasoning", "max_tokens", "temperature"]
+REASONING = ["reasoning", "include_reasoning", "max_tokens", "temperature", "tools", "tool_choice"]
 
 
 def ep(name, quant, prompt, completion, status=0, params=REASONING, tag=None, uptime=99.0, tps=40.0):
@@ -42,6 +42,15 @@ def test_default_picture_excludes_only_below_native_and_down():
     assert any(f["provider"] == "Venice" and "not known, kept" in f["note"] for f in d.flagged)
 
 
+def test_an_endpoint_that_cannot_take_tools_is_excluded_unless_tools_are_not_required():
+    no_tools = [p for p in REASONING if not p.startswith("tool")]
+    d = decision_for(catalog(ep("Chutes", "int4", 0.30, 1.50, params=no_tools)))
+    assert ("Chutes", "does not support tools") in {(e.provider, e.reason) for e in d.excluded}
+    assert "chutes" in d.provider["ignore"]
+    kept = decision_for(catalog(ep("Chutes", "int4", 0.30, 1.50, params=no_tools)), require_tools=False)
+    assert "Chutes" in kept.eligible_providers
+
+
 def test_new_fp4_provider_is_excluded_by_its_listing():
     d = decision_for(catalog(ep("NewCloud", "fp4", 0.1, 0.5), ep("OddCloud", "mxfp4", 0.1, 0.5),
                              ep("WeirdCloud", "fp4_e2m1", 0.1, 0.5)))
@@ -49,7 +58,7 @@ def test_new_fp4_provider_is_excluded_by_its_listing():
 
 
 def test_unknown_policy_exclude_and_no_reasoning():
-    d = decision_for(catalog(ep("NoThink", "fp8", 0.3, 1.0, params=["max_tokens"])), unknown="exclude")
+    d = decision_for(catalog(ep("NoThink", "fp8", 0.3, 1.0, params=["max_tokens", "tools"])), unknown="exclude")
     reasons = {e.provider: e.reason for e in d.excluded}
     assert reasons["Venice"] == "quantization 'unknown' not known (unknown_policy=exclude)"
     assert reasons["NoThink"] == "does not support reasoning"

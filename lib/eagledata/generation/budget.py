@@ -213,10 +213,12 @@ def turn_prompt_tokens(tok: KimiTokenizer, conversation: Conversation, scaffold:
     answers are not found exactly once each (an empty leading assistant message, the scaffold typed in a user
     turn)."""
     n = len(conversation.asks)
-    ids = prompt_ids(tok, conversation.turn([""] * (n - 1)).messages)
-    if n > 1 and scaffold is not None and len(starts := scaffold.starts(ids)) == n - 1:
+    empty = [conversation.stand_in(k) for k in range(n - 1)]
+    tools = conversation.tools
+    ids = prompt_ids(tok, conversation.turn(empty).messages, tools=tools)
+    if n > 1 and scaffold is not None and not tools and len(starts := scaffold.starts(ids)) == n - 1:
         return [s + len(scaffold.generation) for s in starts] + [len(ids)]
-    return [len(prompt_ids(tok, conversation.turn([""] * k).messages)) for k in range(n - 1)] + [len(ids)]
+    return [len(prompt_ids(tok, conversation.turn(empty[:k]).messages, tools=tools)) for k in range(n - 1)] + [len(ids)]
 
 
 def measure_prompts(tok: KimiTokenizer, name: str, path: str | Path, turns: TurnsMode = "all") -> PromptTurns:

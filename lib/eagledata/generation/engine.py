@@ -234,7 +234,7 @@ class DatasetRun:
                 or len(history) >= len(conversation.asks):
             raise InputError(f"conversation {conversation.id!r}: turns {numbers} are recorded, but its prompt has "
                              f"{len(conversation.asks)} (was the prompt file changed?)", self.store.files.records)
-        return conversation.turn([r.content for r in history])
+        return conversation.turn([r.answer for r in history])
 
     @property
     def finished(self) -> bool:
@@ -558,7 +558,8 @@ class Run:
 
     async def _work(self, client: httpx.AsyncClient, item: _Item) -> None:
         if item.prompt_ids is None:
-            item.prompt_ids = await self._in_pool(prompt_ids, self.tok, item.turn.messages)
+            item.prompt_ids = await self._in_pool(prompt_ids, self.tok, item.turn.messages,
+                                                  tools=item.turn.conversation.tools)
             item.bound = self.worst.cost(len(item.prompt_ids), self.cfg.max_tokens)
         ticket = await self._admit(item)
         if ticket is None:
@@ -567,8 +568,10 @@ class Run:
             item.sent_at = time.monotonic()
             pace = self.pacing.start(item.lane.name, item.sent_at)
             item.started = True
+        conversation = item.turn.conversation
         body = build_request(self.cfg.model, item.turn.messages, max_tokens=self.cfg.max_tokens,
-                             temperature=self.cfg.temperature, provider=self._provider(item), backend=self.cfg.backend)
+                             temperature=self.cfg.temperature, provider=self._provider(item), backend=self.cfg.backend,
+                             tools=conversation.tools, parallel_tool_calls=conversation.parallel_tool_calls)
         item.lane.stats.in_flight += 1
         try:
             outcome = await self.complete(client, body)
@@ -628,11 +631,12 @@ class Run:
             self._settle(item, ticket, outcome, cost)
             store = item.lane.store
             written = item.turn.id not in store.done  # a stop signal cannot make us write twice
-            ends = item.turn.ends(record.finish_reason)
+            answer = record.answer
+            ends = item.turn.ends(answer)
             if written:
                 store.add_record(record, cost)
             if written and not ends:
-                item.lane.ready.append(item.turn.next(record.content, record.finish_reason))
+                item.lane.ready.append(item.turn.next(answer))
             else:  # its last turn, or a cut one (which ends its conversation early)
                 self.pacing.forgo(item.lane.name, item.turn.later)
             self.pacing.end(pace, time.monotonic(), record.output_tokens if written else 0, finished=written and ends)

@@ -85,6 +85,7 @@ class RunStats:
     providers: Counter = field(default_factory=Counter)
     finish: Counter = field(default_factory=Counter)
     turns: Counter = field(default_factory=Counter)       # records by turn number
+    tool_calls: Counter = field(default_factory=Counter)  # answers (with calls), calls, ids_rebuilt, mismatched
     by_provider: dict[str, ProviderStats] = field(default_factory=dict)  # attempts that reached a provider
     output_tokens: int = 0
     prompt_tokens: int = 0
@@ -102,7 +103,7 @@ class RunStats:
         total = cls(timeline=[] if timeline is None else timeline)
         for p in parts:
             for mine, theirs in ((total.counts, p.counts), (total.errors, p.errors), (total.providers, p.providers),
-                                 (total.finish, p.finish), (total.turns, p.turns)):
+                                 (total.finish, p.finish), (total.turns, p.turns), (total.tool_calls, p.tool_calls)):
                 mine.update(theirs)
             total.agreement.extend(p.agreement)
             for name, ps in p.by_provider.items():
@@ -121,6 +122,11 @@ class RunStats:
         self.providers[record.provider or "?"] += 1
         self.finish[record.finish_reason] += 1
         self.turns[record.turn] += 1
+        if record.tool_calls:
+            self.tool_calls["answers"] += 1
+            self.tool_calls["calls"] += len(record.tool_calls)
+            self.tool_calls["ids_rebuilt"] += "served_tool_call_ids" in record.meta
+        self.tool_calls["mismatched"] += record.meta.get("ended") == "tool_mismatch"
         if "retokenized_agreement" in record.meta:
             self.agreement.append(record.meta["retokenized_agreement"])
 
@@ -293,6 +299,7 @@ def _run_tail(s: RunStats) -> dict[str, Any]:
     return {"errors": dict(s.errors), "providers": dict(s.providers), "finish_reasons": dict(s.finish),
             "provider_health": {name: ps.figures() for name, ps in sorted(s.by_provider.items())},
             "by_turn": {str(t): n for t, n in sorted(s.turns.items())},
+            "tool_calls": {k: s.tool_calls[k] for k in ("answers", "calls", "ids_rebuilt", "mismatched")},
             "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None}
 
 

@@ -1,7 +1,8 @@
 """What an answer becomes (pure): the record, with its exact token ids.
 
-Kept out of the engine so that the recipe (DESIGN.md: reasoning ids, `</think>`, content ids, `<|im_end|>` unless
-cut) and what a local server's own ids override can be read and tested without running anything.
+Kept out of the engine so that the recipe (DESIGN.md: reasoning ids, `</think>`, content ids, the tool-call section,
+`<|im_end|>` unless cut), the calls' ids as the model wrote them, and what a local server's own ids override can be
+read and tested without running anything.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 from ..openrouter import Completion
 from ..records import Record
 from ..text import KimiTokenizer, agreement, output_ids
-from .turns import Turn
+from .turns import TOOL_MISMATCH, Turn, model_call_ids
 
 
 def answer_check(completion: Completion, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
@@ -33,10 +34,15 @@ def build_record(tok: KimiTokenizer, *, turn: Turn, dataset: str, prompt_ids: li
     with the finish reason it tells a resume whether the conversation went on."""
     a = completion.answer
     a.reasoning.encode("utf-8"), a.content.encode("utf-8")
-    ids = output_ids(tok, a.reasoning, a.content, a.finish_reason)
+    calls, rebuilt = model_call_ids(a.tool_calls, turn.messages)
+    ids = output_ids(tok, a.reasoning, a.content, a.finish_reason, tool_calls=calls)
     meta: dict[str, Any] = {"attempts": attempts}
     if turn.conversation.chained:
         meta["turns"] = turn.conversation.last
+    if rebuilt:  # the provider's ids (`call_…`) replaced by the model's `functions.NAME:IDX`
+        meta["served_tool_call_ids"] = [c.id for c in a.tool_calls]
+    if turn.mismatch(a):
+        meta["ended"] = TOOL_MISMATCH
     if sampling is not None:
         meta["sampling"] = dict(sampling)
     if completion.reasoning_inline:
@@ -51,6 +57,8 @@ def build_record(tok: KimiTokenizer, *, turn: Turn, dataset: str, prompt_ids: li
             p_ids = list(completion.prompt_token_ids)
     meta["fidelity"] = answer_check(completion, p_ids, ids)
     return Record(id=turn.id, dataset=dataset, conversation_id=turn.conversation.id, turn=turn.number,
-                  messages=turn.messages, reasoning=a.reasoning, content=a.content, finish_reason=a.finish_reason,
+                  messages=turn.messages, tools=list(turn.conversation.tools or ()) or None,
+                  tool_calls=[c.to_api() for c in calls] or None,
+                  reasoning=a.reasoning, content=a.content, finish_reason=a.finish_reason,
                   model=completion.model, provider=completion.provider, generation_id=completion.generation_id,
                   usage=completion.usage, prompt_ids=p_ids, output_ids=ids, meta=meta)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import httpx
 
-from ..records import THINK_CLOSE, THINK_OPEN, Answer, Usage, split_inline_reasoning
+from ..errors import InputError
+from ..records import THINK_CLOSE, THINK_OPEN, Answer, ToolCall, Usage, split_inline_reasoning
 
 
 class Kind(Enum):
@@ -56,9 +57,14 @@ class Outcome:
 
 def build_request(model: str, messages: list[dict], *, max_tokens: int, temperature: float | None,
                   provider: Mapping[str, Any] | None, backend: str = "openrouter",
+                  tools: Sequence[dict] | None = None, parallel_tool_calls: bool = False,
                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The chat-completions body: reasoning on, our routing, our max_tokens."""
+    """The chat-completions body: reasoning on, our routing, our max_tokens; the conversation's tools when it has
+    any (with `parallel_tool_calls` as its dataset calls)."""
     body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": False}
+    if tools:
+        body["tools"] = list(tools)
+        body["parallel_tool_calls"] = parallel_tool_calls
     if temperature is not None:
         body["temperature"] = temperature
     if backend == "openrouter":
@@ -182,12 +188,18 @@ def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
     usage = Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
                   int(details.get("reasoning_tokens") or 0), float(cost) if isinstance(cost, (int, float)) else None)
     provider = _text(body.get("provider"))
+    try:
+        calls = tuple(ToolCall.from_api(c) for c in message.get("tool_calls") or ())
+    except InputError as e:
+        return Outcome(Kind.RETRY, "malformed", 200, f"tool call not in the OpenAI shape: {e}")
     reasoning_split, content = split_inline_reasoning(reasoning, raw_content)
     inline = not reasoning and bool(reasoning_split)
     repaired = ""
     if not reasoning and not raw_content.lstrip().startswith(THINK_OPEN):  # inline `<think>` is split above
         reasoning_split, content, repaired = repair_reasoning(raw_content, finish, usage)
-    if not content and not reasoning_split:
+    if calls and finish == "stop":  # some servers say stop for a tool-call answer; the model ended it either way
+        finish = "tool_calls"
+    if not content and not reasoning_split and not calls:
         return Outcome(Kind.RETRY, "empty", 200, "empty answer (cold start?)")  # nothing served at all: not a shape
     if not reasoning_split and usage.reasoning_tokens > 0:
         refused = Completion(answer=Answer("", content, finish or "stop"), provider=provider,
@@ -195,7 +207,7 @@ def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
         return Outcome(Kind.RETRY, REASONING_MISSING, 200,  # billed: `completion` carries what it cost
                        f"{usage.reasoning_tokens} reasoning tokens billed, no reasoning text served: the ids "
                        "cannot be rebuilt", provider=provider, completion=refused)
-    if finish not in ("stop", "length"):
+    if finish not in ("stop", "length", "tool_calls"):
         if finish == "content_filter":
             return Outcome(Kind.FAILED, "content_filter", 200, "content filtered")
         if finish is None and not content:
@@ -204,7 +216,9 @@ def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
     if finish == "stop" and not content:
         return Outcome(Kind.RETRY, "empty", 200, "reasoning without an answer")
     ids = choice.get("token_ids")
-    return Completion(answer=Answer(reasoning_split, content, finish), provider=provider,
+    if finish == "tool_calls" and not calls:
+        return Outcome(Kind.RETRY, "malformed", 200, "finish_reason tool_calls without tool_calls")
+    return Completion(answer=Answer(reasoning_split, content, finish, calls), provider=provider,
                       model=_text(body.get("model")), generation_id=_text(body.get("id")), usage=usage,
                       reasoning_inline=inline, repaired=repaired,
                       prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),

@@ -45,6 +45,7 @@ class Endpoint:
     latency_s: float | None = None
     throughput_tps: float | None = None
     supports_reasoning: bool = True
+    supports_tools: bool = True  # `tools` among its supported parameters: it can serve the agent traffic
     supported_parameters: tuple[str, ...] = ()
     notes: str = ""
 
@@ -79,6 +80,7 @@ class Endpoint:
             latency_s=_num(raw.get("latency_last_30m")),
             throughput_tps=_num(raw.get("throughput_last_30m")),
             supports_reasoning=bool(REASONING_PARAMS & set(params)),
+            supports_tools="tools" in params,
             supported_parameters=params,
             notes="" if prompt is not None and completion is not None else "price missing",
         )

@@ -53,6 +53,7 @@ class PrecisionPolicy:
     native: str = "int4"
     unknown: Literal["keep", "exclude"] = "keep"
     require_reasoning: bool = True
+    require_tools: bool = True
     ranks: dict[str, float] = field(default_factory=lambda: dict(PRECISION_RANK))
 
     def __post_init__(self) -> None:
@@ -87,6 +88,8 @@ class PrecisionPolicy:
             flag = f"degraded (status {status})"
         if self.require_reasoning and not endpoint.supports_reasoning:
             reasons.append("does not support reasoning")
+        if self.require_tools and not endpoint.supports_tools:
+            reasons.append("does not support tools")
         if rank is None and self.unknown == "exclude":
             reasons.append(f"quantization {q!r} not known (unknown_policy=exclude)")
         elif rank is None:
@@ -402,6 +405,7 @@ class ProvidersConfig(Settings):
     unknown_policy: Literal["keep", "exclude"] = setting(
         "keep", "keep (flagged) or exclude endpoints of unknown quantization")
     require_reasoning: bool = setting(True, "exclude endpoints that cannot return reasoning")
+    require_tools: bool = setting(True, "exclude endpoints that cannot take tools (K2.5 is served as an agent)")
     workload_prompt_tokens: int = setting(30_000_000, "planned workload for the pricing table: prompt tokens")
     workload_output_tokens: int = setting(42_000_000, "and output tokens")
     params_dir: str = shared("params_dir", "the decision goes to <params_dir>/routing/<model>.yaml")
@@ -409,4 +413,4 @@ class ProvidersConfig(Settings):
 
     def policy(self) -> PrecisionPolicy:
         return PrecisionPolicy.for_model(self.model, self.native_precision, unknown=self.unknown_policy,
-                                         require_reasoning=self.require_reasoning)
+                                         require_reasoning=self.require_reasoning, require_tools=self.require_tools)
