@@ -34,9 +34,9 @@ def test_kernel_is_registered():
 
 def test_tokenizer_notebook_on_samples(tokenizer_dir, execute_notebook):
     report = read_results(execute_notebook("tokenizer"))["report"]  # the bundled tokenizer: no parameter needed
-    assert report["passed"] and report["records"] == 15 and report["fatal_records"] == 0
+    assert report["passed"] and report["records"] == 19 and report["fatal_records"] == 0
     assert report["classes"]["partial character at cut"] == 1 and report["classes"]["non-canonical tokenization"] == 1
-    assert 0 < report["token_agreement"] < 1 and report["verdict"].startswith("PASS: 15 records")
+    assert 0 < report["token_agreement"] < 1 and report["verdict"].startswith("PASS: 19 records")
 
 
 def test_tokenizer_notebook_on_records_file(tok, tokenizer_dir, execute_notebook, tmp_path):
@@ -71,6 +71,27 @@ def test_tokenizer_notebook_fails_on_an_unrepaired_bare_close(tok, tokenizer_dir
                            finish_reason="stop", prompt_ids=prompt_ids(tok, messages),
                            output_ids=output_ids(tok, "", served, "stop")).to_json() + "\n")
     with pytest.raises(PapermillExecutionError, match=r"FAIL: 1 of 1 records"):
+        execute_notebook("tokenizer", tokenizer=str(tokenizer_dir), records=str(path))
+
+
+def test_tokenizer_notebook_checks_tool_call_records_and_fails_on_a_wrong_section(tok, tokenizer_dir,
+                                                                                   execute_notebook, tmp_path):
+    """Tool-call records pass the template prefix check; one whose section holds the provider's `call_…` id fails."""
+    from eagledata.records import ToolCall
+    from test_roundtrip import tool_record
+
+    from eagledata.text.roundtrip import Case, tool_cases
+
+    good = [tool_record(tok, c) for c in tool_cases()]
+    path = tmp_path / "tools.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in good))
+    report = read_results(execute_notebook("tokenizer", tokenizer=str(tokenizer_dir), records=str(path)))["report"]
+    assert report["passed"] and report["records"] == 4 and report["classes"] == {}
+    loop = next(c for c in tool_cases() if c.id == "tool-call-inside-the-loop")
+    kept = ToolCall("call_8f3k2", loop.tool_calls[0].name, loop.tool_calls[0].arguments)
+    path.write_text("".join(r.to_json() + "\n" for r in [*good, tool_record(
+        tok, Case(**{**loop.__dict__, "tool_calls": (kept,)}), "kept-call-id")]))
+    with pytest.raises(PapermillExecutionError, match=r"FAIL: 1 of 5 records"):
         execute_notebook("tokenizer", tokenizer=str(tokenizer_dir), records=str(path))
 
 

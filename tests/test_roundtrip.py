@@ -1,8 +1,8 @@
 import pytest
 
 from eagledata.errors import InputError
-from eagledata.records import Record
-from eagledata.text.roundtrip import Case, agreement, load_truth, sample_cases, validate
+from eagledata.records import Record, ToolCall
+from eagledata.text.roundtrip import Case, agreement, load_truth, sample_cases, tool_cases, validate
 from eagledata.text.sequences import output_ids, prompt_ids
 
 REQUIRED_SAMPLES = {"newlines-around-think", "literal-specials-in-content", "cjk", "emoji", "nfc-vs-nfd",
@@ -25,7 +25,9 @@ def test_sample_set_passes_with_expected_classes(tok):
     assert res["literal-specials-in-content"].classes == ["literal special string in text"]
     assert res["cjk"].classes == [] and res["30000-spaces"].classes == [] and res["nfc-vs-nfd"].classes == []
     assert 0 < report.token_agreement() < 1
-    assert report.verdict().startswith("PASS: 15 records")
+    assert all(res[c].classes == [] for c in ("tool-call-first", "tool-calls-parallel-after-content",
+                                              "tool-call-inside-the-loop", "answer-after-the-tool-loop"))
+    assert report.verdict().startswith("PASS: 19 records")
 
 
 def good_record(tok, rid="r1", content="The answer is 42."):
@@ -99,3 +101,38 @@ def test_an_unrepaired_bare_close_fails_the_verdict(tok, tmp_path):
                                     prompt_ids=bad.prompt_ids, output_ids=true), load_truth(truth))
     report = validate(tok, [fixed])
     assert report.passed and report.results[0].agreement == 1.0 and report.results[0].classes == []
+
+
+def tool_record(tok, case: Case, rid: str | None = None, section: tuple[ToolCall, ...] | None = None) -> Record:
+    """A record of a tool case; `section`: the calls its output ids were built with (a planted wrong section)."""
+    calls = case.tool_calls if section is None else section
+    return Record(id=rid or case.id, dataset="T", messages=case.messages, reasoning=case.reasoning,
+                  content=case.content, finish_reason=case.finish_reason, tools=case.tools,
+                  tool_calls=[c.to_api() for c in case.tool_calls] or None,
+                  prompt_ids=prompt_ids(tok, case.messages, tools=case.tools),
+                  output_ids=output_ids(tok, case.reasoning, case.content, case.finish_reason, tool_calls=calls))
+
+
+def test_tool_call_records_pass_and_a_planted_wrong_section_fails(tok):
+    """Records of tool-call answers pass the template prefix check; each planted wrong section is caught."""
+    cases = {c.id: c for c in tool_cases()}
+    loop = cases["tool-call-inside-the-loop"]
+    (news,) = loop.tool_calls
+    good = [tool_record(tok, c) for c in cases.values()]
+    served_id = ToolCall("call_8f3k2", news.name, news.arguments)  # the provider's id kept instead of the model's
+    compact = ToolCall(news.id, news.name, news.arguments.replace(", ", ",").replace(": ", ":"))
+    off = ToolCall("functions.search_web:0", news.name, news.arguments)  # numbered as if no call came before
+    planted = [
+        tool_record(tok, Case(**{**loop.__dict__, "tool_calls": (served_id,)}), "kept-call-id"),
+        tool_record(tok, loop, "arguments-reserialized", section=(compact,)),
+        tool_record(tok, loop, "section-dropped", section=()),
+        tool_record(tok, Case(**{**loop.__dict__, "tool_calls": (off,)}), "index-off"),
+    ]
+    report = validate(tok, [Case.from_record(r) for r in good + planted])
+    res = by_id(report)
+    assert all(res[r.id].classes == [] for r in good), [(r.id, res[r.id].details) for r in good]
+    assert "tool-call id not the model's form" in res["kept-call-id"].classes
+    assert {"output ids differ from recipe", "text round-trip"} <= set(res["arguments-reserialized"].classes)
+    assert "output ids differ from recipe" in res["section-dropped"].classes
+    assert res["index-off"].classes == ["tool-call index off the count"]  # exact as served: explained, not fatal
+    assert report.verdict().startswith("FAIL: 3 of 8")

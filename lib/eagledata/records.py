@@ -39,6 +39,11 @@ def native_call_id(name: str, index: int) -> str:
     return f"{NATIVE_ID_PREFIX}{name}:{index}"
 
 
+def calls_before(messages: list[dict]) -> int:
+    """Tool calls in a request's history: the model numbers its next call's IDX from here."""
+    return sum(len(m.get("tool_calls") or ()) for m in messages if m.get("role") == "assistant")
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One tool call of an answer. `arguments` is the string as served (never re-serialized: its tokens are the
@@ -65,6 +70,12 @@ class ToolCall:
 
     def to_api(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+    @property
+    def native(self) -> bool:
+        """Its id has the form the model writes, `functions.NAME:IDX` (not a provider's `call_…`)."""
+        head, _, idx = self.id.rpartition(":")
+        return head == f"{NATIVE_ID_PREFIX}{self.name}" and idx.isdigit()
 
 
 @dataclass(frozen=True)

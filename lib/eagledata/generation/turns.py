@@ -28,7 +28,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
-from ..records import Answer, ToolCall, native_call_id
+from ..records import Answer, ToolCall, calls_before, native_call_id
 from .prompts import Prompt
 
 TurnsMode = Literal["all", "last"]
@@ -53,22 +53,12 @@ def _calls(message: dict) -> tuple[ToolCall, ...]:
     return tuple(ToolCall.from_api(c) for c in message.get("tool_calls") or ())
 
 
-def calls_before(messages: Sequence[dict]) -> int:
-    """Tool calls in a request's history: the model numbers its next call's IDX from here."""
-    return sum(len(m.get("tool_calls") or ()) for m in messages if m.get("role") == "assistant")
-
-
-def _is_native(c: ToolCall) -> bool:
-    head, _, idx = c.id.rpartition(":")
-    return head == f"functions.{c.name}" and idx.isdigit()
-
-
 def model_call_ids(served: Sequence[ToolCall], messages: Sequence[dict]) -> tuple[tuple[ToolCall, ...], bool]:
     """The calls with the ids the model wrote, and whether any was rebuilt. A served `functions.NAME:IDX` is the
     model's own (vLLM's kimi_k2 parser keeps it); any other id (`call_…`) was the provider's: the model still wrote
     `functions.NAME:IDX`, IDX the conversation's running count of calls (`calls_before` + its position)."""
     base = calls_before(messages)
-    out = tuple(c if _is_native(c) else ToolCall(native_call_id(c.name, base + i), c.name, c.arguments)
+    out = tuple(c if c.native else ToolCall(native_call_id(c.name, base + i), c.name, c.arguments)
                 for i, c in enumerate(served))
     return out, out != tuple(served)
 
@@ -174,7 +164,7 @@ class Conversation:
             len(m.get("tool_calls") or ()) > 1 for ask in self.asks for m in ask)
 
     def stand_in(self, k: int) -> Answer:
-        """An empty answer to ask k shaped as the dataset's (its calls, native ids): budget's prompt lengths."""
+        """An empty answer to ask k shaped as the dataset's (its calls): budget's prompt lengths."""
         calls = self.dataset_calls[k] if k < len(self.dataset_calls) else ()
         return Answer("", "", "tool_calls" if calls else "stop", calls)
 

@@ -15,15 +15,18 @@ from typing import Iterable
 from ..defaults import shared
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..records import THINK_CLOSE, Answer, Record
+from ..records import THINK_CLOSE, Answer, Record, ToolCall, calls_before, native_call_id
 from ..settings import Settings, setting
 from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
-from .tokenizer import END_THINK, IM_END, NUM_RANKS, KimiTokenizer
+from .tokenizer import (ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, END_THINK, IM_END, NUM_RANKS, SECTION_BEGIN, SECTION_END,
+                        KimiTokenizer)
+
+SECTION_TOKENS = {SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END}
 
 # Classes that fail the verdict; the others explain a disagreement with true ids or flag a hazard.
 FATAL = {"text round-trip", "prompt ids differ from template", "prompt not a prefix of full render",
          "special token outside structure", "output ids differ from recipe", "unrepaired bare close",
-         "text differs from true ids"}
+         "text differs from true ids", "tool-call id not the model's form"}
 # What the fatal classes that are not plain reconstruction defects mean.
 DEFECTS = {
     "unrepaired bare close": "no reasoning, `</think>` in content: a provider without a reasoning parser served the "
@@ -31,6 +34,8 @@ DEFECTS = {
                              "produced there (generate repairs this shape: `answers.repair_reasoning`)",
     "text differs from true ids": "the served text is not what the model generated (the true ids decode to other "
                                   "bytes): no recipe can rebuild its ids",
+    "tool-call id not the model's form": "a call's id is not a `functions.NAME:IDX` as the model writes it: a "
+                                         "provider's `call_…` id was kept instead of the model's",
 }
 EXPLAINED = {
     "non-canonical tokenization": "same bytes, other split: the model chose a non-BPE path; text-based ids cannot know",
@@ -39,6 +44,9 @@ EXPLAINED = {
                                       "would turn it into a control token, the recipe keeps it text",
     "literal special string in prompt": "user text holds a special-token string; the server tokenizes it as a "
                                         "control token (recorded ids follow the server)",
+    "tool-call index off the count": "the model numbered a call otherwise than the conversation's running count of "
+                                     "calls: exact when served so (vLLM's kimi_k2 parser keeps the model's id), but the "
+                                     "id rebuilt for a provider serving `call_…` ids would differ",
 }
 
 
@@ -55,6 +63,8 @@ class Case:
     output_ids: list[int] | None = None
     true_output_ids: list[int] | None = None
     note: str = ""
+    tools: list[dict] | None = None  # what the request declared (the prompt renders them)
+    tool_calls: tuple[ToolCall, ...] = ()  # the answer's calls, ids as the model wrote them
 
     @classmethod
     def from_record(cls, r: Record, truth: dict[str, list[int]] | None = None) -> "Case":
@@ -62,7 +72,7 @@ class Case:
         if truth:
             true = truth.get(r.id, truth.get(r.generation_id)) if r.generation_id else truth.get(r.id)
         return cls(r.id, r.messages, r.reasoning, r.content, r.finish_reason,
-                   r.prompt_ids or None, r.output_ids or None, true)
+                   r.prompt_ids or None, r.output_ids or None, true, tools=r.tools, tool_calls=r.answer.tool_calls)
 
 
 @dataclass
@@ -87,18 +97,19 @@ def _show(s: str, limit: int = 60) -> str:
 
 def check_case(tok: KimiTokenizer, case: Case) -> Result:
     res = Result(case.id)
-    answer = Answer.from_api(case.reasoning, case.content, case.finish_reason)
-    reasoning, content = answer.reasoning, answer.content
+    answer = Answer.from_api(case.reasoning, case.content, case.finish_reason, case.tool_calls)
+    reasoning, content, calls = answer.reasoning, answer.content, answer.tool_calls
     res.reasoning_chars, res.content_chars = len(reasoning), len(content)
 
-    expected_prompt = prompt_ids(tok, case.messages)
+    expected_prompt = prompt_ids(tok, case.messages, tools=case.tools)
     p_ids = case.prompt_ids if case.prompt_ids is not None else expected_prompt
     if p_ids != expected_prompt:
         k = first_difference(p_ids, expected_prompt)
         res.flag("prompt ids differ from template", f"first difference at token {k} of {len(expected_prompt)}")
-    o_ids = case.output_ids if case.output_ids is not None else output_ids(tok, reasoning, content, case.finish_reason)
+    o_ids = case.output_ids if case.output_ids is not None else output_ids(tok, reasoning, content, case.finish_reason,
+                                                                            tool_calls=calls)
     if case.output_ids is not None:
-        recipe = output_ids(tok, reasoning, content, case.finish_reason)
+        recipe = output_ids(tok, reasoning, content, case.finish_reason, tool_calls=calls)
         if recipe != o_ids and case.true_output_ids is None:
             res.flag("output ids differ from recipe", f"first difference at token {first_difference(o_ids, recipe)}")
     res.prompt_tokens, res.output_tokens = len(p_ids), len(o_ids)
@@ -109,11 +120,24 @@ def check_case(tok: KimiTokenizer, case: Case) -> Result:
         want, got = (reasoning, back.reasoning) if which == "reasoning" else (content, back.content)
         k = first_difference(want, got)
         res.flag("text round-trip", f"{which} differs at char {k}: {_show(want[k:k+20])} vs {_show(got[k:k+20])}")
+    elif back.tool_calls != calls:
+        res.flag("text round-trip", f"the ids' tool calls {[c.id for c in back.tool_calls]} are not the answer's "
+                                    f"{[c.id for c in calls]} (or their arguments differ)")
+    base = calls_before(case.messages)
+    foreign = [c.id for c in calls if not c.native]
+    off = [c.id for i, c in enumerate(calls) if c.id != native_call_id(c.name, base + i)]
+    if foreign:
+        res.flag("tool-call id not the model's form", f"{foreign[:3]}, not functions.NAME:IDX")
+    elif off:
+        res.flag("tool-call index off the count", f"{off[:3]}; the conversation's calls so far: {base}")
 
     specials = [i for i, t in enumerate(o_ids) if t >= NUM_RANKS]
     allowed = set()
     if END_THINK in o_ids:
         allowed.add(o_ids.index(END_THINK))
+    if calls and SECTION_BEGIN in o_ids:  # the section's own tokens, from its start
+        start = o_ids.index(SECTION_BEGIN)
+        allowed.update(i for i in range(start, len(o_ids)) if o_ids[i] in SECTION_TOKENS)
     if o_ids and o_ids[-1] == IM_END:
         allowed.add(len(o_ids) - 1)
     stray = [i for i in specials if i not in allowed]
@@ -126,7 +150,7 @@ def check_case(tok: KimiTokenizer, case: Case) -> Result:
     if literal:
         res.flag("literal special string in text", f"{literal.group()!r} kept as text")
     elif case.finish_reason != "length":
-        full = conversation_ids(tok, case.messages, reasoning, content)
+        full = conversation_ids(tok, case.messages, reasoning, content, calls, case.tools)
         if full[:len(p_ids)] != p_ids:
             res.flag("prompt not a prefix of full render", f"first difference at token {first_difference(full, p_ids)}")
         elif full[len(p_ids):] != o_ids:
@@ -266,6 +290,7 @@ def sample_cases(tok: KimiTokenizer) -> list[Case]:
         Case("literal-special-in-prompt", _user("What does <|im_end|> mean?"), "It is a control token.",
              "It ends a turn.", "stop"),
     ]
+    cases += tool_cases()
     # A model may emit a non-canonical split of the same bytes (here "Hello" as "Hel" + "lo").
     canon = output_ids(tok, "Greeting.", "Hello world", "stop")
     hel, lo = tok.encode_ordinary("Hel"), tok.encode_ordinary("lo")
@@ -281,6 +306,39 @@ def sample_cases(tok: KimiTokenizer) -> list[Case]:
     cases.append(Case("multibyte-cut-at-max-tokens", _user("Show a hieroglyph."), answer.reasoning, answer.content,
                       "length", true_output_ids=cut, note="the last character lost its final bytes"))
     return cases
+
+
+WEATHER_TOOLS = [{"type": "function", "function": {
+    "name": name, "description": f"{name} tool", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}}, "required": ["city"]}}} for name in ("get_weather", "search_web")]
+
+
+def tool_cases() -> list[Case]:
+    """Tool-call answers as K2.5 writes them, checked against its template: a first call, parallel calls after
+    content, a call inside the loop (the loop's earlier reasoning kept), and the plain answer that ends the loop."""
+    def call(idx: int, name: str, args: str) -> ToolCall:
+        return ToolCall(native_call_id(name, idx), name, args)
+
+    ask = [{"role": "system", "content": "You are a weather agent."}, *_user("Weather in Paris, then news?")]
+    first = call(0, "get_weather", '{"city": "Paris"}')
+    loop = [*ask, {"role": "assistant", "content": "", "reasoning": "Call the weather tool first.",
+                   "tool_calls": [first.to_api()]},
+            {"role": "tool", "tool_call_id": first.id, "content": '{"temp_c": 21, "sky": "clear"}'}]
+    news = call(1, "search_web", '{"city": "Paris", "q": "news 🗞️"}')
+    done = [*loop, {"role": "assistant", "content": "", "reasoning": "Now the news.", "tool_calls": [news.to_api()]},
+            {"role": "tool", "tool_call_id": news.id, "content": "Nothing major."}]
+    kw = dict(tools=WEATHER_TOOLS)
+    return [
+        Case("tool-call-first", ask, "The user wants weather; call the tool.", "", "tool_calls", tool_calls=(first,),
+             **kw),
+        Case("tool-calls-parallel-after-content", _user("Paris and Lyon weather?"), "Two cities: two calls.",
+             "Checking both.", "tool_calls",
+             tool_calls=(call(0, "get_weather", '{"city": "Paris"}'), call(1, "get_weather", '{"city":"Lyon"}')), **kw),
+        Case("tool-call-inside-the-loop", loop, "Weather done; search the news.", "", "tool_calls", tool_calls=(news,),
+             **kw),
+        Case("answer-after-the-tool-loop", done, "Both results are in.", "Paris: 21 °C and clear; no major news.",
+             "stop", **kw),
+    ]
 
 
 def plot_token_lengths(report: Report):
