@@ -246,3 +246,18 @@ def test_demo_tools_dataset_is_valid_and_covers_the_cases():
         assert ids == [f"functions.{n}:{i}" for i, n in enumerate(names)], p.id
         assert all(isinstance(c["function"]["arguments"], str) and json.loads(c["function"]["arguments"]) is not None
                    for m in p.messages for c in m.get("tool_calls") or ())
+
+
+def test_demo_tools_render_through_k25_template(tok):
+    """Every call renders with its id and every result as `## Return of <id>`, and the declarations are rendered: what
+    the validator accepts is a conversation K2.5's own template writes out whole."""
+    from eagledata.text.sequences import render_chat
+
+    for p in load_prompts(ROOT / "examples/prompts/demo-tools.jsonl"):
+        text = render_chat(tok, p.messages, tools=p.tools)
+        assert "<|im_system|>tool_declare<|im_middle|>" in text, p.id
+        for m in p.messages:
+            for c in m.get("tool_calls") or ():
+                assert f"<|tool_call_begin|>{c['id']}<|tool_call_argument_begin|>{c['function']['arguments']}" in text
+            if m["role"] == "tool":
+                assert f"## Return of {m['tool_call_id']}\n{m['content']}" in text, p.id
