@@ -26,7 +26,7 @@ def call(cid, name, args='{"city": "Oslo"}'):
 
 
 def tool_conv():
-    """user → two parallel calls → both results → a third call → its result → answer → a second user turn."""
+    """user → two parallel calls → both results → a third call → its result → answer → a second user."""
     return {"id": "t1", "tools": copy.deepcopy(TOOLS), "messages": [
         {"role": "system", "content": "Use tools."},
         {"role": "user", "content": "Weather in Oslo and Bergen?"},

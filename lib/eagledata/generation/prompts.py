@@ -143,7 +143,8 @@ def _turns(obj: dict, tools: Tools | None) -> tuple[list[dict], _Shape]:
         where = f"{shape.key}[{i}]"
         role = shape.roles.get(t.get(shape.role_key)) if isinstance(t, dict) else None
         if role is None:
-            raise InputError(f"{shape.role_key} must be one of {sorted(shape.roles)}", field=f"{where}.{shape.role_key}")
+            raise InputError(f"{shape.role_key} must be one of {sorted(shape.roles)}",
+                             field=f"{where}.{shape.role_key}")
         text = t.get(shape.text_key)
         if shape is _SHAREGPT and pending and role != "tool":
             raise InputError(f"{len(pending)} of its calls have no tool result before {where} (one result turn per "
