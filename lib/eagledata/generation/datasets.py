@@ -1,15 +1,19 @@
-"""The datasets file (`params/datasets.yaml`): `<name>: {prompts: <path>, target_output_tokens: <int>}`, and the
-budget plan's `planned_usd` (what its target is expected to cost) where budget.ipynb wrote the targets."""
+"""The datasets file (`params/datasets.yaml`): `<name>: {prompts: <path>, target_output_tokens: <int>}`, the
+budget plan's `planned_usd` (what its target is expected to cost) where budget.ipynb wrote the targets, and optional
+`tools` (an inline list or a JSON file) for the dataset's prompts that declare none of their own."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import json
+
 import yaml
 
 from ..errors import InputError
 from ..files import atomic_write_text
+from .prompts import Tools, normalize_tools
 
 
 @dataclass(frozen=True)
@@ -18,6 +22,7 @@ class DatasetSpec:
     prompts: Path
     target_output_tokens: int | None
     planned_usd: float | None = None  # the budget plan's expected $ for the target (the run's planned spend line)
+    tools: Tools | None = None  # declarations for prompts without their own: scan_prompts(..., tools=spec.tools)
 
 
 def _resolve(base: Path, p: str) -> Path:
@@ -25,6 +30,32 @@ def _resolve(base: Path, p: str) -> Path:
     if path.is_absolute() or path.exists():
         return path
     return base / path  # relative to the datasets file
+
+
+def _tools(base: Path, path: Path, name: str, raw: Any) -> Tools | None:
+    """An entry's `tools`: a list inline, or the path of a JSON file holding one (resolved like `prompts`). Errors
+    name the datasets file and `<name>.tools[k]…`, or the JSON file (and its line, or `tools[k]…`)."""
+    if raw is None:
+        return None
+    where, field = path, f"{name}.tools"
+    if isinstance(raw, str):
+        file = _resolve(base, raw)
+        try:
+            text = file.read_text(encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"cannot read tools file {str(file)!r}: {e.strerror}", path, field=field) from None
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"not valid JSON: {e.msg}", file, e.lineno) from None
+        where, field = file, "tools"
+    if not isinstance(raw, list):
+        raise InputError("must be a list of {type: function, function: {name, …}}, or the path of a JSON file "
+                         "holding one", where, field=field)
+    try:
+        return normalize_tools(raw, field)
+    except InputError as e:  # add the file to the field normalize_tools named
+        raise InputError(str(e).split(": ", 1)[1], where, field=e.field) from None
 
 
 def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:
@@ -51,7 +82,8 @@ def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:
         if planned is not None and (not isinstance(planned, (int, float)) or isinstance(planned, bool) or planned < 0):
             raise InputError("must be a non-negative number", path, field=f"{name}.planned_usd")
         specs[str(name)] = DatasetSpec(str(name), _resolve(path.parent, entry["prompts"]), target,
-                                       None if planned is None else float(planned))
+                                       None if planned is None else float(planned),
+                                       _tools(path.parent, path, str(name), entry.get("tools")))
     return specs
 
 
