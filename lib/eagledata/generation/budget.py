@@ -221,15 +221,17 @@ def turn_prompt_tokens(tok: KimiTokenizer, conversation: Conversation, scaffold:
     return [len(prompt_ids(tok, conversation.turn(empty[:k]).messages, tools=tools)) for k in range(n - 1)] + [len(ids)]
 
 
-def measure_prompts(tok: KimiTokenizer, name: str, path: str | Path, turns: TurnsMode = "all") -> PromptTurns:
+def measure_prompts(tok: KimiTokenizer, name: str, path: str | Path, turns: TurnsMode = "all",
+                    tools: list[dict] | None = None) -> PromptTurns:
     """Every request a prompt file makes under `turns` (generation's setting), exactly as generation will render
     it (template + generation prompt), with the target's earlier answers left empty (`PromptTurns.stats` adds
-    their expected content). `last` is one request per prompt: the prompt as written."""
+    their expected content). `last` is one request per prompt: the prompt as written. `tools`: the dataset's
+    declarations for prompts without their own (they are rendered into every request)."""
     if turns not in ("all", "last"):
         raise InputError(f"must be all or last, got {turns!r}", field="turns")
     scaffold = _Scaffold.of(tok)
     asks, earlier, per_conversation = [], [], []
-    for p in iter_prompts(path):
+    for p in iter_prompts(path, tools=tools):
         lengths = turn_prompt_tokens(tok, Conversation.of(p, turns), scaffold)
         asks += lengths
         earlier += range(len(lengths))

@@ -332,7 +332,7 @@ class Run:
                 store = Store.open(dataset_files(name, cfg.output_dir))
                 try:
                     scan = scan_prompts(spec.prompts, store.finished, cfg.limit,  # every bad line named first
-                                        turn_ids=functools.partial(later_turn_ids, turns=cfg.turns))
+                                        turn_ids=functools.partial(later_turn_ids, turns=cfg.turns), tools=spec.tools)
                     lanes.append(DatasetRun(name, store, scan, cfg.target_output_tokens or spec.target_output_tokens,
                                             cfg.turns, None if cfg.target_output_tokens else spec.planned_usd))
                 except BaseException:
