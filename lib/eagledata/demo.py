@@ -21,7 +21,7 @@ from .errors import InputError, run_command
 from .notebooks import NOTEBOOK_DIR, read_results, run_notebook
 
 ROOT = NOTEBOOK_DIR.parent
-DEMO_DATASETS = ("demo-a", "demo-b")
+DEMO_DATASETS = ("demo-a", "demo-b", "demo-tools")
 DEMO_SET = "demo"  # the assembled training set and its hidden states
 
 
@@ -108,12 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         routing = routing_file("moonshotai/kimi-k2.5", params)
         step("budget", "budget", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
              reserve_usd=0.05, round_to=1000, output_dir=str(demo))
-        # Both datasets in one run, as the job is done: one pool, one budget.
+        # Every dataset in one run, as the job is done: one pool, one budget.
         step("generate", "generate-demo", dataset=list(DEMO_DATASETS), datasets_file=str(datasets),
              base_url=emu.base_url, params_dir=str(params), output_dir=str(demo), concurrency=64, max_tokens=8192,
              reserve_usd=0.0)
         step("tokenizer", "tokenizer", records=str(dataset_files(DEMO_DATASETS[0], demo).records),
              truth=str(truth))
+        step("tokenizer", "tokenizer-tools", records=str(dataset_files("demo-tools", demo).records), truth=str(truth))
         step("tokenizer", "tokenizer-samples")
         step("budget", "budget-actual", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
              reserve_usd=0.05, round_to=1000, output_dir=str(demo), write=False)

@@ -286,7 +286,7 @@ def check_tokenizer(located: Sequence[Located], tok: KimiTokenizer, sample: int 
     step = max(1, len(located) // sample) if sample else 0
     for loc in located[::step] if step else []:
         r = loc.record
-        if r.prompt_ids and prompt_ids(tok, r.messages) != r.prompt_ids:
+        if r.prompt_ids and prompt_ids(tok, r.messages, tools=r.tools) != r.prompt_ids:
             raise InputError(f"record {r.id!r}: prompt ids are not this tokenizer's render of its messages "
                              f"(made with another tokenizer or chat template?)", loc.path, loc.line, "prompt_ids")
 
@@ -403,12 +403,17 @@ def specforge_row(record: Record, sample: Sample, tok: KimiTokenizer | None = No
     answers as `assistant` turns; then this turn's answer, its reasoning as `reasoning_content`), plus the exact ids
     and mask the states are taken over (loss on this turn's answer only) and, with `tok`, their exact text:
     SpecForge's template list has no Kimi-K2.5 entry, so its trainer should not re-render."""
-    turns = [{"role": m["role"], "content": m.get("content", "")} for m in record.messages]
+    turns = [{"role": m["role"], "content": m.get("content", ""),
+              **{k: m[k] for k in ("tool_calls", "tool_call_id") if m.get(k)}} for m in record.messages]
     answer: dict[str, Any] = {"role": "assistant", "content": record.content}
     if record.reasoning:
         answer["reasoning_content"] = record.reasoning
+    if record.tool_calls:
+        answer["tool_calls"] = record.tool_calls
     row: dict[str, Any] = {"id": record.id, "conversation_id": record.conversation_id, "turn": record.turn,
                            "conversations": [*turns, answer]}
+    if record.tools:
+        row["tools"] = record.tools
     if tok is not None:
         row["text"] = tok.decode(sample.input_ids)
     row.update(input_ids=sample.input_ids, loss_mask=sample.loss_mask)
