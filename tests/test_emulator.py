@@ -795,6 +795,8 @@ def test_call_ids_and_reserialized_arguments_by_endpoint(em, tok):
         assert s["function"]["arguments"] == json.dumps(json.loads(model), separators=(",", ":"))
         assert model in tok.decode(g["output_ids"])  # the ids hold the model's text, not the served one
     assert em.ground_truth(chat(em, provider={"only": ["DeepInfra"]}).json()["id"])["quirk"] is None
+    d = tool_chat(em, [{"role": "user", "content": task}], provider={"only": ["Parasail"]}).json()  # no <|im_end|>
+    assert d["usage"]["completion_tokens"] == len(em.ground_truth(d["id"])["output_ids"]) - 1
 
 
 def test_cut_inside_the_tool_call_section(em, tok):
