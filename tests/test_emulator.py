@@ -87,6 +87,7 @@ def test_config_errors_name_the_field(tmp_path):
         "endpoints[0].slug": {"endpoints": [{"provider": "NewCo"}]},
         "endpoints[0].quirks.nope": {"endpoints": [{"provider": "Chutes", "quirks": {"nope": 0.1}}]},
         "endpoints[0].capacity": {"endpoints": [{"provider": "Chutes", "capacity": 0}]},
+        "endpoints[0].tool_call_ids": {"endpoints": [{"provider": "Chutes", "tool_call_ids": "uuid"}]},
         "bogus": {"bogus": 1},
     }
     for field, raw in cases.items():
