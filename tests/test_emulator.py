@@ -87,6 +87,7 @@ def test_config_errors_name_the_field(tmp_path):
         "endpoints[0].slug": {"endpoints": [{"provider": "NewCo"}]},
         "endpoints[0].quirks.nope": {"endpoints": [{"provider": "Chutes", "quirks": {"nope": 0.1}}]},
         "endpoints[0].capacity": {"endpoints": [{"provider": "Chutes", "capacity": 0}]},
+        "endpoints[0].tool_call_ids": {"endpoints": [{"provider": "Chutes", "tool_call_ids": "uuid"}]},
         "bogus": {"bogus": 1},
     }
     for field, raw in cases.items():
@@ -457,10 +458,12 @@ def test_every_quirk_has_one_shape():
     from eagledata.emulator.bodies import SERVED
     from eagledata.emulator.catalog import QUIRKS
     from eagledata.emulator.content import TEXT_QUIRKS
+    from eagledata.emulator.toolcalls import CALL_QUIRKS
 
     assert QUIRKS == ("reasoning_details_only", "inline_think", "literal_specials", "bare_close",
-                      "reasoning_dropped", "special_spaces")
-    assert set(SERVED) | set(TEXT_QUIRKS) == set(QUIRKS) and not set(SERVED) & set(TEXT_QUIRKS)
+                      "reasoning_dropped", "special_spaces", "arguments_reserialized")
+    shapes = [set(SERVED), set(TEXT_QUIRKS), set(CALL_QUIRKS)]
+    assert set().union(*shapes) == set(QUIRKS) and sum(map(len, shapes)) == len(QUIRKS)
 
 
 def test_quirks_are_served_and_recorded(em, tok):
@@ -469,7 +472,10 @@ def test_quirks_are_served_and_recorded(em, tok):
 
     for quirk in QUIRKS:
         em.reset({**em.base, "endpoints": [{"provider": "Fireworks", "quirks": {quirk: 1.0}}]})
-        d = chat(em).json()
+        if quirk == "arguments_reserialized":  # served only on answers with calls
+            d = tool_chat(em, [{"role": "user", "content": task_with(lambda p: len(p) >= 1)}]).json()
+        else:
+            d = chat(em).json()
         msg, g = d["choices"][0]["message"], em.ground_truth(d["id"])
         assert g["quirk"] == quirk
         if quirk == "reasoning_details_only":
@@ -488,11 +494,14 @@ def test_quirks_are_served_and_recorded(em, tok):
             assert d["usage"]["completion_tokens_details"]["reasoning_tokens"] == g["reasoning_tokens"] > 0
         elif quirk == "special_spaces":  # vllm#33457: a space beside every special token
             assert msg["reasoning"] == " " + g["reasoning"] + " " and msg["content"] == " " + g["content"] + " "
+        elif quirk == "arguments_reserialized":  # compact JSON served, the model's text in the ids
+            assert [c["function"]["arguments"] for c in msg["tool_calls"]] == [
+                json.dumps(json.loads(c["function"]["arguments"]), separators=(",", ":")) for c in g["tool_calls"]]
         else:
             pytest.fail(f"no expected shape for the quirk {quirk!r}: add it here")
         # whatever the shape, the ground truth is the model's ids, and the usage counts them
         assert d["usage"]["completion_tokens"] == len(g["output_ids"])
-        assert g["finish_reason"] == "stop"
+        assert g["finish_reason"] == ("tool_calls" if quirk == "arguments_reserialized" else "stop")
 
 
 def test_usage_counts_im_end_or_not_by_endpoint(em):
@@ -634,3 +643,252 @@ def test_cut_inside_a_character_is_recorded(tok):
     cut = generate(tok, content_rng(3, "cut", attempt, None), dist, Quirks(), k)
     assert cut.output_ids == full.output_ids[:k] and cut.finish_reason == "length"
     assert cut.cut_mid_char and not cut.retokenizes  # U+FFFD does not encode back to the cut bytes
+
+
+# -- tool calls ------------------------------------------------------------------------------------
+TOOLS = [{"type": "function", "function": {
+             "name": "get_weather", "description": "The weather in a city",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                                             "metric": {"type": "boolean"}}}}},
+         {"type": "function", "function": {"name": "search", "parameters": {
+             "type": "object", "properties": {"query": {"type": "string"}}}}}]
+TOOL_NAMES = ["get_weather", "search"]
+
+
+def task_with(want, parallel: bool = True) -> str:
+    """A task whose planned rounds satisfy `want` (the plan is the model's: found, never forced)."""
+    from eagledata.emulator.toolcalls import task_rounds
+
+    return next(t for t in (f"task {i}: plan the trip" for i in range(2000))
+                if want(task_rounds(t, TOOL_NAMES, parallel)))
+
+
+def tool_chat(em, messages, **kw) -> httpx.Response:
+    body = {"model": MODEL, "messages": messages, "tools": TOOLS, **kw}
+    return httpx.post(f"{em.base_url}/chat/completions", json=body, headers=AUTH, timeout=30)
+
+
+def true_calls(g: dict):
+    from eagledata.records import ToolCall
+
+    return tuple(ToolCall.from_api(c) for c in g["tool_calls"])
+
+
+def test_task_rounds_is_the_models_own_plan():
+    """The plan depends on the task and the tool names only, has the documented shape, and the request's
+    position in the tool loop (rounds done since the last user turn) picks the round."""
+    from eagledata.emulator.toolcalls import calls_so_far, planned_calls, task_rounds
+
+    tasks = [f"question {i}" for i in range(3000)]
+    plans = [task_rounds(t, TOOL_NAMES, True) for t in tasks]
+    assert plans == [task_rounds(t, TOOL_NAMES, True) for t in tasks]  # no seed, no state
+    share = {r: sum(len(p) == r for p in plans) / len(plans) for r in range(4)}
+    for r, p in {0: 0.3, 1: 0.35, 2: 0.2, 3: 0.15}.items():
+        assert abs(share[r] - p) < 0.035, share
+    rounds = [x for p in plans for x in p]
+    assert abs(sum(len(x) > 1 for x in rounds) / len(rounds) - 0.3) < 0.035
+    assert {n for x in rounds for n in x} == set(TOOL_NAMES) and max(map(len, rounds)) == 3
+    serial = [task_rounds(t, TOOL_NAMES, False) for t in tasks]
+    assert [[x[:1] for x in p] for p in plans] == serial  # same rounds, each its first call alone
+    assert task_rounds("x", [], True) == [] and any(task_rounds(t, ["search"], True) != p
+                                                    for t, p in zip(tasks[:50], plans))
+    task = task_with(lambda p: len(p) == 2)
+    plan = task_rounds(task, TOOL_NAMES, True)
+    call = {"id": "c0", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    asked = [{"role": "system", "content": "be brief"}, {"role": "user", "content": task}]
+    one = [*asked, {"role": "assistant", "content": None, "tool_calls": [call, call]},
+           {"role": "tool", "tool_call_id": "c0", "content": "sunny"}]
+    two = [*one, {"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c0",
+                                                                             "content": "ok"}]
+    assert planned_calls(asked, TOOLS) == plan[0] and planned_calls(one, TOOLS) == plan[1]
+    assert planned_calls(two, TOOLS) == ()  # the rounds are done: the plain answer
+    assert planned_calls([{"role": "user", "content": [{"type": "text", "text": task}]}], TOOLS) == plan[0]
+    assert planned_calls(asked, TOOLS, parallel=False) == plan[0][:1]
+    assert planned_calls(asked, TOOLS, tool_choice="none") == () and planned_calls(asked, None) == ()
+    assert planned_calls(two, TOOLS, tool_choice="required") != ()
+    named = {"type": "function", "function": {"name": "search"}}
+    assert set(planned_calls(two, TOOLS, tool_choice=named)) == {"search"}
+    # a new user turn is a new task: the rounds done before it do not count
+    later = [*two, {"role": "assistant", "content": "done"}, {"role": "user", "content": task}]
+    assert planned_calls(later, TOOLS) == plan[0] and calls_so_far(later) == 3
+
+
+def test_tool_call_answer_is_the_planned_calls_as_true_ids(em, tok):
+    """A native-id endpoint serves the planned calls with the model's ids; the ground truth is the recipe's ids of
+    the answer with its calls, which usage counts and the local-server dialect returns."""
+    from eagledata.emulator.toolcalls import task_rounds
+    from eagledata.text.sequences import output_ids, prompt_ids
+
+    em.reset({**em.base, "record_prompt_ids": True})
+    task = task_with(lambda p: len(p) >= 1 and len(p[0]) >= 2)
+    messages = [{"role": "user", "content": task}]
+    d = tool_chat(em, messages, provider={"only": ["DeepInfra"]}, return_token_ids=True).json()
+    ch, g = d["choices"][0], em.ground_truth(d["id"])
+    msg = ch["message"]
+    assert ch["finish_reason"] == "tool_calls" and g["finish_reason"] == "tool_calls"
+    names = task_rounds(task, TOOL_NAMES, True)[0]
+    assert [c["function"]["name"] for c in msg["tool_calls"]] == list(names)
+    assert [c["id"] for c in msg["tool_calls"]] == [f"functions.{n}:{k}" for k, n in enumerate(names)]
+    assert msg["tool_calls"] == g["tool_calls"] and all(c["type"] == "function" for c in msg["tool_calls"])
+    for c in msg["tool_calls"]:
+        args = json.loads(c["function"]["arguments"])
+        props = next(t for t in TOOLS if t["function"]["name"] == c["function"]["name"])["function"]["parameters"]
+        assert list(args) == list(props["properties"])
+        assert c["function"]["arguments"] == json.dumps(args, ensure_ascii=False)  # as the model writes JSON
+    assert g["output_ids"] == output_ids(tok, msg["reasoning"], msg["content"], "tool_calls",
+                                         tool_calls=true_calls(g))
+    assert g["retokenizes"] and ch["token_ids"] == g["output_ids"]
+    assert d["usage"]["completion_tokens"] == len(g["output_ids"])
+    assert g["prompt_ids"] == prompt_ids(tok, messages, tools=TOOLS) == d["prompt_token_ids"]
+    assert g["prompt_ids"] != prompt_ids(tok, messages)  # the tools are declared in the prompt
+    plain = chat(em, content=task, provider={"only": ["DeepInfra"]}).json()["choices"][0]
+    assert plain["finish_reason"] == "stop" and "tool_calls" not in plain["message"]
+
+
+def test_call_index_continues_the_conversation(em, tok):
+    """After two earlier calls the next call is IDX 2; the history (calls, tool returns, `reasoning` as
+    `reasoning_content`) is rendered as sent."""
+    from eagledata.emulator.toolcalls import task_rounds
+    from eagledata.text.sequences import prompt_ids
+
+    em.reset({**em.base, "record_prompt_ids": True})
+    task = task_with(lambda p: len(p) >= 2)
+    earlier = [{"id": "functions.get_weather:0", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+               {"id": "functions.search:1", "type": "function",
+                "function": {"name": "search", "arguments": "{\"query\": \"Paris\"}"}}]
+    sent = [{"role": "user", "content": task},
+            {"role": "assistant", "content": "", "reasoning": "I need the weather.", "tool_calls": earlier},
+            {"role": "tool", "tool_call_id": "functions.get_weather:0", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "functions.search:1", "content": "a city"}]
+    d = tool_chat(em, sent, provider={"only": ["Moonshot AI"]}).json()
+    g = em.ground_truth(d["id"])
+    names = task_rounds(task, TOOL_NAMES, True)[1]
+    assert [c["id"] for c in d["choices"][0]["message"]["tool_calls"]] == [
+        f"functions.{n}:{2 + k}" for k, n in enumerate(names)]
+    as_template = [{**m, "reasoning_content": m["reasoning"]} if "reasoning" in m else m for m in sent]
+    assert g["prompt_ids"] == prompt_ids(tok, as_template, tools=TOOLS)
+    text = tok.decode(g["prompt_ids"])
+    assert "## Return of functions.search:1\na city" in text and "<think>I need the weather.</think>" in text
+
+
+def test_call_ids_and_reserialized_arguments_by_endpoint(em, tok):
+    """A `call` endpoint serves `call_` + 24 alphanumerics, a reserializing one compact JSON; the ground truth and
+    the usage stay the model's."""
+    import re
+    from eagledata.emulator.catalog import default_endpoints
+
+    assert {e.provider for e in default_endpoints() if e.tool_call_ids == "call"} == {"Fireworks", "Together"}
+    task = task_with(lambda p: len(p) >= 1 and len(p[0]) >= 2)
+    d = tool_chat(em, [{"role": "user", "content": task}], provider={"only": ["Together"]}).json()
+    served, g = d["choices"][0]["message"]["tool_calls"], em.ground_truth(d["id"])
+    assert all(re.fullmatch(r"call_[A-Za-z0-9]{24}", c["id"]) for c in served) and len({c["id"] for c in served}) > 1
+    assert [c["id"] for c in g["tool_calls"]] == [f"functions.{c['function']['name']}:{k}"
+                                                  for k, c in enumerate(served)]
+    assert [c["function"] for c in served] == [c["function"] for c in g["tool_calls"]]
+    em.reset({**em.base, "endpoints": [{"provider": "DeepInfra", "quirks": {"arguments_reserialized": 1.0}}]})
+    d = tool_chat(em, [{"role": "user", "content": task}], provider={"only": ["DeepInfra"]}).json()
+    served, g = d["choices"][0]["message"]["tool_calls"], em.ground_truth(d["id"])
+    assert g["quirk"] == "arguments_reserialized" and d["usage"]["completion_tokens"] == len(g["output_ids"])
+    for s, t in zip(served, g["tool_calls"], strict=True):
+        model = t["function"]["arguments"]
+        assert s["id"] == t["id"] and ": " in model and s["function"]["arguments"] != model
+        assert s["function"]["arguments"] == json.dumps(json.loads(model), separators=(",", ":"))
+        assert model in tok.decode(g["output_ids"])  # the ids hold the model's text, not the served one
+    assert em.ground_truth(chat(em, provider={"only": ["DeepInfra"]}).json()["id"])["quirk"] is None
+    d = tool_chat(em, [{"role": "user", "content": task}], provider={"only": ["Parasail"]}).json()  # no <|im_end|>
+    assert d["usage"]["completion_tokens"] == len(em.ground_truth(d["id"])["output_ids"]) - 1
+
+
+def test_cut_inside_the_tool_call_section(em, tok):
+    """A `max_tokens` cut inside the section is served as vLLM's kimi_k2 parser serves it: finish `length`,
+    the content before the section, only the whole calls."""
+    from eagledata.text.tokenizer import CALL_END, SECTION_BEGIN
+
+    task = task_with(lambda p: len(p) >= 1 and len(p[0]) >= 2)
+    messages = [{"role": "user", "content": task}]
+
+    def ask(max_tokens=None):
+        d = tool_chat(em, messages, provider={"only": ["DeepInfra"]}, temperature=0, max_tokens=max_tokens).json()
+        return d["choices"][0], em.ground_truth(d["id"])
+
+    full, g = ask()
+    ids = g["output_ids"]
+    begin, first_end = ids.index(SECTION_BEGIN), ids.index(CALL_END)
+    n = len(full["message"]["tool_calls"])  # the last cut drops only the <|im_end|>
+    for max_tokens, whole in [(begin + 3, 0), (first_end + 1, 1), (first_end + 3, 1), (len(ids) - 1, n)]:
+        ch, cut = ask(max_tokens)
+        assert cut["output_ids"] == ids[:max_tokens] and cut["finish_reason"] == ch["finish_reason"] == "length"
+        assert ch["message"]["content"] == full["message"]["content"] == cut["content"]
+        assert ch["message"].get("tool_calls", []) == full["message"]["tool_calls"][:whole] == cut["tool_calls"]
+
+
+def test_streamed_tool_calls_assemble_to_the_calls(em):
+    """OpenAI's streaming shape: per call index, id, type and name first, then argument pieces; finish
+    `tool_calls`; assembled, the calls the non-streaming body would hold."""
+    em.reset({**em.base, "speed": 0.01, "processing_interval": 0.01})
+    task = task_with(lambda p: len(p) >= 1 and len(p[0]) >= 2)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": task}], "tools": TOOLS, "stream": True,
+            "provider": {"only": ["DeepInfra"]}}
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30, json=body) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    finish, deltas = events[-2], [e["choices"][0]["delta"] for e in events[:-2]]
+    assert finish["choices"][0]["finish_reason"] == "tool_calls"
+    calls: dict[int, dict] = {}
+    for delta in deltas:
+        for part in delta.get("tool_calls") or ():
+            if part["index"] not in calls:
+                assert {"id", "type", "function"} <= part.keys() and part["function"]["name"]
+                calls[part["index"]] = {"id": part["id"], "type": part["type"],
+                                        "function": {"name": part["function"]["name"], "arguments": ""}}
+            calls[part["index"]]["function"]["arguments"] += part["function"]["arguments"]
+    g = em.ground_truth(events[0]["id"])
+    assert [calls[i] for i in sorted(calls)] == g["tool_calls"] and len(calls) >= 2
+    assert "".join(d["content"] or "" for d in deltas) == g["content"]
+
+
+def test_tool_requests_are_validated(em):
+    """Tool turns must answer a call of an earlier assistant message; tools, tool_choice, parallel_tool_calls and
+    assistant tool_calls have OpenAI's shapes; each 400 names the field."""
+    call = {"id": "functions.search:0", "type": "function", "function": {"name": "search", "arguments": "{}"}}
+    asked = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    ok = tool_chat(em, [*asked, {"role": "tool", "tool_call_id": "functions.search:0", "content": "x"}])
+    assert ok.status_code == 200, ok.text
+    cases = [
+        ([*asked, {"role": "tool", "tool_call_id": "functions.search:7", "content": "x"}], {},
+         "messages[2].tool_call_id"),
+        ([*asked, {"role": "tool", "content": "x"}], {}, "messages[2].tool_call_id"),
+        ([{"role": "tool", "tool_call_id": "functions.search:0", "content": "x"}, *asked], {},
+         "messages[0].tool_call_id"),  # an answer before its call
+        ([asked[0], {"role": "assistant", "content": None, "tool_calls": [
+            {**call, "function": {"name": "search", "arguments": {}}}]}], {},
+         "messages[1].tool_calls[0].function.arguments"),
+        ([asked[0], {"role": "assistant", "content": "", "reasoning": 3}], {}, "messages[1].reasoning"),
+        ([asked[0]], {"tools": [{"type": "function", "function": {"description": "no name"}}]},
+         "tools[0].function.name"),
+        ([asked[0]], {"tools": [{"name": "search"}]}, "tools[0]"),
+        ([asked[0]], {"parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ([asked[0]], {"tool_choice": "sometimes"}, "tool_choice"),
+        ([asked[0]], {"tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice.function.name"),
+        ([asked[0]], {"tools": None, "tool_choice": "auto"}, "tool_choice"),
+    ]
+    for messages, kw, field in cases:
+        r = tool_chat(em, messages, **kw)
+        assert r.status_code == 400 and r.json()["error"]["metadata"]["field"] == field, (field, r.text)
+
+
+def test_tools_are_routed_only_to_endpoints_that_take_them(em):
+    """OpenRouter sends a request with `tools` only to endpoints listing `tools`, whatever `require_parameters`
+    says; when none is left, 404 as for any empty route."""
+    eps = default_endpoints()
+    assert [e.provider for e in eps if "tools" not in e.supported_parameters] == ["AtlasCloud"]
+    prefs = ProviderPrefs(order=("AtlasCloud",))
+    assert route(eps, prefs).endpoints[0].provider == "AtlasCloud"
+    assert "AtlasCloud" not in names(route(eps, prefs, tools=True).endpoints)
+    assert route(eps, ProviderPrefs(only=("AtlasCloud",)), tools=True).reason == "that support tool use"
+    user = [{"role": "user", "content": "hi"}]
+    assert tool_chat(em, user, provider={"order": ["AtlasCloud"]}).json()["provider"] != "AtlasCloud"
+    r = tool_chat(em, user, provider={"only": ["AtlasCloud"]})
+    assert r.status_code == 404 and "tool use" in r.json()["error"]["message"]
+    assert chat(em, provider={"only": ["AtlasCloud"]}).json()["provider"] == "AtlasCloud"  # without tools

@@ -27,8 +27,9 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
          context_length: 262144, max_completion_tokens: 65536, latency: 1.0, throughput: 40,
          uptime: 99.0, status: 0, capacity: 1000, error_rate: 0.0, data_collection: deny,
          supported_parameters: [...], usage_counts_im_end: true,
+         tool_call_ids: native,         # or call: `call_` + 24 alphanumerics instead of functions.NAME:IDX
          quirks: {reasoning_details_only: 0, inline_think: 0, literal_specials: 0, bare_close: 0,
-                  reasoning_dropped: 0, special_spaces: 0}}
+                  reasoning_dropped: 0, special_spaces: 0, arguments_reserialized: 0}}
 
 Admin API (not under /api/v1): GET /admin/health, POST /admin/topup {"amount": USD}, GET /admin/stats,
 GET /admin/ground_truth[?id=gen-…], POST /admin/reset [config JSON].

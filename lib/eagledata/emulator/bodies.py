@@ -42,7 +42,7 @@ def _reasoning_dropped(gen: Generation, details: list[dict]) -> Served:
 def _special_spaces(gen: Generation, details: list[dict]) -> Served:
     """vllm#33457: `<think>ok</think>1` served as `' <think> ok </think> 1'`, split by the reasoning parser."""
     reasoning = " " + gen.reasoning + (" " if gen.closed else "")
-    content = " " + gen.content + (" " if gen.finish_reason == "stop" else "") if gen.closed else ""
+    content = " " + gen.content + (" " if gen.before_special else "") if gen.closed else ""
     return reasoning, [{**details[0], "text": reasoning}], content
 
 
@@ -84,6 +84,8 @@ def completion_body(em: Emulator, job: Job, *, empty: bool = False) -> dict:
         reasoning, details, content = served_fields(job)
         message = {"role": "assistant", "content": content, "refusal": None, "reasoning": reasoning,
                    "reasoning_details": details}
+        if job.calls:  # only an answer with calls has the key, as OpenAI serves it
+            message["tool_calls"] = job.calls
         finish, usage = gen.finish_reason, em.usage(job)
     body = {**envelope(em, job, "chat.completion"),
             "choices": [{"logprobs": None, "finish_reason": finish, "native_finish_reason": finish, "index": 0,
@@ -175,8 +177,21 @@ class JobStream(StreamingResponse):
         asyncio.get_running_loop().call_later(left, em.settle, job, "abandoned", True)
 
 
+def call_deltas(calls: list[dict], pieces_per_call: int = 3) -> list[dict]:
+    """Tool calls in OpenAI's streaming shape: per call a delta with its index, id, type, name and no arguments
+    yet, then deltas with argument pieces (content null, as OpenAI sends them)."""
+    out: list[dict] = []
+    for i, c in enumerate(calls):
+        fn = c["function"]
+        out.append({"role": "assistant", "content": None, "tool_calls": [
+            {"index": i, "id": c["id"], "type": "function", "function": {"name": fn["name"], "arguments": ""}}]})
+        out += [{"role": "assistant", "content": None, "tool_calls": [{"index": i, "function": {"arguments": p}}]}
+                for p in pieces(fn["arguments"], pieces_per_call)]
+    return out
+
+
 async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
-    """SSE: processing comments, reasoning then content deltas, finish chunk, usage chunk, [DONE]; the row's
+    """SSE: processing comments, reasoning, content then tool-call deltas, finish chunk, usage chunk, [DONE]; the row's
     `stream` shape decides what is sent instead (an error chunk or a cut line halfway, an empty answer)."""
     gen = job.gen
     assert gen is not None
@@ -209,6 +224,8 @@ async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
         deltas.append(d)
     for piece in pieces(content, math.ceil(n_out * (1 - r_share) / per_chunk)):
         deltas.append({"role": "assistant", "content": piece, "reasoning": None})
+    if not empty:
+        deltas += call_deltas(job.calls)
     dt = gen_time / max(1, len(deltas))
     cut_at = len(deltas) // 2 if fault.stream in ("error_chunk", "cut") else None
     for i, delta in enumerate(deltas):

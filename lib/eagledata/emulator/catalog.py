@@ -13,6 +13,8 @@ STATUS_OK, STATUS_DOWN = 0, -5
 
 DEFAULT_PARAMETERS = ("max_tokens", "temperature", "top_p", "stop", "seed", "reasoning",
                       "include_reasoning", "response_format", "tools", "tool_choice")
+NO_TOOLS = tuple(p for p in DEFAULT_PARAMETERS if p not in ("tools", "tool_choice"))
+TOOL_CALL_IDS = ("native", "call")  # Endpoint.tool_call_ids
 
 
 def per_token(usd_per_million: float) -> str:
@@ -37,6 +39,9 @@ class Quirks:
     bare_close: float = 0.0
     reasoning_dropped: float = 0.0  # reasoning billed and counted, its text served nowhere
     special_spaces: float = 0.0  # a space beside every special token (vllm#33457): " reasoning " / " answer "
+    # The provider parses a call's arguments and re-dumps them compactly (`{"a":1}`, non-ASCII escaped): the served
+    # string is not the model's text (usage still counts the model's ids). Drawn only for answers with calls.
+    arguments_reserialized: float = 0.0
 
 
 QUIRKS: tuple[str, ...] = tuple(f.name for f in fields(Quirks))
@@ -68,6 +73,9 @@ class Endpoint:
     # Whether `usage.completion_tokens` counts the final `<|im_end|>` (providers differ: a constant offset of -1
     # on finished answers when not). Billing follows the count, as the service bills what it reports.
     usage_counts_im_end: bool = True
+    # The id a tool call is served with: "native" the model's own `functions.NAME:IDX` (vLLM's kimi_k2 parser
+    # keeps it), "call" an OpenAI-style `call_` + 24 alphanumerics the provider makes up.
+    tool_call_ids: str = "native"
 
     @property
     def tag(self) -> str:
@@ -99,22 +107,25 @@ def _ep(provider: str, slug: str, quant: str, prompt: float, completion: float, 
 
 
 def default_endpoints() -> list[Endpoint]:
-    """The Kimi-K2.5 picture: native int4 providers, two below-native fp4 ones (one down)."""
+    """The Kimi-K2.5 picture: native int4 providers, two below-native fp4 ones (one down). Tool calls: AtlasCloud
+    does not take `tools` (OpenRouter routes tool requests around it); Together and Fireworks serve `call_…` ids,
+    the others the model's own."""
     return [
         _ep("Chutes", "chutes", "int4", 0.40, 2.20, 1.6, 38, 97.1, data_collection="allow",
             quirks=Quirks(inline_think=0.02)),
         _ep("DeepInfra", "deepinfra", "int4", 0.45, 2.20, 0.9, 45, 99.6, stream_cancellation=True),
         _ep("SiliconFlow", "siliconflow", "int4", 0.55, 2.30, 2.1, 30, 98.4,
             quirks=Quirks(reasoning_details_only=0.05), usage_counts_im_end=False),
-        _ep("AtlasCloud", "atlascloud", "int4", 0.50, 2.40, 1.4, 35, 98.9),
+        _ep("AtlasCloud", "atlascloud", "int4", 0.50, 2.40, 1.4, 35, 98.9, supported_parameters=NO_TOOLS),
         _ep("Together", "together", "int4", 0.60, 2.80, 0.7, 60, 99.8, max_completion_tokens=32_768,
-            stream_cancellation=True),
+            stream_cancellation=True, tool_call_ids="call"),
         _ep("Novita", "novita", "int4", 0.55, 2.50, 1.2, 42, 99.1, quirks=Quirks(literal_specials=0.02),
             stream_cancellation=True),
         _ep("Parasail", "parasail", "int4", 0.55, 2.60, 1.0, 50, 99.3, usage_counts_im_end=False),
         _ep("Moonshot AI", "moonshotai", "int4", 0.60, 2.50, 1.8, 33, 99.5),
         _ep("Venice", "venice", "unknown", 0.70, 2.80, 2.5, 25, 96.0, quirks=Quirks(inline_think=0.1)),
-        _ep("Fireworks", "fireworks", "nvfp4", 0.35, 1.80, 0.5, 110, 99.9, stream_cancellation=True),
+        _ep("Fireworks", "fireworks", "nvfp4", 0.35, 1.80, 0.5, 110, 99.9, stream_cancellation=True,
+            tool_call_ids="call"),
         _ep("BaseTen", "baseten", "fp4", 0.38, 1.90, 0.6, 95, 0.0, status=STATUS_DOWN),
     ]
 
@@ -144,8 +155,9 @@ class Route:
 
 
 def route(endpoints: list[Endpoint], prefs: ProviderPrefs, *, need_tokens: int = 0,
-          used_parameters: frozenset[str] = frozenset()) -> Route:
-    """Filter then order endpoints as OpenRouter does; the first is tried first, the rest are fallbacks."""
+          used_parameters: frozenset[str] = frozenset(), tools: bool = False) -> Route:
+    """Filter then order endpoints as OpenRouter does; the first is tried first, the rest are fallbacks.
+    A request with `tools` goes only to endpoints that list `tools`, with or without `require_parameters`."""
     eps = [e for e in endpoints if not e.down]
     reason = "that are currently available"
     steps: list[tuple[str, Callable[[Endpoint], bool]]] = [
@@ -158,6 +170,7 @@ def route(endpoints: list[Endpoint], prefs: ProviderPrefs, *, need_tokens: int =
          and (prefs.max_completion_price is None or e.completion_price <= prefs.max_completion_price)),
         ("matching your data policy (data_collection: deny)",
          lambda e: prefs.data_collection != "deny" or e.data_collection == "deny"),
+        ("that support tool use", lambda e: not tools or "tools" in e.supported_parameters),
         ("that support all the requested parameters",
          lambda e: not prefs.require_parameters or used_parameters <= set(e.supported_parameters)),
         ("that can fit the requested context", lambda e: need_tokens <= e.context_length),

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from ..errors import InputError
-from .catalog import QUIRKS, Endpoint, default_endpoints
+from .catalog import QUIRKS, TOOL_CALL_IDS, Endpoint, default_endpoints
 from .faults import FAULT_CLASSES
 
 
@@ -113,6 +113,9 @@ def _endpoint(raw: Any, name: str, base: Endpoint | None) -> Endpoint:
             _num(value, where, lo=0, hi=1)
         elif key in ("stream_cancellation", "usage_counts_im_end"):
             _typed(value, bool, where)
+        elif key == "tool_call_ids":
+            if value not in TOOL_CALL_IDS:
+                raise InputError(f"must be one of {', '.join(TOOL_CALL_IDS)}", field=where)
         elif key == "data_collection":
             if value not in ("allow", "deny"):
                 raise InputError("must be 'allow' or 'deny'", field=where)

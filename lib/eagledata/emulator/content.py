@@ -14,9 +14,12 @@ from itertools import accumulate
 from dataclasses import dataclass, fields
 from typing import Callable, Sequence
 
+from ..records import ToolCall
 from ..text import END_THINK, IM_END, KimiTokenizer, output_ids, parse_output_ids
+from ..text.tokenizer import SECTION_BEGIN
 from .catalog import QUIRKS, Quirks
 from .config import ContentDist
+from .toolcalls import CALL_QUIRKS, CallPlan
 
 _WORDS = (
     "the of and to in is that for it as with be on this by we are so let me think about check first "
@@ -66,6 +69,9 @@ def _literal_special(rng: random.Random, content: str) -> str:
 # Quirks that change the text the model produced (before it is encoded); the others change only how the text
 # is served (`bodies.SERVED`).
 TEXT_QUIRKS: dict[str, Callable[[random.Random, str], str]] = {"literal_specials": _literal_special}
+# What the model says before its calls, when it says anything (most often nothing).
+CALL_PREAMBLES = ("Let me check that.", "I'll look that up.", "Let me call the tool.", "我来查一下。",
+                  "Checking now 🔍", "I need more data first.")
 
 
 @dataclass
@@ -75,29 +81,41 @@ class Generation:
     output_ids: list[int]
     reasoning: str
     content: str
-    finish_reason: str  # "stop" | "length"
+    finish_reason: str  # "stop" | "length" | "tool_calls"
     reasoning_tokens: int  # ids before </think> (the whole output when cut inside the reasoning)
     quirk: str | None  # one of catalog.QUIRKS, or None
-    retokenizes: bool  # output_ids(tok, reasoning, content, finish_reason) == output ids
+    retokenizes: bool  # output_ids(tok, reasoning, content, finish_reason, tool_calls=...) == output ids
     cut_mid_char: bool  # the cut split a multi-byte character (served as U+FFFD)
+    # The whole calls among the ids, with the model's ids (`functions.NAME:IDX`) and arguments; a cut inside the
+    # tool-call section keeps the calls before it (what vLLM's kimi_k2 parser serves).
+    tool_calls: tuple[ToolCall, ...] = ()
 
     @property
     def closed(self) -> bool:
         """The reasoning was closed (`</think>` among the ids): not cut inside it."""
         return len(self.output_ids) > self.reasoning_tokens
 
+    @property
+    def before_special(self) -> bool:
+        """The content is followed by a special token: `<|im_end|>` or the tool-call section's start."""
+        return self.finish_reason != "length" or bool(self.tool_calls) or SECTION_BEGIN in self.output_ids
+
     def to_dict(self) -> dict:
-        """Shallow (asdict deep-copies the id list, a third of a request's CPU)."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Shallow (asdict deep-copies the id list, a third of a request's CPU); calls in the OpenAI shape."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["tool_calls"] = [c.to_api() for c in self.tool_calls]
+        return d
 
 
 def generate(tok: KimiTokenizer, rng: random.Random, dist: ContentDist, quirks: Quirks,
              max_tokens: int | None, *, thinking: bool = True, reasoning_scale: float = 1.0,
-             reasoning_cap: int | None = None) -> Generation:
+             reasoning_cap: int | None = None, calls: CallPlan | None = None) -> Generation:
     """Draw lengths, build text, encode, cut at `max_tokens` and decode: ground truth first.
 
     `reasoning_scale` (from reasoning.effort) scales the drawn reasoning length; `reasoning_cap`
-    (reasoning.max_tokens) bounds it, as a thinking budget does.
+    (reasoning.max_tokens) bounds it, as a thinking budget does. With `calls` the answer is reasoning, a short
+    preamble or none, and the tool-call section (arguments drawn here, after the text); a plain answer draws
+    exactly as before.
     """
     u = rng.random()
     quirk = None
@@ -115,11 +133,19 @@ def generate(tok: KimiTokenizer, rng: random.Random, dist: ContentDist, quirks: 
                                                               dist.content_sigma))))
     reasoning = _text(rng, n_r, "Okay, ")
     content = _text(rng, n_c, "**Answer:** ")
+    if calls is not None:
+        content = rng.choice(CALL_PREAMBLES) if rng.random() < 0.35 else ""
+    elif quirk in CALL_QUIRKS:
+        quirk = None  # a quirk of how calls are served: nothing to serve differently in a plain answer
     if quirk in TEXT_QUIRKS:
         content = TEXT_QUIRKS[quirk](rng, content)
     r_ids = tok.encode_ordinary(reasoning) if thinking else []
     ids = [*r_ids, END_THINK] if thinking else []
-    ids += [*tok.encode_ordinary(content), IM_END]
+    ids += tok.encode_ordinary(content)
+    if calls is not None:  # the section and <|im_end|>, as the template's render_toolcalls writes them
+        ids += output_ids(tok, None, None, "tool_calls", thinking=False, tool_calls=calls.draw(rng))
+    else:
+        ids.append(IM_END)
     if max_tokens is not None and len(ids) > max_tokens:
         ids = ids[:max_tokens]
     answer = parse_output_ids(tok, ids, thinking=thinking)
@@ -128,4 +154,5 @@ def generate(tok: KimiTokenizer, rng: random.Random, dist: ContentDist, quirks: 
     return Generation(ids, answer.reasoning, answer.content, answer.finish_reason,
                       min(len(r_ids), len(ids)), quirk,
                       output_ids(tok, answer.reasoning, answer.content, answer.finish_reason,
-                                 thinking=thinking) == ids, mid_char)
+                                 thinking=thinking, tool_calls=answer.tool_calls) == ids, mid_char,
+                      answer.tool_calls)

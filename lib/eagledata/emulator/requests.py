@@ -43,6 +43,9 @@ class ChatRequest:
     prefs: ProviderPrefs
     used_parameters: frozenset[str]
     return_token_ids: bool = False  # vLLM/SGLang extension: answer with the true ids (local backends)
+    tools: tuple[dict, ...] | None = None  # declared tools, as sent (the template renders them as sent)
+    tool_choice: Any = None  # "none" | "auto" | "required" | {type: function, function: {name}}
+    parallel_tool_calls: bool = True  # OpenAI's default
 
 
 def _bad(message: str, field: str) -> ApiError:
@@ -80,20 +83,92 @@ def _message_text(content: Any, field: str) -> str | None:
     raise _bad(f"'{field}' must be a string or an array of content parts", field)
 
 
+def _string(value: Any, field: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise _bad(f"'{field}' must be a non-empty string", field)
+    return value
+
+
+def _call_ids(m: dict, where: str) -> list[str]:
+    """An assistant message's `tool_calls` checked as OpenAI checks them; their ids."""
+    calls = m["tool_calls"]
+    if not isinstance(calls, list) or not calls:
+        raise _bad(f"'{where}.tool_calls' must be a non-empty array", f"{where}.tool_calls")
+    ids = []
+    for j, c in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        if not isinstance(c, dict) or c.get("type") != "function" or not isinstance(c.get("function"), dict):
+            raise _bad(f"'{at}' must be {{id, type: 'function', function: {{name, arguments}}}}", at)
+        ids.append(_string(c.get("id"), f"{at}.id"))
+        _string(c["function"].get("name"), f"{at}.function.name")
+        if not isinstance(c["function"].get("arguments"), str):
+            raise _bad(f"'{at}.function.arguments' must be a string (JSON)", f"{at}.function.arguments")
+    return ids
+
+
 def parse_messages(raw: Any) -> list[dict]:
+    """Messages as sent (their content parts joined to text); tool turns must answer an earlier call's id."""
     if not isinstance(raw, list) or not raw:
         raise _bad("'messages' must be a non-empty array", "messages")
     out = []
+    call_ids: set[str] = set()
     for i, m in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise _bad(f"'{where}.role' must be one of {sorted(ROLES)}", f"{where}.role")
         msg = dict(m)
         msg["content"] = _message_text(m.get("content"), f"{where}.content")
-        if msg["content"] is None and m["role"] != "assistant":
+        role = m["role"]
+        if msg["content"] is None and role != "assistant":
             raise _bad(f"'{where}.content' is required", f"{where}.content")
+        if role == "assistant":
+            if m.get("tool_calls") is not None:
+                call_ids.update(_call_ids(m, where))
+            for key in ("reasoning_content", "reasoning"):  # the renderer reads either as reasoning_content
+                if m.get(key) is not None and not isinstance(m[key], str):
+                    raise _bad(f"'{where}.{key}' must be a string", f"{where}.{key}")
+        elif role == "tool" and m.get("tool_call_id") not in call_ids:
+            field = f"{where}.tool_call_id"
+            if not isinstance(m.get("tool_call_id"), str):
+                raise _bad(f"'{field}' is required (the id of the call it answers)", field)
+            raise _bad(f"'{field}' {m['tool_call_id']!r} does not answer a tool call of an earlier assistant "
+                       "message", field)
         out.append(msg)
     return out
+
+
+def parse_tools(raw: Any) -> tuple[dict, ...]:
+    """`tools`: `[{type: "function", function: {name, description?, parameters?}}]`, kept as sent."""
+    if not isinstance(raw, list):
+        raise _bad("'tools' must be an array", "tools")
+    for i, t in enumerate(raw):
+        at = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise _bad(f"'{at}' must be {{type: 'function', function: {{name, description?, parameters?}}}}", at)
+        fn = t["function"]
+        _string(fn.get("name"), f"{at}.function.name")
+        if fn.get("description") is not None and not isinstance(fn["description"], str):
+            raise _bad(f"'{at}.function.description' must be a string", f"{at}.function.description")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise _bad(f"'{at}.function.parameters' must be a JSON Schema object", f"{at}.function.parameters")
+    return tuple(raw)
+
+
+def parse_tool_choice(raw: Any, tools: tuple[dict, ...] | None) -> Any:
+    if raw is None:
+        return None
+    if tools is None:
+        raise _bad("'tool_choice' is only allowed when 'tools' are specified", "tool_choice")
+    if raw in ("none", "auto", "required"):
+        return raw
+    name = raw.get("function", {}).get("name") if isinstance(raw, dict) and raw.get("type") == "function" \
+        and isinstance(raw.get("function"), dict) else None
+    if not isinstance(name, str):
+        raise _bad("'tool_choice' must be 'none', 'auto', 'required' or {type: 'function', function: {name}}",
+                   "tool_choice")
+    if name not in {t["function"]["name"] for t in tools}:
+        raise _bad(f"'tool_choice.function.name' {name!r} is not a declared tool", "tool_choice.function.name")
+    return raw
 
 
 def parse_provider(raw: Any) -> ProviderPrefs:
@@ -180,5 +255,10 @@ def parse_chat(body: Any, model_ids: tuple[str, ...]) -> ChatRequest:
         thinking = enabled and effort != "none"
     used = frozenset(k for k in body if k in PARAMETER_KEYS and body[k] is not None)
     ids = False if body.get("return_token_ids") is None else _bool(body["return_token_ids"], "return_token_ids")
+    tools = None if body.get("tools") is None else parse_tools(body["tools"])
+    choice = parse_tool_choice(body.get("tool_choice"), tools)
+    parallel = True if body.get("parallel_tool_calls") is None else _bool(body["parallel_tool_calls"],
+                                                                          "parallel_tool_calls")
     return ChatRequest(messages, max_tokens, None if temperature is None else float(temperature), seed, stream,
-                       thinking, exclude, scale, r_cap, parse_provider(body.get("provider")), used, ids)
+                       thinking, exclude, scale, r_cap, parse_provider(body.get("provider")), used, ids,
+                       tools or None, choice, parallel)

@@ -24,6 +24,7 @@ from .content import Generation, content_rng, generate, prompt_hash
 from .credits import Ledger, affordable_tokens, reservation, usage_cost
 from .faults import FAULT_CLASSES, Fault, draw_fault, fault_of
 from .requests import ApiError, ChatRequest
+from .toolcalls import CALL_QUIRKS, call_id, plan
 
 PROMPT_CACHE = 4096  # rendered prompts kept (oldest dropped first)
 
@@ -46,6 +47,7 @@ class Job:
     settled: bool = False
     epoch: int = 0     # the emulator state it belongs to (an admin reset starts a new one)
     streamed: int = 0  # output tokens sent so far on a stream
+    calls: list[dict] = field(default_factory=list)  # the tool calls as this provider serves them (OpenAI shape)
 
     @property
     def plays(self) -> Fault:
@@ -86,13 +88,20 @@ class Emulator:
         self._prompt_cache: dict[tuple[str, bool], list[int]] = {}
 
     # -- admission ------------------------------------------------------------------------------
+    @staticmethod
+    def request_hash(req: ChatRequest) -> str:
+        """The conversation's hash (attempts, determinism); declared tools are part of the prompt when sent."""
+        return prompt_hash(req.messages if req.tools is None else [{"tools": list(req.tools)}, *req.messages])
+
     def prompt_ids(self, req: ChatRequest) -> list[int]:
-        """Prompt ids by the chat template; retries of a prompt reuse the rendering (it is the hot path)."""
-        key = (prompt_hash(req.messages), req.thinking)
+        """Prompt ids by the chat template, tools and messages as sent; retries of a prompt reuse the rendering
+        (it is the hot path)."""
+        key = (self.request_hash(req), req.thinking)
         ids = self._prompt_cache.get(key)
         if ids is None:
             try:
-                ids = prompt_ids(self.tok, req.messages, thinking=req.thinking)
+                ids = prompt_ids(self.tok, req.messages, thinking=req.thinking,
+                                 tools=None if req.tools is None else list(req.tools))
             except (TemplateError, InputError) as e:
                 raise ApiError(400, f"messages could not be rendered by the chat template: {e}") from None
             if len(self._prompt_cache) >= PROMPT_CACHE:
@@ -116,7 +125,7 @@ class Emulator:
         """Route, pick an endpoint that is neither busy nor failing, check its worst case against the balance, draw a fault."""
         n_prompt = len(p_ids)
         r = route(self.cfg.endpoints, req.prefs, need_tokens=n_prompt + (req.max_tokens or 0),
-                  used_parameters=req.used_parameters)
+                  used_parameters=req.used_parameters, tools=req.tools is not None)
         if not r.endpoints:
             if r.reason == "that can fit the requested context":
                 longest = max((e.context_length for e in self.cfg.endpoints if not e.down), default=0)
@@ -156,7 +165,7 @@ class Emulator:
                                 f"{max_tokens} tokens, but can only afford {can}. To increase, visit "
                                 "https://openrouter.ai/settings/credits and add more credits",
                            {"requested_tokens": max_tokens, "affordable_tokens": can}, outcome="insufficient_credits")
-        phash = prompt_hash(req.messages)
+        phash = self.request_hash(req)
         attempt = self.attempts[phash]
         self.attempts[phash] += 1
         fault = draw_fault(self.fault_rng, self.cfg.faults.rates)
@@ -169,8 +178,13 @@ class Emulator:
             # Temperature 0 is (near) greedy: retries of the same prompt repeat the answer.
             attempt_key = 0 if req.temperature == 0 else attempt
             rng = content_rng(self.cfg.seed, phash, attempt_key, req.seed)
+            calls = None if req.tools is None else plan(req.messages, req.tools, req.parallel_tool_calls,
+                                                        req.tool_choice)
             job.gen = generate(self.tok, rng, self.cfg.content, chosen.quirks, max_tokens, thinking=req.thinking,
-                               reasoning_scale=req.reasoning_scale, reasoning_cap=req.reasoning_max_tokens)
+                               reasoning_scale=req.reasoning_scale, reasoning_cap=req.reasoning_max_tokens,
+                               calls=calls)
+            if job.gen.tool_calls:
+                job.calls = served_calls(job.gen, chosen, rng)
         return job
 
     # -- completion -----------------------------------------------------------------------------
@@ -249,6 +263,18 @@ class Emulator:
                 "charged_usd": self.ledger.total_usage, "in_flight_worst_usd": self.ledger.in_flight_worst,
                 "total_credits": self.ledger.total_credits, "in_flight": st.in_flight,
                 "in_flight_peak": st.in_flight_peak, "load": {k: v for k, v in self.load.items() if v}}
+
+
+def served_calls(gen: Generation, ep: Endpoint, rng: random.Random) -> list[dict]:
+    """The answer's calls as `ep` serves them: its kind of id (`tool_call_ids`), arguments re-dumped under the
+    `arguments_reserialized` quirk; the ground truth keeps the model's."""
+    out = []
+    serve = CALL_QUIRKS.get(gen.quirk or "")
+    for c in gen.tool_calls:
+        args = serve(c.arguments) if serve else c.arguments
+        out.append({"id": call_id(rng) if ep.tool_call_ids == "call" else c.id, "type": "function",
+                    "function": {"name": c.name, "arguments": args}})
+    return out
 
 
 def _iso(ts: int) -> str:

@@ -1,0 +1,163 @@
+"""What the emulated model calls: a pure plan from the request, and the calls' arguments as the model writes them.
+
+The plan (`task_rounds`) depends on the task text and the declared tool names only, never on the emulator seed:
+it is the model's behaviour for a task, so a dataset can be built whose tool rounds match it (or deliberately do
+not) and a regeneration loop can be checked against it. Arguments are sampled (the request's rng), as any text is.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..records import ToolCall, native_call_id
+
+# P(R = 0, 1, 2, 3) tool rounds for a task, and P(1, 2, 3) calls in one round when parallel calls are allowed.
+ROUNDS_CUM = (0.30, 0.65, 0.85, 1.0)
+PARALLEL_CUM = (0.70, 0.90, 1.0)
+# Argument strings: short words, some non-ASCII, so `ensure_ascii=False` (the model's way) matters.
+ARG_WORDS = ("Paris", "Berlin", "Zürich", "東京", "weather", "report", "latest", "python", "numpy", "café",
+             "budget", "2026-03-01", "celsius", "summary", "São Paulo", "hello world")
+
+
+def _unit(*key: object) -> float:
+    """A uniform draw in [0, 1) fixed by the key (sha256): the same on every machine and Python version."""
+    h = hashlib.sha256("\x1f".join(map(str, key)).encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2**64
+
+
+def _pick(cum: Sequence[float], u: float) -> int:
+    return next((i for i, c in enumerate(cum) if u < c), len(cum) - 1)
+
+
+def task_rounds(task: str, tool_names: Sequence[str], parallel: bool) -> list[tuple[str, ...]]:
+    """The tool rounds the model runs for `task` before its plain answer: one tuple of tool names per round.
+
+    Deterministic from the task text and the tool names (in order) only. Each round is one call, or with
+    `parallel` 1–3 calls; a round's first call is the same either way, so switching `parallel` off keeps
+    the number of rounds and the tool each round calls first."""
+    names = list(tool_names)
+    if not names:
+        return []
+    key = (task, *names)
+    rounds = []
+    for r in range(_pick(ROUNDS_CUM, _unit("rounds", *key))):
+        n = 1 + _pick(PARALLEL_CUM, _unit("calls", r, *key)) if parallel else 1
+        rounds.append(tuple(names[int(_unit("name", r, j, *key) * len(names))] for j in range(n)))
+    return rounds
+
+
+def _text(content: Any) -> str:
+    """A message's content as text (a string, or OpenAI's content parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _tool_name(tool: dict) -> str:
+    return tool["function"]["name"]
+
+
+def planned_calls(messages: Sequence[dict], tools: Sequence[dict] | None, parallel: bool = True,
+                  tool_choice: Any = None) -> tuple[str, ...]:
+    """The names the model calls in answer to this request, `()` for a plain answer.
+
+    The task is the last user message; the rounds done are the assistant messages with `tool_calls` after it;
+    the next round is called while rounds are left. `tool_choice`: "none" → plain; `{type: function,
+    function: {name}}` → the plan is made over that tool alone and it is called even when the plan is done;
+    "required" → a call even when the plan is done (one tool, by hash). "auto"/None → the plan as it is."""
+    if not tools or tool_choice == "none":
+        return ()
+    names = [_tool_name(t) for t in tools]
+    if isinstance(tool_choice, dict):
+        names = [tool_choice["function"]["name"]]
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    task = _text(messages[last_user].get("content")) if last_user >= 0 else ""
+    done = sum(1 for m in messages[last_user + 1:] if m.get("role") == "assistant" and m.get("tool_calls"))
+    rounds = task_rounds(task, names, parallel)
+    if done < len(rounds):
+        return rounds[done]
+    if tool_choice == "required" or isinstance(tool_choice, dict):
+        return (names[int(_unit("required", done, task, *names) * len(names))],)
+    return ()
+
+
+def calls_so_far(messages: Sequence[dict]) -> int:
+    """The conversation's tool calls so far (the assistant messages' `tool_calls`): where the model's IDX goes on."""
+    return sum(len(m.get("tool_calls") or ()) for m in messages if m.get("role") == "assistant")
+
+
+def _value(rng: random.Random, schema: Any) -> Any:
+    schema = schema if isinstance(schema, dict) else {}
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return rng.choice(schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind == "integer":
+        return rng.randint(0, 100)
+    if kind == "number":
+        return round(rng.uniform(0, 100), 2)
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "array":
+        return [_value(rng, schema.get("items")) for _ in range(rng.randint(1, 3))]
+    if kind == "object" and isinstance(schema.get("properties"), dict):
+        return {k: _value(rng, v) for k, v in schema["properties"].items()}
+    return rng.choice(ARG_WORDS)
+
+
+def arguments(rng: random.Random, tool: dict) -> str:
+    """A call's arguments as the model writes them: a JSON object over the tool's `parameters.properties`,
+    `json.dumps(..., ensure_ascii=False)` (", " and ": " separators, non-ASCII kept)."""
+    params = tool["function"].get("parameters")
+    props = params.get("properties") if isinstance(params, dict) else None
+    obj = {k: _value(rng, v) for k, v in props.items()} if isinstance(props, dict) else {}
+    return json.dumps(obj, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What one request's answer calls: the names (`planned_calls`), the conversation's calls so far (the first
+    new IDX) and the declared tools (for the arguments)."""
+
+    names: tuple[str, ...]
+    first_index: int
+    tools: tuple[dict, ...]
+
+    def draw(self, rng: random.Random) -> tuple[ToolCall, ...]:
+        """The calls with their true ids (`functions.NAME:IDX`) and arguments drawn from `rng`."""
+        by_name = {_tool_name(t): t for t in self.tools}
+        return tuple(ToolCall(native_call_id(name, self.first_index + k), name, arguments(rng, by_name[name]))
+                     for k, name in enumerate(self.names))
+
+
+def plan(messages: Sequence[dict], tools: Sequence[dict] | None, parallel: bool = True,
+         tool_choice: Any = None) -> CallPlan | None:
+    """The request's `CallPlan`, None for a plain answer."""
+    names = planned_calls(messages, tools, parallel, tool_choice)
+    if not names:
+        return None
+    return CallPlan(names, calls_so_far(messages), tuple(tools or ()))
+
+
+_ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+
+
+def call_id(rng: random.Random) -> str:
+    """An OpenAI-style id (`call_` + 24 alphanumerics), what some providers serve instead of the model's id."""
+    return "call_" + "".join(rng.choices(_ALNUM, k=24))
+
+
+def reserialized(arguments_text: str) -> str:
+    """Arguments as a provider that parses and re-dumps them serves them (compact, ASCII-escaped)."""
+    return json.dumps(json.loads(arguments_text), separators=(",", ":"))
+
+
+# Quirks in how a provider serves the calls' arguments (the third kind beside `bodies.SERVED` and
+# `content.TEXT_QUIRKS`); drawn only for answers that call.
+CALL_QUIRKS: dict[str, Callable[[str], str]] = {"arguments_reserialized": reserialized}
