@@ -139,12 +139,13 @@ def test_emulator_catalog_decision_and_new_fp4_provider(tokenizer_dir):
     with run_emulator(speed=0) as emu:
         cat = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
         d = decide(cat.model, cat.normalized(), PrecisionPolicy.for_model(cat.model))
-        assert {e.provider for e in d.excluded} == {"Fireworks", "BaseTen"}
-        assert len(d.eligible) == len(cat.endpoints) - 2
+        assert {e.provider for e in d.excluded} == {"Fireworks", "BaseTen", "AtlasCloud"}
+        assert {e.provider: e.reason for e in d.excluded}["AtlasCloud"] == "does not support tools"
+        assert len(d.eligible) == len(cat.endpoints) - 3
         emu.reset({"endpoints": [newcomer]})
         cat2 = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
         d2 = decide(cat2.model, cat2.normalized(), PrecisionPolicy.for_model(cat2.model))
-        assert {e.provider for e in d2.excluded} == {"Fireworks", "BaseTen", "NewCloud"}
+        assert {e.provider for e in d2.excluded} == {"Fireworks", "BaseTen", "AtlasCloud", "NewCloud"}
         with pytest.raises(InputError, match="unknown model 'moonshotai/kimi-k9'"):
             fetch_catalog(emu.base_url, "moonshotai/kimi-k9")
 
