@@ -178,3 +178,29 @@ def test_200_tool_conversations_with_faults_a_sigkill_and_a_resume(tok, tmp_path
     print(f"records {len(records)}, tool-call turns {len(calls)} ({len(rebuilt)} served with call_ ids), deep loops "
           f"{len(deep)}, mismatches {len(mismatched)} of {len(planted)} planted, open at the kill {len(open_at_kill)}, "
           f"resumed turns {len(resumed)}")
+
+
+def test_a_local_server_returns_the_true_ids_and_the_recipe_agrees(tok, tmp_path):
+    """`backend: local` (vLLM with `--tool-call-parser kimi_k2`, the emulator standing in): the server's own ids
+    are stored, its calls keep the model's ids, and the text recipe's agreement with them is reported."""
+    from eagledata.generation import GenerateConfig, generate
+
+    objs_list, _ = build(30, seed=8)
+    prompts = tmp_path / "T.jsonl"
+    prompts.write_text("".join(json.dumps(o, ensure_ascii=False) + "\n" for o in objs_list))
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"T:\n  prompts: {prompts}\n")
+    with run_emulator(speed=0, content=SMALL, generation_delay=0.1, balance=1000, seed=43) as emu:
+        summary = generate(GenerateConfig(dataset="T", datasets_file=str(datasets), base_url=emu.base_url,
+                                          output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "p"),
+                                          backend="local", concurrency=30, max_tokens=2000, progress=False,
+                                          reserve_usd=0.0))
+        truth = {t["generation_id"]: t for t in emu.ground_truth()}
+    records = load_records(tmp_path / "out" / "datasets" / "T" / "records.jsonl")
+    calls = [r for r in records if r.tool_calls]
+    assert len(calls) > 15 and summary["run"]["tool_calls"]["answers"] == len(calls)
+    for r in records:
+        assert r.meta["ids_source"] == "server" and r.output_ids == truth[r.generation_id]["output_ids"]
+        assert r.meta["prompt_ids_match"] is True and "served_tool_call_ids" not in r.meta
+    assert all(r.meta["retokenized_agreement"] == 1.0 for r in calls)
+    assert summary["run"]["retokenized_agreement_mean"] > 0.99

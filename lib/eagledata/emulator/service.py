@@ -184,7 +184,7 @@ class Emulator:
                                reasoning_scale=req.reasoning_scale, reasoning_cap=req.reasoning_max_tokens,
                                calls=calls)
             if job.gen.tool_calls:
-                job.calls = served_calls(job.gen, chosen, rng)
+                job.calls = served_calls(job.gen, chosen, rng, local_server=req.return_token_ids)
         return job
 
     # -- completion -----------------------------------------------------------------------------
@@ -265,14 +265,16 @@ class Emulator:
                 "in_flight_peak": st.in_flight_peak, "load": {k: v for k, v in self.load.items() if v}}
 
 
-def served_calls(gen: Generation, ep: Endpoint, rng: random.Random) -> list[dict]:
+def served_calls(gen: Generation, ep: Endpoint, rng: random.Random, *, local_server: bool = False) -> list[dict]:
     """The answer's calls as `ep` serves them: its kind of id (`tool_call_ids`), arguments re-dumped under the
-    `arguments_reserialized` quirk; the ground truth keeps the model's."""
+    `arguments_reserialized` quirk; the ground truth keeps the model's. A local server (the `return_token_ids`
+    dialect: vLLM's kimi_k2 tool parser) passes the model's own ids and arguments through."""
     out = []
-    serve = CALL_QUIRKS.get(gen.quirk or "")
+    serve = None if local_server else CALL_QUIRKS.get(gen.quirk or "")
     for c in gen.tool_calls:
         args = serve(c.arguments) if serve else c.arguments
-        out.append({"id": call_id(rng) if ep.tool_call_ids == "call" else c.id, "type": "function",
+        out.append({"id": call_id(rng) if ep.tool_call_ids == "call" and not local_server else c.id,
+                    "type": "function",
                     "function": {"name": c.name, "arguments": args}})
     return out
 
