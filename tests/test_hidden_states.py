@@ -556,6 +556,66 @@ def test_each_turn_is_one_sample_in_every_layout(layout, tok, models, conversati
             assert item["loss_mask"][0].tolist() == r.loss_mask[:-1] + [0]
 
 
+def agent_turns(tok) -> list[Record]:
+    """An agent conversation regenerated as generation does it: two tool-call turns (served with `call_…` ids,
+    rebuilt to the model's) with the dataset's results spliced after them, then the plain answer."""
+    from eagledata.generation.prompts import normalize_prompt
+    from eagledata.generation.recording import build_record
+    from eagledata.generation.turns import Conversation
+    from eagledata.openrouter import Completion
+    from eagledata.records import Answer, ToolCall, Usage
+    from eagledata.text.sequences import prompt_ids
+    from test_tool_calls import dataset
+
+    conv = Conversation.of(normalize_prompt(dataset()), "all")
+    turn, out = conv.turn(), []
+    for calls in [(ToolCall("call_1", "get_weather", '{"q": "Paris"}'), ToolCall("call_2", "get_weather", "{}")),
+                  (ToolCall("call_3", "search", '{"q": "news"}'),), ()]:
+        answer = Answer("Thinking it over.", "Checking." if calls else "Sunny; no news.",
+                        "tool_calls" if calls else "stop", calls)
+        c = Completion(answer=answer, provider="P", model="m", generation_id=turn.id, usage=Usage())
+        out.append(build_record(tok, turn=turn, dataset="A", prompt_ids=prompt_ids(tok, turn.messages,
+                                                                                    tools=list(conv.tools)),
+                                completion=c, attempts=1))
+        turn = turn.next(out[-1].answer)
+    return out
+
+
+@pytest.mark.parametrize("layout", ["eagledata", "speculators", "specforge"])
+def test_tool_call_turns_are_samples_with_loss_on_the_targets_turns_only(layout, tok, models, tmp_path):
+    """Each generated turn of an agent conversation is a sample: the history (the dataset's turns, the tool
+    results, earlier calls) has loss 0, the target's turn (its tool-call section included) loss 1, in every
+    layout and as SpecForge's reader reads it."""
+    import specforge_reader as sf
+
+    records = agent_turns(tok)
+    assert [r.id for r in records] == ["agent-1", "agent-1#2", "agent-1#3"]
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in records))
+    asm = assemble([path], tok=tok)  # re-renders each prompt with its tools: they must agree
+    assert [s.id for s in asm.samples] == [r.id for r in records] and asm.dropped == {}
+    result = run(asm.samples, tmp_path, models["llama"], layout=layout, max_batch_size=4, assembly=asm.provenance())
+    hs = HiddenStates(result.directory)
+    returns = tok.encode("## Return of")
+    for r in records:
+        got = hs[r.id]
+        ids, mask = got.input_ids.tolist(), got.loss_mask.tolist()
+        assert ids == r.prompt_ids + r.output_ids and mask == [0] * len(r.prompt_ids) + [1] * len(r.output_ids)
+        supervised = [t for t, m in zip(ids, mask) if m]
+        assert (163595 in supervised) == bool(r.tool_calls)  # the section is the target's: loss 1
+        if r.turn > 1:  # the results spliced after our calls are history: loss 0
+            at = next(i for i in range(len(ids)) if ids[i:i + len(returns)] == returns)
+            assert not any(mask[:len(r.prompt_ids)]) and at < len(r.prompt_ids)
+    if layout == "specforge":
+        index = {e["shard"]: e["id"] for e in map(json.loads, (result.directory / "index.jsonl").read_text()
+                                                       .splitlines())}
+        by_id = {r.id: r for r in records}
+        for f in sf.list_feature_files(str(result.directory)):
+            r = by_id[index[os.path.relpath(f, result.directory)]]
+            item = sf.normalize(sf.load_feature_file(f), max_len=4096)
+            assert item["input_ids"][0].tolist() == r.input_ids and item["loss_mask"][0].tolist() == r.loss_mask[:-1] + [0]
+
+
 def test_exports_write_each_turn_with_its_history(tok, conversations, tmp_path):
     """SpecForge's row for turn j is its conversation so far (the model's own earlier answers as assistant turns)
     and turn j's answer, over exactly turn j's ids with loss on that answer only; speculators' rows carry the

@@ -18,6 +18,9 @@ from eagledata.records import load_records
 from eagledata.training import find_decoder
 from eagledata.training.tiny import build_tiny_model
 from test_hidden_states import make_conversation, make_record
+from test_roundtrip import tool_record
+
+from eagledata.text.roundtrip import tool_cases
 
 pytestmark = pytest.mark.interop
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,12 +29,14 @@ LAYERS = [2, 4, 5]
 
 
 def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, tok, tmp_path):
-    """One-turn prompts and conversations of 2 and 3 turns: speculators' own `ArrowDataset` reads one sample per
-    turn (its history with loss 0, its answer with loss 1), and its trainer builds the draft vocabulary
-    (`--draft-vocab-size`) from the set's `token_freq.pt`, which holds what its own counter counts."""
+    """One-turn prompts, conversations of 2 and 3 turns and an agent's tool-call turns: speculators' own
+    `ArrowDataset` reads one sample per turn (its history, tool results included, with loss 0, its answer, tool-call
+    section included, with loss 1), and its trainer builds the draft vocabulary (`--draft-vocab-size`) from the
+    set's `token_freq.pt`, which holds what its own counter counts."""
     records = tmp_path / "records.jsonl"
     turns = [*make_conversation(tok, "c2", ["name a prime", "and a larger one?"], system="Be brief."),
-             *make_conversation(tok, "c3", ["tell me a story", "go on", "and then?"], words=30)]
+             *make_conversation(tok, "c3", ["tell me a story", "go on", "and then?"], words=30),
+             *(tool_record(tok, c) for c in tool_cases())]
     records.write_text("".join(make_record(tok, i, words=(i * 37) % 120 + 1).to_json() + "\n" for i in range(12))
                        + "".join(r.to_json() + "\n" for r in turns))
     model_dir = tmp_path / "tiny-kimi"
@@ -47,11 +52,13 @@ def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, to
                            str(dump), str(model_dir), "32000", "16"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])
-    assert report == {"rows": 17, "speculators": "0.9.0"}
+    assert report == {"rows": 21, "speculators": "0.9.0"}
     got = torch.load(dump, weights_only=False)
 
     expected = load_records(records)
-    assert [r.id for r in expected][-5:] == ["c2", "c2#2", "c3", "c3#2", "c3#3"]
+    assert [r.id for r in expected][-9:-4] == ["c2", "c2#2", "c3", "c3#2", "c3#3"]
+    assert sum(bool(r.tool_calls) for r in expected) == 3  # the section (163595 …) is supervised with the answer
+    assert all(163595 in r.output_ids for r in expected if r.tool_calls)
     assert got["ids"] == [r.id for r in expected] and got["approx_lengths"] == [len(r.input_ids) for r in expected]
     norm = find_decoder(model).module.norm
     for record, item in zip(expected, got["items"]):
