@@ -175,7 +175,7 @@ def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tm
         out = execute_notebook("providers", base_url=emu.base_url, params_dir=str(tmp_path / "params"),
                                output_dir=str(tmp_path / "out"))
     decision = RoutingDecision.load(tmp_path / "params" / "routing" / "kimi-k2.5.yaml")
-    assert {e.provider for e in decision.excluded} == {"Fireworks", "BaseTen"}
+    assert {e.provider for e in decision.excluded} == {"Fireworks", "BaseTen", "AtlasCloud"}
     snapshots = list((tmp_path / "out" / "providers").glob("kimi-k2.5-endpoints-*.json"))
     assert len(snapshots) == 1 and len(Catalog.load(snapshots[0]).endpoints) == 11
     results = read_results(out)

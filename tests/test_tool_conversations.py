@@ -204,3 +204,33 @@ def test_a_local_server_returns_the_true_ids_and_the_recipe_agrees(tok, tmp_path
         assert r.meta["prompt_ids_match"] is True and "served_tool_call_ids" not in r.meta
     assert all(r.meta["retokenized_agreement"] == 1.0 for r in calls)
     assert summary["run"]["retokenized_agreement_mean"] > 0.99
+
+
+def test_arguments_a_provider_reserializes_show_in_the_count_agreement(tok, tmp_path):
+    """A provider that re-serializes the model's arguments serves a string whose tokens are not the model's: the
+    record keeps the served string, and its count against `usage.completion_tokens` (the model's true ids) is off,
+    so the fidelity judge sees the provider as it sees any that alters the text."""
+    from eagledata.generation import GenerateConfig, generate
+
+    objs_list, _ = build(60, seed=9)
+    prompts = tmp_path / "T.jsonl"
+    prompts.write_text("".join(json.dumps(o, ensure_ascii=False) + "\n" for o in objs_list))
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"T:\n  prompts: {prompts}\n")
+    redump = {"provider": "Chutes", "quirks": {"arguments_reserialized": 1.0}}
+    with run_emulator(speed=0, content=SMALL, generation_delay=0.1, balance=1000, seed=44, endpoints=[redump]) as emu:
+        summary = generate(GenerateConfig(dataset="T", datasets_file=str(datasets), base_url=emu.base_url,
+                                          output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "p"),
+                                          concurrency=20, max_tokens=2000, progress=False, reserve_usd=0.0))
+    records = load_records(tmp_path / "out" / "datasets" / "T" / "records.jsonl")
+    chutes = [r for r in records if r.provider == "Chutes" and r.tool_calls]
+    assert len(chutes) >= 20
+    spaced = [r for r in chutes if any(", " in c["function"]["arguments"] or ": " in c["function"]["arguments"]
+                                       for c in r.tool_calls)]
+    assert not spaced  # what was served is what is kept: never "repaired" into the model's spacing
+    off = [r for r in chutes if r.meta["fidelity"]["completion_diff"] != 0]
+    assert len(off) >= 0.8 * len(chutes), (len(off), len(chutes))
+    plain = [r for r in records if not r.tool_calls and r.finish_reason == "stop"]
+    assert plain and all(r.meta["fidelity"]["completion_diff"] == 0 for r in plain if r.provider != "Parasail")
+    verdict = summary["fidelity"]["providers"]["Chutes"]
+    assert verdict["verdict"] == "suspect" and verdict["count_mismatch"] >= len(off)
