@@ -204,6 +204,9 @@ def test_a_local_server_returns_the_true_ids_and_the_recipe_agrees(tok, tmp_path
         assert r.meta["prompt_ids_match"] is True and "served_tool_call_ids" not in r.meta
     assert all(r.meta["retokenized_agreement"] == 1.0 for r in calls)
     assert summary["run"]["retokenized_agreement_mean"] > 0.99
+    from eagledata.generation.report import summary_table
+    row = next(v for k, v in summary_table(summary)["value"].items() if k.startswith("tool-call turns"))
+    assert row.startswith(f"{len(calls)} (")
 
 
 def test_arguments_a_provider_reserializes_show_in_the_count_agreement(tok, tmp_path):

@@ -156,6 +156,10 @@ def summary_table(summary: dict[str, Any]):
         ("budget mode / concurrency cuts", f"{run.get('budget_mode', '-')} / {len(run.get('concurrency_changes', []))}"),
         ("retries", f"{run['retried']:,}"),
     ]
+    tools = run.get("tool_calls") or {}
+    if tools.get("answers") or tools.get("mismatched"):  # an agent dataset: how the tool loops went
+        rows.append(("tool-call turns (calls; served with other ids, rebuilt; loops ended on a mismatch)",
+                     f"{tools['answers']:,} ({tools['calls']:,}; {tools['ids_rebuilt']:,}; {tools['mismatched']:,})"))
     return pd.DataFrame(rows, columns=["", "value"]).set_index("")
 
 
