@@ -87,7 +87,9 @@ def planned_calls(messages: Sequence[dict], tools: Sequence[dict] | None, parall
 
 
 def calls_so_far(messages: Sequence[dict]) -> int:
-    """The conversation's tool calls so far (the assistant messages' `tool_calls`): where the model's IDX goes on."""
+    """The conversation's tool calls so far (the assistant messages' `tool_calls`): where the model's IDX goes on.
+    The emulated model's own count, kept apart from the client's (`records.calls_before`) on purpose: the tests
+    compare the ids the client rebuilds with the ones the model wrote, so they must not share the code."""
     return sum(len(m.get("tool_calls") or ()) for m in messages if m.get("role") == "assistant")
 
 
