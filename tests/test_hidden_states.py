@@ -648,6 +648,28 @@ def test_exports_write_each_turn_with_its_history(tok, conversations, tmp_path):
     assert (tmp_path / "speculators" / "token_freq.pt").is_file()  # speculators' --data-path finds it there
 
 
+def test_specforge_rows_of_an_agent_conversation_keep_its_calls_and_results(tok, tmp_path):
+    """The row of a turn inside a tool loop: the tools, the earlier calls (with the loop's reasoning, which the
+    template keeps), the dataset's results with our call ids, then this turn's calls; ids and mask exact."""
+    records = agent_turns(tok)
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(r.to_json() + "\n" for r in records))
+    asm = assemble([path], tok=tok)
+    rows = {row["id"]: row for row in map(json.loads, export_specforge(asm, tmp_path / "sf.jsonl", tok)
+                                          .read_text().splitlines())}
+    row = rows["agent-1#2"]
+    assert row["tools"] == records[1].tools and row["turn"] == 2
+    assert [t["role"] for t in row["conversations"]] == ["system", "user", "assistant", "tool", "tool", "assistant"]
+    first = row["conversations"][2]
+    assert first["tool_calls"] == records[0].tool_calls and first["reasoning_content"] == records[0].reasoning
+    assert {t["tool_call_id"] for t in row["conversations"][3:5]} == {c["id"] for c in records[0].tool_calls}
+    assert row["conversations"][-1]["tool_calls"] == records[1].tool_calls
+    last = rows["agent-1#3"]["conversations"]  # the loop still in flight: both earlier calls keep their reasoning
+    assert [t.get("reasoning_content") for t in last[:-1] if t["role"] == "assistant"] == [r.reasoning for r in records[:2]]
+    for r in records:
+        assert rows[r.id]["input_ids"] == r.input_ids and rows[r.id]["loss_mask"] == r.loss_mask
+
+
 def test_extraction_cost_counts_history_against_supervised_tokens(tok, conversations):
     """Tokens extracted (each turn's whole sequence, history included) against tokens supervised (its answer), and
     the ratio, overall and per dataset; a later turn re-reads its history, so the 3-turn dataset costs more per

@@ -400,10 +400,12 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
 # -- exports ------------------------------------------------------------------------------------
 def specforge_row(record: Record, sample: Sample, tok: KimiTokenizer | None = None) -> dict[str, Any]:
     """SpecForge's conversation row (the messages sent: for a later turn its history, with the model's own earlier
-    answers as `assistant` turns; then this turn's answer, its reasoning as `reasoning_content`), plus the exact ids
+    answers as `assistant` turns, tool calls and results kept, and the tools; then this turn's answer, its reasoning
+    as `reasoning_content`, as are the reasoning of the tool loop's earlier turns), plus the exact ids
     and mask the states are taken over (loss on this turn's answer only) and, with `tok`, their exact text:
     SpecForge's template list has no Kimi-K2.5 entry, so its trainer should not re-render."""
     turns = [{"role": m["role"], "content": m.get("content", ""),
+              **({"reasoning_content": m["reasoning"]} if m.get("reasoning") else {}),  # a tool loop's, as sent
               **{k: m[k] for k in ("tool_calls", "tool_call_id") if m.get(k)}} for m in record.messages]
     answer: dict[str, Any] = {"role": "assistant", "content": record.content}
     if record.reasoning:
