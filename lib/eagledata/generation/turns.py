@@ -107,22 +107,14 @@ def split_asks(messages: Sequence[dict]) -> tuple[list[list[dict]], list[tuple[T
     return asks, between
 
 
-def _assistant(answer: Answer) -> dict:
-    """An earlier answer as sent: its content, and for a tool-call answer its calls (the model's ids) and reasoning
-    (kept only while the tool loop is in flight: `_loop_reasoning`)."""
+def _assistant(answer: Answer, in_loop: bool) -> dict:
+    """An earlier answer as sent: its content, and for a tool-call answer its calls (the model's ids) and, while the
+    tool loop is in flight (no plain answer after it), its reasoning: the template keeps it there and drops it
+    before, where a `preserve_thinking` render (the prefix check) would otherwise see it."""
     if not answer.tool_calls:
         return {"role": "assistant", "content": answer.content}
-    return {"role": "assistant", "content": answer.content, "reasoning": answer.reasoning,
+    return {"role": "assistant", "content": answer.content, **({"reasoning": answer.reasoning} if in_loop else {}),
             "tool_calls": [c.to_api() for c in answer.tool_calls]}
-
-
-def _loop_reasoning(messages: list[dict]) -> None:
-    """Drop the reasoning of our tool-call answers before the last plain answer: the template drops it there, and a
-    `preserve_thinking` render (the prefix check) would otherwise see it."""
-    plain = [i for i, m in enumerate(messages) if m["role"] == "assistant" and not m.get("tool_calls")]
-    for m in messages[:plain[-1] if plain else 0]:
-        if m["role"] == "assistant" and "reasoning" in m and m.get("tool_calls"):
-            del m["reasoning"]
 
 
 @dataclass(frozen=True)
@@ -182,11 +174,11 @@ class Conversation:
         k = len(answers)
         if k >= len(self.asks):
             raise ValueError(f"conversation {self.id!r} has {len(self.asks)} turns, {k} already answered")
+        last_plain = max((j for j, a in enumerate(answers) if not a.tool_calls), default=-1)
         messages: list[dict] = []
         for j, answer in enumerate(answers):
-            messages += [*self._ask(j, answers), _assistant(answer)]
+            messages += [*self._ask(j, answers), _assistant(answer, in_loop=j > last_plain)]
         messages += self._ask(k, answers)
-        _loop_reasoning(messages)
         return Turn(self, self.first + k, messages, tuple(answers))
 
 
