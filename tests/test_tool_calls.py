@@ -67,6 +67,7 @@ def test_a_matched_loop_splices_the_datasets_results_with_the_models_ids(conv, t
     assert t2.id == "agent-1#2" and t2.number == 2
     mine = t2.messages[2]
     assert mine == {"role": "assistant", "content": "Checking.", "reasoning": "I need tools.",
+                    "reasoning_details": [{"type": "reasoning.text", "text": "I need tools."}],
                     "tool_calls": [c.to_api() for c in ours]}
     # the dataset's results, each after the call of the same name and rank: call_b (2nd) -> :1, call_a -> :0
     assert [(m["tool_call_id"], m["content"]) for m in t2.messages[3:]] == [

@@ -110,10 +110,13 @@ def split_asks(messages: Sequence[dict]) -> tuple[list[list[dict]], list[tuple[T
 def _assistant(answer: Answer, in_loop: bool) -> dict:
     """An earlier answer as sent: its content, and for a tool-call answer its calls (the model's ids) and, while the
     tool loop is in flight (no plain answer after it), its reasoning: the template keeps it there and drops it
-    before, where a `preserve_thinking` render (the prefix check) would otherwise see it."""
+    before, where a `preserve_thinking` render (the prefix check) would otherwise see it. The reasoning goes as
+    `reasoning` (what vLLM, SGLang and transformers' renderer read as `reasoning_content`) and as
+    `reasoning_details`, the way OpenRouter documents passing reasoning back for a tool loop."""
     if not answer.tool_calls:
         return {"role": "assistant", "content": answer.content}
-    return {"role": "assistant", "content": answer.content, **({"reasoning": answer.reasoning} if in_loop else {}),
+    kept = {"reasoning": answer.reasoning, "reasoning_details": [{"type": "reasoning.text", "text": answer.reasoning}]}
+    return {"role": "assistant", "content": answer.content, **(kept if in_loop and answer.reasoning else {}),
             "tool_calls": [c.to_api() for c in answer.tool_calls]}
 
 
