@@ -13,8 +13,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 from eagledata.emulator import run_emulator
 from eagledata.emulator.toolcalls import task_rounds
 from eagledata.records import Record, load_records
