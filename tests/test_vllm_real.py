@@ -8,7 +8,8 @@ dimensions and `topk_method` (`tiny_config(k25_shape=True)`), experts in bf16; K
 by vLLM on CPU (the last test). The stored states must equal the transformers path's in
 every layout within a tolerance set by each model's own bf16-vs-float32 spread (vLLM computes in bf16, the
 reference in float32); the target's log-probabilities likewise; a server killed mid-run and restarted resumes
-exactly; two servers share one run; speculators' own reader reads a set made through vLLM.
+exactly; two servers share one run; speculators' own reader reads a set made through vLLM; and vLLM's own
+`kimi_k2` tool parser serves the tool-call section the recipe builds back as the model's ids and arguments.
 """
 from __future__ import annotations
 
@@ -387,3 +388,40 @@ def test_the_int4_k25_checkpoint_is_refused_by_vllm_on_cpu(tmp_path):
     assert "vllm/model_executor/models/kimi_k25.py" in log  # K2.5's own class was built, up to its experts
     assert "compressed_tensors_moe_wna16.py" in log
     assert "NotImplementedError: No WNA16 MoE backend supports the deployment configuration." in log
+
+
+def test_vllms_kimi_k2_tool_parser_serves_the_recipes_calls_back(tok):
+    """What vLLM 0.32 with `--tool-call-parser kimi_k2` serves from K2.5's output: its own parser, fed the text of
+    the ids the recipe builds. It keeps the model's ids (`functions.NAME:IDX`) and the arguments as written, so the
+    record rebuilt from what it serves has the model's ids exactly. Two shapes it does not pass through are pinned
+    (a change in a later vLLM shows here): whitespace alone before the calls, and whitespace around the arguments."""
+    from eagledata.records import ToolCall
+    from eagledata.text import END_THINK, IM_END, output_ids
+    from eagledata.text.roundtrip import WEATHER_TOOLS, tool_cases
+    from vllm_server.harness import vllm_python
+
+    def served(texts: list[str]) -> list[dict]:
+        done = subprocess.run([vllm_python(), str(ROOT / "tests" / "vllm_server" / "tool_parser.py")],
+                              input=json.dumps({"tools": WEATHER_TOOLS, "texts": texts}), capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    def content_text(ids: list[int]) -> str:  # what the reasoning parser hands the tool parser: after </think>
+        return tok.decode(ids[ids.index(END_THINK) + 1:-1 if ids[-1] == IM_END else None])
+
+    cases = [c for c in tool_cases() if c.tool_calls]
+    true_ids = [output_ids(tok, c.reasoning, c.content, c.finish_reason, tool_calls=c.tool_calls) for c in cases]
+    got = served([content_text(ids) for ids in true_ids])
+    for case, ids, out in zip(cases, true_ids, got):
+        calls = tuple(ToolCall(c["id"], c["name"], c["arguments"]) for c in out["calls"])
+        assert out["tools_called"] and calls == case.tool_calls, case.id
+        assert (out["content"] or "") == case.content, case.id
+        assert output_ids(tok, case.reasoning, out["content"] or "", "tool_calls", tool_calls=calls) == ids, case.id
+
+    call = '<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{}<|tool_call_end|>'
+    section = "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>"
+    alone, padded = served(["\n" + section.format(call.format('{"city": "Paris"}')),
+                            section.format(call.format(' {"city": "Paris"} '))])
+    assert alone["content"] is None and alone["calls"][0]["arguments"] == '{"city": "Paris"}'  # the "\n" is not served
+    assert padded["calls"][0]["arguments"] == '{"city": "Paris"}'  # the spaces around the arguments are not served
