@@ -214,10 +214,9 @@ def write_conversations(tmp_path: Path, n: int, seed: int = 0) -> tuple[Path, di
     return datasets, objs
 
 
-def check_conversations(tok, out: Path, objs: dict[str, dict]) -> tuple[list[Record], list[dict]]:
-    """Every turn once; turn j's history holds exactly the records of turns 1..j−1 and none of the dataset's answers;
-    a conversation stops early only at a cut turn or a failure naming it."""
-    d = out / "datasets" / "C"
+def recorded_turns(d: Path) -> tuple[list[Record], list[dict], dict[str, dict[int, Record]]]:
+    """A dataset folder's records and failures, each turn once (a turn written twice fails here), and the records
+    by conversation and turn."""
     records = load_records(d / "records.jsonl")
     failures = [json.loads(line) for line in (d / "failures.jsonl").read_text().splitlines() if line.strip()]
     ids = [r.id for r in records] + [f["id"] for f in failures]
@@ -225,6 +224,13 @@ def check_conversations(tok, out: Path, objs: dict[str, dict]) -> tuple[list[Rec
     by_conv: dict[str, dict[int, Record]] = {}
     for r in records:
         by_conv.setdefault(r.conversation_id, {})[r.turn] = r
+    return records, failures, by_conv
+
+
+def check_conversations(tok, out: Path, objs: dict[str, dict]) -> tuple[list[Record], list[dict]]:
+    """Every turn once; turn j's history holds exactly the records of turns 1..j−1 and none of the dataset's answers;
+    a conversation stops early only at a cut turn or a failure naming it."""
+    records, failures, by_conv = recorded_turns(out / "datasets" / "C")
     failed = {f.get("conversation_id", f["id"]): f for f in failures}
     for cid, obj in objs.items():
         asks = split_asks(normalize_prompt(obj).messages)[0]

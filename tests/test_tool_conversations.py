@@ -18,6 +18,7 @@ from eagledata.emulator.toolcalls import reserialized, task_rounds
 from eagledata.records import Record, load_records
 from eagledata.text import parse_output_ids, prompt_ids
 from kills import kill_while_writing
+from test_conversations import recorded_turns
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 MIX = {"rate_limit": 0.04, "upstream_rate_limit": 0.02, "bad_gateway": 0.01, "unavailable": 0.01, "timeout": 0.01,
@@ -72,14 +73,7 @@ def expected_turns(obj: dict) -> int:
 
 
 def check(tok, out: Path, objs: dict[str, dict], planted: dict[str, int], truth: dict[str, dict]) -> list[Record]:
-    d = out / "datasets" / "T"
-    records = load_records(d / "records.jsonl")
-    failures = [json.loads(x) for x in (d / "failures.jsonl").read_text().splitlines() if x.strip()]
-    ids = [r.id for r in records] + [f["id"] for f in failures]
-    assert len(ids) == len(set(ids)), "a turn recorded twice"
-    by_conv: dict[str, dict[int, Record]] = {}
-    for r in records:
-        by_conv.setdefault(r.conversation_id, {})[r.turn] = r
+    records, failures, by_conv = recorded_turns(out / "datasets" / "T")
     failed = {f.get("conversation_id", f["id"]) for f in failures}
     for cid, obj in objs.items():
         turns = by_conv.get(cid, {})

@@ -11,6 +11,7 @@ class InputError(ValueError):
 
     def __init__(self, message: str, path: str | Path | None = None, line: int | None = None,
                  field: str | None = None):
+        self.message = message
         self.path = str(path) if path is not None else None
         self.line = line
         self.field = field
@@ -20,6 +21,10 @@ class InputError(ValueError):
         if field is not None:
             where = f"{where} field '{field}'" if where else f"field '{field}'"
         super().__init__(f"{where}: {message}" if where else message)
+
+    def at(self, path: str | Path, line: int | None = None) -> "InputError":
+        """The same error located in `path` (a check that names only the field, run on a file's part)."""
+        return InputError(self.message, path, line, self.field)
 
 
 def open_input(path: str | Path) -> BinaryIO:

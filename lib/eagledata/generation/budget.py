@@ -216,7 +216,7 @@ def turn_prompt_tokens(tok: KimiTokenizer, conversation: Conversation, scaffold:
     empty = [conversation.stand_in(k) for k in range(n - 1)]
     tools = conversation.tools
     ids = prompt_ids(tok, conversation.turn(empty).messages, tools=tools)
-    if n > 1 and scaffold is not None and not tools and len(starts := scaffold.starts(ids)) == n - 1:
+    if n > 1 and scaffold is not None and len(starts := scaffold.starts(ids)) == n - 1:
         return [s + len(scaffold.generation) for s in starts] + [len(ids)]
     return [len(prompt_ids(tok, conversation.turn(empty[:k]).messages, tools=tools)) for k in range(n - 1)] + [len(ids)]
 

@@ -3,11 +3,10 @@ budget plan's `planned_usd` (what its target is expected to cost) where budget.i
 `tools` (an inline list or a JSON file) for the dataset's prompts that declare none of their own."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import json
 
 import yaml
 
@@ -55,7 +54,7 @@ def _tools(base: Path, path: Path, name: str, raw: Any) -> Tools | None:
     try:
         return normalize_tools(raw, field)
     except InputError as e:  # add the file to the field normalize_tools named
-        raise InputError(str(e).split(": ", 1)[1], where, field=e.field) from None
+        raise e.at(where) from None
 
 
 def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:

@@ -83,9 +83,14 @@ def _index_line(e: Entry) -> str:
 
 
 def record_ends(d: dict[str, Any]) -> bool:
-    """Whether a record (as read from its line) finishes its conversation (`meta.turns`: its chain's last turn)."""
-    meta = d.get("meta") or {}
-    return conversation_ends(d.get("turn", 1), meta.get("turns"), d.get("finish_reason"), meta.get("ended"))
+    """Whether a record (as read from its line) finishes its conversation."""
+    return _ends(d.get("turn", 1), d.get("meta") or {}, d.get("finish_reason"))
+
+
+def _ends(turn: int, meta: dict[str, Any], finish_reason: str | None) -> bool:
+    """A record's turn, its `meta` (`turns`: its chain's last turn; `ended`: a tool-call mismatch) and its finish
+    reason → whether it finishes its conversation."""
+    return conversation_ends(turn, meta.get("turns"), finish_reason, meta.get("ended"))
 
 
 def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
@@ -251,8 +256,7 @@ class Store:
         line = (record.to_json() + "\n").encode()
         end = self._append(self.files.records, line)
         entry = _entry(record.id, end, tokens, cost, record.conversation_id, record.turn,
-                       conversation_ends(record.turn, record.meta.get("turns"), record.finish_reason,
-                                         record.meta.get("ended")))
+                       _ends(record.turn, record.meta, record.finish_reason))
         self._append(self.files.done_index, _index_line(entry).encode())
         self.done.add(record.id)
         if len(entry) == 7:
