@@ -23,6 +23,8 @@ the seed's (~18) and latency against client work stays realistic (tens of second
              `--money-share-of-targets 1.67`: money for 60% of the targets. `--baseline`: also the old way, six runs one after another on the same balance.
              `--multi-turn 0.4`: 40 % of the prompts are conversations of 2–4 user turns, every turn answered on the
              target's own answers (issue 31); the oracle then runs the same chains.
+             `--repeat N --pair --multi-turn 0.4`: N seeds, each the single-turn job and then the multi-turn one; both
+             medians ÷ their oracles (one run's tail varies by ±10 %).
   panel      (f) what the live panel costs (issue 33): the seed replay's engine, 2,000 in flight, `--panel-balance`
              usable, `--runs` pairs with the panel off and on in turn, each pair on one emulator seed: time to charge
              90 % of usable, off ÷ on (goal >= 0.98), and the panel's frames and drawing time (a share of one core).
@@ -490,10 +492,31 @@ def _job_report(label: str, per: dict[str, dict], targets: dict[str, int], met_a
 
 
 def job(a: argparse.Namespace) -> None:
+    """`--repeat` runs on seeds `--seed`, `--seed` + 1, …; with `--pair` each seed runs the single-turn job and then
+    the `--multi-turn` one, so the two are compared on runs of the same hour (one run's time to its last target varies
+    by ±10 %: its tail is a few long answers)."""
+    mixes = [0.0, a.multi_turn] if a.pair else [a.multi_turn]
+    ratios: dict[float, list[tuple[float, float, float]]] = {m: [] for m in mixes}
+    for seed in range(a.seed, a.seed + a.repeat):
+        for mix in mixes:
+            ratios[mix].append(_job_run(a, seed, mix, several=len(mixes) * a.repeat > 1))
+    if len(mixes) * a.repeat > 1:
+        print(f"(e) {a.repeat} seed(s) from {a.seed}: the run's last target ÷ the oracle's (÷ the ideal; the most "
+              f"tokens ÷ target)")
+        for mix, got in ratios.items():
+            done = [r for r in got if not math.isnan(r[0])]
+            median = statistics.median(r[0] for r in done) if done else float("nan")
+            print(f"    {mix:.0%} multi-turn: " + ", ".join(f"{o:.2f}x ({i:.2f}x; {w:.3f})" for o, i, w in got)
+                  + f"; median {median:.2f}x the oracle", flush=True)
+
+
+def _job_run(a: argparse.Namespace, seed: int, multi_turn: float, several: bool) -> tuple[float, float, float]:
+    """One run of the job on emulator seed `seed`; returns its last target ÷ the oracle's and ÷ the ideal, and the
+    most any dataset holds ÷ its target."""
     balance, reserve, slots = 25.0, 1.25, 500
     usable = balance - reserve
     names = [f"B{i}" for i in range(3, 9)]
-    emu_cfg = {"speed": a.job_speed, "balance": balance, "seed": a.seed, "generation_delay": 0.1,
+    emu_cfg = {"speed": a.job_speed, "balance": balance, "seed": seed, "generation_delay": 0.1,
                "faults": {**USUAL_FAULTS, "slow_seconds": 30 * a.job_speed} if a.faults else {}}
     with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -502,11 +525,11 @@ def job(a: argparse.Namespace) -> None:
         price = routing.cheapest().completion_per_m / 1e6
         each = int(usable * a.money_share_of_targets / price / len(names))  # one target: its share of the money
         targets = dict.fromkeys(names, each)
-        datasets = write_datasets(d, 20_000, targets, multi_turn=a.multi_turn)
+        datasets = write_datasets(d, 20_000, targets, multi_turn=multi_turn)
         print(f"(e) the job: {len(names)} datasets x {each:,} output tokens (money for {1 / a.money_share_of_targets:.0%} "
               f"of them at ${price * 1e6:.2f}/M), ${balance:g} balance, ${reserve:g} reserve, {slots} in flight, "
               f"max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, faults {'on' if a.faults else 'off'}, "
-              f"{a.multi_turn:.0%} multi-turn", flush=True)
+              f"{multi_turn:.0%} multi-turn", flush=True)
         kw = dict(datasets_file=str(datasets), base_url=emu.base_url, params_dir=str(d / "params"), concurrency=slots,
                   progress=False, reserve_usd=reserve, max_tokens=SEED_MAX_TOKENS, account_refresh_s=5.0,
                   account_lag_s=2.0, straggler_wait_s=a.straggler_wait)
@@ -515,7 +538,10 @@ def job(a: argparse.Namespace) -> None:
         s = asyncio.run(run_generation(GenerateConfig(dataset=names, output_dir=str(d / "one"), **kw), complete_fn=timed))
         wall = time.monotonic() - t0
         if a.save:
-            Path(a.save).write_text(json.dumps({"summary": s, "answers": list(zip(timed.latency, timed.tokens))}))
+            save = Path(a.save)
+            if several:  # one file a run: name.s<seed>-mt<share>.json
+                save = save.with_name(f"{save.stem}.s{seed}-mt{multi_turn:g}{save.suffix}")
+            save.write_text(json.dumps({"summary": s, "answers": list(zip(timed.latency, timed.tokens))}))
         ideal = sum(targets.values()) / (slots * statistics.fmean(timed.tokens) / statistics.fmean(timed.latency))
         print(f"    ideal of one full pool: {ideal:.0f} s ({sum(targets.values()):,} tokens; mean answer "
               f"{statistics.fmean(timed.tokens):,.0f} tokens in {statistics.fmean(timed.latency):.1f} s over "
@@ -531,18 +557,19 @@ def job(a: argparse.Namespace) -> None:
                   f"{wall / money_ideal:.2f}x; charged {emu.stats()['charged_usd'] / usable:.3f} of usable; "
                   f"abandoned {s['run']['abandoned']}", flush=True)
         pairs = list(zip(timed.latency, timed.tokens))
-        bound = statistics.median(oracle_time(pairs, targets, slots, seed, multi_turn=a.multi_turn) for seed in range(ORACLE_DRAWS))
+        bound = statistics.median(oracle_time(pairs, targets, slots, draw, multi_turn=multi_turn)
+                                  for draw in range(ORACLE_DRAWS))
         last = [x["run"]["target_met_s"] for x in s["datasets"].values()]
-        if a.multi_turn:
-            kept = statistics.median(oracle_time(pairs, targets, slots, seed, multi_turn=a.multi_turn, keep_chains=True)
-                                     for seed in range(ORACLE_DRAWS))
+        if multi_turn:
+            kept = statistics.median(oracle_time(pairs, targets, slots, draw, multi_turn=multi_turn, keep_chains=True)
+                                     for draw in range(ORACLE_DRAWS))
             print(f"    an oracle under the engine's chain rule (a started conversation goes on until its target, its "
                   f"later turns counted): every target at {kept:.0f} s = {kept / ideal:.2f}x ideal; the run's last "
                   f"target ÷ this oracle's: {max(last) / kept if None not in last else float('nan'):.2f}x", flush=True)
         print(f"    an oracle that knows every answer's length once it starts (5 % over allowed, median of {ORACLE_DRAWS} "
               f"draws of this run's answers): every target at {bound:.0f} s = {bound / ideal:.2f}x ideal; the run's "
               f"last target ÷ the oracle's: {max(last) / bound if None not in last else float('nan'):.2f}x", flush=True)
-        if a.multi_turn:
+        if multi_turn:
             per_turn = {n: x["records"] for n, x in s["datasets"].items()}
             print(f"    records (turns) per dataset: {per_turn}; conversations left open: "
                   f"{sum(x['open_conversations'] for x in s['datasets'].values())}", flush=True)
@@ -555,6 +582,10 @@ def job(a: argparse.Namespace) -> None:
                 met.append(None if one["run"]["target_met_s"] is None else elapsed + one["run"]["target_met_s"])
                 elapsed = time.monotonic() - t0
             _job_report("six runs", per, targets, met, elapsed, ideal, emu.stats()["charged_usd"], usable)
+    worst = max(x["output_tokens"] / targets[n] for n, x in s["datasets"].items())
+    if None in last:
+        return math.nan, math.nan, worst
+    return max(last) / bound, max(last) / ideal, worst
 
 
 def main() -> int:
@@ -582,7 +613,11 @@ def main() -> int:
     ap.add_argument("--multi-turn", type=float, default=0.0,
                     help="job: this share of the prompts are conversations of 2-4 user turns (issue 31: 0.4)")
     ap.add_argument("--panel-balance", type=float, default=30.0, help="panel: usable $ of each run")
-    ap.add_argument("--save", help="job: write the run's summary and its answers' (latency, tokens) to this file")
+    ap.add_argument("--save", help="job: write the run's summary and its answers' (latency, tokens) to this file "
+                                   "(with several runs, one file a run: NAME.s<seed>-mt<share>.json)")
+    ap.add_argument("--repeat", type=int, default=1, help="job: runs on seeds --seed, --seed + 1, ...")
+    ap.add_argument("--pair", action="store_true",
+                    help="job: each seed runs the single-turn job, then the --multi-turn one; prints both medians")
     a = ap.parse_args()
     for name, fn in (("seed", seed), ("background", background), ("capacity", capacity), ("capped", capped),
                      ("abandon", abandon), ("job", job)):
