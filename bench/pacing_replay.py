@@ -25,8 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput_bench import MULTI_TURNS, ORACLE_DRAWS, oracle_time  # noqa: E402
 
-from eagledata.defaults import SHARED  # noqa: E402
-from eagledata.generation.budget import OutputLengths  # noqa: E402
+from eagledata.generation.engine import GenerateConfig, prior_lengths  # noqa: E402
 from eagledata.generation.pacing import Pacing  # noqa: E402
 
 SLOTS = 500
@@ -86,9 +85,7 @@ def main() -> int:
     ap.add_argument("--multi-turn", type=float, default=0.4)
     ap.add_argument("--draws", type=int, default=ORACLE_DRAWS)
     a = ap.parse_args()
-    # the engine's prior before a dataset has records: its guess of the model's lengths (engine.prior_lengths)
-    prior = list(OutputLengths.lognormal(SHARED["prior_output_median_tokens"][0], SHARED["prior_output_sigma"][0],
-                                         SHARED["max_tokens"][0], n=20_000).samples)
+    prior = prior_lengths(GenerateConfig(dataset="replay"))  # the engine's guess before a dataset has records
     for path in a.runs:
         saved = json.loads(Path(path).read_text())
         pairs = [(float(x), int(n)) for x, n in saved["answers"]]

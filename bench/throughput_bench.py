@@ -499,8 +499,8 @@ def job(a: argparse.Namespace) -> None:
     ratios: dict[float, list[tuple[float, float, float]]] = {m: [] for m in mixes}
     for seed in range(a.seed, a.seed + a.repeat):
         for mix in mixes:
-            ratios[mix].append(_job_run(a, seed, mix, several=len(mixes) * a.repeat > 1))
-    if len(mixes) * a.repeat > 1:
+            ratios[mix].append(_job_run(a, seed, mix))
+    if a.pair or a.repeat > 1:
         print(f"(e) {a.repeat} seed(s) from {a.seed}: the run's last target ÷ the oracle's (÷ the ideal; the most "
               f"tokens ÷ target)")
         for mix, got in ratios.items():
@@ -510,7 +510,7 @@ def job(a: argparse.Namespace) -> None:
                   + f"; median {median:.2f}x the oracle", flush=True)
 
 
-def _job_run(a: argparse.Namespace, seed: int, multi_turn: float, several: bool) -> tuple[float, float, float]:
+def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float, float, float]:
     """One run of the job on emulator seed `seed`; returns its last target ÷ the oracle's and ÷ the ideal, and the
     most any dataset holds ÷ its target."""
     balance, reserve, slots = 25.0, 1.25, 500
@@ -539,7 +539,7 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float, several: bool)
         wall = time.monotonic() - t0
         if a.save:
             save = Path(a.save)
-            if several:  # one file a run: name.s<seed>-mt<share>.json
+            if a.pair or a.repeat > 1:  # one file a run: name.s<seed>-mt<share>.json
                 save = save.with_name(f"{save.stem}.s{seed}-mt{multi_turn:g}{save.suffix}")
             save.write_text(json.dumps({"summary": s, "answers": list(zip(timed.latency, timed.tokens))}))
         ideal = sum(targets.values()) / (slots * statistics.fmean(timed.tokens) / statistics.fmean(timed.latency))

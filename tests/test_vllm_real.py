@@ -398,12 +398,17 @@ def test_vllms_kimi_k2_tool_parser_serves_the_recipes_calls_back(tok):
     from eagledata.records import ToolCall
     from eagledata.text import END_THINK, IM_END, output_ids
     from eagledata.text.roundtrip import WEATHER_TOOLS, tool_cases
+    from eagledata.text.tokenizer import ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END
     from vllm_server.harness import vllm_python
+
+    specials = {tok.decode([i]): i for i in (IM_END, END_THINK, END_THINK - 1, SECTION_BEGIN, SECTION_END, CALL_BEGIN,
+                                             ARGUMENT_BEGIN, CALL_END)}  # END_THINK - 1: <think>
+    assert "<think>" in specials and "<|tool_calls_section_begin|>" in specials
 
     def served(texts: list[str]) -> list[dict]:
         done = subprocess.run([vllm_python(), str(ROOT / "tests" / "vllm_server" / "tool_parser.py")],
-                              input=json.dumps({"tools": WEATHER_TOOLS, "texts": texts}), capture_output=True,
-                              text=True, timeout=300)
+                              input=json.dumps({"tools": WEATHER_TOOLS, "specials": specials, "texts": texts}),
+                              capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]
         return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 

@@ -1,8 +1,10 @@
-"""vLLM's own `kimi_k2` tool parser on texts given as JSON on stdin: `{"tools": [...], "texts": [...]}`; prints one
-JSON line per text, `{tools_called, content, calls: [{id, name, arguments}]}`, as the server would serve them.
+"""vLLM's own `kimi_k2` tool parser on texts given as JSON on stdin: `{"tools": [...], "specials": {token: id},
+"texts": [...]}`; prints one JSON line per text, `{tools_called, content, calls: [{id, name, arguments}]}`, as the
+server would serve them.
 
 Runs in the vLLM environment (`tests/test_vllm_real.py` calls it with `vllm_python()`). The parser reads only the
-special tokens' ids from its tokenizer, so a stand-in with K2.5's ids for them is enough: no model, no remote code.
+special tokens' ids from its tokenizer, so a stand-in holding K2.5's (the test sends them) is enough: no model, no
+remote code.
 """
 import json
 import sys
@@ -10,23 +12,21 @@ import sys
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers.kimi_k2_tool_parser import KimiK2ToolParser
 
-SPECIAL = {"<think>": 163606, "</think>": 163607, "<|im_end|>": 163586, "<|tool_calls_section_begin|>": 163595,
-           "<|tool_calls_section_end|>": 163596, "<|tool_call_begin|>": 163597, "<|tool_call_argument_begin|>": 163598,
-           "<|tool_call_end|>": 163599}
-
-
 class SpecialsOnly:
     """What the parser asks of a tokenizer: the vocabulary's ids of the special tokens it splits on."""
 
+    def __init__(self, specials: dict[str, int]):
+        self.specials = specials
+
     def get_vocab(self) -> dict[str, int]:
-        return dict(SPECIAL)
+        return dict(self.specials)
 
     vocab = property(get_vocab)
 
 
 def main() -> None:
     given = json.load(sys.stdin)
-    parser = KimiK2ToolParser(SpecialsOnly())
+    parser = KimiK2ToolParser(SpecialsOnly(given["specials"]))
     request = ChatCompletionRequest(model="kimi", messages=[{"role": "user", "content": "-"}], tools=given["tools"])
     for text in given["texts"]:
         out = parser.extract_tool_calls(text, request)
