@@ -6,7 +6,11 @@ to run), so comparing the single-turn and the multi-turn job on one run of each 
 saved by `throughput_bench.py job --save`: 500 slots, the six targets, the datasets taken in pacing's order, a
 started conversation's next turn ahead of its dataset's new ones (as the engine's `take`), `refresh` every 0.5 s.
 Each draw is run with no conversations and with the `--multi-turn` mix, and set against the bench's oracle on
-the same mix. Prints the medians (time to the last target ÷ the oracle's) and the worst overshoot.
+the same mix. A draw's answers come from their own random stream, in the order requests start, so the draw with
+conversations and the one without send the same answers (common random numbers): the two rules are compared draw by
+draw, and the mean of the paired differences says what the conversations cost, with its standard error (two
+independent sets of 21 draws differ by ±1.5 % by chance alone). Prints the medians (time to the last target ÷ the
+oracle's), the paired difference, and the overshoots.
 
   PYTHONPATH=lib .venv/bin/python bench/throughput_bench.py job --save run.json
   PYTHONPATH=lib .venv/bin/python bench/pacing_replay.py run.json [more.json ...] --draws 21
@@ -17,13 +21,14 @@ import argparse
 import collections
 import heapq
 import json
+import math
 import random
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput_bench import MULTI_TURNS, ORACLE_DRAWS, oracle_time  # noqa: E402
+from throughput_bench import CONVERSATION_STREAM, MULTI_TURNS, ORACLE_DRAWS, oracle_time  # noqa: E402
 
 from eagledata.generation.engine import GenerateConfig, prior_lengths  # noqa: E402
 from eagledata.generation.pacing import Pacing  # noqa: E402
@@ -35,7 +40,8 @@ TICK_S = 0.5
 def replay(pairs: list[tuple[float, int]], targets: dict[str, int], multi_turn: float, draw: int,
            prior: list[float]) -> tuple[float, float]:
     """(time every target was recorded, worst tokens ÷ target − 1) of one draw under the engine's pacing."""
-    rng = random.Random(draw)
+    rng = random.Random(draw)  # the answers (as `oracle_time`'s)
+    turns = random.Random(CONVERSATION_STREAM + draw)  # which prompts are conversations
     pace = Pacing(Pacing.lane(n, target=t, prompts=10**9, recorded=0, finished=0, prior_tokens=prior)
                   for n, t in targets.items())
     ready: dict[str, collections.deque[int]] = {n: collections.deque() for n in targets}  # later turns left
@@ -52,7 +58,7 @@ def replay(pairs: list[tuple[float, int]], targets: dict[str, int], multi_turn: 
                     pace.hold(name, promised=True)
                     break
                 if lane.open():
-                    later = rng.choice(MULTI_TURNS) - 1 if rng.random() < multi_turn else 0
+                    later = turns.choice(MULTI_TURNS) - 1 if turns.random() < multi_turn else 0
                     taken = name, later
                     pace.hold(name, later=later)
                     break
@@ -86,19 +92,31 @@ def main() -> int:
     ap.add_argument("--draws", type=int, default=ORACLE_DRAWS)
     a = ap.parse_args()
     prior = prior_lengths(GenerateConfig(dataset="replay"))  # the engine's guess before a dataset has records
+    mixes = (0.0, a.multi_turn)
+    ratios: dict[float, list[float]] = {m: [] for m in mixes}
+    overs: dict[float, list[float]] = {m: [] for m in mixes}
     for path in a.runs:
         saved = json.loads(Path(path).read_text())
         pairs = [(float(x), int(n)) for x, n in saved["answers"]]
         targets = {n: x["target_output_tokens"] for n, x in saved["summary"]["datasets"].items()}
-        for mix in (0.0, a.multi_turn):
+        for mix in mixes:
             oracle = statistics.median(oracle_time(pairs, targets, SLOTS, d, multi_turn=mix) for d in range(a.draws))
             got = [replay(pairs, targets, mix, d, prior) for d in range(a.draws)]
-            times = [g[0] for g in got]
-            overs = [g[1] for g in got]
+            times, over = [g[0] for g in got], [g[1] for g in got]
+            ratios[mix] += [x / oracle for x in times]
+            overs[mix] += over
             print(f"{Path(path).name}: {mix:.0%} multi-turn: last target at {statistics.median(times):.0f} s "
                   f"({min(times):.0f}-{max(times):.0f}) = {statistics.median(times) / oracle:.3f}x the oracle "
-                  f"({oracle:.0f} s), median of {a.draws} draws; overshoot median {statistics.median(overs):.1%}, "
-                  f"worst {max(overs):.1%}, {sum(o > 0.05 for o in overs)} draw(s) over 5 %", flush=True)
+                  f"({oracle:.0f} s), median of {a.draws} draws; overshoot median {statistics.median(over):.1%}, "
+                  f"worst {max(over):.1%}, {sum(o > 0.05 for o in over)} draw(s) over 5 %", flush=True)
+    n = len(ratios[0.0])
+    diff = [m - s for s, m in zip(ratios[0.0], ratios[a.multi_turn])]
+    for mix in mixes:
+        print(f"all {n} draws, {mix:.0%} multi-turn: mean {statistics.fmean(ratios[mix]):.3f}x the oracle, median "
+              f"{statistics.median(ratios[mix]):.3f}x; {sum(o > 0.05 for o in overs[mix])} of {n} runs end a dataset "
+              f"over 5 % (worst {max(overs[mix]):.1%})")
+    print(f"paired: the multi-turn rule minus the single-turn rule, same answers: {statistics.fmean(diff):+.3f} "
+          f"± {statistics.stdev(diff) / math.sqrt(n):.3f} (mean ± standard error of {n} draws)")
     return 0
 
 

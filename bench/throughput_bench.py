@@ -52,6 +52,7 @@ from eagledata.openrouter.client import LOCAL_KEY
 
 SEED_MAX_TOKENS = 32768
 MULTI_TURNS = (2, 3, 4)  # user turns of a multi-turn conversation, equally likely
+CONVERSATION_STREAM = 1_000_003  # seed offset of a draw's conversation choices (`oracle_time`, pacing_replay.py)
 ORACLE_DRAWS = 21  # the oracle is the median over this many draws of the run's answers (one draw varies by ±10 %)
 USUAL_FAULTS = {"rate_limit": 0.04, "upstream_rate_limit": 0.02, "bad_gateway": 0.01, "unavailable": 0.01,
                 "timeout": 0.005, "error_in_choice": 0.005, "error_top_level": 0.005, "empty_content": 0.005,
@@ -442,7 +443,9 @@ def oracle_time(pairs: list[tuple[float, int]], targets: dict[str, int], slots: 
     import heapq
     import random
 
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # the answers, in the order requests start
+    turns = random.Random(CONVERSATION_STREAM + seed)  # which are conversations: its own stream, so that a draw
+    # with the multi-turn mix sends the same answers in the same order as without (paired, not two samples)
     mean = statistics.fmean(n for _, n in pairs)
     recorded, flying, promised = dict.fromkeys(targets, 0), dict.fromkeys(targets, 0), dict.fromkeys(targets, 0)
     ends: list = []
@@ -454,7 +457,7 @@ def oracle_time(pairs: list[tuple[float, int]], targets: dict[str, int], slots: 
             if not open_:
                 break
             name = min(open_, key=lambda n: (recorded[n] + flying[n] + promised[n] * mean) / targets[n])
-            later = rng.choice(MULTI_TURNS) - 1 if rng.random() < multi_turn else 0
+            later = turns.choice(MULTI_TURNS) - 1 if turns.random() < multi_turn else 0
             promised[name] += later if keep_chains else 0
             latency, tokens = rng.choice(pairs)
             flying[name] += tokens
