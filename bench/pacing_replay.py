@@ -3,8 +3,9 @@
 One real job run is one draw of its tail (a few long answers decide when the last target is met: ±10 % from run
 to run), so comparing the single-turn and the multi-turn job on one run of each says little. This replays
 `eagledata.generation.pacing.Pacing` itself, in simulated time, on draws of a run's (latency, tokens) answers
-saved by `throughput_bench.py job --save`: 500 slots, the six targets, the datasets taken in pacing's order, a
-started conversation's next turn ahead of its dataset's new ones (as the engine's `take`), `refresh` every 0.5 s.
+saved by `throughput_bench.py job --save`: the run's slots (`concurrency`) and targets, the datasets taken in
+pacing's order, a started conversation's next turn ahead of its dataset's new ones (as the engine's `take`),
+`refresh` every 0.5 s.
 Each draw is run with no conversations and with the `--multi-turn` mix, and set against the bench's oracle on
 the same mix. A draw's answers come from their own random stream, in the order requests start, so the draw with
 conversations and the one without send the same answers (common random numbers): the two rules are compared draw by
@@ -31,13 +32,12 @@ sys.path.insert(0, str(Path(__file__).parent))
 from throughput_bench import CONVERSATION_STREAM, MULTI_TURNS, ORACLE_DRAWS, oracle_time  # noqa: E402
 
 from eagledata.generation.engine import GenerateConfig, prior_lengths  # noqa: E402
-from eagledata.generation.pacing import Pacing  # noqa: E402
+from eagledata.generation.pacing import MAX_OVERSHOOT, Pacing  # noqa: E402
 
-SLOTS = 500
 TICK_S = 0.5
 
 
-def replay(pairs: list[tuple[float, int]], targets: dict[str, int], multi_turn: float, draw: int,
+def replay(pairs: list[tuple[float, int]], targets: dict[str, int], slots: int, multi_turn: float, draw: int,
            prior: list[float]) -> tuple[float, float]:
     """(time every target was recorded, worst tokens ÷ target − 1) of one draw under the engine's pacing."""
     rng = random.Random(draw)  # the answers (as `oracle_time`'s)
@@ -49,7 +49,7 @@ def replay(pairs: list[tuple[float, int]], targets: dict[str, int], multi_turn: 
     met: dict[str, float] = {}
     t, next_tick = 0.0, TICK_S
     while len(met) < len(targets) or ends:
-        while len(ends) < SLOTS:
+        while len(ends) < slots:
             taken = None
             for name in pace.ranked([n for n in targets if n not in met]):
                 lane = pace.lanes[name]
@@ -99,22 +99,23 @@ def main() -> int:
         saved = json.loads(Path(path).read_text())
         pairs = [(float(x), int(n)) for x, n in saved["answers"]]
         targets = {n: x["target_output_tokens"] for n, x in saved["summary"]["datasets"].items()}
+        slots = saved["summary"]["run"]["concurrency"]
         for mix in mixes:
-            oracle = statistics.median(oracle_time(pairs, targets, SLOTS, d, multi_turn=mix) for d in range(a.draws))
-            got = [replay(pairs, targets, mix, d, prior) for d in range(a.draws)]
+            oracle = statistics.median(oracle_time(pairs, targets, slots, d, multi_turn=mix) for d in range(a.draws))
+            got = [replay(pairs, targets, slots, mix, d, prior) for d in range(a.draws)]
             times, over = [g[0] for g in got], [g[1] for g in got]
             ratios[mix] += [x / oracle for x in times]
             overs[mix] += over
             print(f"{Path(path).name}: {mix:.0%} multi-turn: last target at {statistics.median(times):.0f} s "
                   f"({min(times):.0f}-{max(times):.0f}) = {statistics.median(times) / oracle:.3f}x the oracle "
                   f"({oracle:.0f} s), median of {a.draws} draws; overshoot median {statistics.median(over):.1%}, "
-                  f"worst {max(over):.1%}, {sum(o > 0.05 for o in over)} draw(s) over 5 %", flush=True)
+                  f"worst {max(over):.1%}, {sum(o > MAX_OVERSHOOT for o in over)} draw(s) over {MAX_OVERSHOOT:.0%}", flush=True)
     n = len(ratios[0.0])
     diff = [m - s for s, m in zip(ratios[0.0], ratios[a.multi_turn])]
     for mix in mixes:
         print(f"all {n} draws, {mix:.0%} multi-turn: mean {statistics.fmean(ratios[mix]):.3f}x the oracle, median "
-              f"{statistics.median(ratios[mix]):.3f}x; {sum(o > 0.05 for o in overs[mix])} of {n} runs end a dataset "
-              f"over 5 % (worst {max(overs[mix]):.1%})")
+              f"{statistics.median(ratios[mix]):.3f}x; {sum(o > MAX_OVERSHOOT for o in overs[mix])} of {n} runs end a "
+              f"dataset over {MAX_OVERSHOOT:.0%} (worst {max(overs[mix]):.1%})")
     print(f"paired: the multi-turn rule minus the single-turn rule, same answers: {statistics.fmean(diff):+.3f} "
           f"± {statistics.stdev(diff) / math.sqrt(n):.3f} (mean ± standard error of {n} draws)")
     return 0
