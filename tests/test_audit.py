@@ -356,7 +356,7 @@ def _scored(tmp_path_factory, name, build):
 def tiny_providers(tmp_path_factory):
     """48 prompts of 8 tokens, answered by A and B from the target (head scaled x20, temperature 1) and by C from
     a copy rounded to 3 bits; outputs cut to 16..48 tokens; plus one junk sample of A (random ids as output)."""
-    from audit_providers import three_providers
+    from tests.helpers.audit_providers import three_providers
 
     return _scored(tmp_path_factory, "audit", three_providers)
 
@@ -391,7 +391,7 @@ def test_the_audit_finds_the_degraded_provider_among_tiny_models(tiny_providers)
 def junk_and_noise_rows(tmp_path_factory):
     """Issue 30's case: 60 prompts answered by A and B from the target and by C from a noised copy (+~33 % NLL per
     token); A's answer to one prompt is uniform random ids."""
-    from audit_providers import junk_and_noise
+    from tests.helpers.audit_providers import junk_and_noise
 
     return _scored(tmp_path_factory, "junk", junk_and_noise)
 

@@ -125,7 +125,7 @@ def test_planned_vs_actual(tmp_path):
 def test_prices_come_from_the_routing_decision_else_the_catalog_and_say_which(tmp_path):
     """No routing decision yet: the catalog (here a snapshot) is judged under the default policy and the plan takes
     its cheapest eligible price; a routing file named explicitly must exist."""
-    from test_providers import catalog, decision_for
+    from tests.helpers.catalogs import catalog, decision_for
 
     from eagledata.aio import run_sync
     from eagledata.generation import BudgetConfig, plan_prices

@@ -20,7 +20,8 @@ from eagledata.generation.store import Store
 from eagledata.generation.turns import Conversation, later_turn_ids, split_asks
 from eagledata.records import Answer, Record, load_records
 from eagledata.text import parse_output_ids, prompt_ids
-from kills import kill_while_writing
+from tests.helpers.kills import kill_while_writing
+from tests.helpers.records import recorded_turns
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -212,19 +213,6 @@ def write_conversations(tmp_path: Path, n: int, seed: int = 0) -> tuple[Path, di
     datasets = tmp_path / "datasets.yaml"
     datasets.write_text(f"C:\n  prompts: {prompts}\n")
     return datasets, objs
-
-
-def recorded_turns(d: Path) -> tuple[list[Record], list[dict], dict[str, dict[int, Record]]]:
-    """A dataset folder's records and failures, each turn once (a turn written twice fails here), and the records
-    by conversation and turn."""
-    records = load_records(d / "records.jsonl")
-    failures = [json.loads(line) for line in (d / "failures.jsonl").read_text().splitlines() if line.strip()]
-    ids = [r.id for r in records] + [f["id"] for f in failures]
-    assert len(ids) == len(set(ids)), "a turn recorded twice"
-    by_conv: dict[str, dict[int, Record]] = {}
-    for r in records:
-        by_conv.setdefault(r.conversation_id, {})[r.turn] = r
-    return records, failures, by_conv
 
 
 def check_conversations(tok, out: Path, objs: dict[str, dict]) -> tuple[list[Record], list[dict]]:

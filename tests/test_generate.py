@@ -19,7 +19,7 @@ from eagledata.generation import GenerateConfig, generate, run_generation
 from eagledata.openrouter import complete
 from eagledata.notebooks import read_results
 from eagledata.records import load_records
-from kills import kill_while_writing
+from tests.helpers.kills import kill_while_writing
 from eagledata.records import split_inline_reasoning
 from eagledata.text import parse_output_ids, prompt_ids
 

@@ -17,6 +17,7 @@ from eagledata.training.assembly import apply_length_policy
 from eagledata.training.job import owner
 from eagledata.training.transformers_backend import plan_batches
 from eagledata.training.tiny import build_tiny_model
+from tests.helpers.records import make_conversation, make_record
 
 H, L = 64, 8
 LAYERS = eagle3_layers(L)  # (2, 4, 5)
@@ -25,16 +26,6 @@ LAYERS = eagle3_layers(L)  # (2, 4, 5)
 @pytest.fixture(scope="module")
 def models():
     return {f: build_tiny_model(f, hidden_size=H, num_layers=L) for f in ("llama", "deepseek_v3", "kimi_k25")}
-
-
-def make_record(tok, i, *, words=3, finish="stop", prompt=None, dataset="B1"):
-    from eagledata.text.sequences import output_ids, prompt_ids
-
-    messages = [{"role": "user", "content": prompt or f"question {i}: " + "why " * (i % 5)}]
-    reasoning, content = "think " * words, f"answer {i} " + "so " * (words // 2)
-    return Record(id=f"r{i}", dataset=dataset, messages=messages, reasoning=reasoning, content=content,
-                  finish_reason=finish,
-                  prompt_ids=prompt_ids(tok, messages), output_ids=output_ids(tok, reasoning, content, finish))
 
 
 @pytest.fixture(scope="module")
@@ -457,26 +448,6 @@ def test_assembly_leaves_out_the_providers_generation_called_suspect(tok, tmp_pa
 
 
 # -- multi-turn conversations: one sample per turn ----------------------------------------------------------
-def make_conversation(tok, cid, asks, *, dataset="B1", system=None, answers=None, words=4):
-    """One record per turn, as generation writes them: turn j's `messages` are the asks 1..j with this
-    conversation's own earlier answers (content only) between them, its `prompt_ids` their render, its
-    `output_ids` turn j's answer; turn 1 keeps the prompt's id, turn j >= 2 is `<cid>#<j>`."""
-    from eagledata.text.sequences import output_ids, prompt_ids
-
-    history = [{"role": "system", "content": system}] if system else []
-    records = []
-    for j, ask in enumerate(asks, 1):
-        messages = [*history, {"role": "user", "content": ask}]
-        reasoning = f"turn {j} of {cid}: " + "think " * (words + 3 * j)
-        content = answers[j - 1] if answers else f"answer {j} of {cid}: " + "so " * (words + 5 * j)
-        records.append(Record(id=cid if j == 1 else f"{cid}#{j}", dataset=dataset, conversation_id=cid, turn=j,
-                              messages=messages, reasoning=reasoning, content=content, finish_reason="stop",
-                              prompt_ids=prompt_ids(tok, messages),
-                              output_ids=output_ids(tok, reasoning, content, "stop")))
-        history = [*messages, {"role": "assistant", "content": content}]
-    return records
-
-
 CONVERSATION_IDS = ["c1", "c2", "c2#2", "c3", "c3#2", "c3#3"]
 
 
@@ -510,7 +481,7 @@ def test_each_turn_is_one_sample_in_every_layout(layout, tok, models, conversati
     layout: its id, `input_ids` = that turn's prompt (the history) + its answer, loss 0 over the history and 1 over
     the answer; the trainer's own view of the files agrees, and a later turn's states are those of its whole
     sequence."""
-    import specforge_reader as sf
+    from tests.helpers import specforge_reader as sf
     from datasets import load_from_disk
 
     path, records = conversations
@@ -565,7 +536,7 @@ def agent_turns(tok) -> list[Record]:
     from eagledata.openrouter import Completion
     from eagledata.records import Answer, ToolCall, Usage
     from eagledata.text.sequences import prompt_ids
-    from test_tool_calls import dataset
+    from tests.helpers.prompts import dataset
 
     conv = Conversation.of(normalize_prompt(dataset()), "all")
     turn, out = conv.turn(), []
@@ -586,7 +557,7 @@ def test_tool_call_turns_are_samples_with_loss_on_the_targets_turns_only(layout,
     """Each generated turn of an agent conversation is a sample: the history (the dataset's turns, the tool
     results, earlier calls) has loss 0, the target's turn (its tool-call section included) loss 1, in every
     layout and as SpecForge's reader reads it."""
-    import specforge_reader as sf
+    from tests.helpers import specforge_reader as sf
 
     records = agent_turns(tok)
     assert [r.id for r in records] == ["agent-1", "agent-1#2", "agent-1#3"]
@@ -730,7 +701,7 @@ def test_dedupe_never_merges_turns_of_one_conversation(tok, tmp_path):
 def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_path):
     """hidden_states.ipynb with `-p layout specforge`, read as SpecForge's OfflineEagle3Dataset reads it: ids
     are the records', states equal a batch-1 transformers reference within bf16 rounding."""
-    import specforge_reader as sf
+    from tests.helpers import specforge_reader as sf
 
     from eagledata.notebooks import cell_outputs_text, read_results, run_notebook
     from eagledata.records import load_records
@@ -842,7 +813,7 @@ def test_speculators_files_are_what_arrowdataset_reads(models, samples, tmp_path
 
 
 def test_specforge_files_read_as_offline_eagle3_dataset_does(models, samples, tmp_path):
-    import specforge_reader as sf
+    from tests.helpers import specforge_reader as sf
 
     result = run(samples, tmp_path, models["llama"], layout="specforge", max_batch_size=5)
     native = HiddenStates(run(samples, tmp_path, models["llama"], name="native", max_batch_size=5).directory)

@@ -3,12 +3,11 @@
 speculators 0.9.0 pins transformers<=5.19, so it lives in its own environment (`.venv-interop`, made by
 `make test-interop`); the notebook runs here, the trainer's reader runs there on the files, and the states it
 yields are compared here with a batch-1 transformers reference. SpecForge (sglang + CUDA torch) cannot be
-installed: its reader is reproduced in tests/specforge_reader.py and covered in test_hidden_states.py.
+installed: its reader is reproduced in tests/helpers/specforge_reader.py and covered in test_hidden_states.py.
 """
 import json
 import subprocess
 from collections import Counter
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,13 +16,12 @@ from eagledata.notebooks import run_notebook
 from eagledata.records import load_records
 from eagledata.training import find_decoder
 from eagledata.training.tiny import build_tiny_model
-from test_hidden_states import make_conversation, make_record
-from test_roundtrip import tool_record
+from tests.helpers import HELPERS
+from tests.helpers.records import make_conversation, make_record, tool_record
 
 from eagledata.text.roundtrip import tool_cases
 
 pytestmark = pytest.mark.interop
-ROOT = Path(__file__).resolve().parents[1]
 H, L = 64, 8
 LAYERS = [2, 4, 5]
 
@@ -48,7 +46,7 @@ def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, to
     data_path = tmp_path / "out" / "hidden_states" / "spec"
 
     dump = tmp_path / "read.pt"
-    done = subprocess.run([interop_python, str(ROOT / "tests" / "interop" / "read_speculators.py"), str(data_path),
+    done = subprocess.run([interop_python, str(HELPERS / "interop" / "read_speculators.py"), str(data_path),
                            str(dump), str(model_dir), "32000", "16"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])

@@ -78,7 +78,7 @@ def test_tokenizer_notebook_checks_tool_call_records_and_fails_on_a_wrong_sectio
                                                                                    execute_notebook, tmp_path):
     """Tool-call records pass the template prefix check; one whose section holds the provider's `call_…` id fails."""
     from eagledata.records import ToolCall
-    from test_roundtrip import tool_record
+    from tests.helpers.records import tool_record
 
     from eagledata.text.roundtrip import Case, tool_cases
 
@@ -96,7 +96,7 @@ def test_tokenizer_notebook_checks_tool_call_records_and_fails_on_a_wrong_sectio
 
 
 def test_providers_notebook_from_snapshot_without_server(execute_notebook, tmp_path):
-    from test_providers import catalog
+    from tests.helpers.catalogs import catalog
 
     from eagledata.openrouter import RoutingDecision
 
@@ -125,7 +125,7 @@ def _budget_inputs(tmp_path):
 
 
 def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_path):
-    from test_providers import catalog, decision_for
+    from tests.helpers.catalogs import catalog, decision_for
 
     from eagledata.generation.datasets import load_datasets
 

@@ -4,6 +4,7 @@ from eagledata.errors import InputError
 from eagledata.records import Record, ToolCall
 from eagledata.text.roundtrip import Case, agreement, load_truth, sample_cases, tool_cases, validate
 from eagledata.text.sequences import output_ids, prompt_ids
+from tests.helpers.records import tool_record
 
 REQUIRED_SAMPLES = {"newlines-around-think", "literal-specials-in-content", "cjk", "emoji", "nfc-vs-nfd",
                     "30000-spaces", "multibyte-cut-at-max-tokens", "empty-reasoning", "tool-markup-as-text",
@@ -101,16 +102,6 @@ def test_an_unrepaired_bare_close_fails_the_verdict(tok, tmp_path):
                                     prompt_ids=bad.prompt_ids, output_ids=true), load_truth(truth))
     report = validate(tok, [fixed])
     assert report.passed and report.results[0].agreement == 1.0 and report.results[0].classes == []
-
-
-def tool_record(tok, case: Case, rid: str | None = None, section: tuple[ToolCall, ...] | None = None) -> Record:
-    """A record of a tool case; `section`: the calls its output ids were built with (a planted wrong section)."""
-    calls = case.tool_calls if section is None else section
-    return Record(id=rid or case.id, dataset="T", messages=case.messages, reasoning=case.reasoning,
-                  content=case.content, finish_reason=case.finish_reason, tools=case.tools,
-                  tool_calls=[c.to_api() for c in case.tool_calls] or None,
-                  prompt_ids=prompt_ids(tok, case.messages, tools=case.tools),
-                  output_ids=output_ids(tok, case.reasoning, case.content, case.finish_reason, tool_calls=calls))
 
 
 def test_tool_call_records_pass_and_a_planted_wrong_section_fails(tok):

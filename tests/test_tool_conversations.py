@@ -17,8 +17,8 @@ from eagledata.emulator import run_emulator
 from eagledata.emulator.toolcalls import reserialized, task_rounds
 from eagledata.records import Record, load_records
 from eagledata.text import parse_output_ids, prompt_ids
-from kills import kill_while_writing
-from test_conversations import recorded_turns
+from tests.helpers.kills import kill_while_writing
+from tests.helpers.records import recorded_turns
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 MIX = {"rate_limit": 0.04, "upstream_rate_limit": 0.02, "bad_gateway": 0.01, "unavailable": 0.01, "timeout": 0.01,

@@ -1,22 +1,22 @@
 """The fidelity audit through a real vLLM (`make test-vllm`; marked `vllm`, left out of `make test`).
 
-The audit's honest case (`audit_providers.three_providers`: A and B sample from the tiny target, C from a copy
-rounded to 3 bits, plus one junk sample of A), scored by the vllm backend: the target's log-probabilities come
-back as `prompt_logprobs` in the same request that carries the hidden-states file. vLLM computes in bf16, the
-transformers path in float32: the audit must reach the same verdicts, and each sample's score must agree with
-the transformers one within that rounding.
+The audit's honest case (`three_providers` of tests/helpers/audit_providers.py: A and B sample from the tiny target,
+C from a copy rounded to 3 bits, plus one junk sample of A), scored by the vllm backend: the target's
+log-probabilities come back as `prompt_logprobs` in the same request that carries the hidden-states file. vLLM
+computes in bf16, the transformers path in float32: the audit must reach the same verdicts, and each sample's score
+must agree with the transformers one within that rounding.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
-from audit_providers import three_providers
+from tests.helpers.audit_providers import three_providers
 from eagledata.training import ExtractOptions, extract, extract_with_vllm
 from eagledata.training.audit import audit
 from eagledata.training.scoring import read_scores
 from eagledata.training.vllm_backend import VllmOptions
-from vllm_server.harness import start_vllm
+from tests.helpers.vllm_server.harness import start_vllm
 
 pytestmark = pytest.mark.vllm
 LAYERS = [1, 2, 3]  # the 4-layer target's EAGLE-3 rule repeats a layer, which vLLM cannot capture

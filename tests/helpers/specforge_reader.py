@@ -18,7 +18,7 @@ Path: <root>/rows_<g>-<g+2000>/data_<idx>.ckpt  (or .ckpt.gz when gzip-compresse
 Discovery: recursive os.walk under <root>, keep names ending ".ckpt" or ".ckpt.gz", sort the full path
 strings lexicographically (so data_10 sorts before data_2: order is by string, not by idx).
 
-Usage as a script: python tests/specforge_reader.py <root> [max_len]  -> prints what each file yields.
+Usage as a script: python tests/helpers/specforge_reader.py <root> [max_len]  -> prints what each file yields.
 The tests read our `specforge` layout through it.
 """
 

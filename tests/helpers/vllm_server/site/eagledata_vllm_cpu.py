@@ -106,7 +106,7 @@ def check(module: types.ModuleType) -> None:
     if uses != CUDA_USES:
         problems.append(f"the module's CUDA-only calls are now {uses}, the stand-ins cover {CUDA_USES}")
     if problems:
-        raise StandInError(f"CPU stand-ins for {CONNECTOR_MODULE} (tests/vllm_server/site) refuse to install: "
+        raise StandInError(f"CPU stand-ins for {CONNECTOR_MODULE} (tests/helpers/vllm_server/site) refuse to install: "
                            + "; ".join(problems) + ". Read the new code and update the stand-ins and their hashes.")
 
 

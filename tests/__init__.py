@@ -1,0 +1,1 @@
+"""The test suite (layout and rules: tests/README.md)."""

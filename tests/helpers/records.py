@@ -1,0 +1,59 @@
+"""Records as generation writes them, built from tiny texts (hidden-state, interop and notebook tests), and a
+dataset folder's records read back turn by turn."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eagledata.records import Record, ToolCall, load_records
+from eagledata.text.roundtrip import Case
+from eagledata.text.sequences import output_ids, prompt_ids
+
+
+def make_record(tok, i, *, words=3, finish="stop", prompt=None, dataset="B1"):
+    messages = [{"role": "user", "content": prompt or f"question {i}: " + "why " * (i % 5)}]
+    reasoning, content = "think " * words, f"answer {i} " + "so " * (words // 2)
+    return Record(id=f"r{i}", dataset=dataset, messages=messages, reasoning=reasoning, content=content,
+                  finish_reason=finish,
+                  prompt_ids=prompt_ids(tok, messages), output_ids=output_ids(tok, reasoning, content, finish))
+
+
+def make_conversation(tok, cid, asks, *, dataset="B1", system=None, answers=None, words=4):
+    """One record per turn, as generation writes them: turn j's `messages` are the asks 1..j with this
+    conversation's own earlier answers (content only) between them, its `prompt_ids` their render, its
+    `output_ids` turn j's answer; turn 1 keeps the prompt's id, turn j >= 2 is `<cid>#<j>`."""
+    history = [{"role": "system", "content": system}] if system else []
+    records = []
+    for j, ask in enumerate(asks, 1):
+        messages = [*history, {"role": "user", "content": ask}]
+        reasoning = f"turn {j} of {cid}: " + "think " * (words + 3 * j)
+        content = answers[j - 1] if answers else f"answer {j} of {cid}: " + "so " * (words + 5 * j)
+        records.append(Record(id=cid if j == 1 else f"{cid}#{j}", dataset=dataset, conversation_id=cid, turn=j,
+                              messages=messages, reasoning=reasoning, content=content, finish_reason="stop",
+                              prompt_ids=prompt_ids(tok, messages),
+                              output_ids=output_ids(tok, reasoning, content, "stop")))
+        history = [*messages, {"role": "assistant", "content": content}]
+    return records
+
+
+def tool_record(tok, case: Case, rid: str | None = None, section: tuple[ToolCall, ...] | None = None) -> Record:
+    """A record of a tool case; `section`: the calls its output ids were built with (a planted wrong section)."""
+    calls = case.tool_calls if section is None else section
+    return Record(id=rid or case.id, dataset="T", messages=case.messages, reasoning=case.reasoning,
+                  content=case.content, finish_reason=case.finish_reason, tools=case.tools,
+                  tool_calls=[c.to_api() for c in case.tool_calls] or None,
+                  prompt_ids=prompt_ids(tok, case.messages, tools=case.tools),
+                  output_ids=output_ids(tok, case.reasoning, case.content, case.finish_reason, tool_calls=calls))
+
+
+def recorded_turns(d: Path) -> tuple[list[Record], list[dict], dict[str, dict[int, Record]]]:
+    """A dataset folder's records and failures, each turn once (a turn written twice fails here), and the records
+    by conversation and turn."""
+    records = load_records(d / "records.jsonl")
+    failures = [json.loads(line) for line in (d / "failures.jsonl").read_text().splitlines() if line.strip()]
+    ids = [r.id for r in records] + [f["id"] for f in failures]
+    assert len(ids) == len(set(ids)), "a turn recorded twice"
+    by_conv: dict[str, dict[int, Record]] = {}
+    for r in records:
+        by_conv.setdefault(r.conversation_id, {})[r.turn] = r
+    return records, failures, by_conv
