@@ -1005,7 +1005,7 @@ def test_exports_carry_exact_ids_text_and_an_arrow_form(tok, records_file, tmp_p
 def test_arrow_form_is_what_datasets_from_dict_makes_in_any_number_of_chunks(samples, tmp_path):
     from datasets import Dataset, Features, Sequence, Value, load_from_disk
 
-    from eagledata.training import assembly
+    from eagledata.training import exports
 
     features = Features({"id": Value("string"), "input_ids": Sequence(Value("int64")),
                          "loss_mask": Sequence(Value("int64")), "seq_len": Value("int64")})
@@ -1014,7 +1014,7 @@ def test_arrow_form_is_what_datasets_from_dict_makes_in_any_number_of_chunks(sam
                             features=features)  # how the Arrow form was made before
     freqs = []
     for chunk in (1 << 30, 25):  # 25 tokens: a chunk per sample or two
-        got = load_from_disk(str(assembly.save_arrow(samples, tmp_path / f"a{chunk}", chunk_tokens=chunk)))
+        got = load_from_disk(str(exports.save_arrow(samples, tmp_path / f"a{chunk}", chunk_tokens=chunk)))
         freqs.append(torch.load(tmp_path / f"a{chunk}" / "token_freq.pt", weights_only=True))
         assert got.format["type"] == "torch" and len(got) == len(samples)
         assert got.features == ref.features

@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from .training import ExtractionJob, read_samples, torchrun_world
-    from .training.assembly import read_provenance
+    from .training.exports import read_provenance
 
     parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states", description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", required=True, help="speculators export: {id, input_ids, loss_mask} per line")

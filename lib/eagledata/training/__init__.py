@@ -1,7 +1,7 @@
 """Training data for the drafter: records assembled into one training set (dedupe, truncation, length
 policy, SpecForge/speculators exports), and the target model's EAGLE-3 hidden states over the exact ids."""
-from .assembly import (Assembly, AssemblyPolicy, Sample, assemble, export_specforge, export_speculators,
-                       plot_sequence_lengths, read_samples)
+from .assembly import Assembly, AssemblyPolicy, Sample, assemble, plot_sequence_lengths
+from .exports import export_specforge, export_speculators, read_samples
 from .job import (ExtractionJob, ExtractOptions, ExtractResult, HiddenStatesConfig, extract, extract_with_vllm,
                   extract_with_vllm_async, torchrun_world)
 from .layers import eagle3_layers

@@ -4,7 +4,7 @@ The set's directory is the Arrow dataset the trainer's `--data-path` names (`dat
 format; columns `id`, `input_ids`, `loss_mask`, `seq_len`), with `hidden_states/hs_{i}.safetensors` beside it,
 `i` being the row: `token_ids` [T] int64 (compared with the row's `input_ids`) and `hidden_states` [T, 4, H],
 the three aux layers then the verifier's last state. The trainer flattens the first three into [T, 3H] and
-takes the last as `verifier_last_hidden_states`. `token_freq.pt` beside them (`assembly.save_token_freq`) is what
+takes the last as `verifier_last_hidden_states`. `token_freq.pt` beside them (`exports.save_token_freq`) is what
 its `--draft-vocab-size` builds the draft vocabulary from.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 
 from ...files import DirectFile
-from ..assembly import TOKEN_FREQ_FILE, Sample, save_arrow
+from ..assembly import Sample
+from ..exports import TOKEN_FREQ_FILE, save_arrow
 from .common import IndexEntry, Layout, PerSampleWriter, Reader, write_tensor
 
 STATES_DIR = "hidden_states"
