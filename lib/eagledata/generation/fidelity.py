@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from ..summaries import fidelity_suspects
+
 CONSISTENT, SUSPECT = "consistent", "suspect"
 FAITHFUL_RATE = 0.05  # the most a faithful provider's answers leave its offset (measured: well under 1 %)
 ALPHA = 1e-6          # false alarm per look: a faithful provider is never left out for bad luck
@@ -170,10 +172,9 @@ class FidelityJudge:
 
 
 def suspects_in(summary: Mapping[str, Any]) -> dict[str, str]:
-    """{suspect provider: its evidence} from a run's or a dataset's summary (its `fidelity` section)."""
-    providers = (summary.get("fidelity") or {}).get("providers") or {}
-    return {name: f"fidelity while generating: {p.get('evidence', '')}" for name, p in providers.items()
-            if p.get("verdict") == SUSPECT}
+    """{suspect provider: its evidence} from a run's or a dataset's summary (its `fidelity` section, read by
+    `summaries.fidelity_suspects`)."""
+    return {name: f"fidelity while generating: {evidence}" for name, evidence in fidelity_suspects(summary).items()}
 
 
 def ignore_suspects(summary: Mapping[str, Any] | str | Path, routing_path: str | Path):

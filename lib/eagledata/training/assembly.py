@@ -35,6 +35,7 @@ from ..errors import InputError
 from ..paths import OUTPUT_DIR, DatasetFiles, records_file
 from ..records import Record, iter_records
 from ..settings import Settings, setting
+from ..summaries import fidelity_suspects, read_summary
 from ..text import KimiTokenizer, prompt_ids
 from ..text.tokenizer import VOCAB_SIZE
 
@@ -121,41 +122,14 @@ class SuspectProvider:
                 "evidence": dict(self.evidence)}
 
 
-VERDICTS = ("consistent", "suspect")
-
-
-def generation_suspects(summary: Any, path: str | Path = "summary.json") -> dict[str, str]:
-    """{provider: evidence} for the providers a dataset's summary.json calls `suspect` (pure; `path` only names
-    the file in errors). No `fidelity` (an older run): none."""
-    if not isinstance(summary, dict):
-        raise InputError("expected a JSON object", path)
-    fidelity = summary.get("fidelity")
-    if fidelity is None:
-        return {}
-    providers = fidelity.get("providers", {}) if isinstance(fidelity, dict) else None  # {}: nothing judged yet
-    if not isinstance(providers, dict):
-        raise InputError("expected an object of providers", path, field="fidelity.providers")
-    out = {}
-    for name, doc in providers.items():
-        verdict = doc.get("verdict") if isinstance(doc, dict) else None
-        if verdict not in VERDICTS:
-            raise InputError(f"verdict {verdict!r}, expected one of {VERDICTS}", path,
-                             field=f"fidelity.providers.{name}.verdict")
-        if verdict == "suspect":
-            out[str(name)] = str(doc.get("evidence") or "(no evidence given)")
-    return out
-
-
 def read_generation_suspects(records: Path) -> dict[str, str]:
-    """`generation_suspects` of the summary.json beside a records file; {} when there is none."""
+    """{provider: evidence} of the providers the summary.json beside a records file calls suspect
+    (`summaries.fidelity_suspects`); {} when there is none."""
     path = DatasetFiles(records.parent).summary
     if not path.is_file():
         return {}
-    try:
-        summary = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"not JSON: {e.msg}", path, e.lineno) from None
-    return generation_suspects(summary, path)
+    return {provider: why or "(no evidence given)"
+            for provider, why in fidelity_suspects(read_summary(path), path).items()}
 
 
 def per_loss_token(tokens: int, loss_tokens: int) -> float | None:
