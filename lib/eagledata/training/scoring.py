@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import torch
 
 from ..errors import InputError
-from ..files import atomic_write_text
+from ..files import atomic_write_text, iter_jsonl
 from .assembly import Sample
 from .source import scored_positions
 
@@ -177,16 +177,12 @@ def read_scores(path: str | Path) -> list[ScoreRow]:
 
 
 def _rows(path: Path) -> Iterator[ScoreRow]:
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                yield ScoreRow(str(d["id"]), d.get("dataset", ""), d.get("provider", ""), d.get("sampling", ""),
-                               SampleScore.from_dict(d))
-            except (ValueError, KeyError, TypeError) as e:
-                raise InputError(f"not a score line ({type(e).__name__}: {e})", path, line_no) from None
+    for line_no, d in iter_jsonl(path):  # a line that is not JSON: the shared reader's error, naming file:line
+        try:
+            yield ScoreRow(str(d["id"]), d.get("dataset", ""), d.get("provider", ""), d.get("sampling", ""),
+                           SampleScore.from_dict(d))
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"not a score line ({type(e).__name__}: {e})", path, line_no) from None
 
 
 # -- acting on the audit: samples an export leaves out ---------------------------------------------------
