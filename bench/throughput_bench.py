@@ -154,14 +154,15 @@ async def with_monitor(coro, monitor: Monitor) -> Any:
 
 
 class Timed:
-    """A completion function that notes each OK answer's latency and cost (for the Little's-law ideal)."""
+    """A transport (the engine's `Transport` seam) that notes each OK answer's latency and cost (for the Little's-law
+    ideal)."""
 
     def __init__(self) -> None:
         self.latency: list[float] = []
         self.cost: list[float] = []
         self.tokens: list[int] = []
 
-    async def __call__(self, client: httpx.AsyncClient, body: dict) -> Any:
+    async def handle_request(self, client: httpx.AsyncClient, body: dict) -> Any:
         t = time.monotonic()
         out = await complete(client, body)
         if out.kind is Kind.OK:
@@ -185,7 +186,7 @@ async def plain_client(base_url: str, d: Path, n: int, concurrency: int, max_tok
     async def worker(client: httpx.AsyncClient) -> None:
         while 0.9 not in monitor.reached and (i := next(prompts, None)) is not None:
             msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
-            await timed(client, build_request("moonshotai/kimi-k2.5", msgs, max_tokens=max_tokens, temperature=1.0,
+            await timed.handle_request(client, build_request("moonshotai/kimi-k2.5", msgs, max_tokens=max_tokens, temperature=1.0,
                                               provider=routing.provider))
 
     async with ClientPool(base_url, LOCAL_KEY, concurrency=concurrency, timeout=900) as clients:
@@ -220,7 +221,7 @@ def seed(a: argparse.Namespace) -> None:
             else:
                 s = asyncio.run(with_monitor(run_generation(
                     config(d, emu.base_url, a.scale, reserve_usd=reserve,
-                           budget_mode="strict" if who == "strict" else "portfolio"), complete_fn=timed), mon))
+                           budget_mode="strict" if who == "strict" else "portfolio"), transport=timed), mon))
                 stop = s["stop_reason"]
             wall = time.monotonic() - t0
             t90, t50 = mon.reached.get(0.9), mon.reached.get(0.5)
@@ -290,7 +291,7 @@ def capacity(a: argparse.Namespace) -> None:
         write_prompts(d, a.prompts)
         mon, timed = Monitor(emu.base_url), Timed()
         s = asyncio.run(with_monitor(run_generation(config(d, emu.base_url, a.scale),
-                                                    complete_fn=timed), mon))
+                                                    transport=timed), mon))
         goodput, gap = mon.rate(0.1, 0.8)
         # The provider's own time per answer (first token + generation), whatever the client's queueing:
         service = statistics.fmean(emu_cfg["speed"] * (ep["latency"] + n / ep["throughput"]) for n in timed.tokens)
@@ -538,7 +539,7 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
                   account_lag_s=2.0, straggler_wait_s=a.straggler_wait)
         timed = Timed()
         t0 = time.monotonic()
-        s = asyncio.run(run_generation(GenerateConfig(dataset=names, output_dir=str(d / "one"), **kw), complete_fn=timed))
+        s = asyncio.run(run_generation(GenerateConfig(dataset=names, output_dir=str(d / "one"), **kw), transport=timed))
         wall = time.monotonic() - t0
         if a.save:
             save = Path(a.save)

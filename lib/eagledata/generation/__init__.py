@@ -4,7 +4,8 @@ from .admission import Admission, AgeModel
 from .budget import (BudgetConfig, ContentLengths, DatasetStats, OutputLengths, Plan, PriceBasis, Prices, PromptTurns,
                      measure_prompts, plan_budget, plan_prices, planned_vs_actual, plot_plan, scenario_table)
 from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
-from .engine import GenerateConfig, generate, run_generation
+from .config import GenerateConfig
+from .engine import Seams, generate, run_generation
 from .fidelity import FidelityJudge, ignore_suspects
 from .pacing import Pacing
 from .prompts import Prompt, load_prompts, scan_prompts
@@ -12,7 +13,7 @@ from .report import (RunHealth, dataset_rows, dataset_summaries, datasets_table,
                      plot_records, provider_table, record_stats, summary_table, without_timelines)
 from .store import Store, StoreLocked
 
-__all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig", "OutputLengths", "Plan", "Prices", "Prompt",
+__all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig", "Seams", "OutputLengths", "Plan", "Prices", "Prompt",
            "ContentLengths", "PromptTurns",
            "Store", "StoreLocked", "generate", "get_dataset", "ignore_suspects", "load_datasets", "load_prompts",
            "Pacing", "dataset_rows", "dataset_summaries", "datasets_table", "plot_datasets", "without_timelines",

@@ -34,6 +34,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from .flights import Flight, Flights
+
 BudgetMode = Literal["portfolio", "strict"]
 MAX_EVENTS = 100_000      # finished attempts the estimate keeps (the newest)
 PRIOR_WEIGHT = 30         # pseudo-observations the prior is worth in the estimation-error term
@@ -46,17 +48,6 @@ THETA_GRID = np.geomspace(0.02, 200.0, 24)
 # of crawl for ~2 % of the money.
 TRICKLE = TAIL_IN_FLIGHT = 0.05
 TAIL_MONEY = 0.02
-
-
-@dataclass
-class Flight:
-    """One request in flight as admission sees it; `mean`/`var`/`log_mgf` are refreshed as it ages."""
-
-    started: float
-    bound: float
-    mean: float
-    var: float
-    log_mgf: np.ndarray | None = None  # log E[e^{θC} | age] per θ (the Chernoff bound)
 
 
 class AgeModel:
@@ -181,13 +172,14 @@ def bernstein_margin(variance: float, largest_bound: float, log_inv_p: float) ->
 
 @dataclass
 class Admission:
-    """The requests in flight and what they commit. Times are the caller's clock (tests simulate it)."""
+    """The requests in flight and what they commit. Times are the caller's clock (tests simulate it). `flights` is
+    the run's one ledger of requests in flight (pacing reads it too): admission opens a flight when a request starts
+    and closes it when its attempt ends."""
 
     model: AgeModel
     mode: BudgetMode = "portfolio"
     overshoot_probability: float = 1e-6
-    flights: dict[int, Flight] = field(default_factory=dict)
-    _next: int = 0
+    flights: Flights = field(default_factory=Flights)
     _mean0: tuple[float, float] | None = None  # moments of a new request, cached between refreshes
     _mgf0: np.ndarray | None = None            # E[e^{θC}] of a new request, cached between refreshes
     _sums: np.ndarray = field(default_factory=lambda: np.zeros(5))  # Σ mean, slack, var, sd, bound
@@ -343,19 +335,20 @@ class Admission:
             return True
         return self.chernoff_fits(bound, limit - spent)
 
-    def start(self, now: float, bound: float) -> int:
-        m, v = self._new_moments(bound)
-        self._next += 1
-        f = self.flights[self._next] = Flight(now, bound, m, v)
+    def start(self, now: float, bound: float, lane: str = "") -> int:
+        """A request of `bound` starts (for dataset `lane`): its flight's ticket."""
+        f = self.flights.open(now, bound, lane)
+        f.mean, f.var = self._new_moments(bound)
         if self._log_mgf is not None:  # the Chernoff sums are live (the money binds): keep them so
             f.log_mgf = self._new_log_mgf(bound)
         self._add(f, 1.0)
         self._largest = max(self._largest, bound)
-        return self._next
+        return f.ticket
 
     def end(self, ticket: int, now: float, cost: float | None) -> None:
-        """The attempt ended; `cost` None when unknown (it may have been billed: the account will tell)."""
-        f = self.flights.pop(ticket)
+        """The attempt ended, however (an answer, an error, a cancel): its flight closes. `cost` None when unknown
+        (it may have been billed: the account will tell)."""
+        f = self.flights.close(ticket)
         self._add(f, -1.0)
         if not self.flights:
             self._sums[:] = 0.0  # no float drift once nothing is in flight

@@ -19,24 +19,21 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Literal, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from ..defaults import shared
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..paths import dataset_files, routing_file
+from ..paths import dataset_files
 from ..openrouter import Price, RoutingDecision, load_routing
 from ..records import output_tokens
-from ..settings import Settings, setting
 from ..text import END_THINK, IM_END, KimiTokenizer, prompt_ids, render_chat
 from .prompts import iter_prompts
+from .config import BudgetConfig, Policy, PriceMode
 from .turns import Conversation, TurnsMode
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile
-Policy = Literal["equal", "proportional", "weights"]
-PriceMode = Literal["cheapest", "worst", "mix"]
 
 
 @dataclass(frozen=True)
@@ -508,47 +505,7 @@ def plot_plan(plan: Plan, stats: Sequence[DatasetStats], lengths: OutputLengths)
     return fig
 
 
-# -- budget.ipynb's settings and prices --------------------------------------------------------------
-@dataclass(kw_only=True)
-class BudgetConfig(Settings):
-    """Every setting of budget.ipynb (its parameters cell is made from these fields)."""
-
-    datasets_file: str = shared("datasets_file")
-    budget_usd: float = setting(100.0, "account balance to plan with")
-    reserve_usd: float = shared("reserve_usd", "never planned: covers in-flight overshoot and price drift")
-    model: str = shared("model")
-    routing: str | None = setting(None, "routing decision (providers.ipynb); None -> <params_dir>/routing/<model>.yaml")
-    params_dir: str = shared("params_dir")
-    snapshot: str | None = shared("snapshot", "no routing decision: price from this endpoints snapshot, else base_url")
-    base_url: str = shared("base_url", "no routing decision nor snapshot: the catalog is read here (or the emulator)")
-    api_key_env: str = shared("api_key_env")
-    price_mode: PriceMode = setting("cheapest", "cheapest | worst | mix (eligible endpoints)")
-    price_mix: dict[str, float] | None = setting(None, "provider -> weight, used with the mix price mode")
-    policy: Policy = setting("equal", "equal | proportional (to requests) | weights")
-    weights: dict[str, float] | None = setting(None, "dataset -> weight, used with the weights policy")
-    prior_output_median_tokens: float = shared("prior_output_median_tokens")
-    prior_output_sigma: float = shared("prior_output_sigma")
-    max_tokens: int = shared("max_tokens", "generation cap per request (caps the guess)")
-    turns: TurnsMode = shared("turns", "as generate plans to run: all (a request per user turn, on the target's own "
-                              "answers) | last (a request per prompt)")
-    prior_content_share: float = setting(0.25, "no finished records yet: guess an earlier answer's content (what "
-                                         "later turns resend) as this share of the output guess (the rest: reasoning)")
-    concurrency: int = shared("concurrency", "requests in flight when a run stops issuing (cost band)")
-    round_to: int = setting(100_000, "targets are rounded down to this many tokens")
-    scenario_targets: list[int] = setting([10_000_000, 7_000_000], "per-dataset targets priced in the scenario table")
-    write: bool = setting(True, "write the chosen targets into datasets_file")
-    tokenizer: str | None = shared("tokenizer")
-    output_dir: str = shared("output_dir", "earlier runs' records are read from <output_dir>/datasets/")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0 <= self.prior_content_share <= 1:
-            raise InputError(f"must be within [0, 1], got {self.prior_content_share!r}", field="prior_content_share")
-
-    def routing_path(self) -> Path:
-        return Path(self.routing) if self.routing else routing_file(self.model, self.params_dir)
-
-
+# -- budget.ipynb's prices ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PriceBasis:
     """The prices a plan assumes and where they come from: a routing file, or the catalog judged now."""

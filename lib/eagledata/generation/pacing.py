@@ -35,6 +35,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .admission import AgeModel
+from .flights import Flight, Flights
 
 AIM = 0.02            # the overshoot a dataset aims at: expected final tokens ≈ target × 1.02
 MAX_OVERSHOOT = 0.05  # the promise: no dataset ends more than 5 % over its target
@@ -71,7 +72,7 @@ class Lane:
     pooled: AgeModel                # every dataset's attempts (age says most: generation time grows with length)
     waiting: int = 0                # taken, not started yet (tokenizing, waiting for money)
     promised: int = 0               # later turns of started conversations, not taken yet (each counts as a request)
-    flights: dict[int, list[float]] = field(default_factory=dict)  # ticket -> [started, mean, var, error]
+    flights: dict[int, Flight] = field(default_factory=dict)  # its requests in flight (the run's ledger's)
     _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # Σ mean, var, error in flight
     _new: tuple[float, float] | None = None  # moments of a request about to start, cached between refreshes
     own: bool = False               # its own estimate is in use (chosen at each refresh, so never an unfitted one)
@@ -149,15 +150,18 @@ class Lane:
 
 
 class Pacing:
-    """The datasets of one run and their requests in flight (the caller holds the lock)."""
+    """The datasets of one run and their requests in flight (the caller holds the lock). Given the run's ledger of
+    flights (`flights`, which admission opens and closes), pacing reads the flights admission opened; alone (its
+    tests, a bench of pacing only) it keeps a ledger of its own and opens and closes them itself."""
 
-    def __init__(self, lanes: Iterable[LaneSpec]):
+    def __init__(self, lanes: Iterable[LaneSpec], flights: Flights | None = None):
         specs = list(lanes)
+        self.owns = flights is None
+        self.flights = Flights() if flights is None else flights
         self.pooled = AgeModel([t for spec in specs for t in spec.prior_tokens])
         self.lanes = {spec.name: Lane(spec.name, spec.target, spec.prompts, spec.recorded, spec.finished,
-                                      AgeModel(spec.prior_tokens), self.pooled) for spec in specs}
-        self._owner: dict[int, str] = {}
-        self._next = 0
+                                      AgeModel(spec.prior_tokens), self.pooled, flights=self.flights.of(spec.name))
+                      for spec in specs}
 
     @staticmethod
     def lane(name: str, *, target: int | None, prompts: int, recorded: int, finished: int,
@@ -212,35 +216,42 @@ class Pacing:
             raise ValueError(f"pacing: {lane.name}: a request {what} that was never taken")
         lane.waiting -= 1
 
-    def start(self, name: str, now: float) -> int:
+    def start(self, name: str, now: float, ticket: int | None = None) -> int:
+        """A taken request of `name` starts: the flight admission opened for it (`ticket`), or, alone, a new one."""
         lane = self.lanes[name]
         self._untake(lane, "started")
+        f = self.flights.open(now, 0.0, name) if ticket is None else self.flights.live[ticket]
+        if f.lane != name or f.paced:
+            raise ValueError(f"pacing: flight {f.ticket} of {f.lane!r} started again for {name!r}")
         m, v = lane.new_moments()
-        self._next += 1
-        lane.flights[self._next] = [now, m, v, _error(v, lane.estimator.events)]
-        _add(lane, lane.flights[self._next], 1.0)
-        self._owner[self._next] = name
-        return self._next
+        f.tokens, f.tokens_var, f.tokens_error, f.paced = m, v, _error(v, lane.estimator.events), True
+        _add(lane, f, 1.0)
+        return f.ticket
 
     def end(self, ticket: int, now: float, tokens: int, *, finished: bool) -> None:
-        """The attempt ended with `tokens` recorded (0 for an error); `finished`: the prompt is done."""
-        lane = self.lanes[self._owner.pop(ticket)]
-        f = lane.flights.pop(ticket)
+        """The attempt ended with `tokens` recorded (0 for an error or a cancel); `finished`: the prompt is done.
+        Before admission closes the flight (pacing alone closes its own)."""
+        f = self.flights.close(ticket) if self.owns else self.flights.live[ticket]
+        if not f.paced:
+            raise ValueError(f"pacing: flight {ticket} ended twice, or never started")
+        f.paced = False
+        lane = self.lanes[f.lane]
         _add(lane, f, -1.0)
-        if not lane.flights:
+        if len(lane.flights) == (0 if self.owns else 1):  # (the run's ledger closes this one next)
             lane._sums = [0.0, 0.0, 0.0]  # no float drift once nothing is in flight
-        lane.model.observe(now - f[0], tokens)
-        self.pooled.observe(now - f[0], tokens)
+        lane.model.observe(now - f.started, tokens)
+        self.pooled.observe(now - f.started, tokens)
         lane.recorded += tokens
         lane.finished += finished
 
     def refresh(self, now: float) -> None:
         """Re-estimate every request in flight at its current age (a few times a second)."""
-        self.pooled.fit(np.array([now - f[0] for lane in self.lanes.values() for f in lane.flights.values()]))
+        self.pooled.fit(np.array([now - f.started for lane in self.lanes.values() for f in lane.flights.values()
+                                  if f.paced]))
         for lane in self.lanes.values():
             lane._new = None
-            flights = list(lane.flights.values())
-            ages = np.array([now - f[0] for f in flights])
+            flights = [f for f in lane.flights.values() if f.paced]
+            ages = np.array([now - f.started for f in flights])
             lane.own = lane.model.events >= OWN_MODEL_EVENTS
             if lane.own:
                 lane.model.fit(ages)
@@ -250,7 +261,7 @@ class Pacing:
             beyond = lane.estimator.events_beyond(ages)
             lane._sums = [0.0, 0.0, 0.0]
             for f, m, v, k in zip(flights, means.tolist(), variances.tolist(), beyond.tolist()):
-                f[1:] = [m, v, _error(v, k)]
+                f.tokens, f.tokens_var, f.tokens_error = m, v, _error(v, k)
                 _add(lane, f, 1.0)
 
 
@@ -261,11 +272,11 @@ def _error(variance: float, events: int) -> float:
     return math.sqrt(variance) / math.sqrt(events + PRIOR_WEIGHT)
 
 
-def _add(lane: Lane, f: list[float], sign: float) -> None:
+def _add(lane: Lane, f: Flight, sign: float) -> None:
     """Running sums of what is in flight, each a sum of non-negative terms: the float drift of adding at start and
     subtracting at finish (it went below zero in a long run, and the square root of a negative variance killed it)
     is clamped here, and every `refresh` recomputes the sums from the flights."""
     s = lane._sums
-    s[0] = max(0.0, s[0] + sign * f[1])
-    s[1] = max(0.0, s[1] + sign * f[2])
-    s[2] = max(0.0, s[2] + sign * f[3])
+    s[0] = max(0.0, s[0] + sign * f.tokens)
+    s[1] = max(0.0, s[1] + sign * f.tokens_var)
+    s[2] = max(0.0, s[2] + sign * f.tokens_error)

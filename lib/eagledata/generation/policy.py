@@ -59,6 +59,7 @@ RULES: dict[str, Rule] = {
     "malformed": Rule("unknown"),              # a cut body: generated and billed, the bytes lost
     "connection": Rule("unknown"),
     "client_timeout": Rule("unknown"),         # the server goes on generating (and billing)
+    "cancelled": Rule("unknown", counts=False),  # cut off by the run: booked at its bound until the account says
 }
 DEFAULT = Rule("none")  # error answers: OpenRouter bills only completions
 

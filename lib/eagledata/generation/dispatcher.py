@@ -1,0 +1,235 @@
+"""The dispatcher (pure, synchronous, `now` passed in): what the next request is, and when the run stops.
+
+It owns each dataset's work sources (its retries when due, the next turns of its started conversations, then new
+conversations: lanes.py), the counts of work held, pacing (which dataset is furthest behind its target, pacing.py),
+congestion (how many may be in flight, congestion.py) and THE stop state: `stop(reason)` is the one place a stop
+reason is written, and the first one wins. Its surface is what a slot does with a request:
+
+    take(now) -> Work | Wait | Stopped      sent(work, now)      answered / not_ok / cancelled      release(work)
+
+plus `tick(now)` a few times a second. The engine's slots call it under one lock (engine.py); the benches drive the
+same object in simulated time (replay.py).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from ..openrouter import Kind, Outcome
+from .congestion import Congestion
+from .lanes import DatasetRun
+from .pacing import Pacing
+from .policy import ERROR_PREFIX, Rule, StopReason, error_stop, fatal_stop, retry_delay
+from .turns import Turn
+from .work import State, Work
+
+log = logging.getLogger("eagledata.generate")
+
+NO_ENDPOINT_BREAKER = 50  # this many no-endpoint answers in a row, none succeeding: routing is wrong
+MONEY_STOPS = (StopReason.MAX_SPEND_REACHED, StopReason.BALANCE_RESERVE_REACHED)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to take now: ask again at `until` (a retry falls due), or when something changes (None)."""
+
+    until: float | None
+
+
+@dataclass(frozen=True)
+class Stopped:
+    reason: str
+
+
+Verdict = Literal["retry", "failed", "stop"]
+
+
+class Dispatcher:
+    def __init__(self, lanes: list[DatasetRun], pacing: Pacing, congestion: Congestion, *, max_attempts: int,
+                 retry_base_s: float, retry_cap_s: float, t0: float = 0.0, rng: random.Random | None = None):
+        self.lanes = {lane.name: lane for lane in lanes}
+        self.pacing, self.congestion = pacing, congestion
+        self.max_attempts, self.retry_base_s, self.retry_cap_s = max_attempts, retry_base_s, retry_cap_s
+        self.t0, self.rng = t0, rng
+        self.seq = itertools.count()
+        self.holding = 0  # work in slots' hands (tokenizing, waiting for money, in flight)
+        self.stop_reason = ""
+        self.fatal: Outcome | None = None  # the answer that stopped the run (bad key, no endpoints)
+        self.no_endpoint_streak = 0
+        self._stragglers_since: float | None = None
+        self.takes: list[tuple[str, int]] = []  # (turn id, try) in the order taken: what a replay compares
+
+    # -- the stop state ---------------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return bool(self.stop_reason)
+
+    def stop(self, reason: str) -> bool:
+        """Stop issuing, for `reason`: the first stop wins (a money stop keeps its reason when the stragglers are
+        abandoned). True when this call stopped the run."""
+        if self.stop_reason:
+            return False
+        self.stop_reason = reason
+        return True
+
+    # -- taking work --------------------------------------------------------------------------------
+    def take(self, now: float) -> Work | Wait | Stopped:
+        """The next request: from the dataset furthest behind its target that has one (a started conversation's next
+        turn goes ahead whether or not its dataset may start more), while the pool is under what congestion allows."""
+        if self.stopping:
+            return Stopped(self.stop_reason)
+        until: float | None = None
+        if self.holding < self.congestion.allowed:
+            active = [n for n, lane in self.lanes.items() if not lane.finished and lane.target_met_s is None]
+            for name in self.pacing.ranked(active):
+                lane, paced = self.lanes[name], self.pacing.lanes[name]
+                work = lane.take(now, next(self.seq), paced.open, paced.may_continue)
+                if work is not None:
+                    self.holding += 1
+                    lane.holding += 1
+                    self.pacing.hold(name, later=work.turn.later if work.source == "new" else 0,
+                                     promised=work.source == "next")
+                    self.takes.append((work.turn.id, work.tries))
+                    return work
+                if lane.retries and lane.retries[0].due > now:  # one due already waits for its dataset to open:
+                    due = lane.retries[0].due                   # a change, which notifies
+                    until = due if until is None else min(until, due)
+            self._settle_lanes(now)
+            if self.stopping:
+                return Stopped(self.stop_reason)
+        return Wait(until)
+
+    def admitted(self, work: Work, ticket: int) -> None:
+        work.move(State.ADMITTED)
+        work.ticket = ticket
+
+    def sent(self, work: Work, now: float) -> None:
+        """The admitted request goes out: pacing counts it in flight, on the flight admission opened."""
+        work.move(State.SENT)
+        work.sent_at = now
+        self.pacing.start(work.lane.name, now, work.ticket)
+
+    def release(self, work: Work, now: float) -> None:
+        """The slot lets go of `work`. A retry enters the heap only here: pushed earlier, another slot could take it
+        before this one let go, and pacing would count it given back twice."""
+        self.holding -= 1
+        work.lane.holding -= 1
+        if not work.started:  # given back: this conversation goes no further in this run
+            self.pacing.release(work.lane.name)
+            self.pacing.forgo(work.lane.name, work.turn.later)
+        elif work.state is State.RETRIED:
+            work.move(State.QUEUED)
+            heapq.heappush(work.lane.retries, work)
+        self._settle_lanes(now)
+
+    # -- what an attempt came to --------------------------------------------------------------------
+    def answered(self, work: Work, now: float, tokens: int, *, written: bool, next_turn: Turn | None) -> None:
+        """An answer was recorded (`written`: not already, by an earlier run's or a signal's race) with `tokens`;
+        `next_turn`: its conversation goes on."""
+        work.move(State.SETTLED)
+        lane = work.lane
+        if written and next_turn is not None:
+            lane.ready.append(next_turn)
+        else:  # its last turn, or a cut one (which ends its conversation early)
+            self.pacing.forgo(lane.name, work.turn.later)
+        self._end(work, now, tokens if written else 0, finished=written and next_turn is None)
+        self.no_endpoint_streak = 0
+
+    def not_ok(self, work: Work, now: float, outcome: Outcome, r: Rule) -> Verdict:
+        """An attempt that brought no record: retry it (when due), fail it for good (the recorder writes the
+        failure), or stop the run; the outcome table says which (policy.py)."""
+        work.last_error = outcome.error_dict()
+        work.attempts += r.counts
+        work.rate_limited = work.rate_limited + 1 if r.rate_limited else 0
+        verdict: Verdict = "stop"
+        if outcome.kind is Kind.RETRY:
+            if outcome.error_class == "no_endpoint":
+                self.no_endpoint_streak += 1
+                if self.no_endpoint_streak >= NO_ENDPOINT_BREAKER:
+                    self._fatal(outcome, StopReason.NO_ENDPOINTS)
+            if work.attempts >= self.max_attempts:
+                work.last_error = {**work.last_error, "gave_up_after": "max_attempts"}
+                verdict = "failed"
+            else:
+                work.due = now + retry_delay(outcome, work.attempts, work.rate_limited, base_s=self.retry_base_s,
+                                             cap_s=self.retry_cap_s, rng=self.rng)
+                work.seq = next(self.seq)
+                verdict = "retry"
+        elif outcome.kind is Kind.FAILED:
+            verdict = "failed"
+        elif outcome.kind is Kind.OUT_OF_MONEY:
+            self.stop(StopReason.OUT_OF_CREDITS)
+        else:  # FATAL
+            self._fatal(outcome, fatal_stop(outcome.error_class))
+        work.move(State.RETRIED if verdict == "retry" else State.SETTLED)
+        if verdict == "failed":
+            self.pacing.forgo(work.lane.name, work.turn.later)  # a turn that fails for good ends its conversation
+        self._end(work, now, 0, finished=verdict == "failed")
+        return verdict
+
+    def cancelled(self, work: Work, now: float) -> None:
+        """Its attempt was cut off (the run abandoning what is in flight): nothing recorded, the prompt still to do."""
+        work.move(State.CANCELLED)
+        self._end(work, now, 0, finished=False)
+
+    def _end(self, work: Work, now: float, tokens: int, *, finished: bool) -> None:
+        assert work.ticket is not None
+        self.pacing.end(work.ticket, now, tokens, finished=finished)
+
+    def _fatal(self, outcome: Outcome, reason: str) -> None:
+        if self.stop(reason):
+            self.fatal = outcome
+
+    # -- time -----------------------------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        """A few times a second: re-estimate what is in flight, close congestion windows."""
+        self.pacing.refresh(now)
+        self.congestion.tick(now)
+
+    def straggler_deadline(self, now: float, wait_s: float | None) -> float | None:
+        """When the run gives up on the answers still in flight: issuing is over (every target met, or the money's
+        end) and they get `wait_s` (billed either way, kept when they come). None while that is not the case."""
+        over = self.stop_reason in MONEY_STOPS if self.stopping else self._only_stragglers()
+        if not over or not self.holding or wait_s is None:
+            self._stragglers_since = None
+            return None
+        if self._stragglers_since is None:
+            self._stragglers_since = now
+        return self._stragglers_since + wait_s
+
+    def _only_stragglers(self) -> bool:
+        """Everything still in hand is an answer to a dataset already at its target, and nothing else is left."""
+        return all(lane.target_met_s is not None or lane.finished for lane in self.lanes.values())
+
+    def _settle_lanes(self, now: float) -> None:
+        """Mark the datasets that are done: target recorded, or every prompt finished, nothing in hand."""
+        for lane in self.lanes.values():
+            if lane.target_met_s is None and lane.target_met:
+                lane.target_met_s = now - self.t0
+            if lane.finished or lane.holding:
+                continue
+            if lane.target_met_s is not None:
+                lane.stop_reason = StopReason.TARGET_REACHED
+            elif lane.all_finished:
+                lane.stop_reason = StopReason.COMPLETED
+                if (leak := self.pacing.unsettled(lane.name)) is not None:
+                    lane.stop_reason = _books_wrong(leak)
+            elif not self.stopping and lane.exhausted and not lane.retries and not lane.ready:
+                left = len(lane.scan.pending) - (lane.store.conversations_finished - lane.done_before)
+                lane.stop_reason = _books_wrong(f"{lane.name}: {left} conversations neither finished nor in hand")
+        if all(lane.finished for lane in self.lanes.values()):
+            reasons = {lane.stop_reason for lane in self.lanes.values()}
+            errors = sorted(r for r in reasons if r.startswith(ERROR_PREFIX))
+            self.stop(errors[0] if errors else StopReason.TARGET_REACHED if reasons == {StopReason.TARGET_REACHED}
+                      else StopReason.COMPLETED)
+
+
+def _books_wrong(what: str) -> str:
+    """The engine's own counts disagree (a bug): the dataset stops saying so, never hangs or drifts on."""
+    reason = error_stop(RuntimeError(what))
+    log.error("generation: %s", reason)
+    return reason

@@ -1,0 +1,111 @@
+"""The requester: what one attempt sends, to whom, and what it may cost; and the transport seam it sends through.
+
+`Transport` is the seam, as httpx's `AsyncBaseTransport.handle_async_request` is: one documented method that sends
+one request body and classifies what came back. The default sends it to OpenRouter (or a local OpenAI-compatible
+server); tests and benches pass their own (a spy, a fault, answers replayed in virtual time). The requester owns
+everything else about an attempt: its prompt ids and cost bound, the request body, the provider filter (providers
+judged suspect, those that refused this prompt's answer, those cooling off after 429s) and the cost of an answer.
+`start` returns an `Attempt`, a handle the caller awaits for the `Outcome` or cancels.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+from concurrent.futures import Executor
+from typing import Any, Callable, Generator, Protocol
+
+import httpx
+
+from ..openrouter import Completion, Kind, Outcome, Price, RoutingDecision, build_request, complete
+from ..text import KimiTokenizer, prompt_ids
+from .congestion import ProviderCooldown
+from .fidelity import FidelityJudge
+from .work import Work
+
+CANCELLED = "cancelled"  # the error class of an attempt cut off by the run (policy.RULES: its cost is unknown)
+
+
+class Transport(Protocol):
+    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
+        """Send one chat-completions `body` over `client` and classify what came back: every answer of the service,
+        its errors included, is an `Outcome` (never raised); a cancelled call stops the request (what it was
+        billed is the ledger's to find out)."""
+        ...
+
+
+class ChatCompletions:
+    """The service's chat-completions endpoint: `POST chat/completions` once (openrouter.complete)."""
+
+    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
+        return await complete(client, body)
+
+
+class Attempt:
+    """One request in flight: await it for its outcome, or `cancel()` it."""
+
+    def __init__(self, task: asyncio.Task[Outcome]):
+        self._task = task
+
+    def cancel(self) -> None:
+        self._task.cancel()
+
+    def __await__(self) -> Generator[Any, None, Outcome]:
+        return self._task.__await__()
+
+
+def cancelled_outcome(provider: str = "") -> Outcome:
+    return Outcome(Kind.RETRY, CANCELLED, None, "cancelled by the run", provider=provider)
+
+
+async def in_executor(executor: Executor, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args, **kwargs))
+
+
+class Requester:
+    def __init__(self, transport: Transport, routing: RoutingDecision, fidelity: FidelityJudge,
+                 cooldown: ProviderCooldown, tok: KimiTokenizer, executor: Executor, *, worst: Price, model: str,
+                 max_tokens: int, temperature: float | None, backend: str):
+        self.transport, self.routing, self.fidelity, self.cooldown = transport, routing, fidelity, cooldown
+        self.tok, self.executor, self.worst = tok, executor, worst
+        self.model, self.max_tokens, self.temperature, self.backend = model, max_tokens, temperature, backend
+        self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
+
+    async def prepare(self, work: Work) -> None:
+        """The turn's prompt ids (off the event loop) and the most one attempt of it can cost, once per work."""
+        if work.prompt_ids is None:
+            work.prompt_ids = await in_executor(self.executor, prompt_ids, self.tok, work.turn.messages,
+                                                tools=work.turn.conversation.tools)
+            work.bound = self.worst.cost(len(work.prompt_ids), self.max_tokens)
+
+    def provider(self, work: Work | None, now: float) -> dict[str, Any] | None:
+        """The routing decision's provider object, leaving out the providers judged suspect (for good), those that
+        refused this prompt's answer (unless that leaves none), and those cooling off after 429s."""
+        eligible = self.routing.eligible_providers
+        out = set(self.fidelity.suspects)
+        if work is not None and work.avoid and not set(eligible) <= out | work.avoid:
+            out |= work.avoid
+        out |= set(self.cooldown.cooling(now, [p for p in eligible if p not in out]))
+        if not out or not self.routing.provider:
+            return self.routing.provider
+        return {**self.routing.provider, "ignore": sorted({*self.routing.provider.get("ignore", []), *out})}
+
+    def body(self, work: Work, now: float) -> dict[str, Any]:
+        conversation = work.turn.conversation
+        return build_request(self.model, work.turn.messages, max_tokens=self.max_tokens,
+                             temperature=self.temperature, provider=self.provider(work, now), backend=self.backend,
+                             tools=conversation.tools, parallel_tool_calls=conversation.parallel_tool_calls)
+
+    def start(self, client: httpx.AsyncClient, work: Work, now: float) -> Attempt:
+        work.tries += 1
+        return Attempt(asyncio.ensure_future(self.transport.handle_request(client, self.body(work, now))))
+
+    def cost(self, c: Completion) -> float:
+        """The server's `usage.cost`, else the tokens at the serving provider's price (else the worst)."""
+        if c.usage.cost is not None:
+            return c.usage.cost
+        price = self.price_by_provider.get(c.provider, self.worst)
+        return price.cost(c.usage.prompt_tokens, c.usage.completion_tokens)
+
+    def observe(self, now: float, provider: str, rate_limited: bool) -> None:
+        """A provider answered (or said 429): its cooldown hears of it."""
+        self.cooldown.observe(now, provider, rate_limited)
