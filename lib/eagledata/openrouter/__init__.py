@@ -3,7 +3,8 @@ precision policy and routing decision, the request body, and a pure classificati
 from .answers import Completion, Kind, Outcome, build_request, classify_exception, classify_response
 from .catalog import Catalog, Endpoint, Price, cheapest, fetch_catalog, fetch_catalog_async, worst_price
 from .client import OPENROUTER_URL, Account, APIError, ClientPool, complete, read_account, resolve_api_key
-from .routing import (Exclusion, PrecisionPolicy, ProvidersConfig, RoutingDecision, decide, ignore_in_routing, load_routing,
+from .config import ProvidersConfig
+from .routing import (Exclusion, PrecisionPolicy, RoutingDecision, decide, ignore_in_routing, load_routing,
                       plot_providers, precision_rank, price_summary, workload_costs)
 
 __all__ = ["OPENROUTER_URL", "APIError", "Account", "Catalog", "ClientPool", "Completion", "Endpoint", "Exclusion",

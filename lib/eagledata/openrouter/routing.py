@@ -12,11 +12,9 @@ from typing import Any, Iterable, Literal, Mapping, Protocol
 
 import yaml
 
-from ..defaults import shared
 from ..errors import InputError
 from ..files import atomic_write_text
 from ..paths import PARAMS_DIR, routing_file
-from ..settings import Settings, setting
 from .catalog import Catalog, Endpoint, Price, cheapest, fetch_catalog_async, worst_price
 
 # Native precision per model family (Kimi K2.x ship as INT4 from quantization-aware training).
@@ -390,27 +388,3 @@ def plot_providers(table, decision: RoutingDecision):
         ax.set_ylim(ax.get_ylim())
         place_labels(ax, points, names)
     return fig
-
-
-# -- providers.ipynb's settings --------------------------------------------------------------------
-@dataclass(kw_only=True)
-class ProvidersConfig(Settings):
-    """Every setting of providers.ipynb (its parameters cell is made from these fields)."""
-
-    model: str = shared("model")
-    base_url: str = shared("base_url")
-    api_key_env: str = shared("api_key_env")
-    snapshot: str | None = shared("snapshot", "a saved endpoints snapshot (JSON) -> re-run offline, no server")
-    native_precision: str | None = setting(None, "None -> known for the model (kimi-k2.5: int4)")
-    unknown_policy: Literal["keep", "exclude"] = setting(
-        "keep", "keep (flagged) or exclude endpoints of unknown quantization")
-    require_reasoning: bool = setting(True, "exclude endpoints that cannot return reasoning")
-    require_tools: bool = setting(True, "exclude endpoints that cannot take tools (K2.5 is served as an agent)")
-    workload_prompt_tokens: int = setting(30_000_000, "planned workload for the pricing table: prompt tokens")
-    workload_output_tokens: int = setting(42_000_000, "and output tokens")
-    params_dir: str = shared("params_dir", "the decision goes to <params_dir>/routing/<model>.yaml")
-    output_dir: str = shared("output_dir", "the listing snapshot goes to <output_dir>/providers/")
-
-    def policy(self) -> PrecisionPolicy:
-        return PrecisionPolicy.for_model(self.model, self.native_precision, unknown=self.unknown_policy,
-                                         require_reasoning=self.require_reasoning, require_tools=self.require_tools)

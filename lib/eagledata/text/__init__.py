@@ -1,6 +1,7 @@
 """Text ↔ token ids for the target model: the Kimi tokenizer, the chat template and the output-id recipe,
 and the round-trip validation that proves a record's ids say exactly what its text says."""
-from .roundtrip import Case, Report, TokenizerReportConfig, load_truth, plot_token_lengths, sample_cases, validate
+from .config import TokenizerReportConfig
+from .roundtrip import Case, Report, load_truth, plot_token_lengths, sample_cases, validate
 from .sequences import (agreement, conversation_ids, output_ids, output_ids_batch, parse_output_ids,
                         prompt_ids, render_chat)
 from .tokenizer import END_THINK, IM_END, KimiTokenizer, load_tokenizer

@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..defaults import shared
 from ..errors import InputError
 from ..files import iter_jsonl
 from ..records import THINK_CLOSE, Answer, Record, ToolCall, calls_before, native_call_id
-from ..settings import Settings, setting
 from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
 from .tokenizer import (ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, END_THINK, IM_END, NUM_RANKS, SECTION_BEGIN, SECTION_END,
                         KimiTokenizer)
@@ -353,15 +351,3 @@ def plot_token_lengths(report: Report):
         ax.set_ylabel("records")
     fig.tight_layout()
     return fig
-
-
-# -- tokenizer.ipynb's settings ------------------------------------------------------------------------
-@dataclass(kw_only=True)
-class TokenizerReportConfig(Settings):
-    """Every setting of tokenizer.ipynb (its parameters cell is made from these fields)."""
-
-    tokenizer: str | None = shared("tokenizer")
-    records: str | None = setting(None, "a records.jsonl to validate; None -> the built-in sample set")
-    truth: str | None = setting(None, "optional JSONL of true output ids ({id or generation_id, output_ids})")
-    limit: int | None = shared("limit", "validate at most this many records")
-    fail_on_mismatch: bool = setting(True, "raise in the verdict cell when a reconstruction defect is found")

@@ -54,7 +54,6 @@ import numpy as np
 from ..errors import InputError
 from ..settings import Settings, setting
 from .scoring import ExcludeSamples, ScoreRow
-from .storage import LayoutName
 
 Verdict = Literal["consistent", "suspect"]
 UNKNOWN_PROVIDER = "(unknown)"  # rows whose records do not say who served them
@@ -91,17 +90,6 @@ class AuditPolicy(Settings):
             raise InputError("must be positive", field="outlier_threshold")
         if self.outlier_min_group < 3:
             raise InputError("must be at least 3 (a median and a MAD)", field="outlier_min_group")
-
-
-@dataclass(frozen=True, kw_only=True)
-class AuditActions(Settings):
-    """What hidden_states.ipynb does with a verdict: nothing unless asked (each is a decision about the data)."""
-
-    routing_file: str | None = setting(None, "audit: a routing decision (params/routing/<model>.yaml) to write the "
-                                             "suspects into (provider.ignore, evidence as the reason); None: leave it")
-    export_layout: LayoutName | None = setting(
-        None, "audit: export the set without the suspects' samples and the outliers as <name>-audited in this "
-              "layout (the manifest's `excluded` says what and why); None: no export")
 
 
 # -- the report ------------------------------------------------------------------------------------------

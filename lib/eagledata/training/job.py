@@ -5,8 +5,8 @@ backend: validate the settings and samples → let the source check and open the
 and write or check `plan.json` → open the layout's writer → resume (skip what the index parts list) → store
 each batch the source yields, with progress → finalize (index + manifest) once the set is complete. A backend
 is a `source.StateSource`: the transformers one computes here (`transformers_backend`), the vLLM one asks a
-server (`vllm_backend`). `extract` and `extract_with_vllm` are the two ready-made calls; `ExtractionJob` holds
-hidden_states.ipynb's and the command's settings and picks one.
+server (`vllm_backend`). `extract` and `extract_with_vllm` are the two ready-made calls; `config.ExtractionJob`
+(hidden_states.ipynb's and the command's settings) picks one.
 
 Work is split by a hash of the sample id (`owner`), so a resume with another batch size or world size skips
 exactly what is stored.
@@ -22,27 +22,25 @@ import uuid
 from contextlib import aclosing, closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from ..aio import run_sync
-from ..defaults import shared
 from ..errors import InputError
 from ..paths import HiddenStateFiles, hidden_state_files
-from ..settings import Settings, nested, setting
+from ..settings import Settings, setting
 from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
-from .assembly import AssemblyPolicy, Sample
-from .audit import AuditActions, AuditPolicy
-from .layers import resolve_layers, vllm_layer_ids
-from .memory import Devices, MemoryPlan, memory_in_use, model_config
+from .assembly import Sample
+from .layers import resolve_layers
+from .memory import Devices, memory_in_use
 from .models import load_model
 from .scoring import DEFAULT_CHUNK_TOKENS, batch_scores, score_rows, write_scores
 from .source import StatesBatch, StateSource, Target
 from .storage import (STORAGE_DTYPES, FinalState, Layout, LayoutName, StateWriter, Storage, check_plan, check_stored,
                       finalize, get_layout, read_parts)
-from .transformers_backend import ModelLoader, TransformersSource, memory_plan
-from .vllm_backend import VllmOptions, VllmSource, public_url, vllm_serve_command
+from .transformers_backend import ModelLoader, TransformersSource
+from .vllm_backend import VllmOptions, VllmSource, public_url
 
 if TYPE_CHECKING:
     import httpx
@@ -447,76 +445,3 @@ async def extract_with_vllm_async(samples: Sequence[Sample], output_dir: str | P
 def extract_with_vllm(*args: Any, **kwargs: Any) -> ExtractResult:
     """`extract_with_vllm_async` from plain code (in Jupyter: `await extract_with_vllm_async(...)`)."""
     return run_sync(extract_with_vllm_async(*args, **kwargs), "extract_with_vllm_async")
-
-
-# -- the settings of a job ---------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class ExtractionJob(Settings):
-    """Which model, where the states go, on what device: shared by hidden_states.ipynb and the command."""
-
-    output_dir: str = shared("output_dir", "states go to <output_dir>/hidden_states/<name>/")
-    name: str = setting("train", "name of the hidden-states set", cli_required=True)
-    model: str = setting("moonshotai/Kimi-K2.5", "checkpoint directory or hub id", cli_required=True)
-    device: str | None = setting(None, "cuda or cpu; None -> cuda when available")
-    device_map: str | None = setting(None, "auto: one process spreads the model over all visible GPUs (accelerate)")
-    tp: int = setting(1, "tensor-parallel ranks per model copy: under torchrun (transformers' tp_plan auto; the "
-                         "world is dp groups x tp), or the vllm serve command's --tensor-parallel-size")
-    status_interval_s: float = shared("status_interval_s")
-    backend: Literal["transformers", "vllm"] = setting(
-        "transformers", "transformers: load the model here; vllm: a running vllm serve with speculators' "
-                        "hidden-states connector (server, vllm_command())")
-    options: ExtractOptions = nested(ExtractOptions)
-    vllm: VllmOptions = nested(VllmOptions)
-
-    def resolved_device(self) -> str:
-        return self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-    def memory_plan(self, devices: Devices | None = None, world_size: int | None = None) -> MemoryPlan | None:
-        """The plan `run` checks before loading (None when the checkpoint's size is unknown, e.g. a hub id)."""
-        world = world_size or torchrun_world()[1]
-        return memory_plan(self.model, tp=self.tp, dp=max(world // self.tp, 1), device_map=self.device_map,
-                           devices=devices, max_tokens_per_batch=self.options.max_tokens_per_batch,
-                           device=self.resolved_device())
-
-    def run(self, samples: Sequence[Sample], **kwargs: Any) -> ExtractResult:
-        """`extract` with these settings; `kwargs` go to `extract` (rank, fingerprints, progress …). The vllm
-        backend runs `extract_with_vllm_async` (from plain code; in Jupyter await `run_async`)."""
-        if self.backend == "vllm":
-            return run_sync(self.run_async(samples, **kwargs), "ExtractionJob.run_async")
-        kwargs.setdefault("device", self.resolved_device())
-        kwargs.setdefault("status_interval_s", self.status_interval_s)
-        return extract(samples, self.output_dir, self.name, self.model, options=self.options,
-                       device_map=self.device_map, tp=self.tp, **kwargs)
-
-    async def run_async(self, samples: Sequence[Sample], **kwargs: Any) -> ExtractResult:
-        """Either backend from a running event loop (the notebook): the vllm client awaits the server; the
-        transformers backend computes here, in this thread, as `run` does. The vllm backend takes
-        `tokenizer_fingerprint`, `records_hashes`, `assembly`, `progress`, `status_interval_s`, `on_batch` and
-        `transport`."""
-        if self.backend != "vllm":
-            return self.run(samples, **kwargs)
-        kwargs.setdefault("status_interval_s", self.status_interval_s)
-        return await extract_with_vllm_async(samples, self.output_dir, self.name, self.model, vllm=self.vllm,
-                                             options=self.options, **kwargs)
-
-    def vllm_command(self, num_layers: int | None = None) -> list[str]:
-        """The `vllm serve` argv for the vllm backend with these settings (model, tp, layers, the connector's
-        folder); `num_layers` defaults to the checkpoint's config."""
-        if num_layers is None:
-            config = model_config(self.model)
-            num_layers = int((config.get("text_config") or config)["num_hidden_layers"])
-        layers = resolve_layers(self.options.layers, num_layers)
-        return vllm_serve_command(self.model, vllm_layer_ids(layers, num_layers), tp=self.tp,
-                                  shared_storage_path=self.vllm.shared_storage_path)
-
-
-@dataclass(frozen=True, kw_only=True)
-class HiddenStatesConfig(Settings):
-    """Every setting of hidden_states.ipynb: which datasets, how they are assembled, and the extraction."""
-
-    datasets: list[str] = setting(["B1"], "dataset names (their records.jsonl) or records.jsonl paths")
-    tokenizer: str | None = shared("tokenizer")
-    job: ExtractionJob = nested(ExtractionJob)
-    assembly: AssemblyPolicy = nested(AssemblyPolicy)
-    audit: AuditPolicy = nested(AuditPolicy)
-    act: AuditActions = nested(AuditActions)
