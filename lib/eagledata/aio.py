@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Coroutine, TypeVar
+import signal
+from typing import Any, Callable, Coroutine, TypeVar
 
 T = TypeVar("T")
 
@@ -20,3 +21,24 @@ def run_sync(coro: Coroutine[Any, Any, T], async_name: str) -> T:
         coro.close()
         raise RuntimeError(f"an event loop is running (Jupyter?): use `await {async_name}(...)` instead")
     return asyncio.run(coro)
+
+
+def on_signals(callback: Callable[[], None]) -> Callable[[], None]:
+    """SIGINT/SIGTERM → callback on the loop (main thread only); returns the undo."""
+    loop = asyncio.get_running_loop()
+    installed, previous = [], {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.getsignal(sig)
+            loop.add_signal_handler(sig, callback)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    def restore() -> None:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+            if previous.get(sig) is not None:
+                signal.signal(sig, previous[sig])
+
+    return restore

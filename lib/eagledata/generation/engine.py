@@ -1,54 +1,35 @@
 """The generation engine: datasets' prompts → records, 2000 in flight, resumable, never over budget.
 
-`Run` supervises: one worker per concurrency slot (none per prompt, so memory stays flat however many prompts wait),
-a ticker, the straggler and drain deadlines, and the signals, under structured concurrency (a `TaskGroup` of slots
-inside one `asyncio.timeout_at` scope). Everything a slot decides is asked of the parts, under one lock; the path of
-one request is
-
-    take (dispatcher) → prepare, admit (requester, ledger) → send (requester) → settle (ledger, dispatcher) → record
-
-- dispatcher.py: which request is next (retries, next turns, new conversations; pacing; congestion) and the stop;
-- ledger.py: the money (admission, the books, the account, the spender lock), on the run's one ledger of flights;
-- requester.py: the body, the provider filter, the cost bound, and the transport seam (`Transport`);
-- recorder.py: records written once, next turns, failures, the fidelity books;
-- reporter.py: snapshots and summaries.
-One `Clock` (clock.py) times everything, so the whole engine also runs in virtual time. A kill at any instant loses at
-most the requests in flight, which the next run issues again.
+`Run` supervises the parts (parts.py; generation/README.md draws them and one request's path, take → admit → send →
+settle → record): a worker per concurrency slot (none per prompt: memory stays flat however many wait), a ticker,
+the signals, and one deadline for the slots (the drain's end; now, to abandon the stragglers), under structured
+concurrency. Every decision is the parts', taken under one lock; one `Clock` times everything, so the whole engine
+also runs in virtual time (clock.py). A kill at any instant loses at most the requests in flight.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import signal
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import httpx
 
-from ..aio import run_sync
-from ..errors import InputError
-from ..openrouter import ClientPool, Kind, Outcome, Price, RoutingDecision, load_routing, resolve_api_key
+from ..aio import on_signals, run_sync
+from ..openrouter import ClientPool, Kind, Outcome, RoutingDecision, load_routing, resolve_api_key
 from ..text import load_tokenizer
-from .account import Books
-from .admission import Admission, AgeModel
 from .clock import Clock, LoopClock
 from .config import GenerateConfig
-from .congestion import Congestion, ProviderCooldown
-from .dispatcher import Dispatcher, Stopped, Wait
-from .fidelity import FidelityJudge
-from .flights import Flights
+from .dispatcher import Stopped, Wait
 from .lanes import DatasetRun, open_lanes
-from .ledger import AccountReader, Ledger, MoneyStop, read_account
-from .pacing import Pacing
+from .ledger import AccountReader, read_account
 from .panel import make_progress
-from .policy import StopReason, error_stop, rule
-from .priors import cost_prior, length_prior, prior_lengths
+from .parts import build_parts
+from .policy import StopReason, error_stop
 from .progress import ProgressView, RunSnapshot
-from .recorder import Recorder
-from .reporter import Reporter
-from .requester import CANCELLED, Attempt, ChatCompletions, Requester, Transport, cancelled_outcome
+from .requester import Attempt, ChatCompletions, Transport, cancelled_outcome
 from .spender import SpenderLock
 from .work import Work
 
@@ -74,38 +55,10 @@ class Run:
 
     def __init__(self, cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDecision, seams: Seams, tok: Any):
         self.cfg, self.seams, self.clock = cfg, seams, seams.clock
-        self.single = isinstance(cfg.dataset, str) and cfg.dataset != "all"
         self.idle = all(lane.idle for lane in lanes)  # nothing to send: answered from the checkpoints, no request
-        for lane in lanes:
-            if lane.idle:
-                lane.stop_reason = StopReason.TARGET_REACHED if lane.target_met else StopReason.COMPLETED
-        paid = cfg.backend == "openrouter"
-        worst = routing.worst_price() if paid else Price(0.0, 0.0)
-        if worst is None:
-            raise InputError("the routing decision has no price to reserve against", field="routing")
-        guess, flights, now = prior_lengths(cfg.prior_output_median_tokens, cfg.prior_output_sigma,
-                                            cfg.max_tokens), Flights(), self.clock.now()
-        costs = [c for lane in lanes for c in lane.store.costs]
-        admission = Admission(AgeModel(cost_prior(costs, worst, guess) if paid else [0.0]), mode=cfg.budget_mode,
-                              overshoot_probability=cfg.overshoot_probability, flights=flights)
-        pacing = Pacing((Pacing.lane(lane.name, target=lane.target, prompts=lane.scan.total,
-                                     recorded=lane.store.output_tokens, finished=lane.store.conversations_finished,
-                                     prior_tokens=length_prior(lane.store.lengths, guess)) for lane in lanes), flights)
-        congestion = Congestion(cfg.concurrency)
-        self.dispatcher = Dispatcher(lanes, pacing, congestion, max_attempts=cfg.max_attempts, t0=now,
-                                     retry_base_s=cfg.retry_base_s, retry_cap_s=cfg.retry_cap_s)
-        self.ledger = Ledger(admission, Books(lag_s=cfg.account_lag_s), paid=paid, max_spend_usd=cfg.max_spend_usd,
-                             reserve_usd=cfg.reserve_usd, concurrency=cfg.concurrency,
-                             refresh_s=cfg.account_refresh_s, reader=seams.account)
-        # per-provider verdicts over the whole run, from the datasets' earlier books (a suspect is left out at once)
-        fidelity = FidelityJudge.carried(lane.summary_before for lane in lanes if lane.summary_before)
-        self.executor = seams.executor or ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
-        self.requester = Requester(seams.transport, routing, fidelity, ProviderCooldown(cfg.provider_cooldown_s), tok,
-                                   self.executor, worst=worst, model=cfg.model, max_tokens=cfg.max_tokens,
-                                   temperature=cfg.temperature, backend=cfg.backend)
-        self.recorder = Recorder(tok, self.executor, fidelity, routing, temperature=cfg.temperature, paid=paid)
-        self.reporter = Reporter(cfg, self.dispatcher, self.ledger, congestion, fidelity, routing, t0=now,
-                                 idle=self.idle, single=self.single)
+        parts = build_parts(cfg, lanes, routing, tok, seams, self.clock.now())
+        self.parts, self.dispatcher, self.ledger, self.requester = parts, parts.dispatcher, parts.ledger, parts.requester
+        self.recorder, self.reporter, self.executor = parts.recorder, parts.reporter, parts.executor
         self.cond = asyncio.Condition()
         self.error: Exception | None = None  # the internal error that stopped the run (summaries say it)
         self.progress: ProgressView | None = None
@@ -119,25 +72,21 @@ class Run:
                     seams: Seams | None = None) -> "Run":
         """Open every dataset's store and validate every prompt before any request; take the account's spender lock
         and its first reading when there is something to send."""
-        seams = seams or Seams()
-        lanes = open_lanes(cfg)  # every bad line named first
+        seams, lanes, run = seams or Seams(), open_lanes(cfg), None  # every bad line named first
         try:
-            tok = load_tokenizer(cfg.tokenizer)
             routing = seams.routing or (RoutingDecision(model=cfg.model) if cfg.backend == "local" else await
                                         load_routing(cfg.model, params_dir=cfg.params_dir, base_url=cfg.base_url,
                                                      api_key_env=cfg.api_key_env))
-            run = cls(cfg, lanes, routing, seams, tok)
-        except BaseException:
-            for lane in lanes:
-                lane.store.close()
-            raise
-        try:
+            run = cls(cfg, lanes, routing, seams, load_tokenizer(cfg.tokenizer))
             if run.ledger.paid and not run.idle:
                 run.ledger.spender = SpenderLock.acquire(cfg.base_url, api_key, describe={
                     "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve())})
                 await run.ledger.read(client, run.clock.now(), strict=True)
         except BaseException:
-            run.close()
+            for lane in lanes if run is None else ():
+                lane.store.close()
+            if run is not None:
+                run.close()
             raise
         return run
 
@@ -146,7 +95,6 @@ class Run:
             lane.store.close()
         self.ledger.close()
 
-    # -- the supervisor -----------------------------------------------------------------------------
     async def execute(self, clients: ClientPool | list[httpx.AsyncClient], view: ViewFactory | None = None) -> dict:
         """Run to the end; every dataset's summary.json is written, and the run's summary returned (one dataset
         named alone: that dataset's summary). `view` makes what shows the run (else `cfg.progress` decides)."""
@@ -154,8 +102,7 @@ class Run:
         if view is not None or self.cfg.progress:
             snap = self.reporter.snapshot(now)
             self.progress = view(snap) if view else make_progress(snap, interval_s=self.cfg.status_interval_s)
-        restore = _install_signal_handlers(self._on_signal)
-        cancelled: asyncio.CancelledError | None = None
+        restore, cancelled = on_signals(self._on_signal), None
         try:
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(self._ticker(clients[0]))
@@ -185,7 +132,7 @@ class Run:
             for lane in self.dispatcher.lanes.values():
                 lane.store.sync()
         summary = None
-        try:
+        try:  # every dataset's summary.json, then the run's
             per, summary = self.reporter.summaries(self.clock.now())
             for lane in self.dispatcher.lanes.values():
                 lane.store.write_summary(per[lane.name])
@@ -213,9 +160,9 @@ class Run:
     def _drain(self) -> None:
         """Stop issuing; the requests in flight get `drain_timeout_s` to come back."""
         self._cut(self.clock.now() + self.cfg.drain_timeout_s)
-        self._waking = asyncio.ensure_future(self._wake())
+        self._waking = asyncio.ensure_future(self._notify_all())
 
-    async def _wake(self) -> None:
+    async def _notify_all(self) -> None:
         async with self.cond:
             self.cond.notify_all()
 
@@ -258,7 +205,6 @@ class Run:
             self.dispatcher.stop(StopReason.TARGET_REACHED)  # a money stop keeps its reason: the first stop wins
             self._cut(now)
 
-    # -- one slot ------------------------------------------------------------------------------------
     async def _worker(self, client: httpx.AsyncClient) -> None:
         """One concurrency slot, its own connection from `client`. A bug here stops the run cleanly (`_failed`)."""
         try:
@@ -291,13 +237,9 @@ class Run:
         the run is stopping."""
         async with self.cond:
             while not self.dispatcher.stopping:
-                verdict = self.ledger.admit(work.bound, self.clock.now(), work.lane.name)
-                if isinstance(verdict, int):
-                    self.dispatcher.admitted(work, verdict)
-                    self.dispatcher.sent(work, self.clock.now())
-                    return verdict
-                if isinstance(verdict, MoneyStop):
-                    self.dispatcher.stop(verdict.reason)
+                if (ticket := self.parts.admit(work, self.clock.now())) is not None:
+                    return ticket
+                if self.dispatcher.stopping:
                     self.cond.notify_all()
                     return None
                 await self.cond.wait()
@@ -329,56 +271,10 @@ class Run:
         await self._settle(work, outcome, record)
 
     async def _settle(self, work: Work, outcome: Outcome, record: Any, cost: float | None = None) -> None:
-        """What the attempt came to, under the lock: recorded, retried, failed or cancelled; booked either way."""
-        c = outcome.completion
-        if cost is None and c is not None:  # an answer (or a refused one): read, and paid for
-            cost = self.requester.cost(c)
-        r = rule(outcome)
+        """What the attempt came to (parts.settle), under the lock; the waiters hear of it."""
         async with self.cond:
-            now, stop = self.clock.now(), None
-            assert work.ticket is not None
-            if outcome.error_class == CANCELLED:
-                self.dispatcher.cancelled(work, now)
-                work.lane.stats.booked_usd += self.ledger.settle(work.ticket, r, cost, work.bound, now)
-                return
-            if record is not None:
-                assert c is not None and cost is not None
-                recorded, stop = self.recorder.record(work, record, c, cost)
-                self.dispatcher.answered(work, now, recorded.tokens, written=recorded.written,
-                                         next_turn=recorded.next_turn)
-            else:
-                stop = self.recorder.refused(work, outcome)
-                verdict = self.dispatcher.not_ok(work, now, outcome, r)
-                self.recorder.fail(work) if verdict == "failed" else self.recorder.retried(work) \
-                    if verdict == "retry" else None
-            booked = self.ledger.settle(work.ticket, r, cost, work.bound, now)
-            self.recorder.attempt(work, outcome, r, now - work.sent_at, booked)
-            self.dispatcher.congestion.observe(now, r.rate_limited)
-            self.requester.observe(now, c.provider if c is not None else outcome.provider, r.rate_limited)
-            if stop is not None:
-                self.dispatcher.stop(stop)
+            self.parts.settle(work, outcome, record, cost, self.clock.now())
             self.cond.notify_all() if self.dispatcher.stopping else self.cond.notify(2)
-
-
-def _install_signal_handlers(callback: Callable[[], None]) -> Callable[[], None]:
-    """SIGINT/SIGTERM → callback on the loop (main thread only); returns the undo."""
-    loop = asyncio.get_running_loop()
-    installed, previous = [], {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous[sig] = signal.getsignal(sig)
-            loop.add_signal_handler(sig, callback)
-            installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            pass
-
-    def restore() -> None:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
-            if previous.get(sig) is not None:
-                signal.signal(sig, previous[sig])
-
-    return restore
 
 
 async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = None, view: ViewFactory | None = None,
@@ -387,9 +283,7 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
     summary.json; otherwise the run's, with each dataset's inside). Every input error is raised before the first
     request; a fatal API error (bad key, no endpoints) is raised after the summaries are written. `transport` sends
     each request, `view` shows the run, `seams` replaces the rest (tests and benches pass their own)."""
-    seams = seams or Seams()
-    if transport is not None:
-        seams.transport = transport
+    seams = seams or Seams(**({"transport": transport} if transport else {}))
     key = resolve_api_key(cfg.base_url, cfg.api_key_env, cfg.backend)
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
         run = await Run.start(cfg, clients[0], api_key=key, seams=seams)

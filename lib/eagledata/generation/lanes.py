@@ -13,6 +13,7 @@ from ..errors import InputError
 from ..paths import dataset_files
 from .datasets import select_datasets
 from .fidelity import FidelityJudge
+from .policy import StopReason
 from .progress import RunStats
 from .prompts import Prompt, PromptScan, scan_prompts
 from .store import Store
@@ -55,6 +56,8 @@ class DatasetRun:
             raise InputError(f"this dataset's records were made with turns: {before}; continue with the same "
                              f"setting (or another output_dir)", self.store.files.summary, field="turns")
         self.fidelity = FidelityJudge.carried([self.summary_before] if self.summary_before else [], decides=False)
+        if self.idle:  # nothing to send in this run
+            self.stop_reason = StopReason.TARGET_REACHED if self.target_met else StopReason.COMPLETED
 
     @property
     def target_met(self) -> bool:

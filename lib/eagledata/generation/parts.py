@@ -1,0 +1,119 @@
+"""The engine's parts, built from a run's settings and datasets (engine.py supervises them; a replay in simulated time
+builds the same ones): the dispatcher and the ledger on one ledger of flights, the requester, the recorder and the
+reporter."""
+from __future__ import annotations
+
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..errors import InputError
+from ..openrouter import Outcome, Price, RoutingDecision
+from ..records import Record
+from ..text import KimiTokenizer
+from .account import Books
+from .admission import Admission, AgeModel
+from .config import GenerateConfig
+from .congestion import Congestion, ProviderCooldown
+from .dispatcher import Dispatcher
+from .fidelity import FidelityJudge
+from .flights import Flights
+from .lanes import DatasetRun
+from .ledger import Ledger, MoneyStop
+from .pacing import Pacing
+from .policy import rule
+from .priors import cost_prior, length_prior, prior_lengths
+from .recorder import Recorder
+from .reporter import Reporter
+from .requester import CANCELLED, Requester
+from .work import Work
+
+if TYPE_CHECKING:
+    from .engine import Seams
+
+
+@dataclass
+class Parts:
+    """The run's parts, and the two steps of a request that touch several of them at once (the caller holds the
+    run's lock: the engine's slots, or a replay's loop)."""
+
+    dispatcher: Dispatcher
+    ledger: Ledger
+    requester: Requester
+    recorder: Recorder
+    reporter: Reporter
+    executor: Executor
+
+    def admit(self, work: Work, now: float) -> int | None:
+        """The request goes out when its cost fits the money left: its ticket. None: wait for money to free up, or
+        (the dispatcher then says why) issuing stopped."""
+        verdict = self.ledger.admit(work.bound, now, work.lane.name)
+        if isinstance(verdict, MoneyStop):
+            self.dispatcher.stop(verdict.reason)
+            return None
+        if verdict is not None:
+            self.dispatcher.admitted(work, verdict)
+            self.dispatcher.sent(work, now)
+        return verdict
+
+    def settle(self, work: Work, outcome: Outcome, record: Record | None, cost: float | None, now: float) -> None:
+        """What an attempt came to: recorded (`record`), retried, failed for good, or cancelled; booked either way
+        (`cost`: what it cost when read, else its rule says what to book)."""
+        r, stop, c = rule(outcome), None, outcome.completion
+        if cost is None and c is not None:  # an answer (or a refused one): read, and paid for
+            cost = self.requester.cost(c)
+        assert work.ticket is not None
+        if outcome.error_class == CANCELLED:
+            self.dispatcher.cancelled(work, now)
+            work.lane.stats.booked_usd += self.ledger.settle(work.ticket, r, cost, work.bound, now)
+            return
+        if record is not None:
+            assert c is not None and cost is not None
+            recorded, stop = self.recorder.record(work, record, c, cost)
+            self.dispatcher.answered(work, now, recorded.tokens, written=recorded.written,
+                                     next_turn=recorded.next_turn)
+        else:
+            stop = self.recorder.refused(work, outcome)
+            verdict = self.dispatcher.not_ok(work, now, outcome, r)
+            if verdict == "failed":
+                self.recorder.fail(work)
+            elif verdict == "retry":
+                self.recorder.retried(work)
+        booked = self.ledger.settle(work.ticket, r, cost, work.bound, now)
+        self.recorder.attempt(work, outcome, r, now - work.sent_at, booked)
+        self.dispatcher.congestion.observe(now, r.rate_limited)
+        self.requester.observe(now, c.provider if c is not None else outcome.provider, r.rate_limited)
+        if stop is not None:
+            self.dispatcher.stop(stop)
+
+
+def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDecision, tok: KimiTokenizer,
+                seams: "Seams", now: float) -> Parts:
+    idle = all(lane.idle for lane in lanes)
+    paid = cfg.backend == "openrouter"
+    worst = routing.worst_price() if paid else Price(0.0, 0.0)
+    if worst is None:
+        raise InputError("the routing decision has no price to reserve against", field="routing")
+    guess, flights = prior_lengths(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens), Flights()
+    costs = [c for lane in lanes for c in lane.store.costs]
+    admission = Admission(AgeModel(cost_prior(costs, worst, guess) if paid else [0.0]), mode=cfg.budget_mode,
+                          overshoot_probability=cfg.overshoot_probability, flights=flights)
+    pacing = Pacing((Pacing.lane(lane.name, target=lane.target, prompts=lane.scan.total,
+                                 recorded=lane.store.output_tokens, finished=lane.store.conversations_finished,
+                                 prior_tokens=length_prior(lane.store.lengths, guess)) for lane in lanes), flights)
+    congestion = Congestion(cfg.concurrency)
+    dispatcher = Dispatcher(lanes, pacing, congestion, max_attempts=cfg.max_attempts, t0=now,
+                            retry_base_s=cfg.retry_base_s, retry_cap_s=cfg.retry_cap_s)
+    ledger = Ledger(admission, Books(lag_s=cfg.account_lag_s), paid=paid, max_spend_usd=cfg.max_spend_usd,
+                    reserve_usd=cfg.reserve_usd, concurrency=cfg.concurrency, refresh_s=cfg.account_refresh_s,
+                    reader=seams.account)
+    # per-provider verdicts over the whole run, from the datasets' earlier books (a suspect is left out at once)
+    fidelity = FidelityJudge.carried(lane.summary_before for lane in lanes if lane.summary_before)
+    executor = seams.executor or ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
+    requester = Requester(seams.transport, routing, fidelity, ProviderCooldown(cfg.provider_cooldown_s), tok,
+                          executor, worst=worst, model=cfg.model, max_tokens=cfg.max_tokens,
+                          temperature=cfg.temperature, backend=cfg.backend)
+    recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid)
+    single = isinstance(cfg.dataset, str) and cfg.dataset != "all"
+    reporter = Reporter(cfg, dispatcher, ledger, congestion, fidelity, routing, t0=now, idle=idle, single=single)
+    return Parts(dispatcher, ledger, requester, recorder, reporter, executor)

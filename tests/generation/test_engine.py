@@ -1,0 +1,156 @@
+"""The engine's own scheduling, in virtual time (clock.run_virtual): a transport that answers after a simulated
+latency, an account that sums what it billed. Minutes of simulated answers run in well under a second, with the same
+decisions every time, and no server."""
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from eagledata.generation import GenerateConfig, Seams
+from eagledata.generation.clock import InlineExecutor, run_virtual
+from eagledata.generation.engine import Run
+from eagledata.openrouter import Account, Completion, Endpoint, Kind, Outcome, RoutingDecision
+from eagledata.records import Answer, Usage
+from eagledata.text import prompt_ids
+
+PRICE_IN, PRICE_OUT = 0.5, 2.0  # $ per M tokens
+
+
+class Simulated:
+    """Answers of `tokens` output tokens (a cycle), each after `tokens / rate` virtual seconds; bills what it served."""
+
+    def __init__(self, tok, tokens=(40, 80, 400), rate=20.0):
+        self.tok, self.tokens, self.rate = tok, tokens, rate
+        self.sent = self.in_flight = self.most_in_flight = 0
+        self.billed = 0.0
+        self.order: list[str] = []
+
+    async def handle_request(self, client, body):
+        n = self.tokens[self.sent % len(self.tokens)]
+        self.sent += 1
+        self.order.append(body["messages"][-1]["content"])
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(n / self.rate)
+        finally:
+            self.in_flight -= 1
+        content = " ".join(["word"] * (n - 3))  # a few tokens of reasoning, the rest content (about a token a word)
+        answer = Answer("ok so", content, "stop")
+        out = len(self.tok.encode_ordinary("ok so")) + 1 + len(self.tok.encode_ordinary(content)) + 1
+        cost = (20 * PRICE_IN + out * PRICE_OUT) / 1e6
+        self.billed += cost
+        return Outcome(Kind.OK, completion=Completion(
+            answer=answer, provider="Sim", model="sim", generation_id=f"gen-{self.sent}",
+            usage=Usage(prompt_tokens=20, completion_tokens=out, reasoning_tokens=3, cost=cost)))
+
+    async def account(self, client):
+        return Account(self.billed, 10.0 - self.billed)
+
+
+def routing():
+    return RoutingDecision(model="moonshotai/kimi-k2.5", eligible=[Endpoint(
+        provider="Sim", tag="sim", quantization="int4", prompt_per_m=PRICE_IN, completion_per_m=PRICE_OUT, context_length=262144)],
+        source="test")
+
+
+def datasets(tmp_path, sizes: dict[str, int], targets: dict[str, int] | None = None) -> Path:
+    lines = []
+    for name, n in sizes.items():
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"id": f"{name}-{i:04d}", "messages": [
+            {"role": "user", "content": f"{name} question {i}"}]}) + "\n" for i in range(n)))
+        target = (targets or {}).get(name)
+        lines.append(f"{name}:\n  prompts: {path}\n" + (f"  target_output_tokens: {target}\n" if target else ""))
+    out = tmp_path / "datasets.yaml"
+    out.write_text("".join(lines))
+    return out
+
+
+def run(tmp_path, sim, file, *, during=None, **kw):
+    cfg = GenerateConfig(**{"dataset": "all", "datasets_file": str(file), "base_url": "http://127.0.0.1:9/api/v1",
+                            "output_dir": str(tmp_path / "out"), "params_dir": str(tmp_path / "params"),
+                            "concurrency": 8, "max_tokens": 1000, "progress": False, "reserve_usd": 0.0,
+                            "prior_output_median_tokens": 150, **kw})
+
+    async def main():
+        seams = Seams(transport=sim, account=sim.account, routing=routing(), executor=InlineExecutor())
+        r = await Run.start(cfg, None, api_key="k", seams=seams)
+        try:
+            task = asyncio.ensure_future(r.execute([None] * cfg.concurrency))
+            if during is not None:
+                await during(r)
+            return await task, r
+        finally:
+            r.close()
+
+    return run_virtual(main())
+
+
+def test_the_pool_is_kept_full_and_every_prompt_recorded_once(tmp_path, tok, monkeypatch):
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 30, "B": 30}))
+    assert summary["stop_reason"] == "completed" and summary["records"] == 60 and sim.sent == 60
+    assert sim.most_in_flight == 8  # every slot busy while work was left
+    # one pool over two datasets without targets: they take turns by prompts taken (A, B, A, B, ...)
+    firsts = [o.split()[0] for o in sim.order[:8]]
+    assert sorted(firsts) == ["A"] * 4 + ["B"] * 4
+    assert summary["run"]["charged_usd"] == pytest.approx(sim.billed, rel=1e-9)
+    for name in ("A", "B"):
+        ids = [json.loads(line)["id"] for line in (tmp_path / "out/datasets" / name / "records.jsonl").open()]
+        assert sorted(ids) == [f"{name}-{i:04d}" for i in range(30)]
+
+
+def test_a_target_stops_its_dataset_and_the_other_goes_on(tmp_path, tok, monkeypatch):
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 200, "B": 40}, {"A": 3000}))
+    a, b = summary["datasets"]["A"], summary["datasets"]["B"]
+    assert a["stop_reason"] == "target_reached" and b["stop_reason"] == "completed"
+    assert 3000 <= a["output_tokens"] <= 3000 * 1.05 + 400  # at most one long answer past the promise
+    assert b["records"] == 40 and a["records"] < 200
+
+
+def test_a_money_stop_never_spends_over_the_cap(tmp_path, tok, monkeypatch):
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 500}), max_spend_usd=0.02, budget_mode="strict")
+    assert summary["stop_reason"] == "max_spend_reached"
+    assert sim.billed <= 0.02 and summary["run"]["charged_usd"] == pytest.approx(sim.billed)
+    assert summary["run"]["money_left"]["why"]
+    assert 0 < summary["records"] < 500
+
+
+def test_stragglers_past_the_wait_are_abandoned_and_booked(tmp_path, tok, monkeypatch):
+    """Every target met with answers of 500 s still in flight: they get straggler_wait_s, then are cut off, booked
+    at their bound (provisionally) and left for the next run."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok, tokens=(10_000,) + (300,) * 9)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 100}, {"A": 2000}), straggler_wait_s=30, concurrency=40, prior_output_median_tokens=20)
+    assert summary["stop_reason"] == "target_reached"
+    abandoned = summary["run"]["abandoned"]
+    assert abandoned == 4 and summary["wall_s"] == pytest.approx(15 + 30, abs=1)  # met at 15 s, then the wait
+    bound = r.requester.worst.cost(len(prompt_ids(tok, [{"role": "user", "content": "A question 10"}])), 1000)
+    assert r.ledger.books.provisional_usd == pytest.approx(abandoned * bound, rel=0.01)  # booked, to be read
+    assert len(r.ledger.admission.flights) == 0 and not any(lane.flights for lane in r.dispatcher.pacing.lanes.values())
+    assert summary["remaining"] == 100 - summary["records"]
+
+
+def test_a_signal_drains_then_a_second_abandons(tmp_path, tok, monkeypatch):
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok, tokens=(2000,), rate=10.0)  # 200 s answers
+
+    async def signals(r):
+        await asyncio.sleep(50)
+        r._on_signal()  # as SIGINT does: stop issuing, let the 8 in flight finish
+        await asyncio.sleep(10)
+        assert sim.in_flight == 8
+        r._on_signal()  # a second: abandon them
+
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 50}), during=signals, drain_timeout_s=600)
+    assert summary["stop_reason"] == "interrupted" and summary["records"] == 0 and sim.sent == 8
+    assert 55 < summary["wall_s"] < 70  # the second signal, not the drain's 600 s, ended it
+    assert len(r.ledger.admission.flights) == 0
+    assert summary["remaining"] == 50
