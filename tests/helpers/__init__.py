@@ -4,3 +4,4 @@ from pathlib import Path
 
 HELPERS = Path(__file__).resolve().parent
 ROOT = HELPERS.parents[1]  # the checkout: tests/helpers/ -> tests/ -> the root
+DATA = HELPERS.parent / "data"  # tests/data/: files the tests compare against

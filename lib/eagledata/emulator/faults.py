@@ -1,6 +1,6 @@
 """The fault classes of the real service, in one table the request path reads: what each answers, when, and
 what it costs. A new fault that answers in a shape already here is one row (plus its test in
-tests/test_emulator.py); a new shape is one more branch in `bodies.py`.
+tests/emulator/test_emulator.py); a new shape is one more branch in `bodies.py`.
 
 Order matters: one seeded uniform draw per request walks the rates in table order (`draw_fault`), so a row
 is appended, never inserted, to keep every seeded run as it was.

@@ -40,7 +40,7 @@ from its code (not copied):
   (`scored_logprobs`). Such a request skips vLLM's prefix cache and makes it compute the lm_head at every position.
 - **Several servers**: one client and `server_concurrency` workers per server, all taking samples from one queue.
 
-Checked against a real vLLM 0.32.0 on CPU by `make test-vllm` (tests/test_vllm_real.py).
+Checked against a real vLLM 0.32.0 on CPU by `make test-vllm` (tests/training/test_vllm_real.py).
 """
 from __future__ import annotations
 

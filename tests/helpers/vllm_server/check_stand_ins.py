@@ -1,5 +1,6 @@
-"""Run in the vLLM environment by test_vllm_real.py: the stand-ins' checks on vLLM's connector as shipped, on a
-copy of it with one more CUDA call, and on another vLLM version; prints one JSON line of what each said."""
+"""Run in the vLLM environment by tests/training/test_vllm_real.py: the stand-ins' checks on vLLM's connector as
+shipped, on a copy of it with one more CUDA call, and on another vLLM version; prints one JSON line of what each
+said."""
 import importlib.util
 import json
 import sys

@@ -2,9 +2,9 @@
 "texts": [...]}`; prints one JSON line per text, `{tools_called, content, calls: [{id, name, arguments}]}`, as the
 server would serve them.
 
-Runs in the vLLM environment (`tests/test_vllm_real.py` calls it with `vllm_python()`). The parser reads only the
-special tokens' ids from its tokenizer, so a stand-in holding K2.5's (the test sends them) is enough: no model, no
-remote code.
+Runs in the vLLM environment (`tests/training/test_vllm_real.py` calls it with `vllm_python()`). The parser reads
+only the special tokens' ids from its tokenizer, so a stand-in holding K2.5's (the test sends them) is enough: no
+model, no remote code.
 """
 import json
 import sys

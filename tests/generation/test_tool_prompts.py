@@ -2,15 +2,13 @@
 K2.5's own call ids, per-dataset tools, and the demo tool dataset."""
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
 from eagledata.errors import InputError
 from eagledata.generation.datasets import load_datasets
 from eagledata.generation.prompts import load_prompts, normalize_prompt, normalize_tools, scan_prompts
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
 
 
 def fn(name):

@@ -1,5 +1,4 @@
 import json
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -8,8 +7,9 @@ from eagledata.errors import InputError
 from eagledata.records import Answer, Record, split_inline_reasoning
 from eagledata.text import END_THINK, IM_END, conversation_ids, output_ids, output_ids_batch, parse_output_ids, \
     prompt_ids, render_chat, sample_cases
+from tests.helpers import DATA
 
-GOLDEN = Path(__file__).parent / "data" / "chat_template_ids.json"
+GOLDEN = DATA / "chat_template_ids.json"
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 

@@ -7,7 +7,6 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -18,11 +17,12 @@ from eagledata.emulator.faults import FAULT_CLASSES
 from eagledata.emulator.credits import Ledger, affordable_tokens, reservation, usage_cost
 from eagledata.emulator.faults import draw_fault
 from eagledata.errors import InputError
+from tests.helpers import ROOT
 
 MODEL = "moonshotai/kimi-k2.5"
 AUTH = {"Authorization": "Bearer sk-test"}
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.3, "content_median": 20, "content_sigma": 0.3}
-LIB = Path(__file__).resolve().parents[1] / "lib"
+LIB = ROOT / "lib"
 
 
 def names(eps) -> list[str]:

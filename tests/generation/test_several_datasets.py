@@ -21,11 +21,11 @@ from eagledata.notebooks import read_results
 from eagledata.openrouter import (Kind, Outcome, PrecisionPolicy, complete, decide, fetch_catalog,
                                   resolve_api_key)
 from eagledata.records import load_records
+from tests.helpers import ROOT
 from tests.helpers.kills import kill_while_writing
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.6, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0.5, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

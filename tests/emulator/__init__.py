@@ -1,0 +1,1 @@
+"""Tests of eagledata.emulator (see tests/README.md)."""

@@ -1,0 +1,1 @@
+"""Tests of eagledata.generation (see tests/README.md)."""

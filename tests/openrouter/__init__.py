@@ -1,0 +1,1 @@
+"""Tests of eagledata.openrouter (see tests/README.md)."""

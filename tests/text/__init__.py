@@ -1,0 +1,1 @@
+"""Tests of eagledata.text (see tests/README.md)."""

@@ -1,0 +1,1 @@
+"""Tests of eagledata.training (see tests/README.md)."""
