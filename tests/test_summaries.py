@@ -11,7 +11,7 @@ from eagledata.errors import InputError
 from eagledata.generation.fidelity import FidelityJudge, suspects_in
 from eagledata.summaries import VERDICTS, fidelity_suspects, read_summary
 from eagledata.training.assembly import read_generation_suspects
-from tests.test_imports import import_graph
+from tests.helpers.imports import import_graph
 
 
 def judged_summary() -> dict:
