@@ -1,4 +1,7 @@
 import json
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -59,8 +62,36 @@ def test_second_writer_is_refused(tmp_path):
     Store.open(tmp_path).close()  # released on close
 
 
-def test_summary_is_replaced_atomically(tmp_path):
-    with Store.open(tmp_path) as s:
-        s.write_summary({"stop_reason": "done"})
+# A writer whose file-size limit (RLIMIT_FSIZE) is below the new summary's size is stopped by the kernel partway
+# through writing it, with nothing in the library patched: killed by SIGXFSZ (a crash mid-write: no cleanup runs),
+# or, with SIGXFSZ ignored (Python's own default), its write fails with EFBIG (an error mid-write).
+WRITE_CUT_SHORT = """
+import resource, signal, sys
+from eagledata.generation.store import Store
+if sys.argv[2] == "killed":
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+with Store.open(sys.argv[1]) as s:
+    s.write_summary({"stop_reason": "done"})
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+    s.write_summary({"stop_reason": "budget", "pad": "x" * 100_000})
+print("the write was not cut", flush=True)
+"""
+
+
+@pytest.mark.parametrize("cut", ["killed", "error"])
+def test_summary_is_replaced_atomically(tmp_path, cut):
+    """A writer killed (or failing) while it replaces summary.json leaves the old summary whole, and the next
+    writer replaces it; a plain truncate-and-write would leave an empty or half-written file."""
+    done = subprocess.run([sys.executable, "-c", WRITE_CUT_SHORT, str(tmp_path), cut], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    if cut == "killed":
+        assert done.returncode == -signal.SIGXFSZ, (done.returncode, done.stdout, done.stderr[-2000:])
+    else:
+        assert done.returncode == 1 and "File too large" in done.stderr, (done.returncode, done.stderr[-2000:])
+        assert sorted(p.name for p in tmp_path.iterdir() if "summary" in p.name) == ["summary.json"]  # no temp
+    assert json.loads((tmp_path / "summary.json").read_text()) == {"stop_reason": "done"}
+    with Store.open(tmp_path) as s:  # the cut writer's lock went with it
+        assert s.read_summary() == {"stop_reason": "done"}
         s.write_summary({"stop_reason": "budget"})
     assert json.loads((tmp_path / "summary.json").read_text()) == {"stop_reason": "budget"}
