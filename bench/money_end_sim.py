@@ -1,6 +1,6 @@
 """The money's end in simulated time: how fast does admission spend the last of the money, and what bounds the run's end?
 
-The engine's own `Admission` (and its stop rules) in simulated time, on the six-dataset job's answers at ×¼ scale
+The engine's own `Ledger` (its admission, books and stop rules) in simulated time, on the six-dataset job's answers at ×¼ scale
 (`throughput_bench.py job`: answers ~2,480 tokens, log-normal, generation time proportional to length, ~25 s each;
 500 in flight; $23.75 usable; max_tokens 32768 at the worst eligible price, so one request's bound is ~17× the mean
 answer). Per seed: when issuing stopped, when the last answer came, the share of the usable money charged, each
@@ -20,7 +20,13 @@ import statistics
 
 import numpy as np
 
+from eagledata.generation.account import Books
 from eagledata.generation.admission import Admission, AgeModel
+from eagledata.generation.ledger import Ledger, MoneyStop
+from eagledata.generation.policy import rule
+from eagledata.openrouter import Kind, Outcome
+
+OK = Outcome(Kind.OK, "ok")
 
 PRICE_OUT, PRICE_IN, WORST_OUT, WORST_IN = 2.2e-6, 0.4e-6, 2.8e-6, 0.7e-6  # USD per token (the default catalog)
 MAX_TOKENS, PROMPT = 32768, 40
@@ -49,35 +55,37 @@ class BernsteinOnly(Admission):
 
 
 def engine(seed: int, usable: float, slots: int, tick: float, bernstein_only: bool) -> dict[str, float]:
+    """The engine's own `Ledger` (admission, the books, the stop rules) in simulated time."""
     rng = random.Random(seed)
     bound = MAX_TOKENS * WORST_OUT + PROMPT * WORST_IN
-    adm = (BernsteinOnly if bernstein_only else Admission)(AgeModel(prior()))
+    ledger = Ledger((BernsteinOnly if bernstein_only else Admission)(AgeModel(prior())), Books(), paid=True,
+                    max_spend_usd=usable, reserve_usd=0.0, concurrency=slots, refresh_s=math.inf)
     ends: list = []
-    t = spent = 0.0
+    t = 0.0
     next_tick, stopped = tick, None
     costs, latencies = [], []
     while True:
-        while stopped is None and len(adm.flights) < slots:
-            if adm.fits(bound, spent, usable):
+        while stopped is None and ledger.in_flight < slots:
+            verdict = ledger.admit(bound, t)
+            if isinstance(verdict, int):
                 cost, latency = answer(rng)
-                heapq.heappush(ends, (t + latency, adm.start(t, bound), cost, latency))
+                heapq.heappush(ends, (t + latency, verdict, cost, latency))
                 continue
-            if adm.stop_rule(bound, spent, usable, slots) is not None:
+            if isinstance(verdict, MoneyStop):
                 stopped = t
             break
         if not ends:
             break
         if ends[0][0] <= next_tick:
             t, ticket, cost, latency = heapq.heappop(ends)
-            spent += cost
             costs.append(cost)
             latencies.append(latency)
-            adm.end(ticket, t, cost)
+            ledger.settle(ticket, rule(OK), cost, bound, t)
         else:
             t, next_tick = next_tick, next_tick + tick
-            adm.refresh(t)
+            ledger.tick(t)
     ideal = usable / (slots * statistics.fmean(costs) / statistics.fmean(latencies))
-    return {"stop": (stopped or t) / ideal, "end": t / ideal, "charged": spent / usable}
+    return {"stop": (stopped or t) / ideal, "end": t / ideal, "charged": ledger.spent() / usable}
 
 
 def oracle(seed: int, usable: float, slots: int) -> dict[str, float]:

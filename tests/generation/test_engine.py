@@ -41,7 +41,7 @@ class Simulated:
         out = len(self.tok.encode_ordinary("ok so")) + 1 + len(self.tok.encode_ordinary(content)) + 1
         cost = (20 * PRICE_IN + out * PRICE_OUT) / 1e6
         self.billed += cost
-        return Outcome(Kind.OK, completion=Completion(
+        return Outcome(Kind.OK, "ok", 200, completion=Completion(
             answer=answer, provider="Sim", model="sim", generation_id=f"gen-{self.sent}",
             usage=Usage(prompt_tokens=20, completion_tokens=out, reasoning_tokens=3, cost=cost)))
 

@@ -5,7 +5,8 @@ from .budget import (BudgetConfig, ContentLengths, DatasetStats, OutputLengths, 
                      measure_prompts, plan_budget, plan_prices, planned_vs_actual, plot_plan, scenario_table)
 from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
 from .config import GenerateConfig
-from .engine import Seams, generate, run_generation
+from .engine import generate, run_generation
+from .parts import Seams
 from .fidelity import FidelityJudge, ignore_suspects
 from .pacing import Pacing
 from .prompts import Prompt, load_prompts, scan_prompts

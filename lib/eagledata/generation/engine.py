@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import Executor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -20,16 +18,14 @@ import httpx
 from ..aio import on_signals, run_sync
 from ..openrouter import ClientPool, Kind, Outcome, RoutingDecision, load_routing, resolve_api_key
 from ..text import load_tokenizer
-from .clock import Clock, LoopClock
 from .config import GenerateConfig
 from .dispatcher import Stopped, Wait
 from .lanes import DatasetRun, open_lanes
-from .ledger import AccountReader, read_account
 from .panel import make_progress
-from .parts import build_parts
+from .parts import Seams, build_parts
 from .policy import StopReason, error_stop
 from .progress import ProgressView, RunSnapshot
-from .requester import Attempt, ChatCompletions, Transport, cancelled_outcome
+from .requester import Attempt, Transport, cancelled_outcome
 from .spender import SpenderLock
 from .work import Work
 
@@ -37,17 +33,6 @@ log = logging.getLogger("eagledata.generate")
 
 ViewFactory = Callable[[RunSnapshot], ProgressView]  # what shows a run, from its first snapshot
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
-
-
-@dataclass
-class Seams:
-    """What the engine talks to, each replaceable: tests and benches pass their own (virtual time among them)."""
-
-    transport: Transport = field(default_factory=ChatCompletions)
-    clock: Clock = field(default_factory=LoopClock)
-    account: AccountReader = read_account
-    routing: RoutingDecision | None = None  # None: the routing file, else the catalog (openrouter.load_routing)
-    executor: Executor | None = None        # tokenizing and records off the loop; None: two threads
 
 
 class Run:

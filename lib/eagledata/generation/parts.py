@@ -4,8 +4,7 @@ reporter."""
 from __future__ import annotations
 
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..openrouter import Outcome, Price, RoutingDecision
@@ -13,23 +12,32 @@ from ..records import Record
 from ..text import KimiTokenizer
 from .account import Books
 from .admission import Admission, AgeModel
+from .clock import Clock, LoopClock
 from .config import GenerateConfig
 from .congestion import Congestion, ProviderCooldown
 from .dispatcher import Dispatcher
 from .fidelity import FidelityJudge
 from .flights import Flights
 from .lanes import DatasetRun
-from .ledger import Ledger, MoneyStop
+from .ledger import AccountReader, Ledger, MoneyStop, read_account
 from .pacing import Pacing
 from .policy import rule
 from .priors import cost_prior, length_prior, prior_lengths
 from .recorder import Recorder
 from .reporter import Reporter
-from .requester import CANCELLED, Requester
+from .requester import CANCELLED, ChatCompletions, Requester, Transport
 from .work import Work
 
-if TYPE_CHECKING:
-    from .engine import Seams
+
+@dataclass
+class Seams:
+    """What the engine talks to, each replaceable: tests and benches pass their own (virtual time among them)."""
+
+    transport: Transport = field(default_factory=ChatCompletions)
+    clock: Clock = field(default_factory=LoopClock)
+    account: AccountReader = read_account
+    routing: RoutingDecision | None = None  # None: the routing file, else the catalog (openrouter.load_routing)
+    executor: Executor | None = None        # tokenizing and records off the loop; None: two threads
 
 
 @dataclass
@@ -88,7 +96,7 @@ class Parts:
 
 
 def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDecision, tok: KimiTokenizer,
-                seams: "Seams", now: float) -> Parts:
+                seams: Seams, now: float) -> Parts:
     idle = all(lane.idle for lane in lanes)
     paid = cfg.backend == "openrouter"
     worst = routing.worst_price() if paid else Price(0.0, 0.0)

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 from .turns import Turn
-
-if TYPE_CHECKING:
-    from .lanes import DatasetRun
 
 
 class State(StrEnum):
@@ -47,7 +44,7 @@ class Work:
     due: float
     seq: int
     turn: Turn = field(compare=False)
-    lane: "DatasetRun" = field(compare=False)
+    lane: Any = field(compare=False)  # the lanes.DatasetRun it belongs to (lanes.py makes work: not imported here)
     source: Literal["new", "next", "retry"] = field(default="new", compare=False)  # where `take` found it
     state: State = field(default=State.QUEUED, compare=False)
     attempts: int = field(default=0, compare=False)       # those that count against max_attempts
