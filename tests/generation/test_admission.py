@@ -327,5 +327,5 @@ def test_hours_of_starts_and_finishes_never_break_the_running_sums(seed=0):
             adm.refresh(t)
             for lane in pace.lanes.values():
                 lane.upper(1)
-                assert lane._sums[1] == pytest.approx(sum(f[2] for f in lane.flights.values()), rel=1e-9)
+                assert lane._sums[1] == pytest.approx(sum(f.tokens_var for f in lane.flights.values()), rel=1e-9)
             assert adm._sums[0] == pytest.approx(sum(f.mean for f in adm.flights.values()), rel=1e-9)

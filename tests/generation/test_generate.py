@@ -227,17 +227,18 @@ def test_every_fault_class_is_survived(emu, tok, tmp_path):
 
 
 def _spy(bodies: list):
-    async def spy(client, body):
-        bodies.append(body.get("provider") or {})
-        return await complete(client, body)
-    return spy
+    class Spy:
+        async def handle_request(self, client, body):
+            bodies.append(body.get("provider") or {})
+            return await complete(client, body)
+    return Spy()
 
 
 def test_background_429s_cut_nothing(emu, tok, tmp_path):
     reset(emu, speed=0.02, seed=17, faults={"rate_limit": 0.04, "upstream_rate_limit": 0.02, "retry_after": 0})
     datasets = make_dataset(tmp_path, 400)
     bodies: list = []
-    summary = run_sync(run_generation(config(emu, tmp_path, datasets), complete_fn=_spy(bodies)), "run_generation")
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets), transport=_spy(bodies)), "run_generation")
     assert summary["run"]["recorded"] == 400 and summary["run"]["errors"]["rate_limit"] > 0
     assert summary["run"]["concurrency_changes"] == []  # never below `concurrency`
     assert all(b["ignore"] == bodies[0]["ignore"] for b in bodies)  # no provider left out for noise
@@ -247,7 +248,7 @@ def test_a_provider_answering_mostly_429s_is_left_out(emu, tok, tmp_path):
     reset(emu, speed=0.02, seed=18, faults={"upstream_rate_limit": 0.5, "retry_after": 0})
     datasets = make_dataset(tmp_path, 300)
     bodies: list = []
-    summary = run_sync(run_generation(config(emu, tmp_path, datasets, concurrency=50), complete_fn=_spy(bodies)),
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets, concurrency=50), transport=_spy(bodies)),
                        "run_generation")
     assert summary["run"]["recorded"] == 300
     assert "DeepInfra" not in bodies[0]["ignore"] and any("DeepInfra" in b["ignore"] for b in bodies)
@@ -259,12 +260,13 @@ def test_local_backend_stores_server_ids(emu, tok, tmp_path, monkeypatch):
     monkeypatch.delenv("OPENROUTER_API_KEY", raising=False)
     keys = set()
 
-    async def spy(client, body):
-        keys.add(client.headers.get("authorization"))
-        return await complete(client, body)
+    class Spy:
+        async def handle_request(self, client, body):
+            keys.add(client.headers.get("authorization"))
+            return await complete(client, body)
 
     datasets = make_dataset(tmp_path, 30)
-    summary = run_sync(run_generation(config(emu, tmp_path, datasets, backend="local"), complete_fn=spy),
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets, backend="local"), transport=Spy()),
                        "run_generation")
     assert summary["run"]["recorded"] == 30 and keys == {None}  # a local server is sent no key at all
     truth = {g["generation_id"]: g for g in emu.ground_truth()}
@@ -345,16 +347,17 @@ def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path):
     reset(emu, seed=15)
     spoiled = set()
 
-    async def spoil_first(client, body):
-        out = await complete(client, body)
-        key = body["messages"][-1]["content"]
-        if out.completion is not None and key not in spoiled:
-            spoiled.add(key)
-            out.completion.answer = dataclasses.replace(out.completion.answer, content="bad \ud800 text")
-        return out
+    class SpoilFirst:
+        async def handle_request(self, client, body):
+            out = await complete(client, body)
+            key = body["messages"][-1]["content"]
+            if out.completion is not None and key not in spoiled:
+                spoiled.add(key)
+                out.completion.answer = dataclasses.replace(out.completion.answer, content="bad \ud800 text")
+            return out
 
     datasets = make_dataset(tmp_path, 20)
-    summary = run_sync(run_generation(config(emu, tmp_path, datasets), complete_fn=spoil_first), "run_generation")
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets), transport=SpoilFirst()), "run_generation")
     assert summary["run"]["errors"] == {"untokenizable": 20} and summary["run"]["recorded"] == 20
     records, _ = check_exactly_once(tok, tmp_path, 20)
     assert all("\ud800" not in r.content for r in records)
@@ -374,16 +377,17 @@ def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tok, tmp_path):
     reset(emu, seed=16)
     calls = []
 
-    async def broken(client, body):  # every answer takes 0.3 s; the fifth call fails 0.05 s in, with 3 in flight
-        calls.append(1)
-        if len(calls) == 5:
-            await asyncio.sleep(0.05)
-            raise RuntimeError("boom")
-        await asyncio.sleep(0.3)
-        return await complete(client, body)
+    class Broken:  # every answer takes 0.3 s; the fifth call fails 0.05 s in, with 3 in flight
+        async def handle_request(self, client, body):
+            calls.append(1)
+            if len(calls) == 5:
+                await asyncio.sleep(0.05)
+                raise RuntimeError("boom")
+            await asyncio.sleep(0.3)
+            return await complete(client, body)
 
     datasets = make_dataset(tmp_path, 50)
-    summary = run_sync(run_generation(config(emu, tmp_path, datasets, concurrency=4), complete_fn=broken),
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets, concurrency=4), transport=Broken()),
                        "run_generation")
     assert summary["stop_reason"] == "error: RuntimeError: boom"
     on_disk = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())

@@ -145,11 +145,12 @@ def test_a_finished_dataset_in_the_list_sends_nothing_and_all_means_the_file(emu
     assert first["dataset"] == "A" and first["records"] == 30 and "datasets" not in first  # one name: as before
     bodies = []
 
-    async def spy(client, body):
-        bodies.append(body["messages"][-1]["content"])
-        return await complete(client, body)
+    class Spy:
+        async def handle_request(self, client, body):
+            bodies.append(body["messages"][-1]["content"])
+            return await complete(client, body)
 
-    summary = run_sync(run_generation(config(emu, tmp_path, datasets, dataset="all"), complete_fn=spy),
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets, dataset="all"), transport=Spy()),
                        "run_generation")
     assert list(summary["datasets"]) == ["A", "B", "C"] and summary["stop_reason"] == "completed"
     assert summary["datasets"]["A"]["run"]["recorded"] == 0 and not any(b.startswith("A ") for b in bodies)
@@ -210,13 +211,14 @@ def test_usage_this_run_did_not_book_is_noticed(emu, tmp_path):
     datasets = make_datasets(tmp_path, {"A": 150, "B": 150, "C": 150})
     calls = []
 
-    async def with_a_stranger(client, body):
-        calls.append(1)
-        if len(calls) % 3 == 0:  # someone else's request on the same key, not booked by the run
-            await complete(client, body)
-        return await complete(client, body)
+    class WithAStranger:
+        async def handle_request(self, client, body):
+            calls.append(1)
+            if len(calls) % 3 == 0:  # someone else's request on the same key, not booked by the run
+                await complete(client, body)
+            return await complete(client, body)
 
-    summary = run_sync(run_generation(config(emu, tmp_path, datasets), complete_fn=with_a_stranger), "run_generation")
+    summary = run_sync(run_generation(config(emu, tmp_path, datasets), transport=WithAStranger()), "run_generation")
     run = summary["run"]
     assert run["foreign_usd"] > 0.2 * run["charged_usd"] > 0
     assert run["charged_usd"] == pytest.approx(emu.stats()["charged_usd"], rel=1e-9)
@@ -229,15 +231,16 @@ def test_unreadable_answers_are_settled_before_a_money_stop(emu, tmp_path):
     datasets = make_datasets(tmp_path, {"A": 2000, "B": 2000})
     rng = random.Random(38)
 
-    async def lossy(client, body):
-        out = await complete(client, body)
-        if out.kind is Kind.OK and rng.random() < 0.5:
-            return Outcome(Kind.RETRY, "connection", None, "connection reset after the answer was billed")
-        return out
+    class Lossy:
+        async def handle_request(self, client, body):
+            out = await complete(client, body)
+            if out.kind is Kind.OK and rng.random() < 0.5:
+                return Outcome(Kind.RETRY, "connection", None, "connection reset after the answer was billed")
+            return out
 
     cap = 0.03
     summary = run_sync(run_generation(config(emu, tmp_path, datasets, dataset=["A", "B"], max_spend_usd=cap,
-                                             concurrency=30, max_attempts=40), complete_fn=lossy), "run_generation")
+                                             concurrency=30, max_attempts=40), transport=Lossy()), "run_generation")
     charged = emu.stats()["charged_usd"]
     assert summary["stop_reason"] == "max_spend_reached"
     assert 0.8 * cap <= charged <= cap
