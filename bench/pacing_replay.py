@@ -31,7 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from throughput_bench import CONVERSATION_STREAM, MULTI_TURNS, ORACLE_DRAWS, oracle_time  # noqa: E402
 
-from eagledata.generation.engine import GenerateConfig, prior_lengths  # noqa: E402
+from eagledata.generation.config import GenerateConfig  # noqa: E402
+from eagledata.generation.priors import prior_lengths  # noqa: E402
 from eagledata.generation.pacing import MAX_OVERSHOOT, Pacing  # noqa: E402
 
 TICK_S = 0.5
@@ -91,7 +92,8 @@ def main() -> int:
     ap.add_argument("--multi-turn", type=float, default=0.4)
     ap.add_argument("--draws", type=int, default=ORACLE_DRAWS)
     a = ap.parse_args()
-    prior = prior_lengths(GenerateConfig(dataset="replay"))  # the engine's guess before a dataset has records
+    cfg = GenerateConfig(dataset="replay")
+    prior = prior_lengths(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens)  # the engine's guess
     mixes = (0.0, a.multi_turn)
     ratios: dict[float, list[float]] = {m: [] for m in mixes}
     overs: dict[float, list[float]] = {m: [] for m in mixes}
