@@ -1,0 +1,80 @@
+"""The dispatcher and the ledger without a server: their calls in the order the engine makes them, `now` passed in."""
+import pytest
+
+from eagledata.generation import GenerateConfig
+from eagledata.generation.clock import InlineExecutor
+from eagledata.generation.dispatcher import Stopped, Wait
+from eagledata.generation.lanes import open_lanes
+from eagledata.generation.ledger import MoneyStop
+from eagledata.generation.parts import Seams, build_parts
+from eagledata.generation.policy import RULES, rule
+from eagledata.generation.work import State
+from eagledata.openrouter import Kind, Outcome
+from tests.generation.test_engine import datasets, routing
+
+
+@pytest.fixture
+def parts(tmp_path, tok):
+    def make(sizes, **kw):
+        cfg = GenerateConfig(**{"dataset": "all", "datasets_file": str(datasets(tmp_path, sizes)),
+                                "output_dir": str(tmp_path / "out"), "concurrency": 4, "max_tokens": 1000,
+                                "progress": False, "reserve_usd": 0.0, "retry_base_s": 1.0, "retry_cap_s": 1.0, **kw})
+        lanes = open_lanes(cfg)
+        made.append(lanes)
+        return build_parts(cfg, lanes, routing(), tok, Seams(executor=InlineExecutor()), 0.0)
+
+    made: list = []
+    yield make
+    for lanes in made:
+        for lane in lanes:
+            lane.store.close()
+
+
+def test_a_retry_waits_for_its_due_time_and_goes_first_then(parts):
+    p = parts({"A": 3}, concurrency=1)
+    d = p.dispatcher
+    work = d.take(0.0)
+    work.bound = 0.01
+    assert p.admit(work, 0.0) is not None and work.state is State.SENT
+    assert isinstance(d.take(0.0), Wait)  # the one slot is held
+    bad_gateway = Outcome(Kind.RETRY, "bad_gateway", 502)
+    assert d.not_ok(work, 1.0, bad_gateway, rule(bad_gateway)) == "retry"
+    p.ledger.settle(work.ticket, rule(bad_gateway), None, work.bound, 1.0)
+    assert 1.0 <= work.due <= 3.0 and work.attempts == 1
+    assert work.state is State.RETRIED
+    d.release(work, 1.0)
+    assert work.state is State.QUEUED and d.holding == 0
+    nxt = d.take(1.0)  # the retry is not due yet: the next prompt goes
+    assert nxt.turn.id == "A-0001" and nxt.source == "new"
+    d.release(nxt, 1.0)  # given back unstarted
+    again = d.take(work.due)
+    assert again is work and again.source == "retry"
+    assert [t for t, _ in d.takes] == ["A-0000", "A-0001", "A-0000"]
+
+
+def test_an_illegal_move_raises(parts):
+    p = parts({"A": 1})
+    work = p.dispatcher.take(0.0)
+    with pytest.raises(RuntimeError, match="queued -> sent is not a move"):
+        p.dispatcher.sent(work, 0.0)
+
+
+def test_the_first_stop_wins(parts):
+    d = parts({"A": 2}).dispatcher
+    assert d.stop("max_spend_reached") and not d.stop("interrupted")
+    assert d.take(0.0) == Stopped("max_spend_reached")
+
+
+def test_the_ledger_stops_at_the_cap_naming_it_and_books_a_cancel_at_its_bound(parts):
+    p = parts({"A": 10}, max_spend_usd=0.05, budget_mode="strict")
+    ledger = p.ledger
+    tickets = []
+    while isinstance(t := ledger.admit(0.02, 0.0), int):
+        tickets.append(t)
+    assert len(tickets) == 2 and t is None  # two in flight fit 0.05 at their bound; wait for one to settle
+    ledger.settle(tickets[0], RULES["cancelled"], None, 0.02, 1.0)  # cut off: booked at its bound
+    assert ledger.books.provisional_usd == pytest.approx(0.02) and ledger.in_flight == 1
+    ledger.settle(tickets[1], RULES["ok"], 0.02, 0.02, 1.0)
+    verdict = ledger.admit(0.02, 1.0)
+    assert isinstance(verdict, MoneyStop) and verdict.reason == "max_spend_reached"
+    assert ledger.money_left["why"] == verdict.why == "nothing in flight, and one more request does not fit"
