@@ -59,8 +59,9 @@ def test_a_conversation_is_its_asks_with_the_targets_answers_between_them():
     cut = said("cut off", "length")
     assert t1.next(cut) is None and t1.ends(cut)  # a cut turn ends its conversation
     assert c.turn([said("mine 1"), said("mine 2")]) == t3  # a resume rebuilds the same request from recorded answers
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"^conversation 'c' has 3 turns, 3 already answered$") as e:
         c.turn([said("a"), said("b"), said("c")])
+    assert type(e.value) is ValueError  # the engine's own misuse, not bad input (InputError)
     assert later_turn_ids(p, "all") == ["c#2", "c#3"] and later_turn_ids(p, "last") == []
 
 
@@ -166,8 +167,10 @@ def test_pacing_counts_the_turns_a_started_conversation_still_has():
         pacing.hold("D", later=2)
     assert not lane.open() and pacing.order() == []
     pacing.forgo("D", 14)  # they were cut short
-    with pytest.raises(ValueError):
+    assert lane.promised == 0
+    with pytest.raises(ValueError, match=r"^pacing: D: 1 promised turns forgone, 0 promised$") as e:
         pacing.forgo("D", 1)
+    assert type(e.value) is ValueError and lane.promised == 0  # refused before any count changed
 
 
 def test_a_dataset_stops_starting_conversations_first_and_continuing_them_second():

@@ -92,8 +92,10 @@ def test_sample_score_statistics():
     assert sc.nll_sum == pytest.approx(26.505) and sc.nll_sumsq == pytest.approx(0.005**2 + 0.09 + 1.44 + 625)
     assert sc.mean_nll == pytest.approx(26.505 / 4)
     assert sum(sc.hist) == 4 and sc.hist[0] == 1 and sc.hist[4] == 1 and sc.hist[6] == 1 and sc.hist[-1] == 1
-    with pytest.raises(ValueError):
-        score_sample(torch.tensor([-1.0, float("-inf")]))
+    for bad in (float("-inf"), float("nan")):
+        with pytest.raises(ValueError, match=r"^non-finite log-probabilities$") as e:
+            score_sample(torch.tensor([-1.0, bad]))
+        assert type(e.value) is ValueError
 
 
 def test_extraction_stores_each_samples_exact_score_in_every_layout(model, tmp_path):
