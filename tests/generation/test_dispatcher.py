@@ -33,7 +33,7 @@ def parts(tmp_path, tok):
 def test_a_retry_waits_for_its_due_time_and_goes_first_then(parts):
     p = parts({"A": 3}, concurrency=1)
     d = p.dispatcher
-    work = d.take(0.0)
+    taken = [work := d.take(0.0)]
     work.bound = 0.01
     assert p.admit(work, 0.0) is not None and work.state is State.SENT
     assert isinstance(d.take(0.0), Wait)  # the one slot is held
@@ -44,12 +44,12 @@ def test_a_retry_waits_for_its_due_time_and_goes_first_then(parts):
     assert work.state is State.RETRIED
     d.release(work, 1.0)
     assert work.state is State.QUEUED and d.holding == 0
-    nxt = d.take(1.0)  # the retry is not due yet: the next prompt goes
+    taken.append(nxt := d.take(1.0))  # the retry is not due yet: the next prompt goes
     assert nxt.turn.id == "A-0001" and nxt.source == "new"
     d.release(nxt, 1.0)  # given back unstarted
-    again = d.take(work.due)
+    taken.append(again := d.take(work.due))
     assert again is work and again.source == "retry"
-    assert [t for t, _ in d.takes] == ["A-0000", "A-0001", "A-0000"]
+    assert [w.turn.id for w in taken] == ["A-0000", "A-0001", "A-0000"]
 
 
 def test_an_illegal_move_raises(parts):
@@ -61,7 +61,7 @@ def test_an_illegal_move_raises(parts):
 
 def test_the_first_stop_wins(parts):
     d = parts({"A": 2}).dispatcher
-    assert d.stop("max_spend_reached") and not d.stop("interrupted")
+    assert d.stop.set("max_spend_reached") and not d.stop.set("interrupted")
     assert d.take(0.0) == Stopped("max_spend_reached")
 
 

@@ -132,7 +132,7 @@ def test_stragglers_past_the_wait_are_abandoned_and_booked(tmp_path, tok, monkey
     assert summary["stop_reason"] == "target_reached"
     abandoned = summary["run"]["abandoned"]
     assert abandoned == 4 and summary["wall_s"] == pytest.approx(15 + 30, abs=1)  # met at 15 s, then the wait
-    bound = r.requester.worst.cost(len(prompt_ids(tok, [{"role": "user", "content": "A question 10"}])), 1000)
+    bound = r.parts.requester.worst.cost(len(prompt_ids(tok, [{"role": "user", "content": "A question 10"}])), 1000)
     assert r.ledger.books.provisional_usd == pytest.approx(abandoned * bound, rel=0.01)  # booked, to be read
     assert len(r.ledger.admission.flights) == 0 and not any(lane.flights for lane in r.dispatcher.pacing.lanes.values())
     assert summary["remaining"] == 100 - summary["records"]

@@ -2,8 +2,8 @@
 
 It owns each dataset's work sources (its retries when due, the next turns of its started conversations, then new
 conversations: lanes.py), the counts of work held, pacing (which dataset is furthest behind its target, pacing.py),
-congestion (how many may be in flight, congestion.py) and THE stop state: `stop(reason)` is the one place a stop
-reason is written, and the first one wins. Its surface is what a slot does with a request:
+congestion (how many may be in flight, congestion.py) and THE stop state (`stop.set(reason)` is the one place a stop
+reason is written, and the first one wins). Its surface is what a slot does with a request:
 
     take(now) -> Work | Wait | Stopped      sent(work, now)      answered / not_ok / cancelled      release(work)
 
@@ -48,6 +48,26 @@ class Stopped:
 Verdict = Literal["retry", "failed", "stop"]
 
 
+@dataclass
+class StopState:
+    """THE stop state of a run: why it stopped issuing, written in one place (`set`; the first reason wins, so a
+    money stop keeps its reason when the stragglers are abandoned), and the answer that stopped it, if one did."""
+
+    reason: str = ""
+    fatal: Outcome | None = None  # the answer that stopped the run (bad key, no endpoints)
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.reason)
+
+    def set(self, reason: str, fatal: Outcome | None = None) -> bool:
+        """Stop issuing, for `reason`; True when this call stopped the run."""
+        if self.reason:
+            return False
+        self.reason, self.fatal = reason, fatal
+        return True
+
+
 class Dispatcher:
     def __init__(self, lanes: list[DatasetRun], pacing: Pacing, congestion: Congestion, *, max_attempts: int,
                  retry_base_s: float, retry_cap_s: float, t0: float = 0.0, rng: random.Random | None = None):
@@ -57,31 +77,16 @@ class Dispatcher:
         self.t0, self.rng = t0, rng
         self.seq = itertools.count()
         self.holding = 0  # work in slots' hands (tokenizing, waiting for money, in flight)
-        self.stop_reason = ""
-        self.fatal: Outcome | None = None  # the answer that stopped the run (bad key, no endpoints)
+        self.stop = StopState()
         self.no_endpoint_streak = 0
         self._stragglers_since: float | None = None
-        self.takes: list[tuple[str, int]] = []  # (turn id, try) in the order taken: what a replay compares
-
-    # -- the stop state ---------------------------------------------------------------------------
-    @property
-    def stopping(self) -> bool:
-        return bool(self.stop_reason)
-
-    def stop(self, reason: str) -> bool:
-        """Stop issuing, for `reason`: the first stop wins (a money stop keeps its reason when the stragglers are
-        abandoned). True when this call stopped the run."""
-        if self.stop_reason:
-            return False
-        self.stop_reason = reason
-        return True
 
     # -- taking work --------------------------------------------------------------------------------
     def take(self, now: float) -> Work | Wait | Stopped:
         """The next request: from the dataset furthest behind its target that has one (a started conversation's next
         turn goes ahead whether or not its dataset may start more), while the pool is under what congestion allows."""
-        if self.stopping:
-            return Stopped(self.stop_reason)
+        if self.stop.stopping:
+            return Stopped(self.stop.reason)
         until: float | None = None
         if self.holding < self.congestion.allowed:
             active = [n for n, lane in self.lanes.items() if not lane.finished and lane.target_met_s is None]
@@ -93,14 +98,13 @@ class Dispatcher:
                     lane.holding += 1
                     self.pacing.hold(name, later=work.turn.later if work.source == "new" else 0,
                                      promised=work.source == "next")
-                    self.takes.append((work.turn.id, work.tries))
                     return work
                 if lane.retries and lane.retries[0].due > now:  # one due already waits for its dataset to open:
                     due = lane.retries[0].due                   # a change, which notifies
                     until = due if until is None else min(until, due)
             self._settle_lanes(now)
-            if self.stopping:
-                return Stopped(self.stop_reason)
+            if self.stop.stopping:
+                return Stopped(self.stop.reason)
         return Wait(until)
 
     def admitted(self, work: Work, ticket: int) -> None:
@@ -150,7 +154,7 @@ class Dispatcher:
             if outcome.error_class == "no_endpoint":
                 self.no_endpoint_streak += 1
                 if self.no_endpoint_streak >= NO_ENDPOINT_BREAKER:
-                    self._fatal(outcome, StopReason.NO_ENDPOINTS)
+                    self.stop.set(StopReason.NO_ENDPOINTS, outcome)
             if work.attempts >= self.max_attempts:
                 work.last_error = {**work.last_error, "gave_up_after": "max_attempts"}
                 verdict = "failed"
@@ -162,9 +166,9 @@ class Dispatcher:
         elif outcome.kind is Kind.FAILED:
             verdict = "failed"
         elif outcome.kind is Kind.OUT_OF_MONEY:
-            self.stop(StopReason.OUT_OF_CREDITS)
+            self.stop.set(StopReason.OUT_OF_CREDITS)
         else:  # FATAL
-            self._fatal(outcome, fatal_stop(outcome.error_class))
+            self.stop.set(fatal_stop(outcome.error_class), outcome)
         work.move(State.RETRIED if verdict == "retry" else State.SETTLED)
         if verdict == "failed":
             self.pacing.forgo(work.lane.name, work.turn.later)  # a turn that fails for good ends its conversation
@@ -180,10 +184,6 @@ class Dispatcher:
         assert work.ticket is not None
         self.pacing.end(work.ticket, now, tokens, finished=finished)
 
-    def _fatal(self, outcome: Outcome, reason: str) -> None:
-        if self.stop(reason):
-            self.fatal = outcome
-
     # -- time -----------------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
         """A few times a second: re-estimate what is in flight, close congestion windows."""
@@ -193,7 +193,7 @@ class Dispatcher:
     def straggler_deadline(self, now: float, wait_s: float | None) -> float | None:
         """When the run gives up on the answers still in flight: issuing is over (every target met, or the money's
         end) and they get `wait_s` (billed either way, kept when they come). None while that is not the case."""
-        over = self.stop_reason in MONEY_STOPS if self.stopping else self._only_stragglers()
+        over = self.stop.reason in MONEY_STOPS if self.stop.stopping else self._only_stragglers()
         if not over or not self.holding or wait_s is None:
             self._stragglers_since = None
             return None
@@ -218,13 +218,13 @@ class Dispatcher:
                 lane.stop_reason = StopReason.COMPLETED
                 if (leak := self.pacing.unsettled(lane.name)) is not None:
                     lane.stop_reason = _books_wrong(leak)
-            elif not self.stopping and lane.exhausted and not lane.retries and not lane.ready:
+            elif not self.stop.stopping and lane.exhausted and not lane.retries and not lane.ready:
                 left = len(lane.scan.pending) - (lane.store.conversations_finished - lane.done_before)
                 lane.stop_reason = _books_wrong(f"{lane.name}: {left} conversations neither finished nor in hand")
         if all(lane.finished for lane in self.lanes.values()):
             reasons = {lane.stop_reason for lane in self.lanes.values()}
             errors = sorted(r for r in reasons if r.startswith(ERROR_PREFIX))
-            self.stop(errors[0] if errors else StopReason.TARGET_REACHED if reasons == {StopReason.TARGET_REACHED}
+            self.stop.set(errors[0] if errors else StopReason.TARGET_REACHED if reasons == {StopReason.TARGET_REACHED}
                       else StopReason.COMPLETED)
 
 

@@ -16,18 +16,17 @@ from typing import Any, Callable
 import httpx
 
 from ..aio import on_signals, run_sync
-from ..openrouter import ClientPool, Kind, Outcome, RoutingDecision, load_routing, resolve_api_key
+from ..openrouter import ClientPool, RoutingDecision, load_routing, resolve_api_key
 from ..text import load_tokenizer
 from .config import GenerateConfig
-from .dispatcher import Stopped, Wait
 from .lanes import DatasetRun, open_lanes
 from .panel import make_progress
 from .parts import Seams, build_parts
 from .policy import StopReason, error_stop
 from .progress import ProgressView, RunSnapshot
-from .requester import Attempt, Transport, cancelled_outcome
+from .requester import Transport
+from .slots import Slots
 from .spender import SpenderLock
-from .work import Work
 
 log = logging.getLogger("eagledata.generate")
 
@@ -42,9 +41,9 @@ class Run:
         self.cfg, self.seams, self.clock = cfg, seams, seams.clock
         self.idle = all(lane.idle for lane in lanes)  # nothing to send: answered from the checkpoints, no request
         parts = build_parts(cfg, lanes, routing, tok, seams, self.clock.now())
-        self.parts, self.dispatcher, self.ledger, self.requester = parts, parts.dispatcher, parts.ledger, parts.requester
-        self.recorder, self.reporter, self.executor = parts.recorder, parts.reporter, parts.executor
+        self.parts, self.dispatcher, self.ledger, self.reporter = parts, parts.dispatcher, parts.ledger, parts.reporter
         self.cond = asyncio.Condition()
+        self.slots = Slots(parts, self.cond, self.clock, self._failed)
         self.error: Exception | None = None  # the internal error that stopped the run (summaries say it)
         self.progress: ProgressView | None = None
         self._scope: asyncio.Timeout | None = None  # the slots' deadline: the drain's end, or now to abandon them
@@ -68,10 +67,11 @@ class Run:
                     "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve())})
                 await run.ledger.read(client, run.clock.now(), strict=True)
         except BaseException:
-            for lane in lanes if run is None else ():
-                lane.store.close()
             if run is not None:
                 run.close()
+            else:
+                for lane in lanes:
+                    lane.store.close()
             raise
         return run
 
@@ -95,14 +95,14 @@ class Run:
                     async with asyncio.timeout_at(self._cut_at) as self._scope:
                         async with asyncio.TaskGroup() as slots:
                             for i in range(self.cfg.concurrency):
-                                slots.create_task(self._worker(clients[i]))
+                                slots.create_task(self.slots.worker(clients[i]))
                 except TimeoutError:
                     pass  # what was in flight is abandoned: cancelled, booked, still to do
                 finally:
                     self._scope = None
                     ticker.cancel()
         except asyncio.CancelledError as e:  # the caller cancelled us: raised once the summaries are written
-            self.dispatcher.stop(StopReason.INTERRUPTED)
+            self.dispatcher.stop.set(StopReason.INTERRUPTED)
             cancelled = e
         finally:
             restore()
@@ -110,10 +110,10 @@ class Run:
                 await self.ledger.read(clients[0], self.clock.now())
             for lane in self.dispatcher.lanes.values():
                 if not lane.finished:
-                    lane.stop_reason = self.dispatcher.stop_reason or StopReason.COMPLETED
+                    lane.stop_reason = self.dispatcher.stop.reason or StopReason.COMPLETED
             self.reporter.sample(self.clock.now(), final=True)
             if self.seams.executor is None:
-                self.executor.shutdown(wait=True)
+                self.parts.executor.shutdown(wait=True)
             for lane in self.dispatcher.lanes.values():
                 lane.store.sync()
         summary = None
@@ -139,7 +139,7 @@ class Run:
         self._signals += 1
         if self._signals > 1:
             return self._cut(self.clock.now())
-        self.dispatcher.stop(StopReason.INTERRUPTED)
+        self.dispatcher.stop.set(StopReason.INTERRUPTED)
         self._drain()
 
     def _drain(self) -> None:
@@ -160,7 +160,7 @@ class Run:
                       "resumable)", exc_info=error)
         else:
             log.error("generation: another slot stopped on %s: %s", type(error).__name__, error)
-        self.dispatcher.stop(error_stop(error))
+        self.dispatcher.stop.set(error_stop(error))
         self._drain()
 
     async def _ticker(self, client: httpx.AsyncClient) -> None:
@@ -187,79 +187,8 @@ class Run:
         if when is not None and now >= when and self._cut_at is None:
             for lane in self.dispatcher.lanes.values():
                 lane.stats.abandoned = lane.holding
-            self.dispatcher.stop(StopReason.TARGET_REACHED)  # a money stop keeps its reason: the first stop wins
+            self.dispatcher.stop.set(StopReason.TARGET_REACHED)  # a money stop keeps its reason: the first stop wins
             self._cut(now)
-
-    async def _worker(self, client: httpx.AsyncClient) -> None:
-        """One concurrency slot, its own connection from `client`. A bug here stops the run cleanly (`_failed`)."""
-        try:
-            while (work := await self._take()) is not None:
-                try:
-                    await self._attempt(client, work)
-                finally:
-                    async with self.cond:
-                        self.dispatcher.release(work, self.clock.now())
-                        self.cond.notify_all() if self.dispatcher.stopping else self.cond.notify(1)
-        except Exception as e:
-            await self._failed(e)
-
-    async def _take(self) -> Work | None:
-        async with self.cond:
-            while not isinstance(taken := self.dispatcher.take(self.clock.now()), Work):
-                if isinstance(taken, Stopped):
-                    self.cond.notify_all()
-                    return None
-                assert isinstance(taken, Wait)
-                try:
-                    async with asyncio.timeout_at(taken.until):
-                        await self.cond.wait()
-                except TimeoutError:
-                    pass
-            return taken
-
-    async def _admit(self, work: Work) -> int | None:
-        """Wait until the request's cost fits the budget (ledger.py): its ticket, or None when the money is gone or
-        the run is stopping."""
-        async with self.cond:
-            while not self.dispatcher.stopping:
-                if (ticket := self.parts.admit(work, self.clock.now())) is not None:
-                    return ticket
-                if self.dispatcher.stopping:
-                    self.cond.notify_all()
-                    return None
-                await self.cond.wait()
-        return None
-
-    async def _attempt(self, client: httpx.AsyncClient, work: Work) -> None:
-        await self.requester.prepare(work)
-        if await self._admit(work) is None:
-            return  # still to do: the next run issues it
-        attempt: Attempt = self.requester.start(client, work, self.clock.now())
-        work.lane.stats.in_flight += 1
-        try:
-            outcome = await attempt
-        except BaseException as e:  # cut off, or a bug in the transport: nothing recorded, booked as any attempt
-            await self._settle(work, cancelled_outcome(), None)
-            if not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling():  # type: ignore
-                raise
-            return  # cancelled through its handle: the slot goes on
-        finally:
-            work.lane.stats.in_flight -= 1
-        record, c = None, outcome.completion
-        if outcome.kind is Kind.OK and c is not None:
-            try:
-                record = await self.recorder.build(work, c)
-            except UnicodeEncodeError:  # read and paid for, but its text has no exact ids
-                spoiled = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)",
-                                  provider=c.provider)
-                return await self._settle(work, spoiled, None, cost=self.requester.cost(c))
-        await self._settle(work, outcome, record)
-
-    async def _settle(self, work: Work, outcome: Outcome, record: Any, cost: float | None = None) -> None:
-        """What the attempt came to (parts.settle), under the lock; the waiters hear of it."""
-        async with self.cond:
-            self.parts.settle(work, outcome, record, cost, self.clock.now())
-            self.cond.notify_all() if self.dispatcher.stopping else self.cond.notify(2)
 
 
 async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = None, view: ViewFactory | None = None,
@@ -276,8 +205,8 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
             summary = await run.execute(clients, view)
         finally:
             run.close()
-    if run.dispatcher.fatal is not None:
-        raise RuntimeError(f"generation stopped: {summary['stop_reason']}: {run.dispatcher.fatal.message}")
+    if run.dispatcher.stop.fatal is not None:
+        raise RuntimeError(f"generation stopped: {summary['stop_reason']}: {run.dispatcher.stop.fatal.message}")
     return summary
 
 

@@ -57,7 +57,7 @@ class Parts:
         (the dispatcher then says why) issuing stopped."""
         verdict = self.ledger.admit(work.bound, now, work.lane.name)
         if isinstance(verdict, MoneyStop):
-            self.dispatcher.stop(verdict.reason)
+            self.dispatcher.stop.set(verdict.reason)
             return None
         if verdict is not None:
             self.dispatcher.admitted(work, verdict)
@@ -92,7 +92,7 @@ class Parts:
         self.dispatcher.congestion.observe(now, r.rate_limited)
         self.requester.observe(now, c.provider if c is not None else outcome.provider, r.rate_limited)
         if stop is not None:
-            self.dispatcher.stop(stop)
+            self.dispatcher.stop.set(stop)
 
 
 def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDecision, tok: KimiTokenizer,

@@ -73,7 +73,7 @@ class Reporter:
                            suspects=self.fidelity.suspect_headlines(), usable=self.ledger.limit(cap=False),
                            verdicts={name: p.verdict for name, p in self.fidelity.providers.items()},
                            planned_usd_per_m=self._planned_per_m(),
-                           stop_reason=(self.dispatcher.stop_reason or StopReason.COMPLETED) if final else None,
+                           stop_reason=(self.dispatcher.stop.reason or StopReason.COMPLETED) if final else None,
                            stats=self.totals(), datasets=[DatasetSnapshot(
                                name=lane.name, done=lane.store.conversations_finished,
                                total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,
@@ -108,7 +108,7 @@ class Reporter:
                            "started_at": self.started_at,
                            "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                            "wall_s": round(wall, 3)},
-                "fatal": self.dispatcher.fatal.error_dict() if self.dispatcher.fatal else None,
+                "fatal": self.dispatcher.stop.fatal.error_dict() if self.dispatcher.stop.fatal else None,
                 "settings": self._run_settings(),
                 "routing": {"provider": self.routing.provider, "source": self.routing.source}}
 
@@ -140,7 +140,7 @@ class Reporter:
         wall = now - self.t0
         totals = self.totals()
         summary = {**run_summary(list(self.lanes), summaries, totals, **self._shared(wall),
-                                 stop_reason=self.dispatcher.stop_reason or StopReason.COMPLETED,
+                                 stop_reason=self.dispatcher.stop.reason or StopReason.COMPLETED,
                                  figures=run_figures(totals, wall_s=wall, charged=self.ledger.books.charged_usd,
                                                      spent=self.ledger.books.spent()),
                                  extra=self._extra()),

@@ -53,8 +53,8 @@ class Attempt:
         return self._task.__await__()
 
 
-def cancelled_outcome(provider: str = "") -> Outcome:
-    return Outcome(Kind.RETRY, CANCELLED, None, "cancelled by the run", provider=provider)
+def cancelled_outcome() -> Outcome:
+    return Outcome(Kind.RETRY, CANCELLED, None, "cancelled by the run")
 
 
 async def in_executor(executor: Executor, fn: Callable, *args: Any, **kwargs: Any) -> Any:

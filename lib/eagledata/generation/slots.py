@@ -1,0 +1,101 @@
+"""A concurrency slot: one request at a time along its path through the parts (parts.py), under the run's lock:
+
+    take (dispatcher) → prepare (requester) → admit (ledger) → send (requester) → build the record (recorder,
+    off the loop) → settle (ledger, dispatcher, recorder) → release (dispatcher)
+
+The two awaits outside the lock are the tokenizer's thread and the service. Every decision is the parts'; this module
+only waits: for work, for money, for the answer.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import httpx
+
+from ..openrouter import Kind, Outcome
+from .clock import Clock
+from .dispatcher import Stopped, Wait
+from .parts import Parts
+from .requester import Attempt, cancelled_outcome
+from .work import Work
+
+
+@dataclass
+class Slots:
+    parts: Parts
+    cond: asyncio.Condition
+    clock: Clock
+    failed: Callable[[Exception], Awaitable[None]]  # a bug in a slot stops the run cleanly (engine.Run._failed)
+
+    async def worker(self, client: httpx.AsyncClient) -> None:
+        """One concurrency slot, its own connection from `client`. A bug here stops the run cleanly (`failed`: the run's)."""
+        try:
+            while (work := await self._take()) is not None:
+                try:
+                    await self._attempt(client, work)
+                finally:
+                    async with self.cond:
+                        self.parts.dispatcher.release(work, self.clock.now())
+                        self.cond.notify_all() if self.parts.dispatcher.stop.stopping else self.cond.notify(1)
+        except Exception as e:
+            await self.failed(e)
+
+    async def _take(self) -> Work | None:
+        async with self.cond:
+            while not isinstance(taken := self.parts.dispatcher.take(self.clock.now()), Work):
+                if isinstance(taken, Stopped):
+                    self.cond.notify_all()
+                    return None
+                assert isinstance(taken, Wait)
+                try:
+                    async with asyncio.timeout_at(taken.until):
+                        await self.cond.wait()
+                except TimeoutError:
+                    pass
+            return taken
+
+    async def _admit(self, work: Work) -> int | None:
+        """Wait until the request's cost fits the budget (ledger.py): its ticket, or None when the money is gone or
+        the run is stopping."""
+        async with self.cond:
+            while not self.parts.dispatcher.stop.stopping:
+                if (ticket := self.parts.admit(work, self.clock.now())) is not None:
+                    return ticket
+                if self.parts.dispatcher.stop.stopping:
+                    self.cond.notify_all()
+                    return None
+                await self.cond.wait()
+        return None
+
+    async def _attempt(self, client: httpx.AsyncClient, work: Work) -> None:
+        await self.parts.requester.prepare(work)
+        if await self._admit(work) is None:
+            return  # still to do: the next run issues it
+        attempt: Attempt = self.parts.requester.start(client, work, self.clock.now())
+        work.lane.stats.in_flight += 1
+        try:
+            outcome = await attempt
+        except BaseException as e:  # cut off, or a bug in the transport: nothing recorded, booked as any attempt
+            await self._settle(work, cancelled_outcome(), None)
+            if not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling():  # type: ignore
+                raise
+            return  # cancelled through its handle: the slot goes on
+        finally:
+            work.lane.stats.in_flight -= 1
+        record, c = None, outcome.completion
+        if outcome.kind is Kind.OK and c is not None:
+            try:
+                record = await self.parts.recorder.build(work, c)
+            except UnicodeEncodeError:  # read and paid for, but its text has no exact ids
+                spoiled = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)",
+                                  provider=c.provider)
+                return await self._settle(work, spoiled, None, cost=self.parts.requester.cost(c))
+        await self._settle(work, outcome, record)
+
+    async def _settle(self, work: Work, outcome: Outcome, record: Any, cost: float | None = None) -> None:
+        """What the attempt came to (parts.settle), under the lock; the waiters hear of it."""
+        async with self.cond:
+            self.parts.settle(work, outcome, record, cost, self.clock.now())
+            self.cond.notify_all() if self.parts.dispatcher.stop.stopping else self.cond.notify(2)
