@@ -29,8 +29,8 @@ from ..paths import dataset_files
 from ..openrouter import Price, RoutingDecision, load_routing
 from ..records import output_tokens
 from ..text import END_THINK, IM_END, KimiTokenizer, prompt_ids, render_chat
-from .prompts import iter_prompts
 from .config import BudgetConfig, Policy, PriceMode
+from .prompts import iter_prompts
 from .turns import Conversation, TurnsMode
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile

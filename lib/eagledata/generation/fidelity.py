@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from ..summaries import fidelity_suspects
+from ..summaries import CONSISTENT, SUSPECT, fidelity_suspects
 
-CONSISTENT, SUSPECT = "consistent", "suspect"
 FAITHFUL_RATE = 0.05  # the most a faithful provider's answers leave its offset (measured: well under 1 %)
 ALPHA = 1e-6          # false alarm per look: a faithful provider is never left out for bad luck
 MIN_ANSWERS = 20      # fewer answers decide nothing

@@ -7,6 +7,7 @@ can never disagree about what is in flight.
 """
 from __future__ import annotations
 
+from collections.abc import ValuesView
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -51,8 +52,8 @@ class Flights:
         """One dataset's flights, in the order they started."""
         return self._lanes.setdefault(lane, {})
 
-    def values(self) -> list[Flight]:
-        return list(self.live.values())
+    def values(self) -> "ValuesView[Flight]":
+        return self.live.values()
 
     def __len__(self) -> int:
         return len(self.live)

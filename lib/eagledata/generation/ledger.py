@@ -40,8 +40,7 @@ class Ledger:
         self.balance_start: float | None = None
         self.spender: SpenderLock | None = None
         self._want_reading = False
-        self._read_attempt_at = float("-inf")
-        self._last_read = float("-inf")
+        self._read_at = float("-inf")  # when the last reading was asked for (it may have failed)
 
     @property
     def in_flight(self) -> int:
@@ -69,7 +68,7 @@ class Ledger:
         # have charged: ask for the reading that settles them as soon as it can (once the newest is older than the
         # account's lag), and never stop on figures that still hold them.
         due = self.books.pending_reconciliation()
-        if due is not None and self._read_attempt_at < due:
+        if due is not None and self._read_at < due:
             self._want_reading = True
             return None
         why = self.admission.stop_rule(bound, spent, limit, self.concurrency)
@@ -102,12 +101,12 @@ class Ledger:
         if not self.paid:
             return False
         due = self.books.pending_reconciliation()
-        return now - self._last_read >= self.refresh_s or (self._want_reading and due is not None and now >= due)
+        return now - self._read_at >= self.refresh_s or (self._want_reading and due is not None and now >= due)
 
     async def read(self, client: httpx.AsyncClient, now: float, *, strict: bool = False) -> None:
         """Book an account reading; a failed refresh keeps the last one (the first must succeed)."""
         spent = self.books.spent()
-        self._read_attempt_at = self._last_read = now
+        self._read_at = now
         self._want_reading = False
         try:
             account = await self.reader(client)
