@@ -29,8 +29,8 @@ import torch
 from eagledata.training import ExtractOptions, Sample, eagle3_layers, extract, find_decoder
 from eagledata.training.scoring import audit_cost
 from eagledata.training.source import scored_positions
-from eagledata.training.transformers_backend import Capture, _pad, plan_batches
 from eagledata.training.storage import STORAGE_DTYPES, quantize_fp8
+from eagledata.training.transformers_backend import Capture, _pad, plan_batches
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from throughput_bench import CONVERSATION_STREAM, MULTI_TURNS, ORACLE_DRAWS, oracle_time  # noqa: E402
 
 from eagledata.generation.config import GenerateConfig  # noqa: E402
-from eagledata.generation.priors import prior_lengths  # noqa: E402
 from eagledata.generation.pacing import MAX_OVERSHOOT, Pacing  # noqa: E402
+from eagledata.generation.priors import prior_lengths  # noqa: E402
 
 TICK_S = 0.5
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Any, Callable, Coroutine, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 

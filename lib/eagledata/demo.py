@@ -15,10 +15,9 @@ from pathlib import Path
 import yaml
 
 from .emulator import run_emulator
-from .paths import (DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file,
-                     runs_dir)
 from .errors import InputError, run_command
 from .notebooks import NOTEBOOK_DIR, read_results, run_notebook
+from .paths import DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file, runs_dir
 
 ROOT = NOTEBOOK_DIR.parent
 DEMO_DATASETS = ("demo-a", "demo-b", "demo-tools")

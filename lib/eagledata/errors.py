@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import BinaryIO
 
 
 class InputError(ValueError):
@@ -22,7 +23,7 @@ class InputError(ValueError):
             where = f"{where} field '{field}'" if where else f"field '{field}'"
         super().__init__(f"{where}: {message}" if where else message)
 
-    def at(self, path: str | Path, line: int | None = None) -> "InputError":
+    def at(self, path: str | Path, line: int | None = None) -> InputError:
         """The same error located in `path` (a check that names only the field, run on a file's part)."""
         return InputError(self.message, path, line, self.field)
 

@@ -12,9 +12,10 @@ import re
 import sys
 import threading
 import uuid
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from .errors import InputError, open_input
 
@@ -260,7 +261,7 @@ class DirectFile:
             if self.shared:
                 _staging.busy = False
 
-    def __enter__(self) -> "DirectFile":
+    def __enter__(self) -> DirectFile:
         return self
 
     def __exit__(self, *exc: object) -> None:

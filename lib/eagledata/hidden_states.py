@@ -21,7 +21,7 @@ import gc
 import json
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from .errors import run_command
 

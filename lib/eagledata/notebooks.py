@@ -6,10 +6,11 @@ import json
 import os
 import sys
 import tomllib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import InputError
 from .paths import PARAMS_DIR

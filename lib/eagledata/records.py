@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import InputError
 from .files import iter_jsonl
@@ -54,7 +55,7 @@ class ToolCall:
     arguments: str
 
     @classmethod
-    def from_api(cls, d: Any) -> "ToolCall":
+    def from_api(cls, d: Any) -> ToolCall:
         """An OpenAI-shaped call `{id, type: function, function: {name, arguments}}`; arguments given as an object
         (some datasets) are written as the template writes them (`tojson`)."""
         if not isinstance(d, dict) or not isinstance(d.get("function"), dict):
@@ -89,7 +90,7 @@ class Answer:
 
     @classmethod
     def from_api(cls, reasoning: str | None, content: str | None, finish_reason: str,
-                 tool_calls: tuple[ToolCall, ...] = ()) -> "Answer":
+                 tool_calls: tuple[ToolCall, ...] = ()) -> Answer:
         """An answer as served, with reasoning a provider inlined as `<think>…</think>` split out."""
         return cls(*split_inline_reasoning(reasoning, content), finish_reason, tuple(tool_calls))
 
@@ -172,7 +173,7 @@ class Record:
         return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def from_dict(cls, d: Any) -> "Record":
+    def from_dict(cls, d: Any) -> Record:
         if not isinstance(d, dict):
             raise InputError("a record must be a JSON object")
         missing = [f for f in _REQUIRED if f not in d]
@@ -206,7 +207,7 @@ class Record:
         return cls(**kwargs)
 
     @classmethod
-    def from_json(cls, line: str) -> "Record":
+    def from_json(cls, line: str) -> Record:
         return cls.from_dict(json.loads(line))
 
 

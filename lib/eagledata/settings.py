@@ -11,7 +11,8 @@ import argparse
 import dataclasses
 import types
 import typing
-from typing import Any, Iterator, Literal, Mapping, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal, TypeVar
 
 import yaml
 

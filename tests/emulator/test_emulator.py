@@ -13,9 +13,8 @@ import pytest
 
 from eagledata.emulator import parse_config, run_emulator
 from eagledata.emulator.catalog import ProviderPrefs, default_endpoints, route
-from eagledata.emulator.faults import FAULT_CLASSES
 from eagledata.emulator.credits import Ledger, affordable_tokens, reservation, usage_cost
-from eagledata.emulator.faults import draw_fault
+from eagledata.emulator.faults import FAULT_CLASSES, draw_fault
 from eagledata.errors import InputError
 from tests.helpers import ROOT
 
@@ -776,6 +775,7 @@ def test_call_ids_and_reserialized_arguments_by_endpoint(em, tok):
     """A `call` endpoint serves `call_` + 24 alphanumerics, a reserializing one compact JSON; the ground truth and
     the usage stay the model's."""
     import re
+
     from eagledata.emulator.catalog import default_endpoints
 
     assert {e.provider for e in default_endpoints() if e.tool_call_ids == "call"} == {"Fireworks", "Together"}

@@ -9,7 +9,7 @@ import pytest
 from eagledata.generation.account import AccountReading, Books
 from eagledata.generation.admission import Admission, AgeModel, bernstein_margin
 from eagledata.generation.congestion import Congestion, ProviderCooldown
-from eagledata.generation.policy import rule, retry_delay
+from eagledata.generation.policy import retry_delay, rule
 from eagledata.openrouter import Kind, Outcome
 
 BOUND = 1.0  # a request's worst case; answers cost ~1/19 of it on average, heavy-tailed

@@ -1,12 +1,20 @@
 import json
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from eagledata.generation.budget import (DatasetStats, OutputLengths, Prices, cost_band, plan_budget, planned_vs_actual,
-                              scenario_table)
-from eagledata.generation.datasets import load_datasets, write_targets
 from eagledata.errors import InputError
+from eagledata.generation.budget import (
+    DatasetStats,
+    OutputLengths,
+    Prices,
+    cost_band,
+    plan_budget,
+    planned_vs_actual,
+    scenario_table,
+)
+from eagledata.generation.datasets import load_datasets, write_targets
 
 # The real run's picture: six datasets, ~4k output tokens per request, ~350-token prompts, $0.45/$2.20 per M.
 LENGTHS = OutputLengths(mean=4000, sd=3000, p50=3000, p90=8000, source="test")
@@ -125,10 +133,9 @@ def test_planned_vs_actual(tmp_path):
 def test_prices_come_from_the_routing_decision_else_the_catalog_and_say_which(tmp_path):
     """No routing decision yet: the catalog (here a snapshot) is judged under the default policy and the plan takes
     its cheapest eligible price; a routing file named explicitly must exist."""
-    from tests.helpers.catalogs import catalog, decision_for
-
     from eagledata.aio import run_sync
     from eagledata.generation import BudgetConfig, plan_prices
+    from tests.helpers.catalogs import catalog, decision_for
 
     snap = catalog().save(tmp_path / "snap.json")
     cfg = BudgetConfig(params_dir=str(tmp_path / "none"), snapshot=str(snap), base_url="http://127.0.0.1:9/x")

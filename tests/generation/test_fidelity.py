@@ -11,7 +11,7 @@ import yaml
 from eagledata.emulator import run_emulator
 from eagledata.emulator.config import FAULT_CLASSES
 from eagledata.generation import GenerateConfig, generate, ignore_suspects
-from eagledata.generation.fidelity import (ALPHA, FAITHFUL_RATE, MIN_ANSWERS, FidelityJudge, binomial_tail)
+from eagledata.generation.fidelity import ALPHA, FAITHFUL_RATE, MIN_ANSWERS, FidelityJudge, binomial_tail
 from eagledata.generation.progress import RunSnapshot, RunStats, status_line
 from eagledata.openrouter import PrecisionPolicy, RoutingDecision, decide, fetch_catalog
 from eagledata.records import load_records

@@ -11,17 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from eagledata.aio import run_sync
 from eagledata.emulator import run_emulator
 from eagledata.emulator.config import FAULT_CLASSES
 from eagledata.errors import InputError
-from eagledata.aio import run_sync
 from eagledata.generation import GenerateConfig, generate, run_generation
-from eagledata.openrouter import complete
 from eagledata.notebooks import read_results
-from eagledata.records import load_records
-from tests.helpers.kills import kill_while_writing
-from eagledata.records import split_inline_reasoning
+from eagledata.openrouter import complete
+from eagledata.records import load_records, split_inline_reasoning
 from eagledata.text import parse_output_ids, prompt_ids
+from tests.helpers.kills import kill_while_writing
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -370,9 +369,9 @@ def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tok, tmp_path):
     """A bug (here in the model call; a policy's arithmetic takes the same way) stops issuing as a first Ctrl-C does:
     the answers in flight are still recorded, the summary names the error, nothing is raised into the notebook, and
     the next run finishes every prompt exactly once."""
-    from eagledata.generation.store import Store
-
     import asyncio
+
+    from eagledata.generation.store import Store
 
     reset(emu, seed=16)
     calls = []

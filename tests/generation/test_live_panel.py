@@ -5,14 +5,14 @@ from pathlib import Path
 
 import pytest
 
+from eagledata.aio import run_sync
 from eagledata.emulator import run_emulator
 from eagledata.generation import GenerateConfig, RunHealth, generate, provider_table
+from eagledata.generation.engine import run_generation
 from eagledata.generation.panel import LivePanel
 from eagledata.generation.progress import TIMELINE_COLUMNS, thin
 from eagledata.generation.report import plot_health, rates
 from eagledata.openrouter import PrecisionPolicy, decide, fetch_catalog
-from eagledata.aio import run_sync
-from eagledata.generation.engine import run_generation
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.6, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 # Answers whose cost cannot be read (a torn body, a reset connection) are booked at their bound until the account
@@ -95,7 +95,7 @@ def test_the_panel_redraws_in_place_and_its_last_frame_is_the_reports_figure(tok
     spend = TIMELINE_COLUMNS.index("spend_usd")
     assert summary["timeline"][-1][spend] == pytest.approx(run["charged_usd"], abs=1e-6)  # not the books' bound
     assert health.charged == pytest.approx(run["charged_usd"], abs=1e-6)
-    for name, s in summary["datasets"].items():  # each dataset's line ends at its share of the account's delta
+    for _name, s in summary["datasets"].items():  # each dataset's line ends at its share of the account's delta
         assert s["timeline"][-1][spend] == pytest.approx(s["run"]["charged_usd"], abs=1e-6)
     assert health.planned_usd_per_m == pytest.approx(1e6 * sum(planned.values()) / 12_000, rel=1e-3)
 

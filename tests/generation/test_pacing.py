@@ -93,7 +93,7 @@ def test_untargeted_datasets_share_in_proportion_to_their_prompts():
     pace = Pacing(Pacing.lane(n, target=None, prompts=p, recorded=0, finished=0, prior_tokens=[1000.0])
                   for n, p in (("a", 100), ("b", 300)))
     picks = []
-    for i in range(200):
+    for _i in range(200):
         name = pace.order()[0]
         pace.hold(name)
         pace.start(name, 0.0)

@@ -18,8 +18,7 @@ from eagledata.generation.pacing import MAX_OVERSHOOT
 from eagledata.generation.policy import StopReason
 from eagledata.generation.spender import AccountBusy, SpenderLock
 from eagledata.notebooks import read_results
-from eagledata.openrouter import (Kind, Outcome, PrecisionPolicy, complete, decide, fetch_catalog,
-                                  resolve_api_key)
+from eagledata.openrouter import Kind, Outcome, PrecisionPolicy, complete, decide, fetch_catalog, resolve_api_key
 from eagledata.records import load_records
 from tests.helpers import ROOT
 from tests.helpers.kills import kill_while_writing

@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from eagledata.records import Record, load_records
 from eagledata.generation.store import Store, StoreLocked
 from eagledata.paths import DatasetFiles
+from eagledata.records import Record, load_records
 
 
 def rec(i: int) -> Record:

@@ -15,6 +15,7 @@ from eagledata.text import conversation_ids, output_ids, parse_output_ids, promp
 from eagledata.text.tokenizer import CALL_BEGIN, SECTION_BEGIN, SECTION_END
 from tests.helpers.prompts import TOOLS, call, dataset
 
+
 def served(*calls: ToolCall, content: str = "Checking.", reasoning: str = "I need tools.") -> Answer:
     return Answer(reasoning, content, "tool_calls", calls)
 

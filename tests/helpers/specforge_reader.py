@@ -28,7 +28,6 @@ import gzip
 import io
 import os
 import sys
-from typing import Dict, List
 
 import torch
 
@@ -44,7 +43,7 @@ def feature_path(root: str, idx: int, compressed: bool = False, group: int = FIL
     return os.path.join(root, f"rows_{start}-{start + group}", f"data_{idx}{ext}")
 
 
-def list_feature_files(root: str) -> List[str]:
+def list_feature_files(root: str) -> list[str]:
     """All feature files below ``root`` (any depth), sorted by full path string.
 
     The legacy list_local_files returns root-joined paths; the current
@@ -61,7 +60,7 @@ def list_feature_files(root: str) -> List[str]:
     return sorted(found)
 
 
-def load_feature_file(path: str) -> Dict[str, torch.Tensor]:
+def load_feature_file(path: str) -> dict[str, torch.Tensor]:
     """torch.load with pickle allowed; gzip files are read fully into memory first."""
     if path.endswith(".gz"):
         with gzip.open(path, "rb") as fh:
@@ -69,7 +68,7 @@ def load_feature_file(path: str) -> Dict[str, torch.Tensor]:
     return torch.load(path, weights_only=False, mmap=True)
 
 
-def normalize(raw: Dict[str, torch.Tensor], max_len: int) -> Dict[str, torch.Tensor]:
+def normalize(raw: dict[str, torch.Tensor], max_len: int) -> dict[str, torch.Tensor]:
     """What OfflineEagle3Dataset.process_data / normalize_offline_sample return for one file.
 
     - drops the stored batch dim of the two state tensors, truncates every tensor to the
@@ -109,7 +108,7 @@ def training_shift(input_ids: torch.Tensor, target: torch.Tensor, loss_mask: tor
     return left(input_ids), left(target), loss_mask[..., None]
 
 
-def read_dataset(root: str, max_len: int = 2048) -> List[Dict[str, torch.Tensor]]:
+def read_dataset(root: str, max_len: int = 2048) -> list[dict[str, torch.Tensor]]:
     """Every sample under ``root`` in upstream order, normalized."""
     return [normalize(load_feature_file(p), max_len) for p in list_feature_files(root)]
 

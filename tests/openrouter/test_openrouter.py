@@ -3,8 +3,8 @@ import json
 import httpx
 import pytest
 
-from eagledata.records import Answer
 from eagledata.openrouter import Kind, build_request, classify_exception, classify_response
+from eagledata.records import Answer
 
 
 def ok_body(**message):

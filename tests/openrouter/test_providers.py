@@ -2,10 +2,20 @@ import pytest
 import yaml
 
 from eagledata.errors import InputError
+from eagledata.openrouter import (
+    Catalog,
+    Endpoint,
+    PrecisionPolicy,
+    Price,
+    RoutingDecision,
+    decide,
+    precision_rank,
+    price_summary,
+    workload_costs,
+)
 from eagledata.paths import routing_file
-from eagledata.openrouter import (Catalog, Endpoint, PrecisionPolicy, Price, RoutingDecision, decide, precision_rank,
-                                  price_summary, workload_costs)
 from tests.helpers.catalogs import REASONING, catalog, decision_for, ep
+
 
 def test_default_picture_excludes_only_below_native_and_down():
     d = decision_for(catalog())

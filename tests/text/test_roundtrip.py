@@ -62,7 +62,7 @@ def test_truth_by_generation_id(tok, tmp_path):
     rec = good_record(tok)
     rec.generation_id = "gen-1"
     path = tmp_path / "truth.jsonl"
-    path.write_text('{"generation_id": "gen-1", "output_ids": %s}\n' % rec.output_ids)
+    path.write_text(f'{{"generation_id": "gen-1", "output_ids": {rec.output_ids}}}\n')
     case = Case.from_record(rec, load_truth(path))
     assert validate(tok, [case]).results[0].agreement == 1.0
     path.write_text('{"output_ids": [1]}\n')
@@ -93,7 +93,7 @@ def test_an_unrepaired_bare_close_fails_the_verdict(tok, tmp_path):
     assert not report.passed and report.verdict().startswith("FAIL: 1 of 2")
     true = output_ids(tok, "Six sevens are forty-two.", "42.", "stop")
     truth = tmp_path / "truth.jsonl"
-    truth.write_text('{"generation_id": "gen-bare", "output_ids": %s}\n' % true)
+    truth.write_text(f'{{"generation_id": "gen-bare", "output_ids": {true}}}\n')
     res = validate(tok, [Case.from_record(bad, load_truth(truth))]).results[0]
     assert "text differs from true ids" in res.classes and res.agreement < 0.5
     # repaired as generate now records it: passes, and agrees with the true ids exactly

@@ -1,12 +1,22 @@
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eagledata.errors import InputError
 from eagledata.records import Answer, Record, split_inline_reasoning
-from eagledata.text import END_THINK, IM_END, conversation_ids, output_ids, output_ids_batch, parse_output_ids, \
-    prompt_ids, render_chat, sample_cases
+from eagledata.text import (
+    END_THINK,
+    IM_END,
+    conversation_ids,
+    output_ids,
+    output_ids_batch,
+    parse_output_ids,
+    prompt_ids,
+    render_chat,
+    sample_cases,
+)
 from tests.helpers import DATA
 
 GOLDEN = DATA / "chat_template_ids.json"

@@ -2,7 +2,8 @@ import random
 import shutil
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eagledata.errors import InputError
 from eagledata.text.tokenizer import KimiTokenizer, split_long_runs

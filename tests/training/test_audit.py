@@ -82,7 +82,7 @@ def test_the_ci_covers_the_true_mean_at_its_level():
     correlated here: a per-token variance (tokens taken as independent) misses in about 85 % of these trials."""
     rng = np.random.default_rng(7)
     trials, misses = 400, 0
-    for t in range(trials):
+    for _t in range(trials):
         rows = simulated(rng, "A", 60) + simulated(rng, "B", 5)
         a = audit(rows, AuditPolicy(min_provider_samples=2, significance=0.1)).provider("A")
         misses += not a.ci_low <= 1.0 <= a.ci_high
@@ -182,7 +182,7 @@ def test_false_alarm_rate_under_random_relabelling_matches_the_significance():
                                                                           start=400))
     names = ["P0", "P1", "P2", "P3"]
     trials, alarms, small_p = 400, 0, 0
-    for t in range(trials):
+    for _t in range(trials):
         labels = rng.choice(len(names), len(pool), p=[0.1, 0.2, 0.3, 0.4])
         report = audit([replace(r, provider=names[k]) for r, k in zip(pool, labels)])
         alarms += bool(report.suspects)

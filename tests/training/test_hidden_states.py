@@ -1,8 +1,8 @@
 """Assembly and EAGLE-3 hidden-state extraction on CPU with tiny random models (vocabulary sized for Kimi ids)."""
 import gc
 import json
-import re
 import os
+import re
 import zipfile
 
 import pytest
@@ -10,13 +10,23 @@ import torch
 
 from eagledata.errors import InputError
 from eagledata.records import Record
-from eagledata.training import (AssemblyPolicy, ExtractOptions, HiddenStates, Sample, assemble,
-                                eagle3_layers, export_specforge, export_speculators, extract, find_decoder,
-                                read_samples)
+from eagledata.training import (
+    AssemblyPolicy,
+    ExtractOptions,
+    HiddenStates,
+    Sample,
+    assemble,
+    eagle3_layers,
+    export_specforge,
+    export_speculators,
+    extract,
+    find_decoder,
+    read_samples,
+)
 from eagledata.training.assembly import apply_length_policy
 from eagledata.training.job import owner
-from eagledata.training.transformers_backend import plan_batches
 from eagledata.training.tiny import build_tiny_model
+from eagledata.training.transformers_backend import plan_batches
 from tests.helpers.records import make_conversation, make_record
 
 H, L = 64, 8
@@ -481,8 +491,9 @@ def test_each_turn_is_one_sample_in_every_layout(layout, tok, models, conversati
     layout: its id, `input_ids` = that turn's prompt (the history) + its answer, loss 0 over the history and 1 over
     the answer; the trainer's own view of the files agrees, and a later turn's states are those of its whole
     sequence."""
-    from tests.helpers import specforge_reader as sf
     from datasets import load_from_disk
+
+    from tests.helpers import specforge_reader as sf
 
     path, records = conversations
     asm = assemble([path], tok=tok)  # re-renders the multi-turn prompts with the real template: they must agree
@@ -701,10 +712,9 @@ def test_dedupe_never_merges_turns_of_one_conversation(tok, tmp_path):
 def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_path):
     """hidden_states.ipynb with `-p layout specforge`, read as SpecForge's OfflineEagle3Dataset reads it: ids
     are the records', states equal a batch-1 transformers reference within bf16 rounding."""
-    from tests.helpers import specforge_reader as sf
-
     from eagledata.notebooks import cell_outputs_text, read_results, run_notebook
     from eagledata.records import load_records
+    from tests.helpers import specforge_reader as sf
 
     model_dir = tmp_path / "tiny-kimi"
     model = build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)

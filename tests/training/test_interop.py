@@ -14,12 +14,11 @@ import torch
 
 from eagledata.notebooks import run_notebook
 from eagledata.records import load_records
+from eagledata.text.roundtrip import tool_cases
 from eagledata.training import find_decoder
 from eagledata.training.tiny import build_tiny_model
 from tests.helpers import HELPERS
 from tests.helpers.records import make_conversation, make_record, tool_record
-
-from eagledata.text.roundtrip import tool_cases
 
 pytestmark = pytest.mark.interop
 H, L = 64, 8

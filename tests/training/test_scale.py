@@ -6,14 +6,25 @@ import pytest
 import torch
 
 from eagledata.errors import InputError
-from eagledata.training import ExtractOptions, Sample, extract
-from eagledata.training.memory import (GB, KIMI_K25_CHECKPOINT_BYTES, Devices, Parallelism, checkpoint_bytes,
-                                       kimi_k25_config, plan_memory)
-from eagledata.training.models import load_model
-from eagledata.training.quantized import (KIMI_K25_QUANTIZATION_CONFIG, check_quantization, read_config,
-                                          routed_expert_bytes)
-from eagledata.training.tiny import build_tiny_model, write_int4_checkpoint
 from eagledata.paths import hidden_state_files
+from eagledata.training import ExtractOptions, Sample, extract
+from eagledata.training.memory import (
+    GB,
+    KIMI_K25_CHECKPOINT_BYTES,
+    Devices,
+    Parallelism,
+    checkpoint_bytes,
+    kimi_k25_config,
+    plan_memory,
+)
+from eagledata.training.models import load_model
+from eagledata.training.quantized import (
+    KIMI_K25_QUANTIZATION_CONFIG,
+    check_quantization,
+    read_config,
+    routed_expert_bytes,
+)
+from eagledata.training.tiny import build_tiny_model, write_int4_checkpoint
 
 H, L = 64, 8
 

@@ -11,8 +11,14 @@ from eagledata.errors import InputError
 from eagledata.training import ExtractOptions, HiddenStates, Sample, extract
 from eagledata.training.convert import convert
 from eagledata.training.memory import kimi_k25_config
-from eagledata.training.scoring import (ExcludeSamples, audit_cost, read_scores, score_sample, scored_targets,
-                                        token_logprobs)
+from eagledata.training.scoring import (
+    ExcludeSamples,
+    audit_cost,
+    read_scores,
+    score_sample,
+    scored_targets,
+    token_logprobs,
+)
 from eagledata.training.source import scored_positions
 from eagledata.training.tiny import build_tiny_model
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.audit_providers import three_providers
 from eagledata.training import ExtractOptions, extract, extract_with_vllm
 from eagledata.training.audit import audit
 from eagledata.training.scoring import read_scores
 from eagledata.training.vllm_backend import VllmOptions
+from tests.helpers.audit_providers import three_providers
 from tests.helpers.vllm_server.harness import start_vllm
 
 pytestmark = pytest.mark.vllm

@@ -29,10 +29,10 @@ import torch
 from eagledata.errors import InputError
 from eagledata.training import ExtractionJob, ExtractOptions, HiddenStates, Sample, extract, extract_with_vllm
 from eagledata.training.layers import eagle3_layers, manifest_layers, vllm_layer_ids
-from eagledata.training.vllm_backend import FinalNorm, VllmError, VllmOptions, public_url, vllm_serve_command
 from eagledata.training.models import find_decoder
 from eagledata.training.scoring import read_scores
 from eagledata.training.tiny import build_tiny_model
+from eagledata.training.vllm_backend import FinalNorm, VllmError, VllmOptions, public_url, vllm_serve_command
 
 L, H = 8, 64
 LAYERS = eagle3_layers(L)  # (2, 4, 5)

@@ -50,7 +50,7 @@ class Served:
     directory: Path
     model: torch.nn.Module
     server: VllmServer
-    spread: "Spread | None" = None
+    spread: Spread | None = None
 
 
 def serve(tmp_path_factory, family: str, **config) -> Served:

@@ -9,7 +9,8 @@ import asyncio
 import json
 import math
 import time
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.responses import JSONResponse, Response, StreamingResponse
 

@@ -4,8 +4,8 @@ Kept free of HTTP so the routing decision a request gets can be unit-tested and 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
-from typing import Callable
 from decimal import Decimal
 
 # Endpoint status as the endpoints listing reports it: 0 is serving, negative values are degraded/down.

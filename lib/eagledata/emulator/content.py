@@ -10,9 +10,9 @@ import hashlib
 import json
 import math
 import random
-from itertools import accumulate
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Callable, Sequence
+from itertools import accumulate
 
 from ..records import ToolCall
 from ..text import END_THINK, IM_END, KimiTokenizer, output_ids, parse_output_ids

@@ -7,8 +7,8 @@ import socket
 import uvicorn
 
 from ..text import load_tokenizer
-from .routes import create_app
 from .config import EmulatorConfig
+from .routes import create_app
 
 BACKLOG = 4096
 

@@ -1,17 +1,42 @@
 """Generation: a dataset's prompts → token-exact records, 2,000 requests in flight, crash-safe resume and a
 hard budget stop; the budget model that sets each dataset's token target; the run report."""
 from .admission import Admission, AgeModel
-from .budget import (BudgetConfig, ContentLengths, DatasetStats, OutputLengths, Plan, PriceBasis, Prices, PromptTurns,
-                     measure_prompts, plan_budget, plan_prices, planned_vs_actual, plot_plan, scenario_table)
-from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
+from .budget import (
+                     BudgetConfig,
+                     ContentLengths,
+                     DatasetStats,
+                     OutputLengths,
+                     Plan,
+                     PriceBasis,
+                     Prices,
+                     PromptTurns,
+                     measure_prompts,
+                     plan_budget,
+                     plan_prices,
+                     planned_vs_actual,
+                     plot_plan,
+                     scenario_table,
+)
 from .config import GenerateConfig
+from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
 from .engine import generate, run_generation
-from .parts import Seams
 from .fidelity import FidelityJudge, ignore_suspects
 from .pacing import Pacing
+from .parts import Seams
 from .prompts import Prompt, load_prompts, scan_prompts
-from .report import (RunHealth, dataset_rows, dataset_summaries, datasets_table, plot_datasets, plot_health,
-                     plot_records, provider_table, record_stats, summary_table, without_timelines)
+from .report import (
+                     RunHealth,
+                     dataset_rows,
+                     dataset_summaries,
+                     datasets_table,
+                     plot_datasets,
+                     plot_health,
+                     plot_records,
+                     provider_table,
+                     record_stats,
+                     summary_table,
+                     without_timelines,
+)
 from .store import Store, StoreLocked
 
 __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig", "Seams", "OutputLengths", "Plan", "Prices", "Prompt",

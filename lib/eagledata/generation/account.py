@@ -15,7 +15,6 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-
 FOREIGN_TOLERANCE_USD, FOREIGN_TOLERANCE_SHARE = 0.01, 0.005  # rounding of the account's figures
 
 

@@ -29,8 +29,9 @@ the Bernstein check. Each bound is valid on its own, so a request that passes ei
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Literal
 
 import numpy as np
 

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..paths import dataset_files
 from ..openrouter import Price, RoutingDecision, load_routing
+from ..paths import dataset_files
 from ..records import output_tokens
 from ..text import END_THINK, IM_END, KimiTokenizer, prompt_ids, render_chat
 from .config import BudgetConfig, Policy, PriceMode
@@ -65,7 +65,7 @@ class DatasetStats:
     @classmethod
     def from_lengths(cls, name: str, lengths: Sequence[float], *, prompts: int | None = None,
                      extra_variance: float = 0.0,
-                     turns_per_conversation: dict[int, int] | None = None) -> "DatasetStats":
+                     turns_per_conversation: dict[int, int] | None = None) -> DatasetStats:
         """From each request's prompt tokens (one per prompt unless `prompts` says how many prompts made them).
         `extra_variance`: spread the lengths do not show (answers not yet written), added to their variance."""
         if len(lengths) == 0:
@@ -90,7 +90,7 @@ class ContentLengths:
     source: str
 
     @classmethod
-    def from_records(cls, paths: Iterable[str | Path]) -> "ContentLengths | None":
+    def from_records(cls, paths: Iterable[str | Path]) -> ContentLengths | None:
         """Content tokens of earlier runs' finished answers; None when there are none."""
         lengths, used = record_lengths(paths, content_tokens)
         if not lengths:
@@ -100,7 +100,7 @@ class ContentLengths:
                    f"content of {len(a):,} finished answers of earlier runs ({', '.join(used)})")
 
     @classmethod
-    def prior(cls, lengths: "OutputLengths", share: float) -> "ContentLengths":
+    def prior(cls, lengths: OutputLengths, share: float) -> ContentLengths:
         """Before any finished answer exists: a share of the output-length model (the rest is reasoning)."""
         if not 0 <= share <= 1:
             raise InputError(f"must be within [0, 1], got {share!r}", field="prior_content_share")
@@ -179,7 +179,7 @@ class _Scaffold:
     empty_answer: tuple[int, ...]
 
     @classmethod
-    def of(cls, tok: KimiTokenizer) -> "_Scaffold | None":
+    def of(cls, tok: KimiTokenizer) -> _Scaffold | None:
         """None when the template does not render so (every turn is then rendered on its own)."""
         user = [{"role": "user", "content": "x"}]
         bare = tok.encode(render_chat(tok, user, add_generation_prompt=False), allow_special=True)
@@ -251,7 +251,7 @@ class OutputLengths:
     samples: tuple[int, ...] = field(default=(), repr=False)
 
     @classmethod
-    def from_samples(cls, samples: Iterable[int], source: str) -> "OutputLengths":
+    def from_samples(cls, samples: Iterable[int], source: str) -> OutputLengths:
         a = np.asarray(list(samples), dtype=float)
         if a.size == 0:
             raise InputError("no output lengths to model from", field="output_lengths")
@@ -260,7 +260,7 @@ class OutputLengths:
 
     @classmethod
     def lognormal(cls, median: float, sigma: float, max_tokens: int, n: int = 200_000,
-                  seed: int = 0) -> "OutputLengths":
+                  seed: int = 0) -> OutputLengths:
         """A parametric guess before any run: reasoning lengths are roughly log-normal."""
         if median <= 0 or sigma < 0 or max_tokens <= 0:
             raise InputError("median and max_tokens must be > 0, sigma >= 0", field="output_lengths")
@@ -268,7 +268,7 @@ class OutputLengths:
         return cls.from_samples(a.astype(int), f"lognormal(median={median:g}, sigma={sigma:g}, cap={max_tokens})")
 
     @classmethod
-    def from_records(cls, paths: Iterable[str | Path]) -> "OutputLengths | None":
+    def from_records(cls, paths: Iterable[str | Path]) -> OutputLengths | None:
         """Completion tokens of earlier runs (usage, else output ids); None when there are none."""
         lengths, used = record_lengths(
             paths, lambda rec: output_tokens((rec.get("usage") or {}).get("completion_tokens"), rec.get("output_ids"))
@@ -286,7 +286,7 @@ class Prices(Price):
 
     @classmethod
     def from_routing(cls, decision: RoutingDecision, mode: PriceMode = "cheapest",
-                     mix: dict[str, float] | None = None) -> "Prices":
+                     mix: dict[str, float] | None = None) -> Prices:
         """Prices to plan with: the cheapest eligible endpoint (sort=price routes there), the most
         expensive eligible one (a safe bound), or a weighted mix of providers (e.g. observed shares)."""
         priced = {e.provider: e.price for e in decision.eligible if e.priced}

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import selectors
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Executor, Future
-from typing import Any, Callable, Coroutine, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -42,7 +43,7 @@ class _JumpingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-ty
     """Never waits on a timer: polls the file descriptors, and when none is ready moves the loop's virtual clock to
     its next timer. With no timer at all it waits for real (a thread or a socket can still wake the loop)."""
 
-    def __init__(self, loop: "VirtualLoop"):
+    def __init__(self, loop: VirtualLoop):
         super().__init__()
         self._loop = loop
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
@@ -53,7 +54,7 @@ class Run:
 
     @classmethod
     async def start(cls, cfg: GenerateConfig, client: httpx.AsyncClient, *, api_key: str | None = None,
-                    seams: Seams | None = None) -> "Run":
+                    seams: Seams | None = None) -> Run:
         """Open every dataset's store and validate every prompt before any request; take the account's spender lock
         and its first reading when there is something to send."""
         seams, lanes, run = seams or Seams(), open_lanes(cfg), None  # every bad line named first

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from ..summaries import CONSISTENT, SUSPECT, fidelity_suspects
 
@@ -95,7 +96,7 @@ class FidelityJudge:
     min_answers: int = MIN_ANSWERS
 
     @classmethod
-    def carried(cls, summaries: Iterable[Mapping[str, Any]], *, decides: bool = True) -> "FidelityJudge":
+    def carried(cls, summaries: Iterable[Mapping[str, Any]], *, decides: bool = True) -> FidelityJudge:
         """The books of earlier runs, from their summary.json `fidelity` sections: counts carried as totals (a
         dataset's summary counts all its runs, as its records do), and a suspect stays suspect. Without this a
         later run, or a finished report run again, would rewrite summary.json without the verdict, and the
@@ -158,7 +159,7 @@ class FidelityJudge:
         """`name: N of M answers bad` per suspect (the evidence's head): what the status line shows."""
         return tuple(f"{n}: {self.providers[n].evidence.split(' (')[0]}" for n in self.suspects)
 
-    def summary(self, verdicts: "FidelityJudge | None" = None) -> dict[str, Any]:
+    def summary(self, verdicts: FidelityJudge | None = None) -> dict[str, Any]:
         """`{"providers": {name: {answers, repaired, refused, count_mismatch, verdict, evidence}}}`; `verdicts`: the
         run's judge, whose verdicts a dataset's counts carry (providers are judged over the whole run)."""
         out = {}

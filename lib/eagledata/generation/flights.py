@@ -52,7 +52,7 @@ class Flights:
         """One dataset's flights, in the order they started."""
         return self._lanes.setdefault(lane, {})
 
-    def values(self) -> "ValuesView[Flight]":
+    def values(self) -> ValuesView[Flight]:
         return self.live.values()
 
     def __len__(self) -> int:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import functools
 import heapq
 from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..paths import dataset_files
@@ -109,7 +110,7 @@ class DatasetRun:
         return bool(self.stop_reason)
 
 
-def open_lanes(cfg: "GenerateConfig") -> list[DatasetRun]:
+def open_lanes(cfg: GenerateConfig) -> list[DatasetRun]:
     """Every dataset of the run, its store opened and every prompt validated before any request (a bad line is
     named with its file and line); on an error, what was opened is closed again."""
     lanes: list[DatasetRun] = []

@@ -29,8 +29,8 @@ Times are the caller's clock (tests and the bench run this in simulated time).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -165,7 +165,7 @@ class Pacing:
 
     @staticmethod
     def lane(name: str, *, target: int | None, prompts: int, recorded: int, finished: int,
-             prior_tokens: Sequence[float]) -> "LaneSpec":
+             prior_tokens: Sequence[float]) -> LaneSpec:
         """A dataset as it stands when the run starts; `prior_tokens`: its earlier records' lengths, else a guess."""
         return LaneSpec(name, target, prompts, recorded, finished, prior_tokens)
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import html
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from ..status import widget_frontend
 from .progress import ProgressView, RunSnapshot, StatusLines

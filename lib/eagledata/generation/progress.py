@@ -6,8 +6,9 @@ import math
 import statistics
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from ..records import Record, Usage
 from ..status import StatusLog, duration, ensure_log_handler, eta_s
@@ -27,7 +28,7 @@ class ProviderStats:
     rate_limited: int = 0
     latencies: deque = field(default_factory=lambda: deque(maxlen=LATENCY_WINDOW))
 
-    def add(self, other: "ProviderStats") -> None:
+    def add(self, other: ProviderStats) -> None:
         self.attempts += other.attempts
         self.answers += other.answers
         self.errors += other.errors
@@ -98,7 +99,7 @@ class RunStats:
     abandoned: int = 0            # requests left in flight when the run ended after every target was met
 
     @classmethod
-    def combined(cls, parts: "list[RunStats]", timeline: list[list[float]] | None = None) -> "RunStats":
+    def combined(cls, parts: list[RunStats], timeline: list[list[float]] | None = None) -> RunStats:
         """The run's figures: its datasets' counters added up (`timeline`: the run's own samples, appended to)."""
         total = cls(timeline=[] if timeline is None else timeline)
         for p in parts:

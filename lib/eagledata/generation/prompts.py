@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import re
 from array import array
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Collection, Container, Iterable, Iterator, Mapping
+from typing import Any
 
 from ..errors import InputError, open_input
 from ..records import ToolCall, native_call_id

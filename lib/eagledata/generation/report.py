@@ -208,7 +208,7 @@ class RunHealth:
     charged: float = 0.0                      # the last spend point
 
     @classmethod
-    def of_snapshot(cls, snap: RunSnapshot) -> "RunHealth":
+    def of_snapshot(cls, snap: RunSnapshot) -> RunHealth:
         stats = snap.stats
         providers = {name: {**ps.figures(), "verdict": snap.verdicts.get(name, "")}
                      for name, ps in sorted(stats.by_provider.items())}
@@ -222,7 +222,7 @@ class RunHealth:
                    stop_reason=snap.stop_reason, charged=snap.spent)
 
     @classmethod
-    def of_summary(cls, summary: dict[str, Any]) -> "RunHealth":
+    def of_summary(cls, summary: dict[str, Any]) -> RunHealth:
         run = summary["run"]
         verdicts = {n: p.get("verdict", "") for n, p in ((summary.get("fidelity") or {}).get("providers") or {}).items()}
         balance = run.get("balance_start_usd")

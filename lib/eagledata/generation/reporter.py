@@ -4,7 +4,7 @@ their state."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from ..openrouter import RoutingDecision
@@ -15,8 +15,16 @@ from .fidelity import FidelityJudge
 from .lanes import DatasetRun
 from .ledger import Ledger
 from .policy import StopReason
-from .progress import (DatasetSnapshot, RunSnapshot, RunStats, dataset_summary, merge_provider_health, merge_timelines,
-                       run_figures, run_summary)
+from .progress import (
+    DatasetSnapshot,
+    RunSnapshot,
+    RunStats,
+    dataset_summary,
+    merge_provider_health,
+    merge_timelines,
+    run_figures,
+    run_summary,
+)
 
 
 @dataclass
@@ -34,7 +42,7 @@ class Reporter:
     def __post_init__(self) -> None:
         self.lanes = self.dispatcher.lanes
         self.timeline: list[list[float]] = []  # the run's own samples (each dataset keeps its own)
-        self.started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
 
     @property
     def in_flight(self) -> int:
@@ -106,7 +114,7 @@ class Reporter:
         """What every summary of the run says alike."""
         return {"common": {"model": self.cfg.model, "base_url": self.cfg.base_url, "backend": self.cfg.backend,
                            "started_at": self.started_at,
-                           "ended_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                           "ended_at": datetime.now(UTC).isoformat(timespec="seconds"),
                            "wall_s": round(wall, 3)},
                 "fatal": self.dispatcher.stop.fatal.error_dict() if self.dispatcher.stop.fatal else None,
                 "settings": self._run_settings(),

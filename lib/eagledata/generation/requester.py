@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import Callable, Generator
 from concurrent.futures import Executor
-from typing import Any, Callable, Generator, Protocol
+from typing import Any, Protocol
 
 import httpx
 

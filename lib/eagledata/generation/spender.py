@@ -16,7 +16,7 @@ import os
 import socket
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +54,12 @@ class SpenderLock:
 
     @classmethod
     def acquire(cls, base_url: str, api_key: str | None, *, describe: dict[str, Any],
-                directory: Path | None = None) -> "SpenderLock":
+                directory: Path | None = None) -> SpenderLock:
         directory = directory or state_dir()
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"account-{account_id(base_url, api_key)}.lock"
         info = {"pid": os.getpid(), "host": socket.gethostname(),
-                "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **describe}
+                "started_at": datetime.now(UTC).isoformat(timespec="seconds"), **describe}
         try:
             fd = hold_lock(path, json.dumps(info), mode=0o600)
         except LockHeld as e:

@@ -25,7 +25,6 @@ from ..paths import DatasetFiles
 from ..records import Record, output_tokens
 from .turns import conversation_ends
 
-
 COSTS_KEPT = 20_000  # the newest records' costs and lengths: the priors of the next run
 
 
@@ -157,7 +156,7 @@ class Store:
     _lock_fd: int | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, where: DatasetFiles | str | Path) -> "Store":
+    def open(cls, where: DatasetFiles | str | Path) -> Store:
         store = cls(where if isinstance(where, DatasetFiles) else DatasetFiles(Path(where)))
         store.files.directory.mkdir(parents=True, exist_ok=True)
         store._lock()
@@ -232,7 +231,7 @@ class Store:
         self.failed += 1
 
     @property
-    def finished(self) -> "set[str] | FinishedConversations":
+    def finished(self) -> set[str] | FinishedConversations:
         """The conversations done, for `in` (a resume's scan asks once per prompt): the written ids themselves while
         no conversation is open (a conversation's first request keeps its id; a later turn's id is never a prompt's),
         else a view that leaves the open ones out. Their number is `conversations_finished`."""
@@ -311,7 +310,7 @@ class Store:
             os.close(self._lock_fd)  # closing releases the flock
             self._lock_fd = None
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -25,8 +25,9 @@ there).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from ..records import Answer, ToolCall, calls_before, native_call_id
 from .prompts import Prompt
@@ -133,7 +134,7 @@ class Conversation:
     tools: tuple[dict, ...] | None = None
 
     @classmethod
-    def of(cls, prompt: Prompt, turns: TurnsMode = "all") -> "Conversation":
+    def of(cls, prompt: Prompt, turns: TurnsMode = "all") -> Conversation:
         split = split_asks(prompt.messages)
         tools = tuple(prompt.tools) if prompt.tools else None
         if turns == "last" or split is None or len(split[0]) == 1:
@@ -172,7 +173,7 @@ class Conversation:
         return [{**m, "tool_call_id": ids[m["tool_call_id"]]} if m["role"] == "tool" and m.get("tool_call_id") in ids
                 else m for m in ask]
 
-    def turn(self, answers: Sequence[Answer] = ()) -> "Turn":
+    def turn(self, answers: Sequence[Answer] = ()) -> Turn:
         """The request after the recorded `answers` (turns first..first+k−1, in order; each matched the dataset)."""
         k = len(answers)
         if k >= len(self.asks):
@@ -215,7 +216,7 @@ class Turn:
         return conversation_ends(self.number, self.conversation.last, answer.finish_reason,
                                  TOOL_MISMATCH if self.mismatch(answer) else None)
 
-    def next(self, answer: Answer) -> "Turn | None":
+    def next(self, answer: Answer) -> Turn | None:
         """The conversation's next request once this answer is recorded (calls with the model's ids), or None."""
         if self.ends(answer):
             return None

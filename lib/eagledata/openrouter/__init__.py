@@ -4,8 +4,18 @@ from .answers import Completion, Kind, Outcome, build_request, classify_exceptio
 from .catalog import Catalog, Endpoint, Price, cheapest, fetch_catalog, fetch_catalog_async, worst_price
 from .client import OPENROUTER_URL, Account, APIError, ClientPool, complete, read_account, resolve_api_key
 from .config import ProvidersConfig
-from .routing import (Exclusion, PrecisionPolicy, RoutingDecision, decide, ignore_in_routing, load_routing,
-                      plot_providers, precision_rank, price_summary, workload_costs)
+from .routing import (
+                      Exclusion,
+                      PrecisionPolicy,
+                      RoutingDecision,
+                      decide,
+                      ignore_in_routing,
+                      load_routing,
+                      plot_providers,
+                      precision_rank,
+                      price_summary,
+                      workload_costs,
+)
 
 __all__ = ["OPENROUTER_URL", "APIError", "Account", "Catalog", "ClientPool", "Completion", "Endpoint", "Exclusion",
            "Kind", "Outcome", "PrecisionPolicy", "ProvidersConfig", "Price", "RoutingDecision", "build_request", "cheapest", "classify_exception",

@@ -7,9 +7,10 @@ FAILED (this prompt can never succeed: failures.jsonl), FATAL (no prompt can: st
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import httpx
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import difflib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from ..aio import run_sync
 from ..errors import InputError
@@ -60,7 +61,7 @@ class Endpoint:
         return Price(self.prompt_per_m, self.completion_per_m)  # type: ignore[arg-type]
 
     @classmethod
-    def from_listing(cls, raw: dict) -> "Endpoint":
+    def from_listing(cls, raw: dict) -> Endpoint:
         """An entry of `GET /models/{author}/{slug}/endpoints`."""
         pricing = raw.get("pricing") or {}
         prompt, completion = _num(pricing.get("prompt")), _num(pricing.get("completion"))
@@ -86,7 +87,7 @@ class Endpoint:
         )
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Endpoint":
+    def from_dict(cls, d: dict) -> Endpoint:
         """Back from `to_dict` (a routing file keeps a few fields; the rest take their defaults)."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: tuple(v) if k == "supported_parameters" else v for k, v in d.items() if k in known})
@@ -146,7 +147,7 @@ class Catalog:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, model: str | None = None) -> "Catalog":
+    def load(cls, path: str | Path, model: str | None = None) -> Catalog:
         path = Path(path)
         try:
             d = json.loads(path.read_text())
@@ -178,7 +179,7 @@ async def fetch_catalog_async(base_url: str, model: str, api_key_env: str = "OPE
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise InputError(f"unknown model {model!r} at {base_url}{hint}", field="model") from None
         info = {k: v for k, v in data.items() if k != "endpoints"}
-        return Catalog(model, base_url, datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        return Catalog(model, base_url, datetime.now(UTC).isoformat(timespec="seconds"),
                        list(data.get("endpoints") or []), info)
 
 

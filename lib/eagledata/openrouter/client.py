@@ -91,7 +91,7 @@ class ClientPool:
     def __getitem__(self, i: int) -> httpx.AsyncClient:
         return self.clients[i % len(self.clients)]
 
-    async def __aenter__(self) -> "ClientPool":
+    async def __aenter__(self) -> ClientPool:
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

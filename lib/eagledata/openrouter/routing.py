@@ -5,10 +5,11 @@ native precision is excluded because its listing says so, so a new fp4 provider 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Protocol
+from typing import Any, Literal, Protocol
 
 import yaml
 
@@ -62,7 +63,7 @@ class PrecisionPolicy:
             raise InputError("must be 'keep' or 'exclude'", field="unknown_policy")
 
     @classmethod
-    def for_model(cls, model: str, native: str | None = None, **kw: Any) -> "PrecisionPolicy":
+    def for_model(cls, model: str, native: str | None = None, **kw: Any) -> PrecisionPolicy:
         native = native or NATIVE_PRECISION.get(model.lower().split(":")[0])
         if native is None:
             raise InputError(f"native precision of {model!r} is not known; pass native_precision",
@@ -148,7 +149,7 @@ class RoutingDecision:
         return atomic_write_text(path, f"# Written by {by}. `provider` is sent as is with every request.\n"
                                  + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True))
 
-    def with_ignored(self, provider: str, reason: str, path: str | Path | None = None) -> "RoutingDecision":
+    def with_ignored(self, provider: str, reason: str, path: str | Path | None = None) -> RoutingDecision:
         """The decision with every eligible endpoint of `provider` excluded for `reason` (pure).
 
         `provider` is what a record says served it, i.e. what OpenRouter reports: the listing's display name
@@ -179,7 +180,7 @@ class RoutingDecision:
                        eligible=rest)
 
     @classmethod
-    def load(cls, path: str | Path) -> "RoutingDecision":
+    def load(cls, path: str | Path) -> RoutingDecision:
         path = Path(path)
         try:
             d = yaml.safe_load(path.read_text())
@@ -222,7 +223,7 @@ def decide(model: str, endpoints: Iterable[Endpoint], policy: PrecisionPolicy, *
         provider["max_price"] = {"prompt": worst.prompt_per_m, "completion": worst.completion_per_m}
     return RoutingDecision(model=model, provider=provider, excluded=excluded, flagged=flagged, eligible=eligible,
                            native_precision=policy.native, unknown_policy=policy.unknown, source=source,
-                           decided_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                           decided_at=datetime.now(UTC).isoformat(timespec="seconds"))
 
 
 async def load_routing(model: str, *, params_dir: str | Path = PARAMS_DIR, base_url: str, api_key_env: str,

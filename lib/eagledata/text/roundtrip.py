@@ -8,16 +8,25 @@ the structure puts them, and, where the true ids are known, agreement with them.
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
 
 from ..errors import InputError
 from ..files import iter_jsonl
 from ..records import THINK_CLOSE, Answer, Record, ToolCall, calls_before, native_call_id
 from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
-from .tokenizer import (ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, END_THINK, IM_END, NUM_RANKS, SECTION_BEGIN, SECTION_END,
-                        KimiTokenizer)
+from .tokenizer import (
+    ARGUMENT_BEGIN,
+    CALL_BEGIN,
+    CALL_END,
+    END_THINK,
+    IM_END,
+    NUM_RANKS,
+    SECTION_BEGIN,
+    SECTION_END,
+    KimiTokenizer,
+)
 
 SECTION_TOKENS = {SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END}
 
@@ -65,7 +74,7 @@ class Case:
     tool_calls: tuple[ToolCall, ...] = ()  # the answer's calls, ids as the model wrote them
 
     @classmethod
-    def from_record(cls, r: Record, truth: dict[str, list[int]] | None = None) -> "Case":
+    def from_record(cls, r: Record, truth: dict[str, list[int]] | None = None) -> Case:
         true = None
         if truth:
             true = truth.get(r.id, truth.get(r.generation_id)) if r.generation_id else truth.get(r.id)

@@ -8,13 +8,22 @@ structure. A literal `<think>` typed inside an answer therefore stays text, as t
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputError
 from ..records import Answer, ToolCall
-from .tokenizer import (ARGUMENT_BEGIN, CALL_BEGIN, CALL_END, END_THINK, IM_END, SECTION_BEGIN, SECTION_END,
-                        KimiTokenizer)
+from .tokenizer import (
+    ARGUMENT_BEGIN,
+    CALL_BEGIN,
+    CALL_END,
+    END_THINK,
+    IM_END,
+    SECTION_BEGIN,
+    SECTION_END,
+    KimiTokenizer,
+)
 
 # What a tokenizer's `apply_chat_template` passes for its special tokens; K2.5's template uses none of them.
 _SPECIAL_TOKEN_KWARGS = dict(bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]", unk_token="[UNK]")

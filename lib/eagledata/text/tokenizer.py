@@ -10,11 +10,11 @@ import binascii
 import hashlib
 import json
 import re
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import tiktoken
 
@@ -157,7 +157,7 @@ class KimiTokenizer:
         self.id_to_special = {i: s for s, i in self.special_tokens.items()}
 
     @classmethod
-    def load(cls, name_or_path: str | Path) -> "KimiTokenizer":
+    def load(cls, name_or_path: str | Path) -> KimiTokenizer:
         directory = resolve_tokenizer_dir(name_or_path)
         for name in REQUIRED_FILES:
             if not (directory / name).is_file():

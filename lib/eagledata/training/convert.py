@@ -16,18 +16,19 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 from ..errors import InputError
 from ..paths import HiddenStateFiles
 from .assembly import Sample
 from .loader import HiddenStates
 from .scoring import SCORES_FILE, ExcludeSamples, read_scores, write_scores
-from .storage import PLAN_KEYS, IndexEntry, STORAGE_DTYPES, check_plan, check_stored, finalize, get_layout, read_parts
+from .storage import PLAN_KEYS, STORAGE_DTYPES, IndexEntry, check_plan, check_stored, finalize, get_layout, read_parts
 
 READ_BYTES = 64 << 20  # samples read from the source together: one slice of a shard instead of one per sample
 PART_BYTES = 256 << 20  # a worker's task: big enough to amortize its setup, small enough to balance and resume

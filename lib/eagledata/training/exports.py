@@ -11,8 +11,9 @@ import os
 import shutil
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, write_jsonl
@@ -123,8 +124,8 @@ def save_arrow(samples: Sequence[Sample], directory: str | Path, *, chunk_tokens
     verifier vocabulary. `chunk_tokens`: tokens per Arrow chunk (its list offsets are int32)."""
     import numpy as np
     import pyarrow as pa
-    from datasets import (Dataset, DatasetInfo, Features, Sequence as Seq, Value, disable_progress_bars,
-                          enable_progress_bars)
+    from datasets import Dataset, DatasetInfo, Features, Value, disable_progress_bars, enable_progress_bars
+    from datasets import Sequence as Seq
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)

@@ -19,10 +19,11 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from contextlib import aclosing, closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -37,8 +38,19 @@ from .memory import Devices, memory_in_use
 from .models import load_model
 from .scoring import DEFAULT_CHUNK_TOKENS, batch_scores, score_rows, write_scores
 from .source import StatesBatch, StateSource, Target
-from .storage import (STORAGE_DTYPES, FinalState, Layout, LayoutName, StateWriter, Storage, check_plan, check_stored,
-                      finalize, get_layout, read_parts)
+from .storage import (
+    STORAGE_DTYPES,
+    FinalState,
+    Layout,
+    LayoutName,
+    StateWriter,
+    Storage,
+    check_plan,
+    check_stored,
+    finalize,
+    get_layout,
+    read_parts,
+)
 from .transformers_backend import ModelLoader, TransformersSource
 from .vllm_backend import VllmOptions, VllmSource, public_url
 
@@ -278,7 +290,7 @@ class _Run:
     def start(cls, source: StateSource, samples: Sequence[Sample], files: HiddenStateFiles, options: ExtractOptions,
               world: World, *, where: str, desc: str, progress: bool, status_interval_s: float,
               tokenizer_fingerprint: str, records_hashes: dict[str, str] | None,
-              on_batch: Callable[[int], None] | None, assembly: dict[str, Any] | None = None) -> "_Run":
+              on_batch: Callable[[int], None] | None, assembly: dict[str, Any] | None = None) -> _Run:
         """Validate → open the target → plan → check → writer → resume; everything refusable is refused here,
         before the first state is computed."""
         layout = get_layout(options.layout)
@@ -329,7 +341,7 @@ class _Run:
         if self.on_batch is not None:
             self.on_batch(self.batches)
 
-    def __enter__(self) -> "_Run":
+    def __enter__(self) -> _Run:
         return self
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:

@@ -2,7 +2,7 @@
 storage, both backends and the job read it, and it imports nothing of theirs)."""
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import InputError
 

@@ -76,7 +76,7 @@ class ModelShape:
     mlp_weights: int = 0  # dense MLPs and shared experts (what a MoE's tensor-parallel plan shards besides the experts)
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> "ModelShape":
+    def from_config(cls, config: dict[str, Any]) -> ModelShape:
         text = config.get("text_config") or config
         h, n = int(text["hidden_size"]), int(text["num_hidden_layers"])
         heads = int(text["num_attention_heads"])

@@ -12,6 +12,7 @@ from torch import nn
 from ..errors import InputError
 from .quantized import check_quantization
 
+
 # -- loading ----------------------------------------------------------------------------------------
 @dataclass
 class Decoder:

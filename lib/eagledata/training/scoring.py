@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -52,7 +53,7 @@ class SampleScore:
                 "nll_max": self.nll_max, "hist": list(self.hist)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "SampleScore":
+    def from_dict(cls, d: dict[str, Any]) -> SampleScore:
         return cls(int(d["tokens"]), float(d["nll_sum"]), float(d["nll_sumsq"]), float(d["nll_max"]),
                    tuple(int(c) for c in d["hist"]))
 

@@ -3,8 +3,9 @@
 else (plan, resume, writer, progress, manifest), so a new backend is one class with these five methods."""
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Iterator, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import torch
 

@@ -10,17 +10,29 @@ only yields (samples, states).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from ..errors import InputError
 from .assembly import Sample
-from .memory import (KIMI_K25_CHECKPOINT_BYTES, KIMI_K25_HUB_ID, Devices, MemoryPlan, ModelShape, Parallelism,
-                     check_parallelism, checkpoint_bytes, model_config, plan_memory, visible_devices)
+from .memory import (
+    KIMI_K25_CHECKPOINT_BYTES,
+    KIMI_K25_HUB_ID,
+    Devices,
+    MemoryPlan,
+    ModelShape,
+    Parallelism,
+    check_parallelism,
+    checkpoint_bytes,
+    model_config,
+    plan_memory,
+    visible_devices,
+)
 from .models import Decoder, config_vocab_size, find_decoder, load_model, model_name
 from .scoring import DEFAULT_CHUNK_TOKENS, output_head, scored_targets, token_logprobs
 from .source import StatesBatch, Target
@@ -67,7 +79,7 @@ class Capture:
     out: torch.Tensor | None = None  # [N, 4, H]
     handles: list[Any] = field(default_factory=list)
 
-    def __enter__(self) -> "Capture":
+    def __enter__(self) -> Capture:
         for slot, i in enumerate(self.layers):
             self.handles.append(self.decoder.layers[i].register_forward_pre_hook(
                 self._pre_hook(slot), with_kwargs=True))

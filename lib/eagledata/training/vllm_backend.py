@@ -52,9 +52,10 @@ import logging
 import os
 import re
 import time
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit, urlunsplit
 
 import torch
@@ -139,7 +140,7 @@ class FinalNorm:
         return self.weight.to(h.dtype) * x.to(h.dtype)
 
     @classmethod
-    def from_checkpoint(cls, model: str | Path, config: dict[str, Any]) -> "FinalNorm":
+    def from_checkpoint(cls, model: str | Path, config: dict[str, Any]) -> FinalNorm:
         from safetensors import safe_open
 
         directory = Path(str(model))

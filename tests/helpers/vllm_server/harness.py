@@ -18,9 +18,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 import httpx
 
@@ -83,13 +83,13 @@ class VllmServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    def launch(self) -> "VllmServer":
+    def launch(self) -> VllmServer:
         with open(self.log, "ab") as out:
             self.process = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                             cwd=str(self.storage.parent), start_new_session=True)
         return self
 
-    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> "VllmServer":
+    def wait_ready(self, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -145,7 +145,7 @@ class VllmServer:
         except ProcessLookupError:
             pass
 
-    def restart(self) -> "VllmServer":
+    def restart(self) -> VllmServer:
         self.stop()
         return self.launch().wait_ready()
 

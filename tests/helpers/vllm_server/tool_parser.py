@@ -12,6 +12,7 @@ import sys
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers.kimi_k2_tool_parser import KimiK2ToolParser
 
+
 class SpecialsOnly:
     """What the parser asks of a tokenizer: the vocabulary's ids of the special tokens it splits on."""
 

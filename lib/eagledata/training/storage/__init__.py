@@ -3,7 +3,8 @@ SpecForge's per-sample torch files. All share the resume index, the plan check a
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from ...errors import InputError
 from ...files import atomic_write_text
@@ -11,8 +12,22 @@ from ...paths import HiddenStateFiles
 from ..assembly import Sample, per_loss_token, samples_hash
 from ..layers import eagle3_layers
 from . import native, specforge, speculators
-from .common import (ERROR_STRIDE, FORMAT, STORAGE_DTYPES, FinalState, IndexEntry, Layout, Reader, SampleStates,
-                     StateWriter, Storage, dequantize_fp8, quantize_fp8, read_index, read_parts)
+from .common import (
+    ERROR_STRIDE,
+    FORMAT,
+    STORAGE_DTYPES,
+    FinalState,
+    IndexEntry,
+    Layout,
+    Reader,
+    SampleStates,
+    StateWriter,
+    Storage,
+    dequantize_fp8,
+    quantize_fp8,
+    read_index,
+    read_parts,
+)
 
 LayoutName = Literal["eagledata", "speculators", "specforge"]
 LAYOUTS: dict[str, Layout] = {m.LAYOUT.name: m.LAYOUT for m in (native, speculators, specforge)}

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple
 
 import torch
 

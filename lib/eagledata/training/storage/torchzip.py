@@ -19,9 +19,9 @@ import pickle
 import struct
 import zipfile
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Mapping
 
 import torch
 
