@@ -310,3 +310,32 @@ def test_budget_settings_plan_every_turn_by_default():
         BudgetConfig(turns="first")
     with pytest.raises(InputError, match="field 'prior_content_share'"):
         BudgetConfig(prior_content_share=-0.1)
+
+
+def test_a_prompt_limited_target_below_round_to_is_kept_not_rounded_to_zero(tmp_path):
+    # issue 44 bug 3: two small datasets (5 and 3 prompts: at most 20k and 12k tokens) on $20 were each rounded down
+    # to 0 with the default round_to of 100k, and the written file then refused every dataset.
+    few = [DatasetStats("mychat", 5, 350, 200, 300, 700, 5 * 350), DatasetStats("mytools", 3, 350, 200, 300, 700, 1050)]
+    plan = plan_budget(few, LENGTHS, PRICES, balance_usd=20, reserve_usd=2)
+    assert plan.targets == {"mychat": 20_000, "mytools": 12_000}  # what their prompts can give, unrounded
+    assert all(d.limited_by_prompts and d.total_usd > 0 for d in plan.datasets)
+    big = plan_budget([*few, SIX[0]], LENGTHS, PRICES, balance_usd=20, reserve_usd=2)
+    assert big.targets["B1"] % 100_000 == 0 and big.targets["mychat"] == 20_000  # above round_to: rounded down
+    assert big.total_usd <= big.usable_usd
+    one = plan_budget([SIX[0]], LENGTHS, PRICES, balance_usd=0.1, round_to=100_000)  # money for ~45k tokens
+    assert 0 < one.targets["B1"] < 100_000 and one.total_usd <= one.usable_usd
+    prompts = tmp_path / "a.jsonl"
+    prompts.write_text('{"id": "1", "messages": [{"role": "user", "content": "q"}]}\n')
+    path = tmp_path / "datasets.yaml"
+    path.write_text("mychat:\n  prompts: a.jsonl\nmytools:\n  prompts: a.jsonl\n")
+    write_targets(path, plan.targets, planned_usd=plan.planned_usd)
+    assert {k: s.target_output_tokens for k, s in load_datasets(path).items()} == plan.targets  # generate's loader
+
+
+def test_a_zero_target_is_refused_before_the_datasets_file_is_touched(tmp_path):
+    path = tmp_path / "datasets.yaml"
+    text = "A:\n  prompts: a.jsonl\n  target_output_tokens: 5\nB:\n  prompts: a.jsonl\n"
+    path.write_text(text)
+    with pytest.raises(InputError, match=r"datasets\.yaml field 'B\.target_output_tokens': the plan gives B 0"):
+        write_targets(path, {"A": 7_000, "B": 0})
+    assert path.read_text() == text

@@ -389,6 +389,13 @@ def _check_money(balance_usd: float | None, reserve_usd: float) -> None:
                          field="reserve_usd")
 
 
+def _round_down(target: float, round_to: int) -> int:
+    """`target` rounded down to a multiple of `round_to`, or to whole tokens when it is below one `round_to`."""
+    if round_to > 1 and target >= round_to:
+        return int(target // round_to * round_to)
+    return int(target)
+
+
 def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: Prices, *, balance_usd: float,
                 reserve_usd: float = 0.0, policy: Policy = "equal", weights: dict[str, float] | None = None,
                 round_to: int = 100_000, concurrency: int = 2000) -> Plan:
@@ -396,7 +403,10 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
 
     Weights per dataset (equal, by requests available, or the user's) share the money; a dataset that would
     need more requests than it has (its prompts' turns: one request each) is capped at what they can give and
-    the rest is shared among the others. Targets are rounded down to `round_to` tokens.
+    the rest is shared among the others. Targets are rounded down to `round_to` tokens; one below `round_to` (a
+    small dataset whose prompts give fewer tokens, or little money) is kept as it is, whole tokens rounded down, so
+    a positive target never becomes 0 (which the datasets file refuses) and never exceeds what the money or the
+    prompts can give. A dataset with no weight gets 0.
     """
     _check_money(balance_usd, reserve_usd)
     if not stats:
@@ -433,7 +443,7 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
 
     plans = []
     for s in stats:
-        t = int(targets.get(s.name, 0) // round_to * round_to) if round_to > 1 else int(targets.get(s.name, 0))
+        t = _round_down(targets.get(s.name, 0.0), round_to)
         inp, out = cost_usd(t, s, lengths, prices)
         p50, p90 = cost_band(t, s, lengths, prices, concurrency)
         plans.append(DatasetPlan(name=s.name, prompts=s.prompts, requests_available=s.requests,

@@ -111,6 +111,12 @@ def write_targets(path: str | Path, targets: dict[str, int], note: str = "",
     unknown = set(targets) - set(raw)
     if unknown:
         raise InputError(f"datasets not in the file: {sorted(unknown)}", path)
+    for name, tokens in targets.items():  # the loader takes positive targets only: refuse before writing any
+        if int(tokens) <= 0:
+            raise InputError(f"the plan gives {name} {int(tokens)} output tokens (a weight of 0, or less money than "
+                             f"one token); not written, since generate refuses a datasets file with a target of 0: "
+                             f"give {name} a weight or remove it from the file", path,
+                             field=f"{name}.target_output_tokens")
     for name, tokens in targets.items():
         raw[name]["target_output_tokens"] = int(tokens)
         if planned_usd is not None and name in planned_usd:
