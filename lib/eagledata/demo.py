@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from .emulator import run_emulator
-from .errors import InputError, run_command
+from .errors import InputError, command_prog, run_command
 from .notebooks import NOTEBOOK_DIR, read_results, run_notebook
 from .paths import DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file, runs_dir
 
@@ -69,16 +69,31 @@ def _missing(extras: list[str]) -> None:
     raise InputError(f"the demo runs every notebook and needs {', '.join(extras)}: pip install 'eagledata[dev]'")
 
 
+def _speed(text: str) -> float:
+    try:
+        speed = float(text)
+    except ValueError:
+        speed = -1.0
+    if not 0 <= speed < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return speed
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog=command_prog("eagledata-demo", "eagledata.demo"),
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--output-dir", default="outputs")
-    ap.add_argument("--speed", type=float, default=0.02, help="emulator delay factor (1 = real latencies)")
+    ap.add_argument("--speed", type=_speed, default=0.02, help="emulator delay factor (1 = real latencies)")
     args = ap.parse_args(argv)
     missing = [f"eagledata[{extra}] ({module})" for module, extra in (("papermill", "notebooks"),
                                                                         ("torch", "hidden-states"))
                if importlib.util.find_spec(module) is None]
     if missing:
-        return run_command("demo", lambda: _missing(missing))
+        return run_command(ap.prog, lambda: _missing(missing))
+    return run_command(ap.prog, lambda: _demo(args))
+
+
+def _demo(args: argparse.Namespace) -> int:
     out = Path(args.output_dir).resolve()
     runs, demo = runs_dir(out), out / "demo"
     # A fresh demo each time: answers differ between runs (retries draw other content), so states kept from a

@@ -1,10 +1,13 @@
 """One error type for bad input, so callers and notebooks can show a single clear message."""
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
+
+T = TypeVar("T")
 
 
 class InputError(ValueError):
@@ -34,6 +37,21 @@ def open_input(path: str | Path) -> BinaryIO:
         return Path(path).open("rb")
     except OSError as e:
         raise InputError(f"cannot open: {e.strerror}", path) from None
+
+
+def command_prog(console: str, module: str) -> str:
+    """A command's name as it was called, for its usage and error lines: the console script (`eagledata-generate`),
+    else `python -m <module>`."""
+    return console if Path(sys.argv[0]).name == console else f"python -m {module}"
+
+
+def build_settings(parser: argparse.ArgumentParser, build: Callable[[], T]) -> T:
+    """`build()` (a command's settings from its parsed flags), a value its checks refuse reported as argparse
+    reports a bad flag: the usage, `<prog>: error: <message>`, exit 2, no traceback."""
+    try:
+        return build()
+    except InputError as e:
+        parser.error(str(e))
 
 
 def run_command(prog: str, body: Callable[[], int | None]) -> int:

@@ -9,15 +9,17 @@ import argparse
 import asyncio
 import sys
 
-from .errors import run_command
+from .errors import build_settings, command_prog, run_command
 from .generation import GenerateConfig, run_generation
 from .generation.policy import ERROR_PREFIX
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagledata.generate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=command_prog("eagledata-generate", "eagledata.generate"),
+                                     description=__doc__.split("\n\n")[0])
     GenerateConfig.add_arguments(parser)
-    cfg = GenerateConfig.from_args(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    cfg = build_settings(parser, lambda: GenerateConfig.from_args(args))
 
     def run() -> int:
         summary = asyncio.run(run_generation(cfg))
@@ -28,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {_line(s)}")
         return 1 if summary["stop_reason"].startswith(ERROR_PREFIX) else 0  # stopped cleanly, but on a bug
 
-    return run_command("generate", run)
+    return run_command(parser.prog, run)
 
 
 def _line(summary: dict) -> str:

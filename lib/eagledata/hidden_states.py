@@ -23,7 +23,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .errors import run_command
+from .errors import build_settings, command_prog, run_command
+
+PROG = ("eagledata-hidden-states", "eagledata.hidden_states")  # the console script, the module
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,11 +39,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .training import ExtractionJob, read_samples, torchrun_world
     from .training.exports import read_provenance
 
-    parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog=command_prog(*PROG), description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", required=True, help="speculators export: {id, input_ids, loss_mask} per line")
     ExtractionJob.add_arguments(parser)
     args = parser.parse_args(argv)
-    job = ExtractionJob.from_args(args)
+    job = build_settings(parser, lambda: ExtractionJob.from_args(args))
     rank, world_size = torchrun_world()
     if job.backend == "vllm":
         def run_vllm() -> None:
@@ -49,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"backend": "vllm", "extracted": r.extracted, "skipped": r.skipped, "tokens": r.tokens,
                               "seconds": round(r.seconds, 3), "complete": r.complete}), flush=True)
 
-        return run_command("hidden_states", run_vllm)
+        return run_command(parser.prog, run_vllm)
     device = job.resolved_device()
 
     def run() -> None:
@@ -64,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "weight_bytes": result.weight_bytes, "seconds": round(result.seconds, 3),
                           "complete": result.complete}), flush=True)
 
-    return run_command("hidden_states", run)
+    return run_command(parser.prog, run)
 
 
 def convert_main(argv: Sequence[str]) -> int:
@@ -72,7 +74,7 @@ def convert_main(argv: Sequence[str]) -> int:
     from .training.scoring import ExcludeSamples
     from .training.storage import LAYOUTS
 
-    parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states convert",
+    parser = argparse.ArgumentParser(prog=f"{command_prog(*PROG)} convert",
                                      description="Rewrite a finished hidden-states set in another layout "
                                                  "(no recompute; resumes)")
     parser.add_argument("--layout", required=True, choices=list(LAYOUTS))
@@ -87,12 +89,12 @@ def convert_main(argv: Sequence[str]) -> int:
     parser.add_argument("--exclude-ids", nargs="+", default=(), metavar="ID", help="leave out these samples")
     parser.add_argument("--reason", default="", help="why, in words (recorded in the manifest's `excluded`)")
     args = parser.parse_args(argv)
+    exclude = None
+    if args.exclude_providers or args.max_sample_nll is not None or args.exclude_ids:
+        exclude = build_settings(parser, lambda: ExcludeSamples(tuple(args.exclude_providers), args.max_sample_nll,
+                                                                tuple(args.exclude_ids), args.reason))
 
     def run() -> None:
-        exclude = None
-        if args.exclude_providers or args.max_sample_nll is not None or args.exclude_ids:
-            exclude = ExcludeSamples(tuple(args.exclude_providers), args.max_sample_nll, tuple(args.exclude_ids),
-                                     args.reason)
         r = convert(args.source, args.destination, args.layout, workers=args.workers, exclude=exclude)
         print(json.dumps({"directory": str(r.directory), "layout": args.layout, "converted": r.converted,
                           "excluded": (r.manifest.get("excluded") or {}).get("samples", 0),
@@ -100,17 +102,17 @@ def convert_main(argv: Sequence[str]) -> int:
                           "mb_per_s": round(r.bytes_written / 1e6 / r.seconds, 1) if r.seconds else None}),
               flush=True)
 
-    return run_command("hidden_states convert", run)
+    return run_command(parser.prog, run)
 
 
 def serve_command_main(argv: Sequence[str]) -> int:
     """Print the `vllm serve` line for `--backend vllm` (run it on the GPU node)."""
     import shlex
 
-    from .training import ExtractionJob
+    from .training import ExtractionJob, ExtractOptions
     from .training.vllm_backend import VllmOptions
 
-    parser = argparse.ArgumentParser(prog="python -m eagledata.hidden_states serve-command",
+    parser = argparse.ArgumentParser(prog=f"{command_prog(*PROG)} serve-command",
                                      description=serve_command_main.__doc__)
     parser.add_argument("--model", required=True, help="the checkpoint directory the server loads")
     parser.add_argument("--tp", type=int, default=1, help="--tensor-parallel-size (default: 1)")
@@ -119,16 +121,14 @@ def serve_command_main(argv: Sequence[str]) -> int:
     parser.add_argument("--shared-storage-path", default=VllmOptions().shared_storage_path,
                         help="where the connector writes; readable at the same path where eagledata runs")
     args = parser.parse_args(argv)
+    job = build_settings(parser, lambda: ExtractionJob(model=args.model, tp=args.tp, backend="vllm",
+                                                       options=ExtractOptions(layers=args.layers),
+                                                       vllm=VllmOptions(shared_storage_path=args.shared_storage_path)))
 
     def run() -> None:
-        from .training import ExtractOptions
-
-        job = ExtractionJob(model=args.model, tp=args.tp, backend="vllm",
-                            options=ExtractOptions(layers=args.layers),
-                            vllm=VllmOptions(shared_storage_path=args.shared_storage_path))
         print(shlex.join(job.vllm_command()), flush=True)
 
-    return run_command("hidden_states serve-command", run)
+    return run_command(parser.prog, run)
 
 
 def _init_distributed(device: str, rank: int, world_size: int, tp: int = 1) -> str:

@@ -4,14 +4,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import run_command
+from ..errors import command_prog, run_command
 from .config import load_config
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535, got {text}")
+    return port
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eagledata.emulator",
+    parser = argparse.ArgumentParser(prog=command_prog("eagledata-emulator", "eagledata.emulator"),
                                      description="Serve an OpenRouter emulator under /api/v1.")
-    parser.add_argument("--port", type=int, default=8765, help="0 picks a free port (printed on start)")
+    parser.add_argument("--port", type=_port, default=8765, help="0 picks a free port (printed on start)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--config", help="YAML or JSON config file")
     args = parser.parse_args(argv)
@@ -25,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as e:
             raise RuntimeError(f"cannot listen on {args.host}:{args.port}: {e}") from None
 
-    return run_command("emulator", serve)
+    return run_command(parser.prog, serve)
 
 
 if __name__ == "__main__":
