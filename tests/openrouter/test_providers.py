@@ -16,6 +16,9 @@ from eagledata.openrouter import (
 from eagledata.paths import routing_file
 from tests.helpers.catalogs import REASONING, catalog, decision_for, ep
 
+# Where require_tools bites, the reason says it is needed only for datasets with tools (issue 44 bug 6).
+NO_TOOLS = "does not support tools (require_tools=True, needed only by datasets that declare tools)"
+
 
 def test_default_picture_excludes_only_below_native_and_down():
     d = decision_for(catalog())
@@ -33,7 +36,7 @@ def test_default_picture_excludes_only_below_native_and_down():
 def test_an_endpoint_that_cannot_take_tools_is_excluded_unless_tools_are_not_required():
     no_tools = [p for p in REASONING if not p.startswith("tool")]
     d = decision_for(catalog(ep("Chutes", "int4", 0.30, 1.50, params=no_tools)))
-    assert ("Chutes", "does not support tools") in {(e.provider, e.reason) for e in d.excluded}
+    assert ("Chutes", NO_TOOLS) in {(e.provider, e.reason) for e in d.excluded}
     assert "chutes" in d.provider["ignore"]
     kept = decision_for(catalog(ep("Chutes", "int4", 0.30, 1.50, params=no_tools)), require_tools=False)
     assert "Chutes" in kept.eligible_providers
@@ -128,7 +131,7 @@ def test_emulator_catalog_decision_and_new_fp4_provider(tokenizer_dir):
         cat = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
         d = decide(cat.model, cat.normalized(), PrecisionPolicy.for_model(cat.model))
         assert {e.provider for e in d.excluded} == {"Fireworks", "BaseTen", "AtlasCloud"}
-        assert {e.provider: e.reason for e in d.excluded}["AtlasCloud"] == "does not support tools"
+        assert {e.provider: e.reason for e in d.excluded}["AtlasCloud"] == NO_TOOLS
         assert len(d.eligible) == len(cat.endpoints) - 3
         emu.reset({"endpoints": [newcomer]})
         cat2 = fetch_catalog(emu.base_url, "moonshotai/kimi-k2.5")
@@ -163,3 +166,49 @@ def test_the_providers_plot_labels_never_overlap():
         if legend is not None:
             box = legend.get_window_extent(renderer)
             assert not [name for name, b in texts.items() if b.overlaps(box)]
+
+
+def test_every_endpoint_excluded_is_refused_naming_each_rule_and_its_setting(tmp_path):
+    """Issue 44 bug 6: a decision with no eligible endpoint was written (its provider object ignoring every
+    endpoint), and the notebook failed later in its pricing cell with "no eligible endpoint has a price"."""
+    chat_only = ["reasoning", "include_reasoning", "max_tokens"]
+    cat = Catalog("moonshotai/kimi-k2.5", "test", "now", [
+        ep("DeepInfra", "int4", 0.45, 2.20, params=chat_only), ep("Moonshot AI", "int4", 0.60, 2.50, params=chat_only),
+        ep("Fireworks", "nvfp4", 0.40, 2.00), ep("BaseTen", "fp4", 0.45, 2.10, status=-2, params=chat_only)])
+    d = decision_for(cat)
+    assert d.eligible == [] and {e.provider: e.reason for e in d.excluded}["DeepInfra"] == NO_TOOLS
+    path = routing_file(cat.model, tmp_path)
+    with pytest.raises(InputError) as e:
+        d.save(tmp_path)
+    assert str(e.value) == (
+        f"every endpoint of moonshotai/kimi-k2.5 is excluded (4 listed, none eligible), so there is nothing to route "
+        f"to and no routing decision was written to {path}: 3 endpoints (DeepInfra, Moonshot AI, BaseTen) do not "
+        f"list `tools` among their supported parameters (require_tools=True: only datasets that declare tools need "
+        f"them, and OpenRouter sends a request with tools only to endpoints that take them: set require_tools=False "
+        f"for a run without tools); 2 (Fireworks, BaseTen) are quantized below the native int4 (the precision "
+        f"policy: not the model as released); 1 (BaseTen) is down (status -2 or below; no setting changes it, try "
+        f"later). Each endpoint's reasons are in the exclusion table.")
+    assert not path.exists()
+    kept = decision_for(cat, require_tools=False)  # the way out the message names
+    assert kept.eligible_providers == ["DeepInfra", "Moonshot AI"] and kept.save(tmp_path) == path
+    with pytest.raises(InputError, match=r"kimi-k2\.5\.yaml \(the one already there is left as it was: generate and "
+                                         r"budget would still read it\): 3 endpoints"):
+        d.save(tmp_path)
+    assert RoutingDecision.load(path).eligible_providers == ["DeepInfra", "Moonshot AI"]
+    nothing = decide(cat.model, [], PrecisionPolicy.for_model(cat.model), source="snapshot x.json")
+    with pytest.raises(InputError, match=r"^the listing \(snapshot x\.json\) has no endpoint of moonshotai/kimi-k2\.5"):
+        nothing.write(tmp_path / "r.yaml")
+
+
+@pytest.mark.parametrize("kw, params, quant, rule", [
+    (dict(), ["max_tokens", "tools"], "int4",
+     "1 endpoint (X) does not list `reasoning` or `include_reasoning` among its supported parameters "
+     "(require_reasoning=True: answers without reasoning are not the target's training data)"),
+    (dict(unknown="exclude"), REASONING, "unknown",
+     "1 endpoint (X) has an unknown quantization (unknown_policy=exclude; keep takes such endpoints, flagged)"),
+])
+def test_the_other_rules_are_named_with_their_setting(kw, params, quant, rule):
+    d = decision_for(Catalog("moonshotai/kimi-k2.5", "test", "now", [ep("X", quant, 0.5, 2.0, params=params)]), **kw)
+    with pytest.raises(InputError, match="is excluded") as e:
+        d.save("unused")
+    assert f": {rule}. Each endpoint" in str(e.value)

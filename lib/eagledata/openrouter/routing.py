@@ -5,7 +5,7 @@ native precision is excluded because its listing says so, so a new fp4 provider 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +30,11 @@ PRECISION_RANK: dict[str, float] = {
 DOWN_STATUS = -2  # OpenRouter endpoint status: 0 ok, negative degraded; at or below this we call it down
 # What the routing file keeps of each eligible endpoint.
 ELIGIBLE_FIELDS = ("provider", "tag", "quantization", "prompt_per_m", "completion_per_m")
+
+
+NO_REASONING = "does not support reasoning"
+# Where require_tools bites, its reason says so: a request with tools goes only to endpoints that take them anyway.
+NO_TOOLS = "does not support tools (require_tools=True, needed only by datasets that declare tools)"
 
 
 # -- precision policy (pure) --------------------------------------------------------------------
@@ -86,9 +91,9 @@ class PrecisionPolicy:
         elif status < 0:
             flag = f"degraded (status {status})"
         if self.require_reasoning and not endpoint.supports_reasoning:
-            reasons.append("does not support reasoning")
+            reasons.append(NO_REASONING)
         if self.require_tools and not endpoint.supports_tools:
-            reasons.append("does not support tools")
+            reasons.append(NO_TOOLS)
         if rank is None and self.unknown == "exclude":
             reasons.append(f"quantization {q!r} not known (unknown_policy=exclude)")
         elif rank is None:
@@ -105,6 +110,56 @@ class Exclusion:
     tag: str
     quantization: str
     reason: str
+
+
+# Each rule of `PrecisionPolicy.judge`, for the message when it leaves nothing: (is this reason its, what it
+# says of one endpoint, of several, the setting behind it and the way out).
+_RULES: list[tuple[Callable[[str], bool], str, str, str]] = [
+    (lambda r: r == NO_TOOLS, "does not list `tools` among its supported parameters",
+     "do not list `tools` among their supported parameters",
+     "require_tools=True: only datasets that declare tools need them, and OpenRouter sends a request with tools "
+     "only to endpoints that take them: set require_tools=False for a run without tools"),
+    (lambda r: r == NO_REASONING, "does not list `reasoning` or `include_reasoning` among its supported parameters",
+     "do not list `reasoning` or `include_reasoning` among their supported parameters",
+     "require_reasoning=True: answers without reasoning are not the target's training data"),
+    (lambda r: r.startswith("quantization ") and r.endswith("(unknown_policy=exclude)"),
+     "has an unknown quantization", "have an unknown quantization",
+     "unknown_policy=exclude; keep takes such endpoints, flagged"),
+    (lambda r: r.startswith("quantized below native "), "is quantized below the native {native}",
+     "are quantized below the native {native}", "the precision policy: not the model as released"),
+    (lambda r: r.startswith("down (status "), "is down", "are down",
+     f"status {DOWN_STATUS} or below; no setting changes it, try later"),
+]
+
+
+def nothing_eligible(decision: RoutingDecision, path: str | Path) -> InputError:
+    """Why `decision` leaves no endpoint to route to, rule by rule with the setting behind each: the error of
+    writing it to `path` (its provider object would ignore every endpoint, and every request would find none)."""
+    listed = len(decision.excluded)
+    written = f"no routing decision was written to {path}" + (
+        " (the one already there is left as it was: generate and budget would still read it)"
+        if Path(path).is_file() else "")
+    if not listed:
+        return InputError(f"the listing ({decision.source or 'no source'}) has no endpoint of {decision.model}, so "
+                          f"there is nothing to route to and {written}")
+    groups: dict[int | str, list[str]] = {}  # a rule's index, or a reason of no known rule (given as it is)
+    for x in decision.excluded:
+        for reason in x.reason.split("; "):
+            rule = next((i for i, r in enumerate(_RULES) if r[0](reason)), None)
+            groups.setdefault(reason if rule is None else rule, []).append(x.provider)
+    parts = []
+    order = sorted(groups.items(), key=lambda kv: (-len(kv[1]), isinstance(kv[0], str), str(kv[0])))
+    for n, (key, who) in enumerate(order):
+        count = f"{len(who)} endpoint{'s' if len(who) > 1 else ''}" if n == 0 else str(len(who))
+        if isinstance(key, str):
+            parts.append(f"{count} ({', '.join(who)}): {key}")
+            continue
+        _, one, several, why = _RULES[key]
+        says = (one if len(who) == 1 else several).format(native=decision.native_precision)
+        parts.append(f"{count} ({', '.join(who)}) {says} ({why})")
+    return InputError(f"every endpoint of {decision.model} is excluded ({listed} listed, none eligible), so there "
+                      f"is nothing to route to and {written}: " + "; ".join(parts)
+                      + ". Each endpoint's reasons are in the exclusion table.")
 
 
 @dataclass(kw_only=True)
@@ -146,6 +201,9 @@ class RoutingDecision:
         return self.write(routing_file(self.model, params_dir))
 
     def write(self, path: str | Path, by: str = "providers.ipynb") -> Path:
+        """The decision as a routing file; one with no eligible endpoint is refused, saying why (`nothing_eligible`)."""
+        if not self.eligible:
+            raise nothing_eligible(self, path)
         return atomic_write_text(path, f"# Written by {by}. `provider` is sent as is with every request.\n"
                                  + yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True))
 
