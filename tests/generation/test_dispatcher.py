@@ -1,33 +1,12 @@
-"""The dispatcher and the ledger without a server: their calls in the order the engine makes them, `now` passed in."""
+"""The dispatcher and the ledger without a server: their calls in the order the engine makes them, `now` passed in
+(the `parts` fixture: tests/generation/conftest.py)."""
 import pytest
 
-from eagledata.generation import GenerateConfig
-from eagledata.generation.clock import InlineExecutor
 from eagledata.generation.dispatcher import Stopped, Wait
-from eagledata.generation.lanes import open_lanes
 from eagledata.generation.ledger import MoneyStop
-from eagledata.generation.parts import Seams, build_parts
 from eagledata.generation.policy import RULES, rule
 from eagledata.generation.work import State
 from eagledata.openrouter import Kind, Outcome
-from tests.generation.test_engine import datasets, routing
-
-
-@pytest.fixture
-def parts(tmp_path, tok):
-    def make(sizes, **kw):
-        cfg = GenerateConfig(**{"dataset": "all", "datasets_file": str(datasets(tmp_path, sizes)),
-                                "output_dir": str(tmp_path / "out"), "concurrency": 4, "max_tokens": 1000,
-                                "progress": False, "reserve_usd": 0.0, "retry_base_s": 1.0, "retry_cap_s": 1.0, **kw})
-        lanes = open_lanes(cfg)
-        made.append(lanes)
-        return build_parts(cfg, lanes, routing(), tok, Seams(executor=InlineExecutor()), 0.0)
-
-    made: list = []
-    yield make
-    for lanes in made:
-        for lane in lanes:
-            lane.store.close()
 
 
 def test_a_retry_waits_for_its_due_time_and_goes_first_then(parts):

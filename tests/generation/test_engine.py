@@ -3,18 +3,16 @@ latency, an account that sums what it billed. Minutes of simulated answers run i
 decisions every time, and no server."""
 import asyncio
 import json
-from pathlib import Path
 
 import pytest
 
 from eagledata.generation import GenerateConfig, Seams
 from eagledata.generation.clock import InlineExecutor, run_virtual
 from eagledata.generation.engine import Run
-from eagledata.openrouter import Account, Completion, Endpoint, Kind, Outcome, RoutingDecision
+from eagledata.openrouter import Account, Completion, Kind, Outcome
 from eagledata.records import Answer, Usage
 from eagledata.text import prompt_ids
-
-PRICE_IN, PRICE_OUT = 0.5, 2.0  # $ per M tokens
+from tests.helpers.parts import PRICE_IN, PRICE_OUT, datasets, routing
 
 
 class Simulated:
@@ -47,25 +45,6 @@ class Simulated:
 
     async def account(self, client):
         return Account(self.billed, 10.0 - self.billed)
-
-
-def routing():
-    return RoutingDecision(model="moonshotai/kimi-k2.5", eligible=[Endpoint(
-        provider="Sim", tag="sim", quantization="int4", prompt_per_m=PRICE_IN, completion_per_m=PRICE_OUT, context_length=262144)],
-        source="test")
-
-
-def datasets(tmp_path, sizes: dict[str, int], targets: dict[str, int] | None = None) -> Path:
-    lines = []
-    for name, n in sizes.items():
-        path = tmp_path / f"{name}.jsonl"
-        path.write_text("".join(json.dumps({"id": f"{name}-{i:04d}", "messages": [
-            {"role": "user", "content": f"{name} question {i}"}]}) + "\n" for i in range(n)))
-        target = (targets or {}).get(name)
-        lines.append(f"{name}:\n  prompts: {path}\n" + (f"  target_output_tokens: {target}\n" if target else ""))
-    out = tmp_path / "datasets.yaml"
-    out.write_text("".join(lines))
-    return out
 
 
 def run(tmp_path, sim, file, *, during=None, **kw):
@@ -128,7 +107,8 @@ def test_stragglers_past_the_wait_are_abandoned_and_booked(tmp_path, tok, monkey
     at their bound (provisionally) and left for the next run."""
     monkeypatch.setenv("OPENROUTER_API_KEY", "k")
     sim = Simulated(tok, tokens=(10_000,) + (300,) * 9)
-    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 100}, {"A": 2000}), straggler_wait_s=30, concurrency=40, prior_output_median_tokens=20)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 100}, {"A": 2000}), straggler_wait_s=30, concurrency=40,
+                     prior_output_median_tokens=20)
     assert summary["stop_reason"] == "target_reached"
     abandoned = summary["run"]["abandoned"]
     assert abandoned == 4 and summary["wall_s"] == pytest.approx(15 + 30, abs=1)  # met at 15 s, then the wait

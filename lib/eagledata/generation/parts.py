@@ -118,9 +118,9 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     # per-provider verdicts over the whole run, from the datasets' earlier books (a suspect is left out at once)
     fidelity = FidelityJudge.carried(lane.summary_before for lane in lanes if lane.summary_before)
     executor = seams.executor or ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
-    requester = Requester(seams.transport, routing, fidelity, ProviderCooldown(cfg.provider_cooldown_s), tok,
-                          executor, worst=worst, model=cfg.model, max_tokens=cfg.max_tokens,
-                          temperature=cfg.temperature, backend=cfg.backend)
+    cooldown = ProviderCooldown(cooldown_s=cfg.provider_cooldown_s)
+    requester = Requester(seams.transport, routing, fidelity, cooldown, tok, executor, worst=worst, model=cfg.model,
+                          max_tokens=cfg.max_tokens, temperature=cfg.temperature, backend=cfg.backend)
     recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid)
     single = isinstance(cfg.dataset, str) and cfg.dataset != "all"
     reporter = Reporter(cfg, dispatcher, ledger, congestion, fidelity, routing, t0=now, idle=idle, single=single)
