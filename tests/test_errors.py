@@ -64,3 +64,14 @@ def test_an_error_of_the_run_names_the_command_as_it_was_called(datasets_file, t
     assert module.returncode == 2 and "Traceback" not in module.stderr
     assert module.stderr.rstrip().splitlines()[-1] == \
         "python -m eagledata.generate: error: field 'concurrency': must be a positive integer, got 0"
+
+
+def test_an_output_dir_under_a_file_names_the_file_and_the_setting(datasets_file, tmp_path):
+    """Issue 44 bug 7: it was a NotADirectoryError traceback, exit 1."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    proc = command("eagledata-generate", "--dataset", "ok3", "--datasets-file", str(datasets_file),
+                   "--output-dir", str(blocker / "out"), "--base-url", "http://127.0.0.1:9/api/v1", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr == (f"eagledata-generate: error: field 'output_dir': cannot create the folder "
+                           f"{blocker}/out/datasets/ok3: {blocker} is a file, not a folder\n")

@@ -59,3 +59,19 @@ def test_direct_files_open_together_in_one_thread_keep_their_own_bytes(tmp_path)
             fb.write(b)
         fa.write(a[5000:])
     assert (tmp_path / "a").read_bytes() == a and (tmp_path / "b").read_bytes() == b
+
+
+def test_a_folder_under_a_file_is_an_input_error_naming_the_file_and_the_setting(tmp_path):
+    """Issue 44 bug 7: an output_dir under a file was a raw NotADirectoryError naming neither the file nor the
+    setting."""
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    with pytest.raises(files.InputError) as e:
+        files.make_dir(blocker / "out" / "datasets" / "A", "output_dir")
+    assert str(e.value) == (f"field 'output_dir': cannot create the folder {blocker}/out/datasets/A: {blocker} is a "
+                            f"file, not a folder")
+    with pytest.raises(files.InputError, match=f"^cannot create the folder {blocker}: {blocker} is a file, not a"):
+        files.make_dir(blocker)
+    with pytest.raises(files.InputError, match=f"^cannot create the folder {blocker}/routing: {blocker} is a file"):
+        files.atomic_write_text(blocker / "routing" / "m.yaml", "x")
+    assert files.make_dir(tmp_path / "new" / "deep") == tmp_path / "new" / "deep" and (tmp_path / "new").is_dir()

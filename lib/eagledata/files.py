@@ -20,10 +20,23 @@ from typing import Any
 from .errors import InputError, open_input
 
 
+def make_dir(path: str | Path, setting: str | None = None) -> Path:
+    """`path` as a folder, made with its parents; one that cannot be made is an InputError naming the folder, what is
+    in the way (a file where a folder must be) and the `setting` it came from (e.g. `output_dir`)."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        there = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+        why = f"{there} is a file, not a folder" if there is not None and not there.is_dir() else e.strerror
+        raise InputError(f"cannot create the folder {path}: {why}", field=setting) from None
+    return path
+
+
 def atomic_write_lines(path: str | Path, chunks: Iterable[str]) -> Path:
     """Stream `chunks` to a temp file beside `path`, fsync, then rename over `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         with tmp.open("w", encoding="utf-8") as f:

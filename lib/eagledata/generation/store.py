@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..files import LockHeld, atomic_write_text, hold_lock, iter_jsonl
+from ..files import LockHeld, atomic_write_text, hold_lock, iter_jsonl, make_dir
 from ..paths import DatasetFiles
 from ..records import Record, output_tokens
 from .turns import conversation_ends
@@ -158,7 +158,7 @@ class Store:
     @classmethod
     def open(cls, where: DatasetFiles | str | Path) -> Store:
         store = cls(where if isinstance(where, DatasetFiles) else DatasetFiles(Path(where)))
-        store.files.directory.mkdir(parents=True, exist_ok=True)
+        make_dir(store.files.directory, "output_dir")
         store._lock()
         try:
             store._load()

@@ -13,6 +13,7 @@ from typing import Any
 
 from ..aio import run_sync
 from ..errors import InputError
+from ..files import make_dir
 from .client import APIError, get_json, make_client, resolve_api_key
 
 REASONING_PARAMS = {"reasoning", "include_reasoning"}
@@ -142,7 +143,7 @@ class Catalog:
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent, "output_dir")
         path.write_text(json.dumps(asdict(self), indent=1, ensure_ascii=False))
         return path
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..files import atomic_write_text, iter_jsonl, write_jsonl
+from ..files import atomic_write_text, iter_jsonl, make_dir, write_jsonl
 from ..records import Record
 from ..text import KimiTokenizer
 from .assembly import Assembly, Sample
@@ -127,8 +127,7 @@ def save_arrow(samples: Sequence[Sample], directory: str | Path, *, chunk_tokens
     from datasets import Dataset, DatasetInfo, Features, Value, disable_progress_bars, enable_progress_bars
     from datasets import Sequence as Seq
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = make_dir(directory, "output_dir")
     features = Features({"id": Value("string"), "input_ids": Seq(Value("int64")), "loss_mask": Seq(Value("int64")),
                          "seq_len": Value("int64")})
     lengths = np.fromiter((len(s) for s in samples), dtype=np.int64, count=len(samples))

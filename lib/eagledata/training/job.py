@@ -29,6 +29,7 @@ import torch
 
 from ..aio import run_sync
 from ..errors import InputError
+from ..files import make_dir
 from ..paths import HiddenStateFiles, hidden_state_files
 from ..settings import Settings, setting
 from ..status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
@@ -299,8 +300,7 @@ class _Run:
         target = source.open()
         layers = resolve_layers(options.layers, target.num_layers)
         source.prepare(layers, options.resolved_final(layout), score=options.score)
-        files.directory.mkdir(parents=True, exist_ok=True)
-        files.parts.mkdir(exist_ok=True)
+        make_dir(files.parts, "output_dir")  # inside files.directory
         check_backend(files, source.backend)
         check_plan(files, plan_doc(target, layers, options, layout))
         part = files.parts / f"r{world.rank}-of-{world.size}-{uuid.uuid4().hex[:8]}.jsonl"
