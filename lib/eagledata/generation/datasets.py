@@ -22,6 +22,15 @@ class DatasetSpec:
     target_output_tokens: int | None
     planned_usd: float | None = None  # the budget plan's expected $ for the target (the run's planned spend line)
     tools: Tools | None = None  # declarations for prompts without their own: scan_prompts(..., tools=spec.tools)
+    source: Path | None = None  # the datasets file, and the line of the entry's `prompts` there, for errors
+    line: int | None = None
+
+    def check_prompts(self) -> None:
+        """Refuse a prompts file that is not there, naming the datasets file and line to fix."""
+        if not self.prompts.is_file():
+            raise InputError(f"prompts file not found: {self.prompts} (a relative path is read from the current "
+                             f"folder, else beside the datasets file)", self.source, self.line,
+                             field=f"{self.name}.prompts")
 
 
 def _resolve(base: Path, p: str) -> Path:
@@ -57,11 +66,30 @@ def _tools(base: Path, path: Path, name: str, raw: Any) -> Tools | None:
         raise e.at(where) from None
 
 
-def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:
-    """Parse and check the datasets file; prompt paths resolve against the cwd, else the file's folder."""
+def _prompts_lines(text: str) -> dict[str, int]:
+    """The line (1-based) of each entry's `prompts` value, else of its name, in the datasets file's text."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return {}
+    if not isinstance(root, yaml.MappingNode):
+        return {}
+    lines: dict[str, int] = {}
+    for key, value in root.value:
+        at = key
+        if isinstance(value, yaml.MappingNode):
+            at = next((v for k, v in value.value if getattr(k, "value", None) == "prompts"), key)
+        lines[str(key.value)] = at.start_mark.line + 1
+    return lines
+
+
+def load_datasets(path: str | Path, *, check_prompts: bool = False) -> dict[str, DatasetSpec]:
+    """Parse and check the datasets file; prompt paths resolve against the cwd, else the file's folder.
+    `check_prompts`: every prompts file must exist too (`DatasetSpec.check_prompts`)."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        text = path.read_text()
+        raw = yaml.safe_load(text)
     except OSError as e:
         raise InputError(f"cannot read datasets file: {e.strerror}", path) from None
     except yaml.YAMLError as e:
@@ -71,6 +99,7 @@ def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:
     if not isinstance(raw, dict) or not raw:
         raise InputError("expected a mapping of dataset name -> {prompts, target_output_tokens}", path)
     specs = {}
+    lines = _prompts_lines(text)
     for name, entry in raw.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("prompts"), str):
             raise InputError("needs 'prompts: <path>'", path, field=f"{name}.prompts")
@@ -82,7 +111,11 @@ def load_datasets(path: str | Path) -> dict[str, DatasetSpec]:
             raise InputError("must be a non-negative number", path, field=f"{name}.planned_usd")
         specs[str(name)] = DatasetSpec(str(name), _resolve(path.parent, entry["prompts"]), target,
                                        None if planned is None else float(planned),
-                                       _tools(path.parent, path, str(name), entry.get("tools")))
+                                       _tools(path.parent, path, str(name), entry.get("tools")), path,
+                                       lines.get(str(name)))
+    if check_prompts:
+        for spec in specs.values():
+            spec.check_prompts()
     return specs
 
 
@@ -91,15 +124,31 @@ def get_dataset(path: str | Path, name: str) -> DatasetSpec:
 
 
 def select_datasets(path: str | Path, dataset: str | list[str]) -> list[DatasetSpec]:
-    """`dataset` as specs: one name, a list of names, or `all` (every dataset of the file, in its order)."""
+    """`dataset` as specs: one name, a list of names, or `all` (every dataset of the file, in its order); their
+    prompts files must exist."""
     specs = load_datasets(path)
     if dataset == "all":
-        return list(specs.values())
-    names = [dataset] if isinstance(dataset, str) else list(dataset)
-    for name in names:
-        if name not in specs:
-            raise InputError(f"unknown dataset {name!r}; the file has {', '.join(specs)}", path, field="dataset")
-    return [specs[name] for name in names]
+        chosen = list(specs.values())
+    else:
+        names = [dataset] if isinstance(dataset, str) else list(dataset)
+        for name in names:
+            if name not in specs:
+                raise InputError(f"unknown dataset {name!r}; the file has {', '.join(specs)}{_list_hint(name)}", path,
+                                 field="dataset")
+        chosen = [specs[name] for name in names]
+    for spec in chosen:
+        spec.check_prompts()
+    return chosen
+
+
+def _list_hint(name: object) -> str:
+    """For a name that is a list written as one string (papermill's -p passes strings): how to pass a list."""
+    if not isinstance(name, str) or not (name.strip().startswith("[") or "," in name):
+        return ""
+    names = [n.strip().strip("'\"") for n in name.strip().strip("[]").split(",") if n.strip().strip("'\"")]
+    return (f". It looks like a list given as one name: papermill's -p passes a string, so give a list as YAML "
+            f"(papermill -y \"dataset: [{', '.join(names)}]\"), or as several names on the command line "
+            f"(--dataset {' '.join(names)})")
 
 
 def write_targets(path: str | Path, targets: dict[str, int], note: str = "",
