@@ -155,3 +155,39 @@ def test_reasoning_billed_but_not_served_is_refused():
     # empty reasoning counted 0 is the model's own <think></think>: valid
     out = _served("Answer.", reasoning_tokens=0)
     assert out.kind is Kind.OK and out.completion.answer == Answer("", "Answer.", "stop")
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_unreachable_base_url_is_an_input_error_naming_it(monkeypatch):
+    """Issue 44 bug 7: a raw httpx.ConnectError that named neither the URL nor the setting."""
+    from eagledata.aio import run_sync
+    from eagledata.errors import InputError
+    from eagledata.openrouter import fetch_catalog, read_account
+    from eagledata.openrouter.client import make_client
+
+    port = _closed_port()
+    url = f"http://127.0.0.1:{port}/api/v1"
+    with pytest.raises(InputError) as e:
+        fetch_catalog(url, "moonshotai/kimi-k2.5")
+    assert str(e.value) == (f"field 'base_url': cannot reach {url} (GET models/moonshotai/kimi-k2.5/endpoints: "
+                            f"All connection attempts failed); if it is the emulator, start it first: "
+                            f"eagledata-emulator --port {port}")
+
+    async def account(base_url):
+        async with make_client(base_url, "k") as client:
+            return await read_account(client)
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    with pytest.raises(InputError, match=r"^field 'base_url': cannot reach https://nowhere\.invalid/api/v1 \(GET key: "
+                                         r"[^)]+\)$"):  # a host that is not local: no emulator hint
+        run_sync(account("https://nowhere.invalid/api/v1"), "account")
+    with pytest.raises(InputError, match=r"^field 'base_url': cannot reach localhost:8000/api/v1 \(GET key: .*\); "
+                                         r"a base_url starts with http:// or https://$"):
+        run_sync(account("localhost:8000/api/v1"), "account")

@@ -99,8 +99,25 @@ class ClientPool:
             await c.aclose()
 
 
+def unreachable(base_url: str, what: str, exc: Exception) -> InputError:
+    """The error for a server that cannot be reached at all: names `base_url` (and, on this machine, says to start
+    the emulator; without http(s)://, says that is missing)."""
+    base_url = base_url.rstrip("/")
+    url = urlparse(base_url)
+    hint = ""
+    if url.scheme not in ("http", "https"):
+        hint = "; a base_url starts with http:// or https://"
+    elif is_local(base_url):
+        hint = f"; if it is the emulator, start it first: eagledata-emulator --port {url.port or 80}"
+    return InputError(f"cannot reach {base_url} ({what}: {exc or type(exc).__name__}){hint}", field="base_url")
+
+
 async def get_json(client: httpx.AsyncClient, path: str, **params: Any) -> Any:
-    resp = await client.get(path.lstrip("/"), params=params or None)
+    """GET `path` under the client's base URL; a server that cannot be reached is an InputError naming it."""
+    try:
+        resp = await client.get(path.lstrip("/"), params=params or None)
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol) as e:
+        raise unreachable(str(client.base_url), f"GET {path.lstrip('/')}", e) from None
     if resp.status_code != 200:
         raise error_from_response(resp)
     return resp.json()
