@@ -26,6 +26,11 @@ class InputError(ValueError):
             where = f"{where} field '{field}'" if where else f"field '{field}'"
         super().__init__(f"{where}: {message}" if where else message)
 
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it (a notebook cell, papermill's report): its one line, `InputError: <message>`,
+        not a traceback that ends in it; the cell still fails, so papermill and Run All stop there."""
+        return [f"{type(self).__name__}: {self}"]
+
     def at(self, path: str | Path, line: int | None = None) -> InputError:
         """The same error located in `path` (a check that names only the field, run on a file's part)."""
         return InputError(self.message, path, line, self.field)
