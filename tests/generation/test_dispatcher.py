@@ -57,3 +57,29 @@ def test_the_ledger_stops_at_the_cap_naming_it_and_books_a_cancel_at_its_bound(p
     verdict = ledger.admit(0.02, 1.0)
     assert isinstance(verdict, MoneyStop) and verdict.reason == "max_spend_reached"
     assert ledger.money_left["why"] == verdict.why == "nothing in flight, and one more request does not fit"
+
+
+def test_a_retry_near_the_target_goes_when_nothing_else_is_in_flight(parts):
+    """A dataset of two-turn conversations 5 tokens short of its target, nothing in flight, a retried first turn
+    whose second turn pacing counts as promised. Gated as a new conversation, that retry waited on its own promised
+    turn for good (the run hung with one slot); it is a started conversation and goes."""
+    p = parts({"B": 4}, targets={"B": 100}, asks=2, concurrency=1, max_attempts=4)
+    d = p.dispatcher
+    first = d.take(0.0)
+    first.bound = 0.01
+    assert p.admit(first, 0.0) is not None
+    d.answered(first, 1.0, 95, written=True, next_turn=None)  # 95 of 100 recorded, its conversation cut
+    p.ledger.settle(first.ticket, RULES["ok"], 0.001, first.bound, 1.0)
+    d.release(first, 1.0)
+    second = d.take(1.0)
+    assert second.turn.id == "B-0001"
+    second.bound = 0.01
+    assert p.admit(second, 1.0) is not None
+    bad_gateway = Outcome(Kind.RETRY, "bad_gateway", 502)
+    assert d.not_ok(second, 2.0, bad_gateway, rule(bad_gateway)) == "retry"
+    p.ledger.settle(second.ticket, rule(bad_gateway), None, second.bound, 2.0)
+    d.release(second, 2.0)
+    lane = d.pacing.lanes["B"]
+    assert lane.promised == 1 and not lane.flights and not lane.open()  # a new conversation would overshoot
+    again = d.take(second.due)
+    assert again is second and again.source == "retry"

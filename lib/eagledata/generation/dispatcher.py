@@ -99,7 +99,7 @@ class Dispatcher:
                     self.pacing.hold(name, later=work.turn.later if work.source == "new" else 0,
                                      promised=work.source == "next")
                     return work
-                if lane.retries and lane.retries[0].due > now:  # one due already waits for its dataset to open:
+                if lane.retries and lane.retries[0].due > now:  # one due already waits for pacing:
                     due = lane.retries[0].due                   # a change, which notifies
                     until = due if until is None else min(until, due)
             self._settle_lanes(now)

@@ -78,9 +78,11 @@ class DatasetRun:
     def take(self, now: float, seq: int, may_start: Callable[[], bool], may_continue: Callable[[], bool]) \
             -> Work | None:
         """The next request of this dataset: a retry that is due, else the next turn of a started conversation, else
-        the first turn of the next conversation; retries and new conversations while pacing lets the dataset take
-        more, next turns while it lets conversations go on (pacing.Lane.may_continue)."""
-        if self.retries and self.retries[0].due <= now and may_start():
+        the first turn of the next conversation; new conversations while pacing lets the dataset take more, retries
+        and next turns while it lets conversations go on (pacing.Lane.may_continue). A retry is a started
+        conversation: its later turns are already counted (promised), and gated as a new one it could wait on
+        itself for good: a dataset short of its target with nothing in flight but those turns would never open."""
+        if self.retries and self.retries[0].due <= now and may_continue():
             work = heapq.heappop(self.retries)
             work.source = "retry"
             return work
