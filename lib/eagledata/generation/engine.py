@@ -43,8 +43,8 @@ class Run:
         self.idle = all(lane.idle for lane in lanes)  # nothing to send: answered from the checkpoints, no request
         parts = build_parts(cfg, lanes, routing, tok, seams, self.clock.now())
         self.parts, self.dispatcher, self.ledger, self.reporter = parts, parts.dispatcher, parts.ledger, parts.reporter
-        self.cond = asyncio.Condition()
-        self.slots = Slots(parts, self.cond, self.clock, self._failed)
+        self.lock = asyncio.Lock()
+        self.slots = Slots(parts, self.lock, self.clock, self._failed)
         self.error: Exception | None = None  # the internal error that stopped the run (summaries say it)
         self.progress: ProgressView | None = None
         self._scope: asyncio.Timeout | None = None  # the slots' deadline: the drain's end, or now to abandon them
@@ -149,8 +149,8 @@ class Run:
         self._waking = asyncio.ensure_future(self._notify_all())
 
     async def _notify_all(self) -> None:
-        async with self.cond:
-            self.cond.notify_all()
+        async with self.lock:
+            self.slots.wake()
 
     async def _failed(self, error: Exception) -> None:
         """A bug stopped one slot (or the ticker): stop as a first Ctrl-C does (the answers in flight are recorded as
@@ -170,7 +170,7 @@ class Run:
                 await self.clock.sleep(TICK_S)
                 if self.ledger.reading_due(self.clock.now()):
                     await self.ledger.read(client, self.clock.now())
-                async with self.cond:  # periodic wake-up: no waiter can sleep through a state change
+                async with self.lock:  # periodic wake-up: no waiter can sleep through a state change
                     now = self.clock.now()
                     self.ledger.tick(now)
                     self.dispatcher.tick(now)
@@ -178,7 +178,7 @@ class Run:
                     if self.progress is not None:
                         self.progress.update(self.reporter.snapshot(now))
                     self._stragglers(now)
-                    self.cond.notify_all()
+                    self.slots.wake(every_payer=True)
         except Exception as e:  # the estimators, the books, the progress view: a bug stops the run cleanly
             await self._failed(e)
 
