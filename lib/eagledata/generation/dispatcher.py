@@ -7,8 +7,8 @@ reason is written, and the first one wins). Its surface is what a slot does with
 
     take(now) -> Work | Wait | Stopped      sent(work, now)      answered / not_ok / cancelled      release(work)
 
-plus `tick(now)` a few times a second. The engine's slots call it under one lock (engine.py); the benches drive the
-same object in simulated time (replay.py).
+plus `tick(now)` a few times a second. The engine's slots call it under one lock (slots.py); a replay runs the same
+engine in virtual time (clock.run_virtual, replay.py, bench/pacing_replay.py).
 """
 from __future__ import annotations
 
