@@ -1,0 +1,41 @@
+"""The benches that measure the engine in virtual time run the engine itself (bench/virtual_service.py), on a small
+scale here so they cannot rot: a bench whose numbers come from a broken run would mislead whoever reads them."""
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture(scope="module")
+def benches():
+    sys.path.insert(0, str(BENCH))
+    try:
+        import money_end_sim
+        import pacing_replay
+
+        yield pacing_replay, money_end_sim
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+def test_pacing_replay_meets_every_target_through_the_engine(benches, tok):
+    pacing_replay, _ = benches
+    rng = random.Random(3)
+    pairs = [(2.0 + n / 100, n) for n in (min(4000, round(rng.lognormvariate(6.5, 0.6))) for _ in range(200))]
+    saved = {"summary": {"run": {"concurrency": 12}, "datasets": {"A": {"target_output_tokens": 20_000},
+                                                                 "B": {"target_output_tokens": 30_000}}}}
+    for mix in (0.0, 0.5):
+        last, over = pacing_replay.replay(saved, pairs, mix, 0, tok)  # raises when a target is not met
+        assert 0 < last < 10_000 and -0.001 < over < 0.3
+    again = pacing_replay.replay(saved, pairs, 0.5, 0, tok)
+    assert again == pacing_replay.replay(saved, pairs, 0.5, 0, tok)  # virtual time: the same draw decides the same
+
+
+def test_money_end_sim_stops_at_the_cap_through_the_engine(benches, tok):
+    _, money_end_sim = benches
+    row = money_end_sim.engine(seed=1, usable=1.0, slots=16, tok=tok)  # asserts it stopped max_spend_reached
+    assert 0.8 <= row["charged"] <= 1.0  # never over the cap, most of it spent
+    assert 0 < row["stop"] <= row["end"]
