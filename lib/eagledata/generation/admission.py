@@ -172,6 +172,57 @@ def bernstein_margin(variance: float, largest_bound: float, log_inv_p: float) ->
 
 
 @dataclass
+class ChernoffSums:
+    """The Chernoff bound's state: Σ log E[e^{θC_i} | age_i] over the requests in flight (`total`), on a θ grid
+    scaled to the bounds admitted. Each estimate is mixed with one pseudo-answer that cost its whole bound (weight:
+    one among the answers seen), so a short history cannot promise a thin tail. Kept live only while the money binds:
+    refitting costs ~4× a refresh."""
+
+    model: AgeModel
+    scale: float = 0.0                   # the bound the θ grid is scaled to
+    total: np.ndarray | None = None      # None: stale (refit when asked)
+    _new: np.ndarray | None = None       # E[e^{θC}] of a new request, cached between refreshes
+
+    def use_scale(self, bound: float) -> None:
+        """Scale the θ grid to the bounds admitted (once; again only if a bound is far past it)."""
+        if self.scale and bound <= 2 * self.scale:
+            return
+        self.scale = max(bound, self.scale)
+        self.model.enable_mgf(THETA_GRID / self.scale, size_cap=2 * self.scale)
+        self._new = self.total = None
+
+    def stale(self) -> None:
+        """The estimates moved (a refresh): a new request's and the sums are recomputed when next asked for."""
+        self._new = self.total = None
+
+    def of(self, mgf: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+        """log of the estimate mixed with the pseudo-answer at each request's bound ([n, θ] in, [n, θ] out)."""
+        assert self.model.thetas is not None
+        eps = 1.0 / (self.model.events + 1)
+        with np.errstate(divide="ignore"):
+            return np.logaddexp(np.log1p(-eps) + np.log(mgf) if eps < 1 else -np.inf,
+                                math.log(eps) + np.outer(bounds, self.model.thetas))
+
+    def new(self, bound: float) -> np.ndarray:
+        """log E[e^{θC}] of a new request of `bound`."""
+        if self._new is None:
+            self._new = self.model.mgf(np.zeros(1))
+        return self.of(self._new, np.array([bound]))[0]
+
+    def refit(self, flights: list[Flight], now: float) -> None:
+        """Every flight's log E[e^{θC} | age] at `now` (kept on the flight, to take it out when it ends), and
+        their sum."""
+        self.total = np.zeros(THETA_GRID.size)
+        if not flights:
+            return
+        ages = np.maximum(np.array([now - f.started for f in flights]), 0.0)
+        logs = self.of(self.model.mgf(ages), np.array([f.bound for f in flights]))
+        for f, row in zip(flights, logs):
+            f.log_mgf = row
+        self.total = logs.sum(axis=0)
+
+
+@dataclass
 class Admission:
     """The requests in flight and what they commit. Times are the caller's clock (tests simulate it). `flights` is
     the run's one ledger of requests in flight (pacing reads it too): admission opens a flight when a request starts
@@ -182,11 +233,8 @@ class Admission:
     overshoot_probability: float = 1e-6
     flights: Flights = field(default_factory=Flights)
     _mean0: tuple[float, float] | None = None  # moments of a new request, cached between refreshes
-    _mgf0: np.ndarray | None = None            # E[e^{θC}] of a new request, cached between refreshes
     _sums: np.ndarray = field(default_factory=lambda: np.zeros(5))  # Σ mean, slack, var, sd, bound
-    _log_mgf: np.ndarray | None = None         # Σ log E[e^{θC_i} | age_i] over the requests in flight
     _largest: float = 0.0
-    _scale: float = 0.0                        # the bound the θ grid is scaled to
     _now: float = 0.0                          # the last refresh
 
     def __post_init__(self) -> None:
@@ -194,6 +242,7 @@ class Admission:
             raise ValueError("overshoot_probability must be in (0, 1)")
         self.log_inv_p = math.log(1.0 / self.overshoot_probability)
         self.z = math.sqrt(2.0 * self.log_inv_p)
+        self.chernoff = ChernoffSums(self.model)
 
     def _new_moments(self, bound: float) -> tuple[float, float]:
         if self.mode == "strict":
@@ -207,49 +256,11 @@ class Admission:
         # Sums of non-negative terms: float drift below zero is clamped (a negative variance is a math error).
         self._sums = np.maximum(self._sums + sign * np.array([f.mean, f.bound - f.mean, f.var, math.sqrt(f.var),
                                                                f.bound]), 0.0)
-        if f.log_mgf is not None and self._log_mgf is not None:  # log E[e^{θC}] >= 0 for C >= 0: clamped as well
-            self._log_mgf = np.maximum(self._log_mgf + sign * f.log_mgf, 0.0)
+        total = self.chernoff.total
+        if f.log_mgf is not None and total is not None:  # log E[e^{θC}] >= 0 for C >= 0: clamped as well
+            self.chernoff.total = np.maximum(total + sign * f.log_mgf, 0.0)
 
     # -- the Chernoff bound ------------------------------------------------------------------------------
-    def _use_scale(self, bound: float) -> None:
-        """Scale the θ grid to the bounds admitted (once; again only if a bound is far past it)."""
-        if self.mode == "strict" or self._scale and bound <= 2 * self._scale:
-            return
-        self._scale = max(bound, self._scale)
-        self.model.enable_mgf(THETA_GRID / self._scale, size_cap=2 * self._scale)
-        self._mgf0 = None
-        self._log_mgf = None
-
-    def _epsilon(self) -> float:
-        """Weight of the pseudo-answer that cost its whole bound: one among the answers seen."""
-        return 1.0 / (self.model.events + 1)
-
-    def _log_mgf_of(self, mgf: np.ndarray, bounds: np.ndarray) -> np.ndarray:
-        """log of the estimate mixed with the pseudo-answer at each request's bound ([n, θ] in, [n, θ] out)."""
-        assert self.model.thetas is not None
-        eps = self._epsilon()
-        with np.errstate(divide="ignore"):
-            return np.logaddexp(np.log1p(-eps) + np.log(mgf) if eps < 1 else -np.inf,
-                                math.log(eps) + np.outer(bounds, self.model.thetas))
-
-    def _new_log_mgf(self, bound: float) -> np.ndarray:
-        if self._mgf0 is None:
-            self._mgf0 = self.model.mgf(np.zeros(1))
-        return self._log_mgf_of(self._mgf0, np.array([bound]))[0]
-
-    def _refit_log_mgf(self, now: float) -> None:
-        """Every flight's log E[e^{θC} | age] at `now`, and their sum. Only when the money binds (the Chernoff test
-        is asked for): it costs ~4× a refresh, so between refreshes it stays None until then."""
-        flights = list(self.flights.values())
-        self._log_mgf = np.zeros(THETA_GRID.size)
-        if not flights:
-            return
-        ages = np.maximum(np.array([now - f.started for f in flights]), 0.0)
-        logs = self._log_mgf_of(self.model.mgf(ages), np.array([f.bound for f in flights]))
-        for f, row in zip(flights, logs):
-            f.log_mgf = row
-        self._log_mgf = logs.sum(axis=0)
-
     def _estimate_error(self, sds: float) -> float:
         """The means are estimated: their error is shared by every request in flight (fully correlated)."""
         return self.z * sds / math.sqrt(self.model.events + PRIOR_WEIGHT)
@@ -258,15 +269,15 @@ class Admission:
         """P(what is in flight plus this request costs more than `left`) <= p by the Chernoff bound."""
         if self.mode == "strict":
             return False
-        self._use_scale(bound)
+        self.chernoff.use_scale(bound)
         _, v = self._new_moments(bound)
         left -= self._estimate_error(self._sums[3] + math.sqrt(v))
         if left <= 0:
             return False
-        if self._log_mgf is None:
-            self._refit_log_mgf(self._now)
-        assert self.model.thetas is not None and self._log_mgf is not None
-        exponent = -self.model.thetas * left + self._log_mgf + self._new_log_mgf(bound)
+        if self.chernoff.total is None:
+            self.chernoff.refit(list(self.flights.values()), self._now)
+        assert self.model.thetas is not None and self.chernoff.total is not None
+        exponent = -self.model.thetas * left + self.chernoff.total + self.chernoff.new(bound)
         return float(exponent.min()) <= -self.log_inv_p
 
     def capacity(self, bound: float, left: float) -> int:
@@ -276,9 +287,9 @@ class Admission:
             return 0
         if self.mode == "strict":
             return int(left // bound)
-        self._use_scale(bound)
+        self.chernoff.use_scale(bound)
         assert self.model.thetas is not None
-        lam = self._new_log_mgf(bound)
+        lam = self.chernoff.new(bound)
         err = self._estimate_error(math.sqrt(self._new_moments(bound)[1]))
         # k requests fit when −θ·(left − k·err) + k·λ(θ) <= −ln(1/p) for some θ.
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -317,8 +328,8 @@ class Admission:
         largest = self._largest
         if extra_bound is not None:
             m, v = self._new_moments(extra_bound)
-            means, slack, variance, sds, bounds = means + m, slack + extra_bound - m, variance + v, sds + math.sqrt(v), \
-                bounds + extra_bound
+            means, slack, variance, sds, bounds = (means + m, slack + extra_bound - m, variance + v,
+                                                   sds + math.sqrt(v), bounds + extra_bound)
             largest = max(largest, extra_bound)
         elif not self.flights:
             return 0.0
@@ -340,8 +351,8 @@ class Admission:
         """A request of `bound` starts (for dataset `lane`): its flight's ticket."""
         f = self.flights.open(now, bound, lane)
         f.mean, f.var = self._new_moments(bound)
-        if self._log_mgf is not None:  # the Chernoff sums are live (the money binds): keep them so
-            f.log_mgf = self._new_log_mgf(bound)
+        if self.chernoff.total is not None:  # the Chernoff sums are live (the money binds): keep them so
+            f.log_mgf = self.chernoff.new(bound)
         self._add(f, 1.0)
         self._largest = max(self._largest, bound)
         return f.ticket
@@ -354,15 +365,16 @@ class Admission:
         if not self.flights:
             self._sums[:] = 0.0  # no float drift once nothing is in flight
             self._largest = 0.0
-            if self._log_mgf is not None:
-                self._log_mgf[:] = 0.0
+            if self.chernoff.total is not None:
+                self.chernoff.total[:] = 0.0
         if cost is not None:
             self.model.observe(now - f.started, cost)
 
     def refresh(self, now: float) -> None:
         """Re-estimate every request in flight at its current age (call a few times a second). The sums are
         recomputed from the flights, so no drift outlives a refresh."""
-        self._mean0 = self._mgf0 = None
+        self._mean0 = None
+        self.chernoff.stale()  # `chernoff_fits` recomputes the sums if the money binds before the next refresh
         self._now = now
         if self.mode == "strict":
             return
@@ -377,7 +389,6 @@ class Admission:
         for f, m, v in zip(flights, means.tolist(), variances.tolist()):
             f.mean, f.var = m, v
         self._sums = np.zeros(5)
-        self._log_mgf = None  # stale: `chernoff_fits` recomputes it if the money binds before the next refresh
         for f in flights:
             f.log_mgf = None
             self._add(f, 1.0)
