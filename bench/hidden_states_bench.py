@@ -185,8 +185,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     print(f"device {args.device}, compute {dtype}, torch {torch.__version__}, threads {torch.get_num_threads()}")
-    print("| preset | H | layers | tokens | storage | scoring | bare forward s | extraction s | ratio | per-batch ratio "
-          "(no disk) | extraction tok/s | peak GPU GB | scoring FLOP ratio |")
+    print("| preset | H | layers | tokens | storage | scoring | bare forward s | extraction s | ratio | "
+          "per-batch ratio (no disk) | extraction tok/s | peak GPU GB | scoring FLOP ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.preset:
         preset = PRESETS[name]

@@ -20,7 +20,8 @@ the seed's (~18) and latency against client work stays realistic (tens of second
              ~2.4k tokens at ~25 s, the usual fault mix. One run over the six, side by side with the Little's-law
              ideal of one full pool measured on that run's own answers: time to every target ÷ ideal, each
              dataset's tokens ÷ target, charged vs balance - reserve, and the time an oracle pacing would need.
-             `--money-share-of-targets 1.67`: money for 60% of the targets. `--baseline`: also the old way, six runs one after another on the same balance.
+             `--money-share-of-targets 1.67`: money for 60% of the targets. `--baseline`: also the old way, six
+             runs one after another on the same balance.
              `--multi-turn 0.4`: 40 % of the prompts are conversations of 2–4 user turns, every turn answered on the
              target's own answers (issue 31); the oracle then runs the same chains.
              `--repeat N --pair --multi-turn 0.4`: N seeds, each the single-turn job and then the multi-turn one; both
@@ -61,7 +62,8 @@ USUAL_FAULTS = {"rate_limit": 0.04, "upstream_rate_limit": 0.02, "bad_gateway": 
 
 def scaled_emulator(scale: float, speed: float, **extra: Any) -> dict:
     """The default catalog with prices × scale and answers ÷ scale: cost ratios stay the seed's."""
-    eps = [{"provider": e.provider, "prompt_price": e.prompt_price * scale, "completion_price": e.completion_price * scale}
+    eps = [{"provider": e.provider, "prompt_price": e.prompt_price * scale,
+            "completion_price": e.completion_price * scale}
            for e in default_endpoints()]
     content = {"reasoning_median": 1500 / scale, "reasoning_sigma": 0.8, "content_median": 300 / scale,
                "content_sigma": 0.7, "max_total": int(32000 / scale)}
@@ -186,8 +188,8 @@ async def plain_client(base_url: str, d: Path, n: int, concurrency: int, max_tok
     async def worker(client: httpx.AsyncClient) -> None:
         while 0.9 not in monitor.reached and (i := next(prompts, None)) is not None:
             msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
-            await timed.handle_request(client, build_request("moonshotai/kimi-k2.5", msgs, max_tokens=max_tokens, temperature=1.0,
-                                              provider=routing.provider))
+            await timed.handle_request(client, build_request("moonshotai/kimi-k2.5", msgs, max_tokens=max_tokens,
+                                                             temperature=1.0, provider=routing.provider))
 
     async with ClientPool(base_url, LOCAL_KEY, concurrency=concurrency, timeout=900) as clients:
         workers = [asyncio.ensure_future(worker(clients[i])) for i in range(concurrency)]
@@ -249,7 +251,8 @@ def panel(a: argparse.Namespace) -> None:
                 d = Path(tmp)
                 write_prompts(d, 60_000)
                 mon, panels = Monitor(emu.base_url, usable), []
-                view = (lambda snap: panels.append(LivePanel(snap, show=None)) or panels[0]) if who == "on" else None
+                view = ((lambda snap, panels=panels: panels.append(LivePanel(snap, show=None)) or panels[0])
+                        if who == "on" else None)
                 cpu0, t0 = time.process_time(), time.monotonic()
                 s = asyncio.run(with_monitor(run_generation(config(d, emu.base_url, a.scale), view=view), mon))
                 wall, cpu = time.monotonic() - t0, time.process_time() - cpu0
@@ -275,9 +278,9 @@ def background(a: argparse.Namespace) -> None:
             mon = Monitor(emu.base_url)
             s = asyncio.run(with_monitor(run_generation(config(d, emu.base_url, a.scale)), mon))
             rates[label], gap = mon.rate(0.1, 0.9)
-            print(f"(b) {label}: {s['run']['recorded']:,} recorded in {s['wall_s']:.0f} s, {rates[label]:.1f} answers/s "
-                  f"(10-90%), mean in flight {mon.mean_in_flight(1e9):,.0f}, errors {s['run']['errors']}, "
-                  f"concurrency cuts {len(s['run']['concurrency_changes'])}")
+            print(f"(b) {label}: {s['run']['recorded']:,} recorded in {s['wall_s']:.0f} s, "
+                  f"{rates[label]:.1f} answers/s (10-90%), mean in flight {mon.mean_in_flight(1e9):,.0f}, "
+                  f"errors {s['run']['errors']}, concurrency cuts {len(s['run']['concurrency_changes'])}")
     print(f"(b) throughput with 5% background 429s / without: {rates['429s'] / rates['none']:.3f}")
 
 
@@ -298,7 +301,8 @@ def capacity(a: argparse.Namespace) -> None:
         allowed = a.capacity / service
         print(f"(c) one provider taking {a.capacity} at once, 2,000 in flight: {s['run']['recorded']:,} recorded in "
               f"{s['wall_s']:.0f} s; goodput {goodput:.1f}/s vs allowed {allowed:.1f}/s = {goodput / allowed:.3f}; "
-              f"longest stretch without an answer {gap:.2f} s; 429s {s['run']['errors'].get('upstream_rate_limit', 0):,}; "
+              f"longest stretch without an answer {gap:.2f} s; "
+              f"429s {s['run']['errors'].get('upstream_rate_limit', 0):,}; "
               f"limit history {s['run']['concurrency_changes'][:12]}")
 
 
@@ -427,8 +431,9 @@ def abandon(a: argparse.Namespace) -> None:
             print(f"abandon: {'stream' if stream else 'plain '} {a.abandon_concurrency} in flight, killed after "
                   f"{a.seconds:g} s ({answers:,} answers): ${at_kill:.3f} charged at the kill, ${paid:.3f} more for "
                   f"the abandoned requests ({paid / max(at_kill, 1e-9):.1%}); outcomes {after['outcomes']}; client CPU "
-                  f"{1e3 * cpu / max(answers, 1):.2f} ms per answer" + (f", {chunks / max(answers, 1):.0f} chunks per answer, "
-                                                                        f"{1e6 * cpu / max(chunks, 1):.0f} us CPU per chunk" if stream else ""))
+                  f"{1e3 * cpu / max(answers, 1):.2f} ms per answer"
+                  + (f", {chunks / max(answers, 1):.0f} chunks per answer, "
+                     f"{1e6 * cpu / max(chunks, 1):.0f} us CPU per chunk" if stream else ""))
 
 
 def oracle_time(pairs: list[tuple[float, int]], targets: dict[str, int], slots: int, seed: int,
@@ -530,10 +535,10 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
         each = int(usable * a.money_share_of_targets / price / len(names))  # one target: its share of the money
         targets = dict.fromkeys(names, each)
         datasets = write_datasets(d, 20_000, targets, multi_turn=multi_turn)
-        print(f"(e) the job: {len(names)} datasets x {each:,} output tokens (money for {1 / a.money_share_of_targets:.0%} "
-              f"of them at ${price * 1e6:.2f}/M), ${balance:g} balance, ${reserve:g} reserve, {slots} in flight, "
-              f"max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, faults {'on' if a.faults else 'off'}, "
-              f"{multi_turn:.0%} multi-turn", flush=True)
+        print(f"(e) the job: {len(names)} datasets x {each:,} output tokens "
+              f"(money for {1 / a.money_share_of_targets:.0%} of them at ${price * 1e6:.2f}/M), ${balance:g} balance, "
+              f"${reserve:g} reserve, {slots} in flight, max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, "
+              f"faults {'on' if a.faults else 'off'}, {multi_turn:.0%} multi-turn", flush=True)
         kw = dict(datasets_file=str(datasets), base_url=emu.base_url, params_dir=str(d / "params"), concurrency=slots,
                   progress=False, reserve_usd=reserve, max_tokens=SEED_MAX_TOKENS, account_refresh_s=5.0,
                   account_lag_s=2.0, straggler_wait_s=a.straggler_wait)
@@ -570,9 +575,10 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
             print(f"    an oracle under the engine's chain rule (a started conversation goes on until its target, its "
                   f"later turns counted): every target at {kept:.0f} s = {kept / ideal:.2f}x ideal; the run's last "
                   f"target ÷ this oracle's: {max(last) / kept if None not in last else float('nan'):.2f}x", flush=True)
-        print(f"    an oracle that knows every answer's length once it starts (5 % over allowed, median of {ORACLE_DRAWS} "
-              f"draws of this run's answers): every target at {bound:.0f} s = {bound / ideal:.2f}x ideal; the run's "
-              f"last target ÷ the oracle's: {max(last) / bound if None not in last else float('nan'):.2f}x", flush=True)
+        print(f"    an oracle that knows every answer's length once it starts (5 % over allowed, median of "
+              f"{ORACLE_DRAWS} draws of this run's answers): every target at {bound:.0f} s = "
+              f"{bound / ideal:.2f}x ideal; the run's last target ÷ the oracle's: "
+              f"{max(last) / bound if None not in last else float('nan'):.2f}x", flush=True)
         if multi_turn:
             per_turn = {n: x["records"] for n, x in s["datasets"].items()}
             print(f"    records (turns) per dataset: {per_turn}; conversations left open: "

@@ -120,7 +120,8 @@ def main() -> None:
         extract(samples, work / "tf", "set", model, options=ExtractOptions(layout="speculators"), device=args.device,
                 progress=False)
         s = time.perf_counter() - t
-        print(f"transformers path ({next(model.parameters()).dtype}, {args.device}): {s:.2f} s, {tokens / s:,.0f} tok/s")
+        print(f"transformers path ({next(model.parameters()).dtype}, {args.device}): {s:.2f} s, "
+              f"{tokens / s:,.0f} tok/s")
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ def headline(name: str, r: dict) -> str:
     """One line of what a notebook published, for the demo's output."""
     if name == "providers":
         p = r["pricing"]
-        return (f"{len(r['routing']['eligible'])} eligible, {len(r['routing']['excluded'])} excluded; cheapest eligible "
-                f"{p['cheapest_eligible']} ${p['cheapest_eligible_completion_per_m']:.2f}/M output")
+        return (f"{len(r['routing']['eligible'])} eligible, {len(r['routing']['excluded'])} excluded; "
+                f"cheapest eligible {p['cheapest_eligible']} ${p['cheapest_eligible_completion_per_m']:.2f}/M output")
     if name == "budget":
         return f"targets {r['plan']['targets']} for ${r['plan']['total_usd']:.2f} of ${r['plan']['usable_usd']:.2f}"
     if name == "generate":

@@ -59,7 +59,8 @@ class ToolCall:
         """An OpenAI-shaped call `{id, type: function, function: {name, arguments}}`; arguments given as an object
         (some datasets) are written as the template writes them (`tojson`)."""
         if not isinstance(d, dict) or not isinstance(d.get("function"), dict):
-            raise InputError("a tool call must be {id, type: function, function: {name, arguments}}", field="tool_calls")
+            raise InputError("a tool call must be {id, type: function, function: {name, arguments}}",
+                             field="tool_calls")
         fn = d["function"]
         name, args = fn.get("name"), fn.get("arguments", "")
         if not isinstance(name, str) or not name:
@@ -194,7 +195,8 @@ class Record:
         if "conversation_id" in d and not isinstance(d["conversation_id"], str):
             raise InputError("must be a string", field="conversation_id")
         for name in _OPTIONAL:
-            if d.get(name) is not None and not (isinstance(d[name], list) and all(isinstance(x, dict) for x in d[name])):
+            value = d.get(name)
+            if value is not None and not (isinstance(value, list) and all(isinstance(x, dict) for x in value)):
                 raise InputError("must be a list of objects", field=name)
         usage = d.get("usage") or {}
         if not isinstance(usage, dict) or set(usage) - _USAGE_FIELDS:

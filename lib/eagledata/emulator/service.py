@@ -122,7 +122,8 @@ class Emulator:
             raise ApiError(401, "User not found.")
 
     def admit(self, req: ChatRequest, p_ids: list[int]) -> Job:
-        """Route, pick an endpoint that is neither busy nor failing, check its worst case against the balance, draw a fault."""
+        """Route, pick an endpoint that is neither busy nor failing, check its worst case against the balance, draw
+        a fault."""
         n_prompt = len(p_ids)
         r = route(self.cfg.endpoints, req.prefs, need_tokens=n_prompt + (req.max_tokens or 0),
                   used_parameters=req.used_parameters, tools=req.tools is not None)

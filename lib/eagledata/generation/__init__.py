@@ -39,10 +39,10 @@ from .report import (
 )
 from .store import Store, StoreLocked
 
-__all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig", "Seams", "OutputLengths", "Plan", "Prices", "Prompt",
-           "ContentLengths", "PromptTurns",
+__all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig",
+           "Seams", "OutputLengths", "Plan", "Prices", "Prompt", "ContentLengths", "PromptTurns",
            "Store", "StoreLocked", "generate", "get_dataset", "ignore_suspects", "load_datasets", "load_prompts",
            "Pacing", "dataset_rows", "dataset_summaries", "datasets_table", "plot_datasets", "without_timelines",
-           "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan", "plot_health",
-           "plot_records", "provider_table", "RunHealth",
+           "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan",
+           "plot_health", "plot_records", "provider_table", "RunHealth",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "write_targets"]

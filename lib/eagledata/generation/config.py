@@ -31,7 +31,8 @@ class GenerateConfig(Settings):
         cli_required=True, cli_many=True)
     datasets_file: str = shared("datasets_file")
     base_url: str = shared("base_url")
-    api_key_env: str = shared("api_key_env", "the key is read from this variable only (none needed for a local backend)")
+    api_key_env: str = shared("api_key_env",
+                              "the key is read from this variable only (none needed for a local backend)")
     model: str = shared("model")
     tokenizer: str | None = shared("tokenizer")
     concurrency: int = shared("concurrency")
@@ -57,7 +58,8 @@ class GenerateConfig(Settings):
     budget_mode: BudgetMode = setting(
         "portfolio", "portfolio: commit expected cost + a tail margin; strict: every request's worst case")
     overshoot_probability: float = setting(1e-6, "portfolio: chance the requests in flight overshoot the limit")
-    prior_output_median_tokens: float = shared("prior_output_median_tokens", "cost prior before any answer (no earlier records)")
+    prior_output_median_tokens: float = shared("prior_output_median_tokens",
+                                               "cost prior before any answer (no earlier records)")
     prior_output_sigma: float = shared("prior_output_sigma")
     account_refresh_s: float = setting(10.0, "seconds between account readings (/key usage, /credits)")
     account_lag_s: float = setting(5.0, "how far the account's usage may lag behind its answers")

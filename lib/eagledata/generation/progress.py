@@ -246,8 +246,9 @@ def status_line(snap: RunSnapshot) -> str:
         tokens, done = sum(d.tokens for d in snap.datasets), sum(d.done for d in snap.datasets)
         targets = [d.target for d in snap.datasets if d.target is not None]
         who = f"{len(snap.datasets)} datasets"
+        total = sum(d.total_prompts for d in snap.datasets)
         head = (f"{tokens:,}/{sum(targets):,} output tokens" if len(targets) == len(snap.datasets)
-                else f"{tokens:,} output tokens") + f", {done:,}/{sum(d.total_prompts for d in snap.datasets):,} prompts"
+                else f"{tokens:,} output tokens") + f", {done:,}/{total:,} prompts"
     eta, why = sooner(*run_etas(snap))
     cap = f" of ${snap.cap:,.2f} cap" if snap.cap is not None else ""
     other = f" | other spending on this key ${snap.foreign:,.4f}" if snap.foreign else ""

@@ -136,6 +136,7 @@ def summary_table(summary: dict[str, Any]):
     import pandas as pd
 
     run = summary["run"]
+    per_m, cheapest_per_m = run["usd_per_m_output"], run["cheapest_eligible_usd_per_m_output"]
     rows = [
         ("stop reason", summary["stop_reason"]),
         ("records (dataset / this run)", f"{summary['records']:,} / {run['recorded']:,}"),
@@ -151,9 +152,9 @@ def summary_table(summary: dict[str, Any]):
         ("wall time", f"{summary['wall_s']:,.1f} s"),
         ("throughput", f"{run['output_tokens_per_s']:,.0f} output tok/s"),
         ("$ per M output on charged (run / cheapest eligible)",
-         f"{run['usd_per_m_output'] if run['usd_per_m_output'] is not None else '-'} / "
-         f"{run['cheapest_eligible_usd_per_m_output'] if run['cheapest_eligible_usd_per_m_output'] is not None else '-'}"),
-        ("budget mode / concurrency cuts", f"{run.get('budget_mode', '-')} / {len(run.get('concurrency_changes', []))}"),
+         f"{per_m if per_m is not None else '-'} / {cheapest_per_m if cheapest_per_m is not None else '-'}"),
+        ("budget mode / concurrency cuts",
+         f"{run.get('budget_mode', '-')} / {len(run.get('concurrency_changes', []))}"),
         ("retries", f"{run['retried']:,}"),
     ]
     tools = run.get("tool_calls") or {}
@@ -224,7 +225,8 @@ class RunHealth:
     @classmethod
     def of_summary(cls, summary: dict[str, Any]) -> RunHealth:
         run = summary["run"]
-        verdicts = {n: p.get("verdict", "") for n, p in ((summary.get("fidelity") or {}).get("providers") or {}).items()}
+        providers = (summary.get("fidelity") or {}).get("providers") or {}
+        verdicts = {n: p.get("verdict", "") for n, p in providers.items()}
         balance = run.get("balance_start_usd")
         shares = []
         for name, s in dataset_summaries(summary).items():

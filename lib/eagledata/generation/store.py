@@ -110,7 +110,7 @@ def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
                 entry = _entry(rid, offset, tokens, float(usage.get("cost") or 0.0),
                                str(d.get("conversation_id") or rid), int(d.get("turn", 1)), record_ends(d))
             except (ValueError, KeyError, TypeError, AttributeError):
-                raise InputError("not a valid record line (after byte %d)" % start, path, lineno) from None
+                raise InputError(f"not a valid record line (after byte {start})", path, lineno) from None
             out.append(entry)
     return out
 

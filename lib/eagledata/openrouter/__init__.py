@@ -18,7 +18,7 @@ from .routing import (
 )
 
 __all__ = ["OPENROUTER_URL", "APIError", "Account", "Catalog", "ClientPool", "Completion", "Endpoint", "Exclusion",
-           "Kind", "Outcome", "PrecisionPolicy", "ProvidersConfig", "Price", "RoutingDecision", "build_request", "cheapest", "classify_exception",
-           "classify_response", "complete", "decide", "fetch_catalog", "fetch_catalog_async", "ignore_in_routing", "load_routing",
-           "plot_providers", "precision_rank", "price_summary", "read_account", "resolve_api_key", "workload_costs",
-           "worst_price"]
+           "Kind", "Outcome", "PrecisionPolicy", "ProvidersConfig", "Price", "RoutingDecision", "build_request",
+           "cheapest", "classify_exception", "classify_response", "complete", "decide", "fetch_catalog",
+           "fetch_catalog_async", "ignore_in_routing", "load_routing", "plot_providers", "precision_rank",
+           "price_summary", "read_account", "resolve_api_key", "workload_costs", "worst_price"]

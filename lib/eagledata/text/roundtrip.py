@@ -52,8 +52,8 @@ EXPLAINED = {
     "literal special string in prompt": "user text holds a special-token string; the server tokenizes it as a "
                                         "control token (recorded ids follow the server)",
     "tool-call index off the count": "the model numbered a call otherwise than the conversation's running count of "
-                                     "calls: exact when served so (vLLM's kimi_k2 parser keeps the model's id), but the "
-                                     "id rebuilt for a provider serving `call_…` ids would differ",
+                                     "calls: exact when served so (vLLM's kimi_k2 parser keeps the model's id), but "
+                                     "the id rebuilt for a provider serving `call_…` ids would differ",
 }
 
 
@@ -149,7 +149,8 @@ def check_case(tok: KimiTokenizer, case: Case) -> Result:
         allowed.add(len(o_ids) - 1)
     stray = [i for i in specials if i not in allowed]
     if stray:
-        res.flag("special token outside structure", f"at {stray[:5]}: {tok.token_strings([o_ids[i] for i in stray[:5]])}")
+        res.flag("special token outside structure",
+                 f"at {stray[:5]}: {tok.token_strings([o_ids[i] for i in stray[:5]])}")
 
     if not reasoning and THINK_CLOSE in content:
         res.flag("unrepaired bare close", f"no reasoning, `</think>` at char {content.index(THINK_CLOSE)} of content")
@@ -275,11 +276,14 @@ def sample_cases(tok: KimiTokenizer) -> list[Case]:
              "\n\nBecause shorter wavelengths scatter more.\n", "stop"),
         Case("literal-specials-in-content", _user("Show me the chat markup."), "They want the raw tags.",
              "Kimi wraps reasoning in <think>...</think> and ends turns with <|im_end|>.", "stop"),
-        Case("cjk", _user("用中文解释量子纠缠。"), "用户想要中文解释。我先想一想……", "量子纠缠是两个粒子状态相互关联的现象。日本語も：量子もつれ。", "stop"),
+        Case("cjk", _user("用中文解释量子纠缠。"), "用户想要中文解释。我先想一想……",
+             "量子纠缠是两个粒子状态相互关联的现象。日本語も：量子もつれ。", "stop"),
         Case("emoji", _user("Reply with emoji 🎉"), "Family emoji uses ZWJ: 👨‍👩‍👧‍👦", "Sure! 🎉👍🏽🇯🇵 ✨", "stop"),
         Case("nfc-vs-nfd", _user("Spell café both ways."), "NFC é vs NFD e+◌́",
-             "NFC: " + unicodedata.normalize("NFC", "café") + " / NFD: " + unicodedata.normalize("NFD", "café"), "stop"),
-        Case("30000-spaces", _user("Print many spaces."), "A long run of spaces.", "start" + " " * 30000 + "end", "stop"),
+             "NFC: " + unicodedata.normalize("NFC", "café") + " / NFD: " + unicodedata.normalize("NFD", "café"),
+             "stop"),
+        Case("30000-spaces", _user("Print many spaces."), "A long run of spaces.", "start" + " " * 30000 + "end",
+             "stop"),
         Case("empty-reasoning", _user("Say hi."), "", "Hi!", "stop"),
         Case("tool-markup-as-text", _user("How do tool calls look?"), "Describe the format literally.",
              'A call looks like <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0'
@@ -355,7 +359,8 @@ def plot_token_lengths(report: Report):
     df = report.per_record()
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
     for ax, col in zip(axes, ["prompt_tokens", "output_tokens"]):
-        ax.hist(df[col], bins=min(40, max(5, len(df) // 2)), color="tab:blue" if col == "prompt_tokens" else "tab:orange")
+        ax.hist(df[col], bins=min(40, max(5, len(df) // 2)),
+                color="tab:blue" if col == "prompt_tokens" else "tab:orange")
         ax.set_xlabel(col.replace("_", " "))
         ax.set_ylabel("records")
     fig.tight_layout()

@@ -43,7 +43,8 @@ MAX_RUN_CHARS = 25_000
 # `re`'s \s is str.isspace(), the reference's test. A lookbehind anchors each try at a run start, so
 # the scan is linear even on a 100k-character run.
 def _long_run_re(max_run: int) -> re.Pattern[str]:
-    return re.compile(r"(?<!\S)\S{%d}|(?<!\s)\s{%d}" % (max_run + 1, max_run + 1))
+    n = max_run + 1
+    return re.compile(rf"(?<!\S)\S{{{n}}}|(?<!\s)\s{{{n}}}")
 
 
 _LONG_RUN = _long_run_re(MAX_RUN_CHARS)

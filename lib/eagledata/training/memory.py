@@ -168,10 +168,9 @@ def check_parallelism(shape: ModelShape, split: Parallelism, devices: Devices) -
     if split.tp < 1 or split.dp < 1:
         raise InputError(f"tp and dp must be ≥ 1, got {split}", field="tp")
     if shape.heads % split.tp or shape.kv_heads % split.tp:
+        choices = [t for t in range(1, shape.heads + 1) if shape.heads % t == 0 and shape.kv_heads % t == 0]
         raise InputError(f"tp={split.tp} does not divide the model's {shape.heads} attention heads "
-                         f"({shape.kv_heads} key/value heads); choose one of "
-                         f"{[t for t in range(1, shape.heads + 1) if shape.heads % t == 0 and shape.kv_heads % t == 0]}",
-                         field="tp")
+                         f"({shape.kv_heads} key/value heads); choose one of {choices}", field="tp")
     if split.device_map and (split.tp > 1 or split.dp > 1):
         raise InputError(f"device_map={split.device_map} runs one process over all devices: tp and dp must be 1",
                          field="device_map")

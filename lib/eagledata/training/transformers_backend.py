@@ -112,7 +112,8 @@ class Capture:
         self.keep = attention_mask.bool() if attention_mask is not None else None
         n = int(attention_mask.sum()) if attention_mask is not None else input_ids.numel()
         self.out = torch.empty(n, 4, self.decoder.hidden_size, dtype=dtype, device=input_ids.device)
-        last = self.decoder.module(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        last = self.decoder.module(input_ids=input_ids, attention_mask=attention_mask,
+                                   use_cache=False).last_hidden_state
         if self.final == "post_norm":
             self._store(3, last)
         out, self.out, self.keep = self.out, None, None
