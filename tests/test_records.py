@@ -7,8 +7,8 @@ import pytest
 from eagledata.errors import InputError
 from eagledata.records import Record, Usage, load_records
 
-CONTRACT_FIELDS = ["id", "dataset", "conversation_id", "turn", "messages", "reasoning", "content", "finish_reason", "model", "provider",
-                   "generation_id", "usage", "prompt_ids", "output_ids"]
+CONTRACT_FIELDS = ["id", "dataset", "conversation_id", "turn", "messages", "reasoning", "content", "finish_reason",
+                   "model", "provider", "generation_id", "usage", "prompt_ids", "output_ids"]
 
 
 def make_record(i: int = 0) -> Record:
@@ -35,7 +35,7 @@ def test_meta_is_kept_when_present():
 
 
 def write_lines(path, lines):
-    path.write_text("".join(l + "\n" for l in lines))
+    path.write_text("".join(line + "\n" for line in lines))
     return path
 
 

@@ -412,6 +412,16 @@ def test_streaming_faults(em):
     last = json.loads(lines[-1][6:])
     assert last["error"]["message"] and last["choices"][0]["finish_reason"] == "error"
     assert "data: [DONE]" not in lines
+    # the error a streamed fault sends is the one its JSON body holds (the same class either way)
+    em.reset({**em.base, "faults": {"midstream_error": 1.0}})
+    body = chat(em, content="x").json()
+    assert last["error"] == body["choices"][0]["error"] and last["error"]["metadata"]["provider_name"]
+    em.reset({**em.base, "faults": {"error_top_level": 1.0}})
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
+                      json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    em.reset({**em.base, "faults": {"error_top_level": 1.0}})
+    assert json.loads(lines[-1][6:]) == chat(em, content="x").json() and "data: [DONE]" not in lines
     em.reset({**em.base, "faults": {"empty_content": 1.0}})
     with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
                       json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}) as r:
@@ -420,11 +430,12 @@ def test_streaming_faults(em):
     assert em.stats()["charged_usd"] == 0
 
 
-@pytest.mark.parametrize("fault, billed", [("error_in_choice", True), ("error_top_level", True),
+@pytest.mark.parametrize("fault, billed", [("error_in_choice", False), ("error_top_level", False),
                                            ("midstream_error", False), ("empty_content", False),
                                            ("truncated_json", True), ("slow", True)])
 def test_streamed_faults_are_billed_as_served(em, fault, billed):
-    """Streaming: an answer served whole (or cut in transit) is billed, an error chunk or an empty answer is not."""
+    """Streaming: an answer served whole (or cut in transit) is billed, an error chunk or an empty answer is not;
+    every fault is billed as the same fault asked without `stream` (test_each_fault_class_shape)."""
     em.reset({**em.base, "faults": {fault: 1.0, "slow_seconds": 0.05}})
     with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30,
                       json={"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True}) as r:
@@ -435,7 +446,7 @@ def test_streamed_faults_are_billed_as_served(em, fault, billed):
     assert (stats["charged_usd"] > 0) == billed and len(truth) == billed
     if billed:
         assert stats["charged_usd"] == pytest.approx(truth[0]["cost"])
-    assert ("data: [DONE]" in lines) == (fault not in ("midstream_error", "truncated_json"))
+    assert ("data: [DONE]" in lines) == (fault in ("empty_content", "slow"))
 
 
 def test_fault_rates_within_tolerance(em):
@@ -611,7 +622,8 @@ def test_abandoned_requests_are_billed_as_openrouter_bills_them(em):
     assert stats["charged_usd"] == pytest.approx(partial + truth["cost"]) and truth["cost"] > partial
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{em.base_url}/chat/completions", headers=AUTH, timeout=0.2,
-                   json={"model": MODEL, "messages": [{"role": "user", "content": "y"}], "provider": {"only": ["Parasail"]}})
+                   json={"model": MODEL, "messages": [{"role": "user", "content": "y"}],
+                         "provider": {"only": ["Parasail"]}})
     stats = _settled(em, "ok")
     assert len(em.ground_truth()) == 2 and stats["charged_usd"] > partial + truth["cost"]
 

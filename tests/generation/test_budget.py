@@ -245,7 +245,8 @@ def test_one_render_per_conversation_equals_rendering_every_turn(tok, tmp_path):
     for p in iter_prompts(_conversations(tmp_path, (typed,))):
         conv = Conversation.of(p)
         assert turn_prompt_tokens(tok, conv, scaffold) == turn_prompt_tokens(tok, conv, None), p.id
-        found[p.id] = len(scaffold.starts(prompt_ids(tok, conv.turn([conv.stand_in(k) for k in range(len(conv.asks) - 1)]).messages)))
+        last = conv.turn([conv.stand_in(k) for k in range(len(conv.asks) - 1)])
+        found[p.id] = len(scaffold.starts(prompt_ids(tok, last.messages)))
     assert found == {"one": 0, "two": 1, "three": 2, "typed": 2}  # typed: one answer, two scaffolds -> every turn
 
 

@@ -72,7 +72,8 @@ def test_turns_last_is_todays_single_request():
     assert (t.id, t.number, t.later, t.messages) == ("c", 3, 0, p.messages)  # the dataset's answers as history
     assert sum(OLD in m["content"] for m in t.messages) == 2 and not c.chained
     one = Conversation.of(normalize_prompt(sharegpt("o", 1)), "all").turn()
-    assert (one.id, one.number, one.later) == ("o", 1, 0) and one.messages == normalize_prompt(sharegpt("o", 1)).messages
+    assert (one.id, one.number, one.later) == ("o", 1, 0)
+    assert one.messages == normalize_prompt(sharegpt("o", 1)).messages
 
 
 def test_split_asks_edge_cases():

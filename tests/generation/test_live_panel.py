@@ -57,7 +57,8 @@ def datasets_file(tmp_path: Path, planned: dict[str, float], target: int = 6000)
         prompts.write_text("".join(json.dumps({"id": f"{name}-{i:04d}", "messages": [
             {"role": "user", "content": f"{name} question {i}: why is the sky blue at {i} o'clock?"}]}) + "\n"
             for i in range(400)))
-        lines.append(f"{name}:\n  prompts: {prompts}\n  target_output_tokens: {target}\n  planned_usd: {planned[name]}\n")
+        lines.append(f"{name}:\n  prompts: {prompts}\n  target_output_tokens: {target}\n"
+                     f"  planned_usd: {planned[name]}\n")
     (tmp_path / "datasets.yaml").write_text("".join(lines))
     return tmp_path / "datasets.yaml"
 

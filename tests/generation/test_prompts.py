@@ -8,7 +8,7 @@ from eagledata.generation.prompts import load_prompts
 
 
 def write_lines(path, lines):
-    path.write_text("".join(l + "\n" for l in lines))
+    path.write_text("".join(line + "\n" for line in lines))
     return path
 
 
@@ -75,6 +75,7 @@ def test_scan_skips_finished_lines_but_validates_the_rest(tmp_path):
 
 
 def test_prompt_id_with_tab_is_refused(tmp_path):
-    path = write_lines(tmp_path / "p.jsonl", [json.dumps({"id": "a\tb", "messages": [{"role": "user", "content": "q"}]})])
+    path = write_lines(tmp_path / "p.jsonl",
+                       [json.dumps({"id": "a\tb", "messages": [{"role": "user", "content": "q"}]})])
     with pytest.raises(InputError, match="p.jsonl:1: field 'id': must not contain tabs"):
         load_prompts(path)

@@ -31,7 +31,8 @@ def test_success_fields():
     assert out.kind is Kind.OK
     assert c.answer == Answer("Think.", "Answer.", "stop")
     assert (c.provider, c.model, c.generation_id) == ("DeepInfra", "moonshotai/kimi-k2.5-0127", "gen-1")
-    assert (c.usage.prompt_tokens, c.usage.completion_tokens, c.usage.reasoning_tokens, c.usage.cost) == (10, 8, 3, 2.5e-5)
+    u = c.usage
+    assert (u.prompt_tokens, u.completion_tokens, u.reasoning_tokens, u.cost) == (10, 8, 3, 2.5e-5)
 
 
 def test_reasoning_details_only_and_inline_think():

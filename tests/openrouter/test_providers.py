@@ -23,7 +23,8 @@ NO_TOOLS = "does not support tools (require_tools=True, needed only by datasets 
 def test_default_picture_excludes_only_below_native_and_down():
     d = decision_for(catalog())
     assert {(e.provider, e.reason) for e in d.excluded} == {
-        ("Fireworks", "quantized below native int4 (nvfp4)"), ("BaseTen", "down (status -2); quantized below native int4 (fp4)")}
+        ("Fireworks", "quantized below native int4 (nvfp4)"),
+        ("BaseTen", "down (status -2); quantized below native int4 (fp4)")}
     assert d.provider["ignore"] == ["baseten", "fireworks"]
     assert d.provider["sort"] == "price"
     assert "nvfp4" not in d.provider["quantizations"] and "fp4" not in d.provider["quantizations"]
@@ -102,7 +103,8 @@ def test_decision_roundtrips_through_yaml(tmp_path):
     assert raw["provider"] == d.provider
     assert {"provider": "Fireworks", "tag": "fireworks", "quantization": "nvfp4",
             "reason": "quantized below native int4 (nvfp4)"} in raw["excluded"]
-    assert raw["flagged"] == [{"provider": "Venice", "note": "quantization 'unknown' not known, kept by unknown_policy=keep"}]
+    assert raw["flagged"] == [
+        {"provider": "Venice", "note": "quantization 'unknown' not known, kept by unknown_policy=keep"}]
     loaded = RoutingDecision.load(path)
     assert loaded.to_dict() == d.to_dict()  # the file keeps each eligible endpoint's name, quantization and prices
     assert loaded.worst_price() == d.worst_price() and loaded.cheapest().provider == d.cheapest().provider

@@ -174,7 +174,8 @@ def test_kill_and_resume_with_another_batch_size(models, samples, tmp_path):
     # a kill between claiming a shard and indexing it leaves an unreferenced shard behind
     (out / "shard-00077.safetensors").write_bytes(b"partial")
     resumed = run(samples, tmp_path / "b", model, max_batch_size=3, **small_shards)
-    assert resumed.complete and 0 < resumed.skipped < len(samples) and resumed.extracted + resumed.skipped == len(samples)
+    assert resumed.complete and 0 < resumed.skipped < len(samples)
+    assert resumed.extracted + resumed.skipped == len(samples)
     assert not (out / "shard-00077.safetensors").exists()
     _assert_same_set(whole.directory, out, samples)
     again = run(samples, tmp_path / "b", model, max_batch_size=2, **small_shards)
@@ -235,7 +236,8 @@ def test_world_size_two_equals_world_size_one(models, samples, tmp_path):
 
 
 def json_objects(text: str) -> list[dict]:
-    """Every JSON object printed, even when two processes' lines ran together on a shared pipe (seen once, under load)."""
+    """Every JSON object printed, even when two processes' lines ran together on a shared pipe (seen once, under
+    load)."""
     decoder, found, at = json.JSONDecoder(), [], text.find("{")
     while at != -1:
         try:
@@ -263,7 +265,8 @@ def test_torchrun_two_processes_on_cpu(models, samples, tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     reports = json_objects(done.stdout)
-    assert sorted(r["rank"] for r in reports) == [0, 1], done.stdout and sum(r["extracted"] for r in reports) == len(samples)
+    assert sorted(r["rank"] for r in reports) == [0, 1], done.stdout
+    assert sum(r["extracted"] for r in reports) == len(samples), done.stdout
     one = run(samples, tmp_path / "one", models["llama"], storage="fp32", max_batch_size=4)
     _assert_same_set(one.directory, tmp_path / "hidden_states" / "ws2", samples)
 
@@ -337,7 +340,8 @@ def test_assembly_dedupe_truncation_length_and_exports(tok, tmp_path):
     dup_id = make_record(tok, 0, prompt="a different prompt", dataset="B2")
     dup_prompt = make_record(tok, 1, dataset="B2")
     dup_prompt.id = "other"
-    b.write_text(dup_id.to_json() + "\n" + dup_prompt.to_json() + "\n" + make_record(tok, 9, dataset="B2").to_json() + "\n")
+    b.write_text(dup_id.to_json() + "\n" + dup_prompt.to_json() + "\n"
+                 + make_record(tok, 9, dataset="B2").to_json() + "\n")
 
     asm = assemble([a, b])
     assert [s.id for s in asm.samples] == ["r0", "r1", "r2", "r9"]
@@ -445,7 +449,8 @@ def test_assembly_leaves_out_the_providers_generation_called_suspect(tok, tmp_pa
 
     fidelity["fidelity"]["providers"]["Leaky"]["verdict"] = "bad"
     (b1 / "summary.json").write_text(json.dumps(fidelity))
-    with pytest.raises(InputError, match=r"B1/summary\.json field 'fidelity\.providers\.Leaky\.verdict': verdict 'bad'"):
+    with pytest.raises(InputError,
+                       match=r"B1/summary\.json field 'fidelity\.providers\.Leaky\.verdict': verdict 'bad'"):
         assemble(["B1"], output_dir=tmp_path)
     (b1 / "summary.json").write_text(json.dumps({"fidelity": {"providers": ["Leaky"]}}))
     with pytest.raises(InputError, match=r"B1/summary\.json field 'fidelity\.providers': expected an object"):
@@ -595,7 +600,8 @@ def test_tool_call_turns_are_samples_with_loss_on_the_targets_turns_only(layout,
         for f in sf.list_feature_files(str(result.directory)):
             r = by_id[index[os.path.relpath(f, result.directory)]]
             item = sf.normalize(sf.load_feature_file(f), max_len=4096)
-            assert item["input_ids"][0].tolist() == r.input_ids and item["loss_mask"][0].tolist() == r.loss_mask[:-1] + [0]
+            assert item["input_ids"][0].tolist() == r.input_ids
+            assert item["loss_mask"][0].tolist() == r.loss_mask[:-1] + [0]
 
 
 def test_exports_write_each_turn_with_its_history(tok, conversations, tmp_path):
@@ -647,7 +653,8 @@ def test_specforge_rows_of_an_agent_conversation_keep_its_calls_and_results(tok,
     assert {t["tool_call_id"] for t in row["conversations"][3:5]} == {c["id"] for c in records[0].tool_calls}
     assert row["conversations"][-1]["tool_calls"] == records[1].tool_calls
     last = rows["agent-1#3"]["conversations"]  # the loop still in flight: both earlier calls keep their reasoning
-    assert [t.get("reasoning_content") for t in last[:-1] if t["role"] == "assistant"] == [r.reasoning for r in records[:2]]
+    kept = [t.get("reasoning_content") for t in last[:-1] if t["role"] == "assistant"]
+    assert kept == [r.reasoning for r in records[:2]]
     for r in records:
         assert rows[r.id]["input_ids"] == r.input_ids and rows[r.id]["loss_mask"] == r.loss_mask
 
@@ -671,9 +678,9 @@ def test_extraction_cost_counts_history_against_supervised_tokens(tok, conversat
     for dataset, (n, conv, later) in {"B1": (3, 2, 1), "B2": (3, 1, 2)}.items():
         rs = [r for r in records if r.dataset == dataset]
         row = cost["by_dataset"][dataset]
-        t, l, q = expect(rs)
+        t, lt, q = expect(rs)
         assert (row["tokens"], row["loss_tokens"], row["samples"], row["conversations"], row["later_turns"]) == \
-            (t, l, n, conv, later)
+            (t, lt, n, conv, later)
         assert row["tokens_per_loss_token"] == pytest.approx(q, rel=1e-12)
     assert asm.by_dataset() == cost["by_dataset"]
     stats = asm.stats()
@@ -757,7 +764,8 @@ def test_notebook_exports_what_specforge_reads(records_file, tokenizer_dir, tmp_
     assert "dequantized to 16-bit at load" in text and "INT4 packed" in text
     directory = tmp_path / "out" / "hidden_states" / "demo"
     manifest = json.loads((directory / "manifest.json").read_text())
-    assert results["manifest"] == manifest and manifest["num_samples"] == 12 and manifest["layers"] == list(LAYERS) and manifest["layout"] == "specforge"
+    assert results["manifest"] == manifest and manifest["num_samples"] == 12
+    assert manifest["layers"] == list(LAYERS) and manifest["layout"] == "specforge"
 
     records = {r.id: r for r in load_records(records_file)}
     files = sf.list_feature_files(str(directory))

@@ -81,7 +81,8 @@ def test_int4_checkpoint_is_k25s_format(int4):
     assert experts and all(k.rsplit(".", 1)[1] in ("weight_packed", "weight_scale", "weight_shape") for k in experts)
     gate = next(k for k in experts if k.endswith("gate_proj.weight_packed"))
     assert dtypes[gate] == "I32" and shapes[gate] == [H // 2, H * 4 // 32]  # 8 int4 per int32
-    assert dtypes[gate.replace("packed", "scale")] == "BF16" and shapes[gate.replace("packed", "scale")] == [H // 2, H // 32]
+    scale = gate.replace("packed", "scale")
+    assert dtypes[scale] == "BF16" and shapes[scale] == [H // 2, H // 32]
     plain = [k for k in keys if k not in experts]
     for part in ("self_attn", "shared_experts", "layers.0.mlp.gate_proj", "vision_tower", "embed_tokens"):
         assert any(part in k for k in plain), part

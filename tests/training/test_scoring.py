@@ -164,7 +164,8 @@ def test_scores_survive_a_kill_and_resume(model, tmp_path):
     for r, f in zip(resumed, fresh):
         if r.id in stored:  # carried from before the kill, exactly
             assert r.score.to_dict() == stored[r.id]
-        assert (r.dataset, r.provider, r.sampling, r.score.tokens) == (f.dataset, f.provider, f.sampling, f.score.tokens)
+        assert (r.dataset, r.provider, r.sampling, r.score.tokens) == \
+            (f.dataset, f.provider, f.sampling, f.score.tokens)
         assert sum(r.score.hist) == sum(f.score.hist) == r.score.tokens
         for name in ("nll_sum", "nll_sumsq", "nll_max"):
             assert getattr(r.score, name) == pytest.approx(getattr(f.score, name), rel=SCORE_RTOL, abs=SCORE_ATOL), \

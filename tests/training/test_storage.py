@@ -31,7 +31,8 @@ def test_torchzip_writes_byte_for_byte_what_torch_save_writes(tmp_path, monkeypa
     for t, h in [(1, 1), (5, 4), (300, 256), (4099, 7), (37, 1000)]:
         states = torch.randn(t, 4, h).to(torch.bfloat16)  # the writer gets views of a batch's [T, 4, H]
         cases.append({"input_ids": torch.arange(t) * 7919, "loss_mask": (torch.arange(t) % 3 > 0).long(),
-                      "hidden_state": states[:, 3].unsqueeze(0), "aux_hidden_state": states[:, :3].reshape(1, t, 3 * h)})
+                      "hidden_state": states[:, 3].unsqueeze(0),
+                      "aux_hidden_state": states[:, :3].reshape(1, t, 3 * h)})
     cases.append({"x": torch.randn(3, 5).t(), "y": torch.tensor(2.5), "z": torch.arange(6, dtype=torch.int32)[::2]})
 
     def write_all():

@@ -259,7 +259,8 @@ def test_logprobs_equal_the_reference(target):
         worst = max(worst, float((logprobs - want).abs().max()))
         # not a constant: the reference's per-token variation is far larger than the tolerance
         assert float(want.max() - want.min()) > 4 * 2 * spread.logprobs
-    print(f"{target.family}: vLLM vs transformers log-prob max abs diff {worst:.3e}; bf16 vs fp32 {spread.logprobs:.3e}")
+    print(f"{target.family}: vLLM vs transformers log-prob max abs diff {worst:.3e}; "
+          f"bf16 vs fp32 {spread.logprobs:.3e}")
     assert worst <= max(2 * spread.logprobs, 1e-3), (worst, spread)
 
 
