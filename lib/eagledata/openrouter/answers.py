@@ -58,11 +58,14 @@ class Outcome:
 
 def build_request(model: str, messages: list[dict], *, max_tokens: int, temperature: float | None,
                   provider: Mapping[str, Any] | None, backend: str = "openrouter",
-                  tools: Sequence[dict] | None = None, parallel_tool_calls: bool = False,
+                  tools: Sequence[dict] | None = None, parallel_tool_calls: bool = False, stream: bool = False,
                   extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The chat-completions body: reasoning on, our routing, our max_tokens; the conversation's tools when it has
-    any (with `parallel_tool_calls` as its dataset calls)."""
-    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens, "stream": False}
+    any (with `parallel_tool_calls` as its dataset calls). `stream`: SSE (openrouter/stream.py), OpenRouter only. A
+    local server (vLLM, SGLang) is always asked for one JSON body: its exact ids (`return_token_ids`) are read from
+    that body, and it bills nothing, so closing a stream early would save nothing."""
+    body: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens,
+                            "stream": stream and backend == "openrouter"}
     if tools:
         body["tools"] = list(tools)
         body["parallel_tool_calls"] = parallel_tool_calls
@@ -170,6 +173,7 @@ def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
         err = choice["error"] if isinstance(choice["error"], dict) else {"message": str(choice["error"])}
         out = _error_outcome(200, err, {})
         out.error_class = out.error_class if out.kind is not Kind.RETRY else "error_in_choice"
+        out.provider = out.provider or _text(body.get("provider"))  # a stream's error chunk names it only there
         return out
     message = choice.get("message") or {}
     finish = choice.get("finish_reason") or choice.get("native_finish_reason")
@@ -232,6 +236,13 @@ def classify_response(status: int, headers: Mapping[str, str], content: bytes) -
         body = json.loads(content) if content.strip() else None
     except (ValueError, UnicodeDecodeError):
         body = None
+    return classify_body(status, headers, body, content)
+
+
+def classify_body(status: int, headers: Mapping[str, str], body: Any, content: bytes = b"") -> Outcome:
+    """An answer's parsed JSON body (None: not JSON; `content`: its raw bytes, for an error's message) → Outcome.
+    A stream's chunks assembled into the body they add up to (openrouter/stream.py) are classified here too, so
+    both ways of asking give the same Completion and the same error classes."""
     if status != 200:
         err = body.get("error") if isinstance(body, dict) and isinstance(body.get("error"), dict) else {}
         return _error_outcome(status, err or {"message": content[:200].decode(errors="replace")}, headers)

@@ -13,6 +13,7 @@ import httpx
 from ..defaults import OPENROUTER_URL  # noqa: F401  (re-exported)
 from ..errors import InputError
 from .answers import Outcome, classify_exception, classify_response
+from .stream import StreamState, stream_complete
 
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 LOCAL_KEY = "local-no-key"  # the emulator accepts any non-empty key
@@ -146,8 +147,11 @@ async def read_account(client: httpx.AsyncClient) -> Account:
     return Account(None if usage is None else float(usage), min(balances) if balances else None)
 
 
-async def complete(client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
-    """POST chat/completions once and classify what came back (or what broke)."""
+async def complete(client: httpx.AsyncClient, body: dict[str, Any], state: StreamState | None = None) -> Outcome:
+    """POST chat/completions once and classify what came back (or what broke). A body with `stream: true` is read as
+    SSE (openrouter/stream.py; `state`, when given, follows it chunk by chunk); the Outcome is the same either way."""
+    if body.get("stream"):
+        return await stream_complete(client, body, state)
     try:
         resp = await client.post("chat/completions", json=body)
         return classify_response(resp.status_code, resp.headers, resp.content)
