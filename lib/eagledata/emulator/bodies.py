@@ -191,20 +191,25 @@ def call_deltas(calls: list[dict], pieces_per_call: int = 3) -> list[dict]:
     return out
 
 
+CUT_SHAPES = ("error_chunk", "top_level_error", "cut")  # stream shapes that end the stream halfway
+
+
 async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
     """SSE: processing comments, reasoning, content then tool-call deltas, finish chunk, usage chunk, [DONE]; the row's
-    `stream` shape decides what is sent instead (an error chunk or a cut line halfway, an empty answer)."""
+    `stream` shape decides what is sent instead (the fault's error in a chunk, or alone, or a cut line halfway; an
+    empty answer). Each delta goes out at its own time on the answer's schedule (first token after the latency, then
+    evenly over the generation time), not after a sleep per delta: a busy loop delays a chunk, never the answer, so
+    a streamed answer ends when the same answer asked without `stream` would."""
     gen = job.gen
     assert gen is not None
     fault = job.plays
     ttft, gen_time = em.delays(job)
+    loop = asyncio.get_running_loop()
+    first = loop.time() + ttft
     yield ": OPENROUTER PROCESSING\n\n"
-    waited = 0.0
-    while waited < ttft:
-        step = min(em.cfg.processing_interval, ttft - waited)
-        await asyncio.sleep(step)
-        waited += step
-        if waited < ttft:
+    while (now := loop.time()) < first:
+        await asyncio.sleep(min(em.cfg.processing_interval, first - now))
+        if loop.time() < first:
             yield ": OPENROUTER PROCESSING\n\n"
     base = envelope(em, job, "chat.completion.chunk")
 
@@ -227,27 +232,31 @@ async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
         deltas.append({"role": "assistant", "content": piece, "reasoning": None})
     if not empty:
         deltas += call_deltas(job.calls)
-    dt = gen_time / max(1, len(deltas))
-    cut_at = len(deltas) // 2 if fault.stream in ("error_chunk", "cut") else None
-    for i, delta in enumerate(deltas):
-        if dt > 0:
-            await asyncio.sleep(dt)
-        job.streamed = round(n_out * i / len(deltas))
+    finish = "stop" if empty else gen.finish_reason
+    n = len(deltas)
+    cut_at = n // 2 if fault.stream in CUT_SHAPES else None
+    for i in range(n + 1):  # i == n: the finish chunk
+        due = first + gen_time * (min(i + 1, n) / n if n else 1.0)
+        if (late := due - loop.time()) > 0:
+            await asyncio.sleep(late)
+        job.streamed = round(n_out * i / max(1, n))
         if i == cut_at:
             em.settle(job, job.fault, charged=fault.stream_charged)
             if fault.stream == "cut":
-                line = chunk(delta)
+                line = chunk(deltas[i]) if i < n else chunk({"role": "assistant", "content": ""}, finish)
                 yield line[: len(line) // 2]
-                return
-            err = {"code": "server_error", "message": "Provider disconnected unexpectedly"}
-            yield sse({**base, "error": err, "choices": [{"index": 0, "delta": {"content": ""},
-                                                         "finish_reason": "error", "native_finish_reason": "error"}]})
+            elif fault.stream == "error_chunk":  # OpenRouter's mid-stream error: the error, the choice ended
+                err = fault_error(fault, job.ep.provider, em.cfg.model)["error"]
+                ended = {"index": 0, "delta": {"content": ""}, "finish_reason": "error",
+                         "native_finish_reason": "error"}
+                yield sse({**base, "error": err, "choices": [ended]})
+            else:  # top_level_error: the error alone, as the JSON body would be
+                yield sse(fault_error(fault, job.ep.provider, em.cfg.model))
             return
-        yield chunk(delta)
-    finish = "stop" if empty else gen.finish_reason
+        if i < n:
+            yield chunk(deltas[i])
     yield chunk({"role": "assistant", "content": ""}, finish)
     usage = em.usage(job, empty=empty)
-    # a cut that never came (no deltas to cut between) served the whole answer: billed
-    em.settle(job, job.fault or "ok", charged=True if cut_at is not None else fault.stream_charged)
+    em.settle(job, job.fault or "ok", charged=fault.stream_charged)
     yield sse({**base, "choices": [], "usage": usage})
     yield "data: [DONE]\n\n"

@@ -16,7 +16,9 @@ Phase = Literal["admission", "answer"]
 # aborted, no response; answer: the normal completion (or stream); choice_error: HTTP 200 whose choices[0]
 # carries the error; top_level_error: HTTP 200 whose body is {"error": …}; empty: HTTP 200, empty content and
 # zero usage; cut: the body (or, streaming, an SSE data line halfway) cut in the middle; error_chunk
-# (streaming): an error chunk halfway, no [DONE].
+# (streaming): an error chunk halfway (the fault's error, `finish_reason: "error"`), no [DONE]; top_level_error
+# streamed: an event with the fault's error alone, halfway, no [DONE]. A fault answers the same whether asked with
+# `stream` or not (same class, same error, same charge), so a seeded run draws the same answers both ways.
 Shape = Literal["error", "reset", "answer", "choice_error", "top_level_error", "empty", "cut", "error_chunk"]
 
 
@@ -63,11 +65,11 @@ FAULTS: dict[str, Fault] = {
                                upstream=True),
     "unavailable": _http_error(503, "Service temporarily unavailable", names_provider=True),
     "timeout": _http_error(408, "Request timed out. Please retry.", names_provider=True),
-    # HTTP 200, choices[0].error and finish_reason "error" (a stream is served whole, and billed)
-    "error_in_choice": Fault(phase="answer", body="choice_error", stream="answer", stream_charged=True, code=502,
+    # HTTP 200, choices[0].error and finish_reason "error" (streaming: the same error in a chunk halfway)
+    "error_in_choice": Fault(phase="answer", body="choice_error", stream="error_chunk", code=502,
                              message="upstream stream closed before completion", upstream=True),
-    # HTTP 200 whose body is {"error": {...}} (a stream is served whole, and billed)
-    "error_top_level": Fault(phase="answer", body="top_level_error", stream="answer", stream_charged=True, code=502,
+    # HTTP 200 whose body is {"error": {...}} (streaming: a `data: {"error": ...}` event halfway, no choices)
+    "error_top_level": Fault(phase="answer", body="top_level_error", stream="top_level_error", code=502,
                              message="model produced an invalid response", upstream=True),
     # streaming: an error chunk after some content (non-streaming: as error_in_choice)
     "midstream_error": Fault(phase="answer", body="choice_error", stream="error_chunk", code=502,
