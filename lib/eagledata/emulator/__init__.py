@@ -21,6 +21,8 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
     content: {reasoning_median: 1500, reasoning_sigma: 0.8, content_median: 300, content_sigma: 0.7,
               max_total: 32000}         # lognormal lengths in tokens
     faults: {<class>: rate, ..., retry_after: 1, slow_seconds: 30}   # classes: faults.FAULTS
+    tool_datasets: []       # prompt files whose agent conversations the model regenerates (any accepted shape)
+    tool_follow_rate: 0.8   # per tool round: the chance it calls what the dataset's answer called, else its own plan
     replace_endpoints: false            # true: drop the default Kimi-K2.5 catalog first
     endpoints:                          # same provider name → override fields; new name → add
       - {provider: NewCo, slug: newco, quantization: fp4, prompt_price: 0.3, completion_price: 1.5,

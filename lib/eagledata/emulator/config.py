@@ -52,6 +52,11 @@ class EmulatorConfig:
     content: ContentDist = field(default_factory=ContentDist)
     faults: Faults = field(default_factory=Faults)
     endpoints: list[Endpoint] = field(default_factory=default_endpoints)
+    # Prompt files whose agent conversations the model regenerates: at each tool round it calls what the dataset's
+    # answer called with this chance, else its own plan (toolcalls.py). 0.8 is a guess at how often a model repeats
+    # another agent's tool choice for the same task and results, not a measurement; 0 gives the plan alone.
+    tool_datasets: list[str] = field(default_factory=list)
+    tool_follow_rate: float = 0.8
 
 
 TOP_KEYS = {f.name for f in fields(EmulatorConfig)} | {"replace_endpoints"}
@@ -157,6 +162,16 @@ def parse_config(raw: dict | None = None) -> EmulatorConfig:
             setattr(cfg, key, _typed(raw[key], str, key))
     if cfg.model.count("/") != 1:
         raise InputError("must look like 'author/slug'", field="model")
+    if "tool_follow_rate" in raw:
+        cfg.tool_follow_rate = float(_num(raw["tool_follow_rate"], "tool_follow_rate", lo=0, hi=1))
+    if raw.get("tool_datasets") is not None:
+        paths = raw["tool_datasets"]
+        if not isinstance(paths, list) or not all(isinstance(x, str) and x.strip() for x in paths):
+            raise InputError("must be a list of prompt file paths", field="tool_datasets")
+        missing = [x for x in paths if not Path(x).is_file()]
+        if missing:
+            raise InputError(f"prompt file not found: {missing[0]}", field="tool_datasets")
+        cfg.tool_datasets = list(paths)
     for key in ("credits_forbidden", "record_prompt_ids"):
         if key in raw:
             setattr(cfg, key, _typed(raw[key], bool, key))

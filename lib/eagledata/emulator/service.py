@@ -24,7 +24,7 @@ from .content import Generation, content_rng, generate, prompt_hash
 from .credits import Ledger, affordable_tokens, reservation, usage_cost
 from .faults import FAULT_CLASSES, Fault, draw_fault, fault_of
 from .requests import ApiError, ChatRequest
-from .toolcalls import CALL_QUIRKS, call_id, plan
+from .toolcalls import CALL_QUIRKS, DatasetCalls, call_id, plan
 
 PROMPT_CACHE = 4096  # rendered prompts kept (oldest dropped first)
 
@@ -62,6 +62,7 @@ class Stats:
     by_provider: Counter = field(default_factory=Counter)
     faults: Counter = field(default_factory=Counter)
     quirks: Counter = field(default_factory=Counter)
+    tool_rounds: Counter = field(default_factory=Counter)  # rounds the datasets answered: followed, own (the plan)
     in_flight: int = 0
     in_flight_peak: int = 0
 
@@ -86,6 +87,9 @@ class Emulator:
         self.ground_truth: dict[str, dict] = {}
         self.stats = Stats()
         self._prompt_cache: dict[tuple[str, bool], list[int]] = {}
+        if getattr(self, "_dataset_paths", None) != cfg.tool_datasets:  # read once, not at every reset
+            self.dataset_calls = DatasetCalls.load(cfg.tool_datasets)
+            self._dataset_paths = list(cfg.tool_datasets)
 
     # -- admission ------------------------------------------------------------------------------
     @staticmethod
@@ -180,13 +184,21 @@ class Emulator:
             attempt_key = 0 if req.temperature == 0 else attempt
             rng = content_rng(self.cfg.seed, phash, attempt_key, req.seed)
             calls = None if req.tools is None else plan(req.messages, req.tools, req.parallel_tool_calls,
-                                                        req.tool_choice)
+                                                        req.tool_choice, self.follow(req))
             job.gen = generate(self.tok, rng, self.cfg.content, chosen.quirks, max_tokens, thinking=req.thinking,
                                reasoning_scale=req.reasoning_scale, reasoning_cap=req.reasoning_max_tokens,
                                calls=calls)
             if job.gen.tool_calls:
                 job.calls = served_calls(job.gen, chosen, rng, local_server=req.return_token_ids)
         return job
+
+    def follow(self, req: ChatRequest) -> tuple[str, ...] | None:
+        """The dataset's calls when this round follows the dataset's answer (`tool_follow_rate`), else None."""
+        drawn = self.dataset_calls.follows(req.messages, self.cfg.tool_follow_rate, self.cfg.seed)
+        if drawn is None:
+            return None
+        self.stats.tool_rounds["followed" if drawn[0] else "own"] += 1
+        return drawn[1] if drawn[0] else None
 
     # -- completion -----------------------------------------------------------------------------
     def settle(self, job: Job, outcome: str, charged: bool, *, partial_tokens: int | None = None) -> None:
@@ -261,6 +273,7 @@ class Emulator:
         st = self.stats
         return {"requests": st.requests, "outcomes": dict(st.outcomes), "by_provider": dict(st.by_provider),
                 "faults": {k: st.faults.get(k, 0) for k in FAULT_CLASSES}, "quirks": dict(st.quirks),
+                "tool_rounds": dict(st.tool_rounds),
                 "charged_usd": self.ledger.total_usage, "in_flight_worst_usd": self.ledger.in_flight_worst,
                 "total_credits": self.ledger.total_credits, "in_flight": st.in_flight,
                 "in_flight_peak": st.in_flight_peak, "load": {k: v for k, v in self.load.items() if v}}

@@ -3,6 +3,12 @@
 The plan (`task_rounds`) depends on the task text and the declared tool names only, never on the emulator seed:
 it is the model's behaviour for a task, so a dataset can be built whose tool rounds match it (or deliberately do
 not) and a regeneration loop can be checked against it. Arguments are sampled (the request's rng), as any text is.
+
+A model asked to regenerate an agent's conversation mostly calls what that agent called: the task and the tools say
+what is needed. So where the emulator knows the dataset (`DatasetCalls`, the config's `tool_datasets`), each round
+follows the dataset's answer at `tool_follow_rate` (the same names, as many times each; or a plain answer where the
+dataset answered plainly), else the model's own plan. Which rounds follow is drawn from the seed and the conversation
+so far: the same seed, the same rounds.
 """
 from __future__ import annotations
 
@@ -64,16 +70,20 @@ def _tool_name(tool: dict) -> str:
 
 
 def planned_calls(messages: Sequence[dict], tools: Sequence[dict] | None, parallel: bool = True,
-                  tool_choice: Any = None) -> tuple[str, ...]:
+                  tool_choice: Any = None, follow: Sequence[str] | None = None) -> tuple[str, ...]:
     """The names the model calls in answer to this request, `()` for a plain answer.
 
     The task is the last user message; the rounds done are the assistant messages with `tool_calls` after it;
     the next round is called while rounds are left. `tool_choice`: "none" → plain; `{type: function,
     function: {name}}` → the plan is made over that tool alone and it is called even when the plan is done;
-    "required" → a call even when the plan is done (one tool, by hash). "auto"/None → the plan as it is."""
+    "required" → a call even when the plan is done (one tool, by hash). "auto"/None → the plan as it is.
+    `follow`: the dataset's answer this round follows instead of the plan (its names; `()` a plain answer), taken
+    under "auto"/None when every name is declared (without `parallel`, its first call only)."""
     if not tools or tool_choice == "none":
         return ()
     names = [_tool_name(t) for t in tools]
+    if follow is not None and tool_choice in (None, "auto") and set(follow) <= set(names):
+        return tuple(follow) if parallel else tuple(follow)[:1]
     if isinstance(tool_choice, dict):
         names = [tool_choice["function"]["name"]]
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
@@ -140,12 +150,65 @@ class CallPlan:
 
 
 def plan(messages: Sequence[dict], tools: Sequence[dict] | None, parallel: bool = True,
-         tool_choice: Any = None) -> CallPlan | None:
-    """The request's `CallPlan`, None for a plain answer."""
-    names = planned_calls(messages, tools, parallel, tool_choice)
+         tool_choice: Any = None, follow: Sequence[str] | None = None) -> CallPlan | None:
+    """The request's `CallPlan`, None for a plain answer (`follow`: as `planned_calls`)."""
+    names = planned_calls(messages, tools, parallel, tool_choice, follow)
     if not names:
         return None
     return CallPlan(names, calls_so_far(messages), tuple(tools or ()))
+
+
+def _asked_key(messages: Sequence[dict]) -> str:
+    """What identifies a conversation so far in both the dataset and a request: its system, user and tool messages'
+    roles and texts, in order. The assistant turns differ (the target's own answers, other call ids), these do not."""
+    asked = [(m.get("role"), _text(m.get("content"))) for m in messages if m.get("role") != "assistant"]
+    return hashlib.sha256(json.dumps(asked, ensure_ascii=False).encode()).hexdigest()[:32]
+
+
+class DatasetCalls:
+    """The calls of the datasets' own answers, by the conversation before each: what the model follows.
+
+    For every assistant answer of a prompt file (after its first user turn, answering a user or tool turn), the key
+    of the messages before it (`_asked_key`) → the names it called (`()` for a plain answer). A request whose
+    messages have such a key is a regeneration of that point of that conversation."""
+
+    def __init__(self, rounds: dict[str, tuple[str, ...]] | None = None):
+        self.rounds = rounds or {}
+
+    @classmethod
+    def load(cls, paths: Sequence[str]) -> DatasetCalls:
+        """Read prompt files in any accepted shape (the generation stage's reader: ShareGPT tool turns become the
+        same OpenAI turns the client sends); only conversations with tool calls are kept."""
+        if not paths:
+            return cls()
+        from ..generation.prompts import load_prompts  # the reader only when there are files: a lighter start
+
+        rounds: dict[str, tuple[str, ...]] = {}
+        for path in paths:
+            for prompt in load_prompts(path):
+                messages = prompt.messages
+                if not any(m.get("tool_calls") for m in messages):
+                    continue
+                seen_user = False
+                for i, m in enumerate(messages):
+                    seen_user = seen_user or m.get("role") == "user"
+                    if (m.get("role") == "assistant" and seen_user and i
+                            and messages[i - 1].get("role") in ("user", "tool")):
+                        names = tuple(c["function"]["name"] for c in m.get("tool_calls") or ())
+                        rounds.setdefault(_asked_key(messages[:i]), names)
+        return cls(rounds)
+
+    def __len__(self) -> int:
+        return len(self.rounds)
+
+    def follows(self, messages: Sequence[dict], rate: float, seed: int) -> tuple[bool, tuple[str, ...]] | None:
+        """None when no dataset has this point of a conversation (another conversation, or its last ask: the dataset
+        has no answer there); else whether this round follows the dataset's answer, and that answer's names. The
+        draw at `rate` is fixed by the seed and the conversation so far: a retry of the same request follows or not
+        alike."""
+        key = _asked_key(messages)
+        names = self.rounds.get(key)
+        return None if names is None else (_unit("follow", seed, key) < rate, names)
 
 
 _ALNUM = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
