@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ def native_call_id(name: str, index: int) -> str:
     return f"{NATIVE_ID_PREFIX}{name}:{index}"
 
 
-def calls_before(messages: list[dict]) -> int:
+def calls_before(messages: Sequence[dict]) -> int:
     """Tool calls in a request's history: the model numbers its next call's IDX from here."""
     return sum(len(m.get("tool_calls") or ()) for m in messages if m.get("role") == "assistant")
 

@@ -26,7 +26,7 @@ def widget_frontend() -> bool:
     Notebook, VS Code). A papermill run, a plain script and the commands get status lines instead."""
     shell = sys.modules.get("IPython")
     try:
-        ip = shell.get_ipython() if shell is not None else None  # type: ignore[attr-defined]
+        ip = shell.get_ipython() if shell is not None else None
     except Exception:
         ip = None
     if ip is None or type(ip).__name__ != "ZMQInteractiveShell":
@@ -37,7 +37,7 @@ def widget_frontend() -> bool:
 class _Stderr(logging.StreamHandler):
     """A handler that writes to whatever `sys.stderr` is at the time (a kernel's cell output, pytest's capture)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):  # noqa: D102
         return sys.stderr
 

@@ -56,12 +56,12 @@ class AgeModel:
     admission, its output tokens for pacing (pacing.py). Mean and variance of that size, conditioned on age."""
 
     def __init__(self, prior: Sequence[float]):
-        prior = np.sort(np.asarray(prior, dtype=float))
-        if prior.size == 0 or not np.all(np.isfinite(prior)) or prior[0] < 0:
+        ordered = np.sort(np.asarray(prior, dtype=float))
+        if ordered.size == 0 or not np.all(np.isfinite(ordered)) or ordered[0] < 0:
             raise ValueError("the prior needs finite, non-negative samples")
-        self.prior = prior
-        self._prior_suffix1 = np.cumsum(prior[::-1])[::-1]
-        self._prior_suffix2 = np.cumsum((prior ** 2)[::-1])[::-1]
+        self.prior = ordered
+        self._prior_suffix1 = np.cumsum(ordered[::-1])[::-1]
+        self._prior_suffix2 = np.cumsum((ordered ** 2)[::-1])[::-1]
         self.thetas: np.ndarray | None = None
         self.latencies: list[float] = []
         self.sizes: list[float] = []
@@ -73,7 +73,7 @@ class AgeModel:
         self.thetas, self._size_cap = np.asarray(thetas, dtype=float), size_cap
         capped = np.minimum(self.prior[::-1], size_cap)
         self._prior_mgf_suffix = np.cumsum(np.exp(np.outer(self.thetas, capped)), axis=1)[:, ::-1]
-        self._mgf_suffix = None
+        self._mgf_suffix: np.ndarray | None = None
 
     @property
     def events(self) -> int:

@@ -39,7 +39,7 @@ class LoopClock:
         await asyncio.sleep(seconds)
 
 
-class _JumpingSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+class _JumpingSelector(selectors.DefaultSelector):
     """Never waits on a timer: polls the file descriptors, and when none is ready moves the loop's virtual clock to
     its next timer. With no timer at all it waits for real (a thread or a socket can still wake the loop)."""
 

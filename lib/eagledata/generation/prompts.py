@@ -44,7 +44,7 @@ class _Shape:
     key: str
     role_key: str
     text_key: str
-    roles: Mapping[str, str]  # as written -> chat-template role
+    roles: Mapping[Any, str]  # as written (any JSON value: looked up as is) -> chat-template role
     text_types: tuple[type, ...]
     keep: Collection[str] | None  # keys passed on beside role and content (None: the whole turn, e.g. `name`)
 
@@ -64,7 +64,7 @@ def _shape(obj: dict) -> _Shape | None:
     shapes = [s for s in SHAPES if s.key in obj]
     first = obj[shapes[0].key][0] if shapes and isinstance(obj[shapes[0].key], list) and obj[shapes[0].key] else None
     fits = [s for s in shapes if isinstance(first, dict) and s.role_key in first]
-    return (fits or shapes or [None])[0]
+    return fits[0] if fits else shapes[0] if shapes else None
 
 
 def _is_name(x: Any) -> bool:

@@ -178,7 +178,8 @@ class Store:
         records, failures, index = self.files.records, self.files.failures, self.files.done_index
         self.torn_bytes = _repair_tail(records) + _repair_tail(failures)
         _repair_tail(index)
-        indexed, chained = [], []
+        indexed: list[Entry] = []
+        chained: list[int] = []
         if index.exists() and records.exists():
             indexed, chained = _read_index(index, records.stat().st_size)
         tail = _entries_of_lines(records, indexed[-1][1] if indexed else 0) if records.exists() else []

@@ -11,6 +11,7 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..errors import InputError
 from ..files import iter_jsonl
@@ -223,10 +224,10 @@ class Report:
 
     def token_agreement(self) -> float | None:
         """Token-weighted agreement over records whose true ids are known."""
-        known = [r for r in self.results if r.agreement is not None]
+        known = [(r.agreement, r.output_tokens) for r in self.results if r.agreement is not None]
         if not known:
             return None
-        return sum(r.agreement * r.output_tokens for r in known) / max(1, sum(r.output_tokens for r in known))
+        return sum(a * n for a, n in known) / max(1, sum(n for _, n in known))
 
     def figures(self) -> dict:
         """The report's key figures as plain data (what tokenizer.ipynb publishes)."""
@@ -338,7 +339,7 @@ def tool_cases() -> list[Case]:
     news = call(1, "search_web", '{"city": "Paris", "q": "news 🗞️"}')
     done = [*loop, {"role": "assistant", "content": "", "reasoning": "Now the news.", "tool_calls": [news.to_api()]},
             {"role": "tool", "tool_call_id": news.id, "content": "Nothing major."}]
-    kw = dict(tools=WEATHER_TOOLS)
+    kw: dict[str, Any] = dict(tools=WEATHER_TOOLS)
     return [
         Case("tool-call-first", ask, "The user wants weather; call the tool.", "", "tool_calls", tool_calls=(first,),
              **kw),

@@ -109,7 +109,7 @@ def _section(tok: KimiTokenizer, calls: Sequence[ToolCall], finish_reason: str |
 
 
 def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thinking: bool,
-              reasoning: str, section: list[int] = ()) -> list[int]:
+              reasoning: str, section: Sequence[int] = ()) -> list[int]:
     """Join encoded parts in place (`r_ids` is ours to extend): this runs once per output token."""
     cut = finish_reason == "length"
     if not thinking:

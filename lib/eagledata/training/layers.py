@@ -22,7 +22,7 @@ def resolve_layers(layers: Sequence[int] | None, num_layers: int) -> tuple[int, 
     if len(layers) != 3 or not all(0 <= i < num_layers for i in layers):
         raise InputError(f"layers must be three HF hidden_states indices in 0..{num_layers - 1}, got {layers}",
                          field="layers")
-    return layers  # type: ignore[return-value]
+    return layers
 
 
 def vllm_layer_ids(layers: Sequence[int], num_layers: int) -> list[int]:

@@ -94,7 +94,7 @@ def load_model(model: str | Path | nn.Module, *, device: str = "cpu", dtype: tor
                                                    getattr(config, "auto_map", {})):
             with warnings.catch_warnings():  # "the quantization_config from the model will be used": intended
                 warnings.filterwarnings("ignore", message="You passed `quantization_config`")
-                loaded = auto.from_pretrained(src, config=config, **kwargs)
+                loaded: nn.Module = auto.from_pretrained(src, config=config, **kwargs)
             break
     else:
         raise InputError(f"transformers has no model class for model_type {config.model_type!r}", src, field="model")
