@@ -75,6 +75,8 @@ class GenerateConfig(Settings):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"must be a positive integer, got {value!r}", field=name)
+        if self.temperature is not None and not 0 <= self.temperature <= 2:  # OpenRouter's range: a 400 otherwise
+            raise InputError(f"must be within [0, 2] or None, got {self.temperature!r}", field="temperature")
         if self.max_spend_usd is not None and not self.max_spend_usd > 0:
             raise InputError(f"must be > 0 or None, got {self.max_spend_usd!r}", field="max_spend_usd")
         if not self.reserve_usd >= 0:

@@ -102,6 +102,8 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     worst = routing.worst_price() if paid else Price(0.0, 0.0)
     if worst is None:
         raise InputError("the routing decision has no price to reserve against", field="routing")
+    if paid:  # a max_tokens no eligible endpoint serves would be refused for every prompt alike
+        routing.check_max_tokens(cfg.max_tokens)
     guess, flights = prior_lengths(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens), Flights()
     costs = [c for lane in lanes for c in lane.store.costs]
     admission = Admission(AgeModel(cost_prior(costs, worst, guess) if paid else [0.0]), mode=cfg.budget_mode,
