@@ -12,11 +12,23 @@ from typing import Any
 from .paths import DATASETS_FILE, OUTPUT_DIR, PARAMS_DIR
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
+# `base_url: emulator`: the stage starts the OpenRouter emulator on this machine for its run and stops it after
+# (emulator/process.py `serving`), so trying a file offline is one step: no server to start, no port, no key.
+EMULATOR = "emulator"
+# Its delays against the real service's: 0.02 makes a typical answer (~2,000 tokens at ~40 tok/s, ~50 s) take
+# about a second, so a small file finishes in seconds while the answers still take ~100x the client's work on them.
+EMULATOR_SPEED = 0.02
+
+
+def is_emulator(base_url: str) -> bool:
+    """`base_url` asks for an emulator started for the run."""
+    return base_url.strip().lower() == EMULATOR
 
 # name -> (default, help)
 SHARED: dict[str, tuple[Any, str]] = {
     "model": ("moonshotai/kimi-k2.5", "model id sent with every request"),
-    "base_url": (OPENROUTER_URL, "OpenRouter, the emulator (http://127.0.0.1:PORT/api/v1), or a local server"),
+    "base_url": (OPENROUTER_URL, "OpenRouter; emulator: one started on this machine for the run (no key; "
+                                 "writes under outputs/emulator/); or a server's URL"),
     "api_key_env": ("OPENROUTER_API_KEY", "the key is read from this variable only, never stored"),
     "tokenizer": (None, "local dir or hub id; None -> $EAGLEDATA_TOKENIZER_DIR, else the bundled Kimi K2.5 files"),
     "datasets_file": (DATASETS_FILE, "name -> {prompts, target_output_tokens}"),
@@ -32,6 +44,8 @@ SHARED: dict[str, tuple[Any, str]] = {
     "status_interval_s": (10.0, "seconds between status lines when no widget shows progress"),
     "snapshot": (None, "a saved endpoints snapshot (JSON) -> offline, no server"),
     "limit": (None, "at most this many; None -> all"),
+    "emulator_speed": (EMULATOR_SPEED, "base_url emulator: its delays x this (1: real latencies; 0.02: a ~50 s "
+                                       "answer in ~1 s)"),
 }
 
 

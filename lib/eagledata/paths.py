@@ -7,6 +7,7 @@
     <output_dir>/assembled/<name>/              training-set exports (SpecForge, speculators)
     <output_dir>/hidden_states/<name>/          manifest.json, index.jsonl, shard-NNNNN.safetensors
     <output_dir>/runs/                          executed notebooks (run reports)
+    outputs/emulator/ (+ params/)               output_dir and params_dir of an emulator run left at the defaults
 
 To add an output, add it here and nowhere else; stages take these objects, never join strings.
 """
@@ -15,13 +16,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["DATASETS_FILE", "DatasetFiles", "HiddenStateFiles", "OUTPUT_DIR", "PARAMS_DIR", "assembled_dir",
-           "catalog_snapshot", "dataset_files", "datasets_dir", "hidden_state_files", "model_stem", "records_file",
-           "routing_file", "runs_dir"]
+__all__ = ["DATASETS_FILE", "EMULATOR_OUTPUT_DIR", "EMULATOR_PARAMS_DIR", "DatasetFiles", "HiddenStateFiles",
+           "OUTPUT_DIR", "PARAMS_DIR", "assembled_dir", "catalog_snapshot", "dataset_files", "datasets_dir",
+           "emulator_dirs", "hidden_state_files", "model_stem", "records_file", "routing_file", "runs_dir"]
 
 PARAMS_DIR = "params"
 OUTPUT_DIR = "outputs"
 DATASETS_FILE = f"{PARAMS_DIR}/datasets.yaml"
+# An emulator run (`base_url: emulator`) left at the default folders writes here instead: its records must not sit
+# where a real run of the same dataset would resume over them, nor its routing decision (made from the emulated
+# catalog) where a real run would send it. outputs/ is git-ignored.
+EMULATOR_OUTPUT_DIR = f"{OUTPUT_DIR}/emulator"
+EMULATOR_PARAMS_DIR = f"{EMULATOR_OUTPUT_DIR}/{PARAMS_DIR}"
+
+
+def emulator_dirs(output_dir: str, params_dir: str) -> tuple[str, str]:
+    """An emulator run's output and params folders: the defaults become `outputs/emulator` and
+    `outputs/emulator/params`; folders a user named are kept."""
+    return (EMULATOR_OUTPUT_DIR if output_dir == OUTPUT_DIR else output_dir,
+            EMULATOR_PARAMS_DIR if params_dir == PARAMS_DIR else params_dir)
 
 
 def model_stem(model: str) -> str:

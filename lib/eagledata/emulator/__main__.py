@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
+import threading
+import time
 
 from ..errors import command_prog, run_command
 from .config import load_config
@@ -18,6 +22,23 @@ def _port(text: str) -> int:
     return port
 
 
+def _stop_with_parent() -> None:
+    """Started by `run_emulator` (its pid in `PARENT_ENV`): SIGTERM ourselves once that process is gone, so an
+    emulator started for a run never outlives it (a notebook kernel killed mid-run, a test process SIGKILLed)."""
+    from .process import PARENT_ENV
+
+    parent = os.environ.get(PARENT_ENV, "")
+    if not parent.isdigit():
+        return
+
+    def watch() -> None:
+        while os.getppid() == int(parent):
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=command_prog("eagledata-emulator", "eagledata.emulator"),
                                      description="Serve an OpenRouter emulator under /api/v1.")
@@ -28,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def serve() -> None:
         cfg = load_config(args.config)
+        _stop_with_parent()
         from .server import serve
 
         try:

@@ -1,6 +1,8 @@
-"""Run the emulator as a subprocess for tests and the demo: free port, readiness, guaranteed stop."""
+"""Run the emulator as a subprocess for tests, the demo and `base_url: emulator`: free port, readiness, guaranteed
+stop (and, should this process die without stopping it, the emulator stops itself: `PARENT_ENV`)."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -9,15 +11,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from ..defaults import EMULATOR_SPEED, is_emulator
+
 _LISTENING = re.compile(r"listening on (http://\S+)/api/v1")
+PARENT_ENV = "EAGLEDATA_EMULATOR_PARENT"  # the pid whose end stops the emulator (a killed kernel leaves none behind)
 
 
 @dataclass
@@ -87,6 +92,7 @@ def run_emulator(config: dict | str | Path | None = None, *, host: str = "127.0.
         env = dict(os.environ)
         lib = str(Path(__file__).resolve().parents[2])  # this checkout's lib/, whatever is installed
         env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env[PARENT_ENV] = str(os.getpid())
         with open(log_path, "wb") as log:
             proc = subprocess.Popen([sys.executable, "-m", "eagledata.emulator", "--host", host, "--port", "0",
                                      "--config", str(cfg_path)], stdout=log, stderr=subprocess.STDOUT,
@@ -96,6 +102,29 @@ def run_emulator(config: dict | str | Path | None = None, *, host: str = "127.0.
             yield EmulatorHandle(f"{root}/api/v1", f"{root}/admin", proc, log_path)
         finally:
             _stop(proc)
+
+
+def embedded_config(*, speed: float = EMULATOR_SPEED, tool_datasets: Sequence[str | Path] = (),
+                    **overrides: Any) -> dict[str, Any]:
+    """The config of an emulator started for a run: seed 0, the default catalog, $100, no faults, delays x `speed`,
+    and the prompt files whose agent conversations its model follows (`tool_datasets`, absolute paths)."""
+    return {"seed": 0, "speed": speed, "tool_datasets": [str(Path(p).resolve()) for p in tool_datasets], **overrides}
+
+
+@asynccontextmanager
+async def serving(base_url: str, **config: Any) -> AsyncIterator[str]:
+    """The URL to talk to: `base_url` itself, or for `emulator` the URL of an emulator started for the block
+    (`embedded_config(**config)`) and stopped after it, errors and cancellation included. The start (a few seconds:
+    the tokenizer loads) runs off the event loop."""
+    if not is_emulator(base_url):
+        yield base_url
+        return
+    started = run_emulator(embedded_config(**config))
+    handle = await asyncio.to_thread(started.__enter__)
+    try:
+        yield handle.base_url
+    finally:
+        started.__exit__(None, None, None)  # at once, not awaited: a cancelled task still stops its emulator
 
 
 def _wait_ready(proc: subprocess.Popen, log_path: Path, timeout: float) -> str:

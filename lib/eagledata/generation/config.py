@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..defaults import shared
+from ..defaults import is_emulator, shared
 from ..errors import InputError
-from ..paths import routing_file
+from ..paths import emulator_dirs, routing_file
 from ..settings import Settings, setting
 from .admission import BudgetMode
 from .turns import TurnsMode
@@ -67,10 +67,16 @@ class GenerateConfig(Settings):
     progress: bool = setting(True, "a live panel in JupyterLab (throughput, spend, datasets, providers), else a "
                                    "status line through logging")
     status_interval_s: float = shared("status_interval_s")
+    emulator_speed: float = shared("emulator_speed")
 
     def __post_init__(self) -> None:
-        """Types are checked by `Settings`; these are the ranges."""
+        """Types are checked by `Settings`; these are the ranges. An emulator run's default folders are moved under
+        outputs/emulator/ (paths.emulator_dirs): its records and routing never where a real run reads them."""
         super().__post_init__()
+        if is_emulator(self.base_url):
+            self.output_dir, self.params_dir = emulator_dirs(self.output_dir, self.params_dir)
+        if not self.emulator_speed >= 0:
+            raise InputError(f"must be >= 0, got {self.emulator_speed!r}", field="emulator_speed")
         for name in ("concurrency", "max_tokens", "max_attempts", "target_output_tokens", "limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -107,7 +113,8 @@ class BudgetConfig(Settings):
     routing: str | None = setting(None, "routing decision (providers.ipynb); None -> <params_dir>/routing/<model>.yaml")
     params_dir: str = shared("params_dir")
     snapshot: str | None = shared("snapshot", "no routing decision: price from this endpoints snapshot, else base_url")
-    base_url: str = shared("base_url", "no routing decision nor snapshot: the catalog is read here (or the emulator)")
+    base_url: str = shared("base_url", "no routing decision nor snapshot: the catalog is read here (emulator: one "
+                                       "started for it; output_dir and params_dir then under outputs/emulator/)")
     api_key_env: str = shared("api_key_env")
     price_mode: PriceMode = setting("cheapest", "cheapest | worst | mix (eligible endpoints)")
     price_mix: dict[str, float] | None = setting(None, "provider -> weight, used with the mix price mode")
@@ -129,6 +136,8 @@ class BudgetConfig(Settings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if is_emulator(self.base_url):  # an emulator study reads its own runs' records and routing
+            self.output_dir, self.params_dir = emulator_dirs(self.output_dir, self.params_dir)
         if not 0 <= self.prior_content_share <= 1:
             raise InputError(f"must be within [0, 1], got {self.prior_content_share!r}", field="prior_content_share")
 

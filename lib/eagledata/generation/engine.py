@@ -9,6 +9,7 @@ also runs in virtual time (clock.py). A kill at any instant loses at most the re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -17,9 +18,13 @@ from typing import Any
 import httpx
 
 from ..aio import on_signals, run_sync
+from ..defaults import is_emulator
 from ..openrouter import ClientPool, RoutingDecision, load_routing, resolve_api_key
+from ..openrouter.client import LOCAL_KEY
+from ..status import ensure_log_handler
 from ..text import load_tokenizer
 from .config import GenerateConfig
+from .datasets import select_datasets
 from .lanes import DatasetRun, open_lanes
 from .panel import make_progress
 from .parts import Seams, build_parts
@@ -197,9 +202,24 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
     """Generate one dataset, or several in one pool on one budget; returns the summary (one dataset named alone: its
     summary.json; otherwise the run's, with each dataset's inside). Every input error is raised before the first
     request; a fatal API error (bad key, no endpoints) is raised after the summaries are written. `transport` sends
-    each request, `view` shows the run, `seams` replaces the rest (tests and benches pass their own)."""
+    each request, `view` shows the run, `seams` replaces the rest (tests and benches pass their own).
+    `base_url: emulator` runs against an emulator started for this run (`emulator_speed`; its model follows the
+    datasets' tool calls) and stopped after it; no key is read or sent."""
+    if is_emulator(cfg.base_url):
+        from ..emulator.process import serving
+
+        specs = select_datasets(cfg.datasets_file, cfg.dataset)  # a bad name or file before the emulator starts
+        async with serving(cfg.base_url, speed=cfg.emulator_speed, tool_datasets=[s.prompts for s in specs]) as url:
+            ensure_log_handler()
+            log.info(f"base_url emulator: an emulator at {url} for this run (speed {cfg.emulator_speed:g}, no key); "
+                     f"records under {Path(cfg.output_dir) / 'datasets'}, routing from {cfg.params_dir}")
+            return await _run(dataclasses.replace(cfg, base_url=url), LOCAL_KEY, seams, transport, view)
+    return await _run(cfg, resolve_api_key(cfg.base_url, cfg.api_key_env, cfg.backend), seams, transport, view)
+
+
+async def _run(cfg: GenerateConfig, key: str | None, seams: Seams | None, transport: Transport | None,
+               view: ViewFactory | None) -> dict[str, Any]:
     seams = seams or Seams(**({"transport": transport} if transport else {}))
-    key = resolve_api_key(cfg.base_url, cfg.api_key_env, cfg.backend)
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
         run = await Run.start(cfg, clients[0], api_key=key, seams=seams)
         try:

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ..aio import run_sync
+from ..defaults import EMULATOR, is_emulator
 from ..errors import InputError
 from ..files import make_dir
-from .client import APIError, get_json, make_client, resolve_api_key
+from .client import LOCAL_KEY, APIError, get_json, make_client, resolve_api_key
 
 REASONING_PARAMS = {"reasoning", "include_reasoning"}
 
@@ -166,10 +167,21 @@ class Catalog:
 
 
 async def fetch_catalog_async(base_url: str, model: str, api_key_env: str = "OPENROUTER_API_KEY") -> Catalog:
-    """GET /models/{author}/{slug}/endpoints (and the /models entry); unknown model → InputError."""
+    """GET /models/{author}/{slug}/endpoints (and the /models entry); unknown model → InputError. `base_url:
+    emulator` reads an emulator's catalog, started for the call (no key sent); the catalog's source says `emulator`."""
     if model.count("/") != 1:
         raise InputError("model must look like 'author/slug', e.g. moonshotai/kimi-k2.5", field="model")
-    async with make_client(base_url, resolve_api_key(base_url, api_key_env)) as client:
+    if is_emulator(base_url):
+        from ..emulator.process import serving
+
+        async with serving(base_url) as url:
+            got = await _fetch(url, model, LOCAL_KEY)
+        return Catalog(got.model, EMULATOR, got.fetched_at, got.endpoints, got.model_info)
+    return await _fetch(base_url, model, resolve_api_key(base_url, api_key_env))
+
+
+async def _fetch(base_url: str, model: str, api_key: str | None) -> Catalog:
+    async with make_client(base_url, api_key) as client:
         try:
             data = (await get_json(client, f"models/{model}/endpoints"))["data"]
         except APIError as e:

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ..defaults import shared
+from ..defaults import is_emulator, shared
+from ..paths import emulator_dirs
 from ..settings import Settings, setting
 from .routing import PrecisionPolicy
 
@@ -31,6 +32,11 @@ class ProvidersConfig(Settings):
     workload_output_tokens: int = setting(42_000_000, "and output tokens")
     params_dir: str = shared("params_dir", "the decision goes to <params_dir>/routing/<model>.yaml")
     output_dir: str = shared("output_dir", "the listing snapshot goes to <output_dir>/providers/")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if is_emulator(self.base_url):  # the emulated catalog's decision stays out of the real params/
+            self.output_dir, self.params_dir = emulator_dirs(self.output_dir, self.params_dir)
 
     def policy(self) -> PrecisionPolicy:
         return PrecisionPolicy.for_model(self.model, self.native_precision, unknown=self.unknown_policy,
