@@ -10,7 +10,7 @@ import asyncio
 import sys
 
 from .errors import build_settings, command_prog, run_command
-from .generation import GenerateConfig, run_generation
+from .generation import GenerateConfig, run_generation, tool_loop_note
 from .generation.policy import ERROR_PREFIX
 
 
@@ -28,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{len(per)} datasets: {_line(summary)}")
         for name, s in per.items():
             print(f"{name}: {_line(s)}")
+        if note := tool_loop_note(summary):
+            print(note)
         return 1 if summary["stop_reason"].startswith(ERROR_PREFIX) else 0  # stopped cleanly, but on a bug
 
     return run_command(parser.prog, run)

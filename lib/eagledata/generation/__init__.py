@@ -35,6 +35,7 @@ from .report import (
                      provider_table,
                      record_stats,
                      summary_table,
+                     tool_loop_note,
                      without_timelines,
 )
 from .store import Store, StoreLocked
@@ -45,4 +46,5 @@ __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats
            "Pacing", "dataset_rows", "dataset_summaries", "datasets_table", "plot_datasets", "without_timelines",
            "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan",
            "plot_health", "plot_records", "provider_table", "RunHealth",
-           "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "write_targets"]
+           "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "tool_loop_note",
+           "write_targets"]

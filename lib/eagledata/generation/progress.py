@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from ..records import Record, Usage
 from ..status import StatusLog, duration, ensure_log_handler, eta_s
+from .turns import MISMATCHES, TOOL_MISMATCH, mismatch_kind
 
 TIMELINE_COLUMNS = ["t_s", "recorded", "output_tokens", "spend_usd", "in_flight", "limit"]
 TIMELINE_POINTS = 2000  # a summary's timeline is thinned to this many samples, first and last kept
@@ -127,7 +128,10 @@ class RunStats:
             self.tool_calls["answers"] += 1
             self.tool_calls["calls"] += len(record.tool_calls)
             self.tool_calls["ids_rebuilt"] += "served_tool_call_ids" in record.meta
-        self.tool_calls["mismatched"] += record.meta.get("ended") == "tool_mismatch"
+        if record.meta.get("ended") == TOOL_MISMATCH:  # and how: mismatched_plain, _called, _other
+            self.tool_calls["mismatched"] += 1
+            ours = [c["function"]["name"] for c in record.tool_calls or ()]
+            self.tool_calls[f"mismatched_{mismatch_kind(ours, record.meta.get('dataset_calls') or ())}"] += 1
         if "retokenized_agreement" in record.meta:
             self.agreement.append(record.meta["retokenized_agreement"])
 
@@ -301,7 +305,8 @@ def _run_tail(s: RunStats) -> dict[str, Any]:
     return {"errors": dict(s.errors), "providers": dict(s.providers), "finish_reasons": dict(s.finish),
             "provider_health": {name: ps.figures() for name, ps in sorted(s.by_provider.items())},
             "by_turn": {str(t): n for t, n in sorted(s.turns.items())},
-            "tool_calls": {k: s.tool_calls[k] for k in ("answers", "calls", "ids_rebuilt", "mismatched")},
+            "tool_calls": {**{k: s.tool_calls[k] for k in ("answers", "calls", "ids_rebuilt", "mismatched")},
+                           "mismatches": {kind: s.tool_calls[f"mismatched_{kind}"] for kind in MISMATCHES}},
             "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None}
 
 

@@ -41,8 +41,9 @@ def build_record(tok: KimiTokenizer, *, turn: Turn, dataset: str, prompt_ids: li
         meta["turns"] = turn.conversation.last
     if rebuilt:  # the provider's ids (`call_…`) replaced by the model's `functions.NAME:IDX`
         meta["served_tool_call_ids"] = [c.id for c in a.tool_calls]
-    if turn.mismatch(a):
+    if turn.mismatch(a):  # the dataset's names beside the ended loop: why it ended (turns.mismatch_kind)
         meta["ended"] = TOOL_MISMATCH
+        meta["dataset_calls"] = [c.name for c in turn.dataset_calls or ()]
     if sampling is not None:
         meta["sampling"] = dict(sampling)
     if completion.reasoning_inline:

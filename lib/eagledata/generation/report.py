@@ -17,6 +17,7 @@ from ..paths import DatasetFiles
 from ..records import output_tokens
 from ..status import duration
 from .progress import TIMELINE_COLUMNS, RunSnapshot, run_etas, sooner, thin
+from .turns import MISMATCHES
 
 RATE_WINDOW_S = 5.0  # throughput is over at least this long (a sample right after the last is not a rate)
 
@@ -330,3 +331,21 @@ def plot_health(health: RunHealth):
     fig.suptitle(health.headline())
     fig.subplots_adjust(left=0.06, right=0.95, bottom=0.08, top=0.9, wspace=0.38, hspace=0.4)  # not tight_layout:
     return fig                                                  # it draws the figure twice, a frame's cost
+
+
+def tool_loop_note(summary: dict[str, Any]) -> str | None:
+    """How this run's tool loops went, in one plain sentence: how many conversations ended on a tool-call mismatch,
+    how they missed, and why that ends them. None for a run without tool calls."""
+    run = summary["run"]
+    tools = run.get("tool_calls") or {}
+    if not tools.get("answers") and not tools.get("mismatched"):
+        return None
+    started = (run.get("by_turn") or {}).get("1", 0)
+    n = tools.get("mismatched", 0)
+    of = f" of the {started:,} this run started" if started else ""
+    if not n:
+        return f"Tool loops: no conversation{of} ended on a tool-call mismatch."
+    how = "; ".join(f"{k} {MISMATCHES[kind]}" for kind, k in (tools.get("mismatches") or {}).items() if k)
+    return (f"Tool loops: {n:,} conversation{'s' if n != 1 else ''}{of} ended on a tool-call mismatch"
+            + (f" ({how})" if how else "") + ": the dataset has tool results only for the calls it made, and none "
+            "are invented, so such a conversation ends after that turn, which is kept as a sample.")

@@ -36,6 +36,10 @@ TurnsMode = Literal["all", "last"]
 TURN_ID_SEP = "#"  # turn j ≥ 2 of conversation c has record id "c#j"; turn 1 keeps the prompt's id
 FINISHED = ("stop", "tool_calls")  # finish reasons of an answer the model ended itself
 TOOL_MISMATCH = "tool_mismatch"  # `meta.ended`: the target's calls were not the dataset's, so no results follow
+# How a tool-call turn missed the dataset's next calls (`mismatch_kind`), as the report says it.
+MISMATCHES = {"plain": "answered plainly where the dataset called a tool",
+              "called": "called a tool where the dataset answered plainly",
+              "other": "called other tools (or other counts of them) than the dataset"}
 
 
 def turn_id(conversation_id: str, turn: int, *, first: bool) -> str:
@@ -68,6 +72,13 @@ def matches(ours: Sequence[ToolCall], dataset: Sequence[ToolCall]) -> bool:
     """The target's calls match the dataset's next calls: the same names, as many times each (a plain answer
     matches a plain one)."""
     return Counter(c.name for c in ours) == Counter(c.name for c in dataset)
+
+
+def mismatch_kind(ours: Sequence[str], dataset: Sequence[str]) -> str:
+    """Which of `MISMATCHES` a turn whose call names `ours` did not match the dataset's `dataset` is."""
+    if not ours:
+        return "plain"
+    return "called" if not dataset else "other"
 
 
 def result_ids(ours: Sequence[ToolCall], dataset: Sequence[ToolCall]) -> dict[str, str]:
@@ -203,6 +214,13 @@ class Turn:
     def later(self) -> int:
         """Requests of this conversation still to come after this one, if every answer finishes."""
         return self.conversation.last - self.number
+
+    @property
+    def dataset_calls(self) -> tuple[ToolCall, ...] | None:
+        """The calls of the dataset's answer to this turn's ask (`()`: a plain answer), None where the dataset has no
+        answer (the conversation's last ask): what the target's answer must match for the loop to go on."""
+        k = self.number - self.conversation.first
+        return self.conversation.dataset_calls[k] if k < len(self.conversation.dataset_calls) else None
 
     def mismatch(self, answer: Answer) -> bool:
         """The answer finished but its calls are not the dataset's next ones (by name and count): no tool results
