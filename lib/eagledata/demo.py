@@ -14,7 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from .defaults import EMULATOR_SPEED
 from .emulator import run_emulator
+from .emulator.process import embedded_config
 from .errors import InputError, command_prog, run_command
 from .notebooks import NOTEBOOK_DIR, read_results, run_notebook
 from .paths import DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file, runs_dir
@@ -83,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=command_prog("eagledata-demo", "eagledata.demo"),
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--output-dir", default="outputs")
-    ap.add_argument("--speed", type=_speed, default=0.02, help="emulator delay factor (1 = real latencies)")
+    ap.add_argument("--speed", type=_speed, default=EMULATOR_SPEED,
+                    help="emulator delay factor (1 = real latencies), as emulator_speed for base_url emulator")
     args = ap.parse_args(argv)
     missing = [f"eagledata[{extra}] ({module})" for module, extra in (("papermill", "notebooks"),
                                                                         ("torch", "hidden-states"))
@@ -115,8 +118,11 @@ def _demo(args: argparse.Namespace) -> int:
     # One quirky endpoint: the cheapest eligible provider serves a tenth of its answers without a reasoning parser
     # ("reasoning</think>answer" as content), so the generate report shows them repaired and kept.
     quirky = [{"provider": "Chutes", "quirks": {"bare_close": 0.1}}]
-    with run_emulator(speed=args.speed, ground_truth_file=str(truth), seed=2026, faults=faults,
-                      endpoints=quirky) as emu:
+    # The emulator a `base_url: emulator` run gets (its model follows the datasets' tool calls at the default
+    # tool_follow_rate), with the demo's own seed, faults and quirks, shared by every notebook below.
+    prompts = [yaml.safe_load(datasets.read_text())[name]["prompts"] for name in DEMO_DATASETS]
+    with run_emulator(embedded_config(speed=args.speed, tool_datasets=prompts), ground_truth_file=str(truth),
+                      seed=2026, faults=faults, endpoints=quirky) as emu:
         print(f"demo: emulator at {emu.base_url}", flush=True)
         step("providers", "providers", base_url=emu.base_url, params_dir=str(params), output_dir=str(demo))
         routing = routing_file("moonshotai/kimi-k2.5", params)
