@@ -150,3 +150,33 @@ def test_budget_prices_from_the_emulator_catalog(tmp_path):
     basis = asyncio.run(plan_prices(cfg))
     assert basis.routing_file is None and "(emulator)" in basis.note
     assert basis.prices.completion_per_m == 2.2  # the emulated catalog's cheapest eligible endpoint (Chutes)
+
+
+def test_an_emulator_never_outlives_the_process_that_started_it(tmp_path):
+    """A kernel killed mid-run (SIGKILL: no finally runs) leaves no emulator listening behind: it watches its parent."""
+    import signal
+    import time
+
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import time\nfrom eagledata.emulator import run_emulator\n"
+        "with run_emulator(speed=0) as emu:\n    print(emu.process.pid, flush=True)\n    time.sleep(600)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(child.stdout.readline())
+        assert _alive(pid)
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        deadline = time.monotonic() + 15
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(pid), "the emulator outlived the process that started it"
+    finally:
+        child.kill()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
