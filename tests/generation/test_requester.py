@@ -29,14 +29,17 @@ def test_the_body_asks_for_the_model_with_reasoning_and_usage_through_the_routin
     p = parts({"A": 1}, routing=three(), model="org/target", max_tokens=1234, temperature=0.6)
     work = p.dispatcher.take(0.0)
     assert p.requester.body(work, 0.0) == {
-        "model": "org/target", "messages": ASK, "max_tokens": 1234, "stream": False, "temperature": 0.6,
+        "model": "org/target", "messages": ASK, "max_tokens": 1234, "stream": True, "temperature": 0.6,
         "reasoning": {"enabled": True}, "usage": {"include": True}, "provider": PROVIDER}
     p.requester.temperature = None  # the server's default: no temperature sent
     assert "temperature" not in p.requester.body(work, 0.0)
+    p.requester.stream = False  # the `stream: false` setting: one JSON body
+    assert p.requester.body(work, 0.0)["stream"] is False
 
 
 def test_a_local_backend_asks_for_token_ids_and_reserves_nothing(parts, tok):
-    p = parts({"A": 1}, routing=three(), backend="local", temperature=None)
+    """One JSON body even with `stream` on (the default): the server's ids are read from it."""
+    p = parts({"A": 1}, routing=three(), backend="local", temperature=None, stream=True)
     work = p.dispatcher.take(0.0)
     asyncio.run(p.requester.prepare(work))
     assert p.requester.body(work, 0.0) == {"model": "moonshotai/kimi-k2.5", "messages": ASK, "max_tokens": 1000,

@@ -122,7 +122,8 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     executor = seams.executor or ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
     cooldown = ProviderCooldown(cooldown_s=cfg.provider_cooldown_s)
     requester = Requester(seams.transport, routing, fidelity, cooldown, tok, executor, worst=worst, model=cfg.model,
-                          max_tokens=cfg.max_tokens, temperature=cfg.temperature, backend=cfg.backend)
+                          max_tokens=cfg.max_tokens, temperature=cfg.temperature, backend=cfg.backend,
+                          stream=cfg.stream)
     recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid)
     single = isinstance(cfg.dataset, str) and cfg.dataset != "all"
     reporter = Reporter(cfg, dispatcher, ledger, congestion, fidelity, routing, t0=now, idle=idle, single=single)

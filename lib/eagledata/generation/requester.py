@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import httpx
 
 from ..openrouter import Completion, Kind, Outcome, Price, RoutingDecision, build_request, complete
+from ..openrouter.stream import StreamState
 from ..text import KimiTokenizer, prompt_ids
 from .congestion import ProviderCooldown
 from .fidelity import FidelityJudge
@@ -35,10 +36,13 @@ class Transport(Protocol):
 
 
 class ChatCompletions:
-    """The service's chat-completions endpoint: `POST chat/completions` once (openrouter.complete)."""
+    """The service's chat-completions endpoint: `POST chat/completions` once (openrouter.complete), read as SSE when
+    the body asks for a stream (openrouter/stream.py). `state`: a `StreamState` the caller keeps, filled chunk by
+    chunk (how far the answer has got; what streamed before a cancel), the seam for cutting answers at a target."""
 
-    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
-        return await complete(client, body)
+    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any],
+                             state: StreamState | None = None) -> Outcome:
+        return await complete(client, body, state)
 
 
 class Attempt:
@@ -65,10 +69,11 @@ async def in_executor(executor: Executor, fn: Callable, *args: Any, **kwargs: An
 class Requester:
     def __init__(self, transport: Transport, routing: RoutingDecision, fidelity: FidelityJudge,
                  cooldown: ProviderCooldown, tok: KimiTokenizer, executor: Executor, *, worst: Price, model: str,
-                 max_tokens: int, temperature: float | None, backend: str):
+                 max_tokens: int, temperature: float | None, backend: str, stream: bool = False):
         self.transport, self.routing, self.fidelity, self.cooldown = transport, routing, fidelity, cooldown
         self.tok, self.executor, self.worst = tok, executor, worst
         self.model, self.max_tokens, self.temperature, self.backend = model, max_tokens, temperature, backend
+        self.stream = stream
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
 
     async def prepare(self, work: Work) -> None:
@@ -94,7 +99,8 @@ class Requester:
         conversation = work.turn.conversation
         return build_request(self.model, work.turn.messages, max_tokens=self.max_tokens,
                              temperature=self.temperature, provider=self.provider(work, now), backend=self.backend,
-                             tools=conversation.tools, parallel_tool_calls=conversation.parallel_tool_calls)
+                             tools=conversation.tools, parallel_tool_calls=conversation.parallel_tool_calls,
+                             stream=self.stream)
 
     def start(self, client: httpx.AsyncClient, work: Work, now: float) -> Attempt:
         work.tries += 1
