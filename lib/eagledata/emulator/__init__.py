@@ -19,7 +19,8 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
     processing_interval: 1.0            # s between ": OPENROUTER PROCESSING" comments
     ground_truth_file: null             # JSONL appended per charged generation;  record_prompt_ids: false
     content: {reasoning_median: 1500, reasoning_sigma: 0.8, content_median: 300, content_sigma: 0.7,
-              max_total: 32000}         # lognormal lengths in tokens
+              max_total: 32000,         # lognormal lengths in tokens
+              literal_close: 0}         # share of answers whose content quotes a literal `</think>`
     faults: {<class>: rate, ..., retry_after: 1, slow_seconds: 30}   # classes: faults.FAULTS
     tool_datasets: []       # prompt files whose agent conversations the model regenerates (any accepted shape)
     tool_follow_rate: 0.8   # per tool round: the chance it calls what the dataset's answer called, else its own plan

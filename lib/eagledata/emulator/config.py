@@ -24,13 +24,17 @@ class Faults:
 
 @dataclass
 class ContentDist:
-    """Lognormal lengths in tokens: reasoning often thousands, content hundreds."""
+    """What the model writes: lognormal lengths in tokens (reasoning often thousands, content hundreds), and how
+    often its answer quotes its own closing tag."""
 
     reasoning_median: float = 1500.0
     reasoning_sigma: float = 0.8
     content_median: float = 300.0
     content_sigma: float = 0.7
     max_total: int = 32_000  # cap on a natural (unconstrained) answer
+    # The share of answers whose content holds a literal `</think>` as text (the model writing about its own tags):
+    # the model's text, so every provider serves it, whatever its quirks. 0 draws nothing (seeded runs unchanged).
+    literal_close: float = 0.0
 
 
 @dataclass
@@ -178,7 +182,7 @@ def parse_config(raw: dict | None = None) -> EmulatorConfig:
     if "content" in raw:
         c = _mapping(raw["content"], "content", {f.name for f in fields(ContentDist)})
         for key, value in c.items():
-            _num(value, f"content.{key}", lo=0, integer=key == "max_total")
+            _num(value, f"content.{key}", lo=0, hi=1 if key == "literal_close" else None, integer=key == "max_total")
             setattr(cfg.content, key, value)
     if "faults" in raw:
         f = _mapping(raw["faults"], "faults", set(FAULT_CLASSES) | {"retry_after", "slow_seconds"})

@@ -66,6 +66,12 @@ def _literal_special(rng: random.Random, content: str) -> str:
     return content[:at] + rng.choice(LITERAL_SPECIALS) + content[at:]
 
 
+def _literal_close(rng: random.Random, content: str) -> str:
+    """The model writing about its own tags: a literal `</think>` in its answer, as text (never the control token)."""
+    at = rng.randrange(len(content) + 1)
+    return content[:at] + " the `</think>` tag" + content[at:]
+
+
 # Quirks that change the text the model produced (before it is encoded); the others change only how the text
 # is served (`bodies.SERVED`).
 TEXT_QUIRKS: dict[str, Callable[[random.Random, str], str]] = {"literal_specials": _literal_special}
@@ -137,6 +143,8 @@ def generate(tok: KimiTokenizer, rng: random.Random, dist: ContentDist, quirks: 
         content = rng.choice(CALL_PREAMBLES) if rng.random() < 0.35 else ""
     elif quirk in CALL_QUIRKS:
         quirk = None  # a quirk of how calls are served: nothing to serve differently in a plain answer
+    if dist.literal_close and content and rng.random() < dist.literal_close:  # no draw at 0: seeded runs as before
+        content = _literal_close(rng, content)
     if quirk in TEXT_QUIRKS:
         content = TEXT_QUIRKS[quirk](rng, content)
     r_ids = tok.encode_ordinary(reasoning) if thinking else []
