@@ -11,7 +11,7 @@ import sys
 
 from .errors import build_settings, command_prog, run_command
 from .generation import GenerateConfig, run_generation, tool_loop_note
-from .generation.policy import ERROR_PREFIX
+from .generation.policy import ERROR_PREFIX, StopReason
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +30,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {_line(s)}")
         if note := tool_loop_note(summary):
             print(note)
-        return 1 if summary["stop_reason"].startswith(ERROR_PREFIX) else 0  # stopped cleanly, but on a bug
+        reason = summary["stop_reason"]  # stopped cleanly, but on a bug; or nothing at all recorded
+        return 1 if reason.startswith(ERROR_PREFIX) or reason == StopReason.ALL_FAILED else 0
 
     return run_command(parser.prog, run)
 

@@ -3,7 +3,8 @@
     <params_dir>/datasets.yaml                  datasets file: prompts and token targets
     <params_dir>/routing/<model name>.yaml      routing decision (providers.ipynb)
     <output_dir>/providers/                     endpoint-listing snapshots
-    <output_dir>/datasets/<dataset>/            records.jsonl, failures.jsonl, summary.json (+ done.idx, .lock)
+    <output_dir>/datasets/<dataset>/            records.jsonl, failures.jsonl, summary.json (+ done.idx, .lock,
+                                                failures.retried.jsonl: failures sent again by retry_failed)
     <output_dir>/assembled/<name>/              training-set exports (SpecForge, speculators)
     <output_dir>/hidden_states/<name>/          manifest.json, index.jsonl, shard-NNNNN.safetensors
     <output_dir>/runs/                          executed notebooks (run reports)
@@ -57,11 +58,12 @@ def _file(name: str) -> property:
 
 @dataclass(frozen=True)
 class DatasetFiles:
-    """One dataset's generation output. `done_index` is the store's resume cache, not a contract file."""
+    """One dataset's generation output. `done_index` is the store's resume cache, not a contract file;
+    `failures_retried` keeps the failures a run with `retry_failed` sent again (history, never read back)."""
 
     directory: Path
     records, failures, summary = map(_file, ("records.jsonl", "failures.jsonl", "summary.json"))
-    done_index, lock = map(_file, ("done.idx", ".lock"))
+    done_index, lock, failures_retried = map(_file, ("done.idx", ".lock", "failures.retried.jsonl"))
 
 
 def datasets_dir(output_dir: str | Path = OUTPUT_DIR) -> Path:

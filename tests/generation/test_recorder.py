@@ -109,7 +109,7 @@ def test_a_prompt_failed_for_good_goes_to_failures_with_its_last_error_and_tries
     assert store.done == {"A-0000"} and store.failed == 1 and store.conversations_finished == 1
     assert not lines(store.files.records)
     assert work.lane.stats.counts == Counter({"retried": 1, "failed": 1})
-    assert work.lane.stop_reason == "completed"
+    assert work.lane.stop_reason == "all_failed"  # its one prompt failed: nothing recorded is not `completed`
 
 
 def test_a_later_turn_failed_for_good_names_its_conversation_and_turn(parts, tok):

@@ -128,6 +128,8 @@ class Emulator:
     def admit(self, req: ChatRequest, p_ids: list[int]) -> Job:
         """Route, pick an endpoint that is neither busy nor failing, check its worst case against the balance, draw
         a fault."""
+        if self.cfg.reject is not None:  # a rule of every deployment: refused before routing, nothing generated
+            raise ApiError(self.cfg.reject["code"], self.cfg.reject["message"], outcome="rejected")
         n_prompt = len(p_ids)
         r = route(self.cfg.endpoints, req.prefs, need_tokens=n_prompt + (req.max_tokens or 0),
                   used_parameters=req.used_parameters, tools=req.tools is not None)

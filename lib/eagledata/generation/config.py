@@ -50,6 +50,7 @@ class GenerateConfig(Settings):
     stream: bool = setting(True, "ask for SSE streams (the same records as one JSON body); a local backend is "
                                  "always asked for one body")
     max_attempts: int = setting(8, "per prompt, then failures.jsonl")
+    retry_failed: bool = setting(False, "send again the prompts failures.jsonl holds (kept in failures.retried.jsonl)")
     retry_base_s: float = setting(1.0, "backoff: base * 2^attempt, full jitter, capped")
     retry_cap_s: float = setting(60.0, "longest backoff")
     request_timeout_s: float = setting(900.0, "client-side timeout of one request")

@@ -16,6 +16,7 @@ import heapq
 import itertools
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,7 +24,18 @@ from ..openrouter import Kind, Outcome
 from .congestion import Congestion
 from .lanes import DatasetRun
 from .pacing import Pacing
-from .policy import ERROR_PREFIX, Rule, StopReason, error_stop, fatal_stop, retry_delay
+from .policy import (
+    ERROR_PREFIX,
+    REJECTABLE,
+    REJECTED_PREFIX,
+    RejectionWatch,
+    Rule,
+    StopReason,
+    error_stop,
+    fatal_stop,
+    rejected_stop,
+    retry_delay,
+)
 from .turns import Turn
 from .work import State, Work
 
@@ -45,7 +57,7 @@ class Stopped:
     reason: str
 
 
-Verdict = Literal["retry", "failed", "stop"]
+Verdict = Literal["retry", "failed", "held", "stop"]
 
 
 @dataclass
@@ -54,7 +66,7 @@ class StopState:
     money stop keeps its reason when the stragglers are abandoned), and the answer that stopped it, if one did."""
 
     reason: str = ""
-    fatal: Outcome | None = None  # the answer that stopped the run (bad key, no endpoints)
+    fatal: Outcome | None = None  # the answer that stopped the run (bad key, no endpoints, a refused setting)
 
     @property
     def stopping(self) -> bool:
@@ -69,16 +81,25 @@ class StopState:
 
 
 class Dispatcher:
+    """`failed(work)` writes a turn failed for good (the recorder's `fail`): the dispatcher decides when. A refused
+    request (a 4xx: `policy.REJECTABLE`) is held until the run knows whose fault it is (`policy.RejectionWatch`):
+    the prompt's once an answer shows the settings work, or its dataset has nothing else left (then written); the
+    run's when the same refusal meets many prompts (the run stops, naming the setting, and the held ones stay to
+    do: the next run sends them)."""
+
     def __init__(self, lanes: list[DatasetRun], pacing: Pacing, congestion: Congestion, *, max_attempts: int,
-                 retry_base_s: float, retry_cap_s: float, t0: float = 0.0, rng: random.Random | None = None):
+                 retry_base_s: float, retry_cap_s: float, failed: Callable[[Work], None], t0: float = 0.0,
+                 rng: random.Random | None = None):
         self.lanes = {lane.name: lane for lane in lanes}
         self.pacing, self.congestion = pacing, congestion
         self.max_attempts, self.retry_base_s, self.retry_cap_s = max_attempts, retry_base_s, retry_cap_s
-        self.t0, self.rng = t0, rng
+        self.failed, self.t0, self.rng = failed, t0, rng
         self.seq = itertools.count()
         self.holding = 0  # work in slots' hands (tokenizing, waiting for money, in flight)
         self.stop = StopState()
         self.no_endpoint_streak = 0
+        self.rejections = RejectionWatch()
+        self.held: list[Work] = []  # refused, not yet known to be their prompts' own fault
         self._stragglers_since: float | None = None
 
     # -- taking work --------------------------------------------------------------------------------
@@ -116,6 +137,7 @@ class Dispatcher:
         work.move(State.SENT)
         work.sent_at = now
         self.pacing.start(work.lane.name, now, work.ticket)
+        self.rejections.sending()
 
     def release(self, work: Work, now: float) -> None:
         """The slot lets go of `work`. A retry enters the heap only here: pushed earlier, another slot could take it
@@ -142,10 +164,12 @@ class Dispatcher:
             self.pacing.forgo(lane.name, work.turn.later)
         self._end(work, now, tokens if written else 0, finished=written and next_turn is None)
         self.no_endpoint_streak = 0
+        self.rejections.answered(in_flight=self.holding - 1)  # the settings work: what was refused was the prompts'
+        self._write_held()
 
     def not_ok(self, work: Work, now: float, outcome: Outcome, r: Rule) -> Verdict:
-        """An attempt that brought no record: retry it (when due), fail it for good (the recorder writes the
-        failure), or stop the run; the outcome table says which (policy.py)."""
+        """An attempt that brought no record: retry it (when due), fail it for good (written through `failed`),
+        hold it (a refusal, `_refused`), or stop the run; the outcome table says which (policy.py)."""
         work.last_error = outcome.error_dict()
         work.attempts += r.counts
         work.rate_limited = work.rate_limited + 1 if r.rate_limited else 0
@@ -164,16 +188,48 @@ class Dispatcher:
                 work.seq = next(self.seq)
                 verdict = "retry"
         elif outcome.kind is Kind.FAILED:
-            verdict = "failed"
+            verdict = self._refused(work, outcome) if outcome.error_class in REJECTABLE else "failed"
         elif outcome.kind is Kind.OUT_OF_MONEY:
             self.stop.set(StopReason.OUT_OF_CREDITS)
         else:  # FATAL
             self.stop.set(fatal_stop(outcome.error_class), outcome)
         work.move(State.RETRIED if verdict == "retry" else State.SETTLED)
-        if verdict == "failed":
+        if verdict in ("failed", "held"):
             self.pacing.forgo(work.lane.name, work.turn.later)  # a turn that fails for good ends its conversation
-        self._end(work, now, 0, finished=verdict == "failed")
+        self._end(work, now, 0, finished=verdict in ("failed", "held"))
+        if verdict == "failed":
+            self.failed(work)
         return verdict
+
+    def _refused(self, work: Work, outcome: Outcome) -> Verdict:
+        """A refused request (4xx): held until the run knows whose fault it is; when the same refusal has met many
+        prompts (policy.RejectionWatch) the run stops on it, and none of them is written: they stay to do. After
+        such a stop every refusal stays to do."""
+        if self.stop.reason.startswith(REJECTED_PREFIX):
+            return "stop"
+        if self.rejections.rejected(work.turn.id, outcome):
+            self.stop.set(rejected_stop(outcome), outcome)
+            log.error("generation: %s: the same answer for at least %d different prompts, most of what was sent; "
+                      "none of them is written to failures.jsonl: fix the setting and run again to send them",
+                      self.stop.reason, self.rejections.prompts)
+            for held in self.held:
+                held.lane.held -= 1
+            self.held.clear()
+            return "stop"
+        self.held.append(work)
+        work.lane.held += 1
+        return "held"
+
+    def _write_held(self, lane: DatasetRun | None = None) -> None:
+        """The held refusals (of `lane`, else all) are their prompts' own: written as failed for good."""
+        keep = []
+        for work in self.held:
+            if lane is None or work.lane is lane:
+                work.lane.held -= 1
+                self.failed(work)
+            else:
+                keep.append(work)
+        self.held = keep
 
     def cancelled(self, work: Work, now: float) -> None:
         """Its attempt was cut off (the run abandoning what is in flight): nothing recorded, the prompt still to do."""
@@ -213,9 +269,11 @@ class Dispatcher:
             if lane.finished or lane.holding:
                 continue
             if lane.target_met_s is not None:
+                self._write_held(lane)
                 lane.stop_reason = StopReason.TARGET_REACHED
             elif lane.all_finished:
-                lane.stop_reason = StopReason.COMPLETED
+                self._write_held(lane)  # nothing else of the dataset left to learn from: they were the prompts'
+                lane.stop_reason = StopReason.ALL_FAILED if lane.all_failed else StopReason.COMPLETED
                 if (leak := self.pacing.unsettled(lane.name)) is not None:
                     lane.stop_reason = _books_wrong(leak)
             elif not self.stop.stopping and lane.exhausted and not lane.retries and not lane.ready:
@@ -225,7 +283,7 @@ class Dispatcher:
             reasons = {lane.stop_reason for lane in self.lanes.values()}
             errors = sorted(r for r in reasons if r.startswith(ERROR_PREFIX))
             self.stop.set(errors[0] if errors else StopReason.TARGET_REACHED if reasons == {StopReason.TARGET_REACHED}
-                      else StopReason.COMPLETED)
+                          else StopReason.ALL_FAILED if reasons == {StopReason.ALL_FAILED} else StopReason.COMPLETED)
 
 
 def _books_wrong(what: str) -> str:

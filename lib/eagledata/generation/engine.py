@@ -28,7 +28,7 @@ from .datasets import select_datasets
 from .lanes import DatasetRun, open_lanes
 from .panel import make_progress
 from .parts import Seams, build_parts
-from .policy import StopReason, error_stop
+from .policy import REJECTED_PREFIX, StopReason, error_stop
 from .progress import ProgressView, RunSnapshot
 from .requester import Transport
 from .slots import Slots
@@ -226,8 +226,13 @@ async def _run(cfg: GenerateConfig, key: str | None, seams: Seams | None, transp
             summary = await run.execute(clients, view)
         finally:
             run.close()
-    if run.dispatcher.stop.fatal is not None:
-        raise RuntimeError(f"generation stopped: {summary['stop_reason']}: {run.dispatcher.stop.fatal.message}")
+    if (fatal := run.dispatcher.stop.fatal) is not None:
+        reason = summary["stop_reason"]
+        if reason.startswith(REJECTED_PREFIX):  # it quotes the message already
+            raise RuntimeError(f"generation stopped: {reason} (the same answer for many different prompts: a setting "
+                               "of the run, not the prompts; none was written to failures.jsonl, so a run with the "
+                               "setting fixed sends them)")
+        raise RuntimeError(f"generation stopped: {reason}: {fatal.message}")
     return summary
 
 

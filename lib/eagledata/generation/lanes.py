@@ -41,6 +41,7 @@ class DatasetRun:
     ready: deque[Turn] = field(default_factory=deque)     # next turns, answered at once, ahead of new conversations
     retries: list[Work] = field(default_factory=list)   # heap by due time
     holding: int = 0
+    held: int = 0                                        # refusals held by the dispatcher, not written yet
     stop_reason: str = ""
     target_met_s: float | None = None                    # when its recorded tokens reached the target
     stats: RunStats = field(default_factory=RunStats)
@@ -58,7 +59,8 @@ class DatasetRun:
                              f"setting (or another output_dir)", self.store.files.summary, field="turns")
         self.fidelity = FidelityJudge.carried([self.summary_before] if self.summary_before else [], decides=False)
         if self.idle:  # nothing to send in this run
-            self.stop_reason = StopReason.TARGET_REACHED if self.target_met else StopReason.COMPLETED
+            self.stop_reason = StopReason.TARGET_REACHED if self.target_met else \
+                StopReason.ALL_FAILED if self.all_failed else StopReason.COMPLETED
 
     @property
     def target_met(self) -> bool:
@@ -71,9 +73,15 @@ class DatasetRun:
 
     @property
     def all_finished(self) -> bool:
-        """Every conversation of this run is finished (recorded to its end or failed): `completed` is true. (Taken
-        is not finished: a prompt given back unstarted, when the money ran out, is still to do.)"""
-        return self.store.conversations_finished - self.done_before >= len(self.scan.pending)
+        """Every conversation of this run is finished (recorded to its end, failed, or refused and held to be
+        written as failed): `completed` is true. (Taken is not finished: a prompt given back unstarted, when the
+        money ran out, is still to do.)"""
+        return self.store.conversations_finished + self.held - self.done_before >= len(self.scan.pending)
+
+    @property
+    def all_failed(self) -> bool:
+        """Every prompt finished failed for good, not one recorded (all runs): `all_failed`, not `completed`."""
+        return not self.store.recorded and self.store.failed + self.held > 0
 
     def take(self, now: float, seq: int, may_start: Callable[[], bool], may_continue: Callable[[], bool]) \
             -> Work | None:
@@ -120,7 +128,7 @@ def open_lanes(cfg: GenerateConfig) -> list[DatasetRun]:
         for spec in select_datasets(cfg.datasets_file, cfg.dataset):
             if not spec.prompts.is_file():
                 raise InputError("prompts file not found", spec.prompts, field=f"{spec.name}.prompts")
-            store = Store.open(dataset_files(spec.name, cfg.output_dir))
+            store = Store.open(dataset_files(spec.name, cfg.output_dir), retry_failed=cfg.retry_failed)
             try:
                 scan = scan_prompts(spec.prompts, store.finished, cfg.limit,
                                     turn_ids=functools.partial(later_turn_ids, turns=cfg.turns), tools=spec.tools)

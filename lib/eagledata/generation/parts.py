@@ -82,10 +82,7 @@ class Parts:
                                      next_turn=recorded.next_turn)
         else:
             stop = self.recorder.refused(work, outcome)
-            verdict = self.dispatcher.not_ok(work, now, outcome, r)
-            if verdict == "failed":
-                self.recorder.fail(work)
-            elif verdict == "retry":
+            if self.dispatcher.not_ok(work, now, outcome, r) == "retry":  # failed for good: written by the dispatcher
                 self.recorder.retried(work)
         booked = self.ledger.settle(work.ticket, r, cost, work.bound, now)
         self.recorder.attempt(work, outcome, r, now - work.sent_at, booked)
@@ -112,8 +109,14 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
                                  recorded=lane.store.output_tokens, finished=lane.store.conversations_finished,
                                  prior_tokens=length_prior(lane.store.lengths, guess)) for lane in lanes), flights)
     congestion = Congestion(cfg.concurrency)
+    recorder: Recorder | None = None  # made below, with the executor; the dispatcher writes failures through it
+
+    def failed(work: Work) -> None:
+        assert recorder is not None
+        recorder.fail(work)
+
     dispatcher = Dispatcher(lanes, pacing, congestion, max_attempts=cfg.max_attempts, t0=now,
-                            retry_base_s=cfg.retry_base_s, retry_cap_s=cfg.retry_cap_s)
+                            retry_base_s=cfg.retry_base_s, retry_cap_s=cfg.retry_cap_s, failed=failed)
     ledger = Ledger(admission, Books(lag_s=cfg.account_lag_s), paid=paid, max_spend_usd=cfg.max_spend_usd,
                     reserve_usd=cfg.reserve_usd, concurrency=cfg.concurrency, refresh_s=cfg.account_refresh_s,
                     reader=seams.account)

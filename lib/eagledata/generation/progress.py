@@ -170,13 +170,14 @@ class DatasetSnapshot:
     stats: RunStats
     done_before: int = 0
     tokens_before: int = 0
+    failed: int = 0               # of `done`, failed for good, all runs: finished, but not a share of the work done
 
     @property
     def share(self) -> float:
-        """How far along: tokens ÷ target, else prompts finished ÷ prompts."""
+        """How far along: tokens ÷ target, else prompts answered (finished, less those failed) ÷ prompts."""
         if self.target is not None:
             return min(self.tokens / self.target, 1.0) if self.target else 1.0
-        return self.done / self.total_prompts if self.total_prompts else 1.0
+        return max(self.done - self.failed, 0) / self.total_prompts if self.total_prompts else 1.0
 
 
 @dataclass(frozen=True)
@@ -233,8 +234,9 @@ def _head(d: DatasetSnapshot, t: float) -> tuple[str, float | None]:
         head = (f"{d.tokens:,}/{d.target:,} output tokens ({100 * d.share:.1f}%), "
                 f"{d.done:,}/{d.total_prompts:,} prompts")
         return head, eta_s(d.tokens, d.target, t, d.tokens_before)
-    share = 100 * d.done / d.total_prompts if d.total_prompts else 100.0
-    return f"{d.done:,}/{d.total_prompts:,} prompts ({share:.1f}%)", eta_s(d.done, d.total_prompts, t, d.done_before)
+    failed = f"; {d.failed:,} failed" if d.failed else ""  # finished, not answered: 100 % would say otherwise
+    return (f"{d.done:,}/{d.total_prompts:,} prompts ({100 * d.share:.1f}%{failed})",
+            eta_s(d.done, d.total_prompts, t, d.done_before))
 
 
 def status_line(snap: RunSnapshot) -> str:

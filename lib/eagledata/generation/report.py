@@ -233,7 +233,7 @@ class RunHealth:
         for name, s in dataset_summaries(summary).items():
             target = s["target_output_tokens"]
             shares.append(DatasetShare(name, s["output_tokens"] / target if target else
-                                       (s["prompts"] - s["remaining"]) / max(s["prompts"], 1),
+                                       max(s["prompts"] - s["remaining"] - s["failures"], 0) / max(s["prompts"], 1),
                                        "target" if target is not None else "prompts"))
         timeline = summary.get("timeline") or []
         cols = summary.get("timeline_columns") or TIMELINE_COLUMNS

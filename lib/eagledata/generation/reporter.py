@@ -86,7 +86,8 @@ class Reporter:
                                name=lane.name, done=lane.store.conversations_finished,
                                total_prompts=lane.scan.total, tokens=lane.store.output_tokens, target=lane.target,
                                in_flight=lane.stats.in_flight, stats=lane.stats, done_before=lane.done_before,
-                               tokens_before=lane.tokens_before) for lane in self.lanes.values()])
+                               tokens_before=lane.tokens_before, failed=lane.store.failed)
+                               for lane in self.lanes.values()])
 
     # -- summaries --------------------------------------------------------------------------------
     def summaries(self, now: float) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:

@@ -156,11 +156,15 @@ class Store:
     _lock_fd: int | None = field(default=None, repr=False)
 
     @classmethod
-    def open(cls, where: DatasetFiles | str | Path) -> Store:
+    def open(cls, where: DatasetFiles | str | Path, *, retry_failed: bool = False) -> Store:
+        """The dataset's store, locked and loaded; `retry_failed`: the prompts failed for good are to do again
+        (`_retry_failed`)."""
         store = cls(where if isinstance(where, DatasetFiles) else DatasetFiles(Path(where)))
         make_dir(store.files.directory, "output_dir")
         store._lock()
         try:
+            if retry_failed:
+                store._retry_failed()
             store._load()
         except BaseException:
             store.close()
@@ -173,6 +177,24 @@ class Store:
         except LockHeld as e:
             raise StoreLocked(f"another run (pid {e.holder or '?'}) is writing this dataset; refusing to interleave",
                               self.files.directory) from None
+
+    def _retry_failed(self) -> None:
+        """Send the failed prompts again: failures.jsonl's lines move to the end of failures.retried.jsonl (synced
+        first), then failures.jsonl is emptied, so each prompt is still in records or failures exactly once. A
+        kill between the two leaves them in both, and the next run with `retry_failed` copies them again: the
+        history may repeat a line, failures.jsonl never loses one. A failed later turn of a conversation is asked
+        again after its recorded turns."""
+        failures = self.files.failures
+        _repair_tail(failures)
+        if not failures.is_file() or not failures.stat().st_size:
+            return
+        with self.files.failures_retried.open("ab") as kept:
+            kept.write(failures.read_bytes())
+            kept.flush()
+            os.fsync(kept.fileno())
+        with failures.open("rb+") as f:
+            f.truncate(0)
+            os.fsync(f.fileno())
 
     def _load(self) -> None:
         records, failures, index = self.files.records, self.files.failures, self.files.done_index
