@@ -18,6 +18,7 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
     generation_delay: 0.5   # s that GET /generation?id= answers 404 after completion
     processing_interval: 1.0            # s between ": OPENROUTER PROCESSING" comments
     ground_truth_file: null             # JSONL appended per charged generation;  record_prompt_ids: false
+    reject: null            # {code: 400, message: "..."}: every chat request is refused with it (a provider rule)
     content: {reasoning_median: 1500, reasoning_sigma: 0.8, content_median: 300, content_sigma: 0.7,
               max_total: 32000,         # lognormal lengths in tokens
               literal_close: 0}         # share of answers whose content quotes a literal `</think>`

@@ -53,6 +53,9 @@ class EmulatorConfig:
     processing_interval: float = 1.0  # seconds between ": OPENROUTER PROCESSING" comments
     ground_truth_file: str | None = None  # JSONL to append ground truth to
     record_prompt_ids: bool = False
+    # {code, message}: every chat request is answered with this error, as a provider rule the listing cannot show
+    # (a deployment that takes no temperature above 1, say) makes the service refuse every request alike
+    reject: dict[str, Any] | None = None
     content: ContentDist = field(default_factory=ContentDist)
     faults: Faults = field(default_factory=Faults)
     endpoints: list[Endpoint] = field(default_factory=default_endpoints)
@@ -176,6 +179,12 @@ def parse_config(raw: dict | None = None) -> EmulatorConfig:
         if missing:
             raise InputError(f"prompt file not found: {missing[0]}", field="tool_datasets")
         cfg.tool_datasets = list(paths)
+    if raw.get("reject") is not None:
+        r = _mapping(raw["reject"], "reject", {"code", "message"})
+        code = _num(r.get("code", 400), "reject.code", lo=400, hi=599, integer=True)
+        if not isinstance(r.get("message"), str) or not r["message"].strip():
+            raise InputError("must be a non-empty string", field="reject.message")
+        cfg.reject = {"code": code, "message": r["message"]}
     for key in ("credits_forbidden", "record_prompt_ids"):
         if key in raw:
             setattr(cfg, key, _typed(raw[key], bool, key))
