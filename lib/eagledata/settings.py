@@ -8,10 +8,12 @@ command line, and come back grouped (e.g. the assembly policy inside the hidden-
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
+import difflib
 import types
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import yaml
@@ -76,9 +78,15 @@ class Settings:
     def from_params(cls: type[S], namespace: Mapping[str, Any], **overrides: Any) -> S:
         """The settings a notebook's parameters cell set: `Config.from_params(globals())`.
 
-        Names the settings do not know are ignored (the notebook's own variables); a value of the wrong
-        type fails here, naming the field, before any work starts.
+        Names the settings do not know are ignored (the notebook's own variables), except a name papermill
+        injected (the kernel's input history `In` holds its cell): that one is refused, naming the closest
+        parameter (`unknown_injected_names`). A value of the wrong type fails here too, naming the field, before
+        any work starts.
         """
+        names = [f.name for f, _, _ in cls._leaves()]
+        unknown = unknown_injected_names(namespace.get("In"), names)
+        if unknown:
+            raise InputError("; ".join(_unknown_parameter(name, names) for name in unknown))
         values = {f.name: namespace[f.name] for f, _, _ in cls._leaves() if f.name in namespace}
         values.update(overrides)
         return cls._build(values)
@@ -113,6 +121,44 @@ class Settings:
     @classmethod
     def from_args(cls: type[S], args: argparse.Namespace) -> S:
         return cls.from_params(vars(args))
+
+
+INJECTED_CELL_COMMENT = "# Parameters"  # the first line of the cell papermill injects (tagged injected-parameters)
+
+
+def unknown_injected_names(history: Any, parameters: Sequence[str]) -> list[str]:
+    """The names the latest papermill-injected cell in `history` assigns that are not in `parameters`, in order.
+
+    Why: papermill injects `-p`/`-y` names as plain assignments after the parameters cell and, for a name the
+    notebook does not declare, only logs "Passed unknown parameter"; the settings never read it, so a typo
+    (`-p max_spend 0.0001` for `max_spend_usd`) would silently run with the default (no spend cap). The kernel's
+    input history (`In`: every cell as run) keeps the injected cell, which starts with papermill's
+    `# Parameters` comment; the latest such cell is the injection in force (a report's injected cell edited and
+    run again in JupyterLab). Without one (JupyterLab, the command line, code), nothing is refused: the
+    notebook's own variables are never taken for parameters. `PAPERMILL_*` names (`--inject-paths`) are
+    papermill's own.
+    """
+    if not isinstance(history, (list, tuple)):
+        return []
+    injected = [cell for cell in history
+                if isinstance(cell, str) and cell.split("\n", 1)[0].strip() == INJECTED_CELL_COMMENT]
+    if not injected:
+        return []
+    try:
+        statements = ast.parse(injected[-1]).body
+    except SyntaxError:
+        return []
+    targets = [target for statement in statements if isinstance(statement, ast.Assign) for target in statement.targets]
+    targets += [s.target for s in statements if isinstance(s, (ast.AnnAssign, ast.AugAssign))]
+    assigned = dict.fromkeys(node.id for target in targets for node in ast.walk(target) if isinstance(node, ast.Name))
+    return [name for name in assigned if name not in parameters and not name.startswith("PAPERMILL_")]
+
+
+def _unknown_parameter(name: str, parameters: Sequence[str]) -> str:
+    """`unknown parameter 'max_spend' (did you mean 'max_spend_usd'?)`, or the list of parameters if none is close."""
+    close = difflib.get_close_matches(name, parameters, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"the parameters are: {', '.join(parameters)}"
+    return f"unknown parameter {name!r} ({hint})"
 
 
 class _OneOrList(argparse.Action):
