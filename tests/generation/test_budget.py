@@ -340,3 +340,12 @@ def test_a_zero_target_is_refused_before_the_datasets_file_is_touched(tmp_path):
     with pytest.raises(InputError, match=r"datasets\.yaml field 'B\.target_output_tokens': the plan gives B 0"):
         write_targets(path, {"A": 7_000, "B": 0})
     assert path.read_text() == text
+
+
+def test_the_plans_total_row_keeps_counts_whole():
+    """The TOTAL row came out as floats ("92.00" prompts under the notebook's float format)."""
+    frame = plan_budget(SIX, LENGTHS, PRICES, balance_usd=100, reserve_usd=5, round_to=1_000_000).frame()
+    total = frame.iloc[-1]
+    assert total["name"] == "TOTAL" and str(total["prompts"]) == "120000" and str(total["requests"]) == "10500"
+    assert all(str(frame[c].dtype) == "int64" for c in ("prompts", "requests_available", "target_output_tokens",
+                                                        "requests"))

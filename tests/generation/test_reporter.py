@@ -6,9 +6,15 @@ from collections import Counter
 
 import pytest
 
+from eagledata.generation import GenerateConfig, Seams
+from eagledata.generation.clock import InlineExecutor, run_virtual
+from eagledata.generation.engine import Run
+from eagledata.generation.progress import TIMELINE_COLUMNS, RunStats, run_figures, status_line
+from eagledata.generation.report import RunHealth, plot_datasets, provider_table, summary_table
 from eagledata.openrouter import Kind, Outcome
 from eagledata.summaries import CONSISTENT
-from tests.helpers.parts import PRICE_OUT, answered, endpoint, routing, send
+from tests.generation.test_engine import Simulated
+from tests.helpers.parts import PRICE_OUT, answered, datasets, endpoint, routing, send
 
 BAD_REQUEST = Outcome(Kind.FAILED, "bad_request", 400, "prompt too long")
 PROVIDER = {"sort": "price"}
@@ -135,4 +141,157 @@ def test_reading_changes_nothing(settled):
 
     assert steady(first[1]) == steady(second[1]) and all(steady(first[0][n]) == steady(second[0][n]) for n in "AB")
     assert snaps[0].stats.counts == snaps[1].stats.counts == Counter({"recorded": 2, "failed": 1})
-    assert first[0]["A"]["timeline"] == [[6.0, 1, first[0]["A"]["output_tokens"], 0.002, 0, 4]]
+    assert first[0]["A"]["timeline"] == [[6.0, 1, first[0]["A"]["output_tokens"], 0.002, 0, 4, 1, 0.0]]  # A: 1 answered
+
+
+def run_viewed(tmp_path, sim, file, view, **kw):
+    """tests/generation/test_engine.py's run in virtual time, shown by `view`."""
+    cfg = GenerateConfig(**{"dataset": "all", "datasets_file": str(file), "base_url": "http://127.0.0.1:9/api/v1",
+                            "output_dir": str(tmp_path / "out"), "params_dir": str(tmp_path / "params"),
+                            "concurrency": 8, "max_tokens": 1000, "progress": False, "reserve_usd": 0.0,
+                            "prior_output_median_tokens": 150, **kw})
+
+    async def main():
+        seams = Seams(transport=sim, account=sim.account, routing=routing(), executor=InlineExecutor())
+        r = await Run.start(cfg, None, api_key="k", seams=seams)
+        try:
+            return await r.execute([None] * cfg.concurrency, view=view), r
+        finally:
+            r.close()
+
+    return run_virtual(main())
+
+
+class Unreadable(Simulated):
+    """Simulated, but every third request of dataset B comes back unreadable (a reset connection after the answer
+    was generated): billed at what it served, a fraction of the bound the run books it at until a reading."""
+
+    def __init__(self, tok, **kw):
+        super().__init__(tok, **kw)
+        self.b = 0
+
+    async def handle_request(self, client, body):
+        outcome = await super().handle_request(client, body)
+        if body["messages"][-1]["content"].startswith("B"):
+            self.b += 1
+            if self.b % 3 == 0:
+                return Outcome(Kind.RETRY, "connection", None, "connection reset")
+        return outcome
+
+
+@pytest.fixture(scope="module")
+def unreadable(tmp_path_factory, tok):
+    """A and B, 30 prompts each, no targets, in virtual time, with an account read every 2 s (1 s lag): B's
+    unreadable answers are booked at their bound and cost far less. The summary, the run, the simulation and every
+    status line the run showed."""
+    tmp_path, lines = tmp_path_factory.mktemp("unreadable"), []
+    sim = Unreadable(tok)
+
+    class Lines:
+        def update(self, snap):
+            lines.append(status_line(snap))
+
+        def close(self, snap, summary=None):
+            lines.append(status_line(snap))
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OPENROUTER_API_KEY", "k")
+        env.setenv("EAGLEDATA_STATE_DIR", str(tmp_path / "state"))
+        summary, r = run_viewed(tmp_path, sim, datasets(tmp_path, {"A": 30, "B": 30}), lambda snap: Lines(),
+                                account_refresh_s=2.0, account_lag_s=1.0)
+    assert summary["stop_reason"] == "completed" and summary["run"]["errors"] == {"connection": sim.b // 3}
+    assert summary["run"]["charged_usd"] == pytest.approx(sim.billed, rel=1e-9)
+    assert r.ledger.books.provisional_usd > sim.billed - summary["run"]["recorded_usd"] > 0  # bounds over the truth
+    return summary, r, sim, lines
+
+
+def test_the_charged_line_never_falls_and_ends_at_the_accounts_delta(unreadable):
+    """Bookings at a bound exceed what the account later says they cost: the books fall when a reading settles
+    them, and once drew the charged line (and the status line's "charged") down from a peak. Charged is the
+    account's, never falling, ending at `run.charged_usd`; the bookings at a bound are a column apart."""
+    summary, _, _, lines = unreadable
+    spend = TIMELINE_COLUMNS.index("spend_usd")
+    line = [row[spend] for row in summary["timeline"]]
+    assert all(b >= a for a, b in zip(line, line[1:])), f"the charged line fell: peak {max(line)}, end {line[-1]}"
+    assert line[-1] == pytest.approx(summary["run"]["charged_usd"], abs=1e-6)
+    said = [float(x.split("charged $")[1].split()[0].replace(",", "")) for x in lines]
+    assert len(said) > 10 and all(b >= a for a, b in zip(said, said[1:])), "the status line's charged fell"
+    assert said[-1] == pytest.approx(summary["run"]["charged_usd"], abs=1e-4)
+    bound = TIMELINE_COLUMNS.index("at_bound_usd")
+    assert max(row[bound] for row in summary["timeline"]) > 0  # shown apart, while unread
+    assert any("booked at a bound, not yet read" in x for x in lines)
+    for d in summary["datasets"].values():  # each dataset's line too
+        own = [row[spend] for row in d["timeline"]]
+        assert all(b >= a - 1e-9 for a, b in zip(own, own[1:])) and own[-1] == pytest.approx(d["run"]["charged_usd"])
+
+
+def test_each_datasets_part_of_the_account_is_at_least_what_its_answers_cost(unreadable):
+    """The account's delta was apportioned by what each dataset's attempts were booked at: B's bounds, far over
+    what its unreadable answers cost, took A's money, and A showed a negative waste (the demo's -$0.0087). A keeps
+    what its answers cost; the rest of the delta goes by the bookings at a bound; the parts add up to the run's."""
+    summary, r, _, _ = unreadable
+    per = {n: d["run"] for n, d in summary["datasets"].items()}
+    for d in per.values():
+        assert d["charged_usd"] >= d["recorded_usd"] - 1e-9 and d["wasted_usd"] >= 0
+    assert per["A"]["charged_usd"] == pytest.approx(per["A"]["recorded_usd"], abs=1e-8)  # all read and kept
+    assert per["A"]["wasted_usd"] == pytest.approx(0, abs=1e-8) and per["B"]["wasted_usd"] > 0
+    assert sum(d["charged_usd"] for d in per.values()) == pytest.approx(summary["run"]["charged_usd"], abs=1e-7)
+
+
+def test_a_run_that_ended_shows_no_eta(unreadable):
+    """The last status line said "ETA 2h57m (money)" on a run that had ended: it says why it stopped instead."""
+    _, _, _, lines = unreadable
+    assert "ETA" in lines[0] and "ETA" not in lines[-1] and "stopped: completed" in lines[-1]
+
+
+def test_a_dataset_without_a_target_is_measured_in_prompts_not_records(parts, tok):
+    """Two-turn conversations without a target: a prompt finished is two records. Its share over the run counted
+    records against prompts (2.0 at the end); where it ended was an empty bar."""
+    p = parts({"A": 2}, asks=2)
+    for i in range(4):  # each prompt's two turns
+        send(p, float(i), answered(tok, cost=0.001), latency_s=0.5)
+        p.reporter.sample(i + 1.0)
+    p.reporter.sample(5.0, final=True)
+    _, summary = p.reporter.summaries(5.0)
+    a = summary["datasets"]["A"]
+    assert (a["records"], a["remaining"], a["target_output_tokens"]) == (4, 0, None)
+    fig = plot_datasets(summary)
+    over, ended = fig.axes
+    shares = [y for line in over.get_lines() if "prompts" in str(line.get_label()) for y in line.get_ydata()]
+    assert shares and max(shares) == pytest.approx(1.0) and all(y <= 1.0 for y in shares)
+    heights = [bar.get_height() for bar in ended.patches]
+    assert heights == [pytest.approx(1.0)]
+    assert [t.get_text() for t in ended.texts] == ["100.0% of prompts"]
+
+
+def test_the_summary_table_reads_whole_in_a_text_log(settled):
+    """papermill's log prints the table as text, where pandas cuts a label past 50 characters: the tool loops' row
+    was "tool-call turns (calls; served with other ids, ..." over "14 (19; 0; 10)". Each figure has its own row."""
+    p, _ = settled
+    p.dispatcher.lanes["A"].stats.tool_calls.update(answers=14, calls=19, mismatched=10)
+    _, summary = p.reporter.summaries(10.0)
+    table = summary_table(summary)
+    assert all(len(label) <= 50 for label in table.index), [x for x in table.index if len(x) > 50]
+    assert "..." not in repr(table)
+    value = table["value"].to_dict()
+    assert (value["tool-call turns"], value["tool calls"], value["tool-call ids served otherwise, rebuilt"],
+            value["tool loops ended on a mismatch"]) == ("14", "19", "0", "10")
+
+
+def test_no_waste_is_zero_not_minus_zero():
+    """An account that charged exactly what the kept answers cost differs from their float sum by a rounding
+    error: wasted rounded to -0.0 and printed "$-0.0000". (A sign, not an accounting error.)"""
+    stats = RunStats(recorded_usd=0.1 + 0.2)  # 0.30000000000000004
+    figures = run_figures(stats, wall_s=1.0, charged=0.3, spent=0.3)
+    assert figures["wasted_usd"] == 0.0 and str(figures["wasted_usd"]) == "0.0"
+    assert run_figures(stats, wall_s=1.0, charged=0.25, spent=0.3)["wasted_usd"] == 0.0  # an account behind us
+
+
+def test_attempts_no_provider_answered_are_named_so(settled):
+    """The provider table's row for attempts that never reached a provider (a connection or gateway error) was
+    named "-"."""
+    p, _ = settled
+    _, summary = p.reporter.summaries(10.0)
+    assert "-" in summary["run"]["provider_health"]  # summary.json keeps its name (docs/FORMATS.md)
+    table = provider_table(RunHealth.of_summary(summary))
+    assert list(table.index) == ["(no provider: connection or gateway error)", "Cheap", "Dear"]

@@ -34,17 +34,23 @@ class Books:
     provisional_usd: float = 0.0    # Σ bounds of attempts we could not read (all of them, ever)
     first: AccountReading | None = None
     last: AccountReading | None = None
+    known_by_lane: dict[str, float] = field(default_factory=dict)        # known_usd, by dataset
+    provisional_by_lane: dict[str, float] = field(default_factory=dict)  # provisional_usd, by dataset
     _spent_at_last: float = 0.0     # our own figure when the last reading was asked
-    _recent: deque = field(default_factory=deque)  # (time, amount, provisional) booked since a reading − lag
+    _recent: deque = field(default_factory=deque)  # (time, amount, provisional, lane) booked since a reading − lag
     _recent_total: float = 0.0
     _recent_provisional: float = 0.0
+    _pending_by_lane: dict[str, float] = field(default_factory=dict)  # _recent's provisional part, by dataset
 
-    def book(self, now: float, amount: float, *, provisional: bool = False) -> None:
+    def book(self, now: float, amount: float, *, provisional: bool = False, lane: str = "") -> None:
+        tally = self.provisional_by_lane if provisional else self.known_by_lane
+        tally[lane] = tally.get(lane, 0.0) + amount
         if provisional:
             self.provisional_usd += amount
+            self._pending_by_lane[lane] = self._pending_by_lane.get(lane, 0.0) + amount
         else:
             self.known_usd += amount
-        self._recent.append((now, amount, provisional))
+        self._recent.append((now, amount, provisional, lane))
         self._recent_total += amount
         self._recent_provisional += amount if provisional else 0.0
 
@@ -56,11 +62,14 @@ class Books:
         self._spent_at_last = self.spent() if spent_then is None else spent_then
         horizon = reading.at - self.lag_s
         while self._recent and self._recent[0][0] <= horizon:
-            _, amount, provisional = self._recent.popleft()
+            _, amount, provisional, lane = self._recent.popleft()
             self._recent_total -= amount
-            self._recent_provisional -= amount if provisional else 0.0
+            if provisional:
+                self._recent_provisional -= amount
+                self._pending_by_lane[lane] -= amount
         if not self._recent:
             self._recent_total = self._recent_provisional = 0.0  # no float drift
+            self._pending_by_lane.clear()
 
     @property
     def charged_usd(self) -> float | None:
@@ -76,14 +85,37 @@ class Books:
         # Everything still in _recent was booked after the last reading's horizon.
         return max(self.known_usd + self._recent_provisional, charged + self._recent_total)
 
+    def at_bound(self, lane: str | None = None) -> float:
+        """Bookings at a bound that no reading has settled yet (of one dataset, or all): unreadable answers, which
+        may have cost less, never more. Apart from the account's charge, which they are not (yet)."""
+        if self.charged_usd is None:  # no reading carries usage: nothing ever settles them
+            return self.provisional_usd if lane is None else self.provisional_by_lane.get(lane, 0.0)
+        return max(self._recent_provisional if lane is None else self._pending_by_lane.get(lane, 0.0), 0.0)
+
+    def lane_charged(self, lane: str) -> float:
+        """One dataset's part of the account's delta, in a run over several: what its readable answers cost, and the
+        rest of the delta (what the unreadable ones truly cost, or rounding) apportioned by its bookings at a bound
+        (by its known costs when none was booked so). Apportioning the whole delta by bookings would hand a bound's
+        excess over the truth to the datasets without errors, below what their own answers cost. An account behind
+        our books (its lag) scales the known costs down. Without an account figure: its known costs."""
+        known, charged = self.known_by_lane.get(lane, 0.0), self.charged_usd
+        if charged is None:
+            return known
+        if charged < self.known_usd:
+            return charged * known / self.known_usd
+        weight, total = ((self.provisional_by_lane.get(lane, 0.0), self.provisional_usd) if self.provisional_usd > 0
+                         else (known, self.known_usd))
+        return known + ((charged - self.known_usd) * weight / total if total > 0 else 0.0)
+
     def pending_reconciliation(self) -> float | None:
         """When a reading would settle the provisional bookings it has not settled yet: the time of the newest
         one plus the lag. None when there are none, or when readings carry no usage to settle them with."""
         if self._recent_provisional <= 0 or self.last is None or self.last.usage_usd is None:
             return None
-        newest = max((at for at, _, provisional in self._recent if provisional), default=None)
+        newest = max((at for at, _, provisional, _ in self._recent if provisional), default=None)
         if newest is None:  # the running total kept a float residue of settled bookings
             self._recent_provisional = 0.0
+            self._pending_by_lane.clear()
             return None
         return newest + self.lag_s
 

@@ -373,11 +373,12 @@ class Plan:
         import pandas as pd
 
         df = pd.DataFrame([asdict(d) for d in self.datasets])
-        total = df.sum(numeric_only=True)
+        total = df.sum(numeric_only=True).astype(object)  # it takes the name and the flag too
         total["name"], total["limited_by_prompts"] = "TOTAL", df["limited_by_prompts"].any()
         # P90s do not add up; the plan's P90 is the root-sum-square of the per-dataset spreads.
         total["p90_usd"] = total["p50_usd"] + math.sqrt(sum((d.p90_usd - d.p50_usd) ** 2 for d in self.datasets))
-        return pd.concat([df, total.to_frame().T], ignore_index=True)
+        # the total row as a column of the datasets' types: counts stay integers (not "92.00" under a float format)
+        return pd.concat([df, total.to_frame().T], ignore_index=True).astype(df.dtypes.to_dict())
 
 
 def _check_money(balance_usd: float | None, reserve_usd: float) -> None:

@@ -54,10 +54,18 @@ class Ledger:
         return self.books.limit(self.max_spend_usd if cap else None, self.reserve_usd)
 
     def spent(self, final: bool = False) -> float:
-        """The run's money: its books, and at the end what the summary reports, the account's delta."""
+        """The run's money as admission counts it: its books, and at the end what the summary reports, the
+        account's delta. The books may fall (a booking at a bound settles at what it cost): not what a report draws."""
         if final and self.books.charged_usd is not None:
             return self.books.charged_usd
         return self.books.spent()
+
+    def charged(self) -> float:
+        """What the account has charged this run, as its last reading says (the costs the answers reported where no
+        reading carries usage: a local backend). It never falls, and ends at the summary's `charged_usd`; bookings
+        at a bound not read yet are `books.at_bound()`, apart."""
+        charged = self.books.charged_usd
+        return self.books.known_usd if charged is None else charged
 
     def admit(self, bound: float, now: float, lane: str = "") -> int | MoneyStop | None:
         """A ticket when a request of `bound` fits the money left; None to wait (money frees up as answers come, or
@@ -84,11 +92,12 @@ class Ledger:
     def settle(self, ticket: int, r: Rule, cost: float | None, bound: float, now: float) -> float:
         """Book what the attempt cost by its rule (policy.RULES) and close its flight; returns what was booked (its
         bound when provisional)."""
+        lane = self.admission.flights.live[ticket].lane
         if r.cost == "known" and cost is not None:
-            self.books.book(now, cost)
+            self.books.book(now, cost, lane=lane)
         elif r.cost == "unknown" and self.paid:
             cost = None
-            self.books.book(now, bound, provisional=True)
+            self.books.book(now, bound, provisional=True, lane=lane)
         else:
             cost = 0.0
         self.admission.end(ticket, now, cost)

@@ -14,7 +14,12 @@ from ..records import Record, Usage
 from ..status import StatusLog, duration, ensure_log_handler, eta_s
 from .turns import MISMATCHES, TOOL_MISMATCH, mismatch_kind
 
-TIMELINE_COLUMNS = ["t_s", "recorded", "output_tokens", "spend_usd", "in_flight", "limit"]
+# spend_usd: the account's charge (never falls); at_bound_usd: bookings at a bound no reading has settled yet, apart;
+# prompts_answered: prompts (whole conversations) answered this run, what a dataset without a target is measured in.
+TIMELINE_COLUMNS = ["t_s", "recorded", "output_tokens", "spend_usd", "in_flight", "limit", "prompts_answered",
+                    "at_bound_usd"]
+SUMMED = [c for c in TIMELINE_COLUMNS if c not in ("t_s", "limit")]  # a run's figure is its datasets' added up
+NO_PROVIDER = "-"  # provider_health's name for attempts no provider answered (a connection or gateway error)
 TIMELINE_POINTS = 2000  # a summary's timeline is thinned to this many samples, first and last kept
 LATENCY_WINDOW = 500    # a provider's median latency is over its last this many attempts: how it serves now
 
@@ -45,11 +50,14 @@ class ProviderStats:
 
 def merge_timelines(timelines: list[list[list[float]]]) -> list[list[float]]:
     """The run's timeline from its datasets' (sampled at the same ticks): counts, tokens, $ and requests in flight
-    added up, the limit the pool's. Datasets whose samples do not line up (they ran apart) give none."""
+    added up, the time and the limit (the pool's) as they are. Datasets whose samples do not line up (they ran
+    apart) give none."""
     timelines = [tl for tl in timelines if tl]
     if not timelines or len({len(tl) for tl in timelines}) != 1:
         return []
-    return [[rows[0][0], *(sum(r[i] for r in rows) for i in range(1, 5)), rows[0][5]] for rows in zip(*timelines)]
+    summed = {TIMELINE_COLUMNS.index(c) for c in SUMMED}
+    return [[sum(r[i] for r in rows) if i in summed else rows[0][i] for i in range(len(rows[0]))]
+            for rows in zip(*timelines)]
 
 
 def merge_provider_health(parts: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -137,17 +145,19 @@ class RunStats:
 
     def attempt(self, provider: str | None, *, ok: bool, rate_limited: bool, latency_s: float) -> None:
         """An attempt ended: `ok`, an answer came (kept, or refused on its content). Attempts no provider answered
-        (a connection error before routing) count under "-"."""
-        ps = self.by_provider.setdefault(provider or "-", ProviderStats())
+        (a connection error before routing) count under `NO_PROVIDER`."""
+        ps = self.by_provider.setdefault(provider or NO_PROVIDER, ProviderStats())
         ps.attempts += 1
         ps.answers += ok
         ps.errors += not ok
         ps.rate_limited += rate_limited
         ps.latencies.append(latency_s)
 
-    def sample(self, t: float, spent: float, in_flight: int, limit: int) -> None:
-        self.timeline.append([round(t, 2), self.counts["recorded"], self.output_tokens, round(spent, 6), in_flight,
-                              limit])
+    def sample(self, t: float, charged: float, in_flight: int, limit: int, prompts_answered: int = 0,
+               at_bound: float = 0.0) -> None:
+        """A row of TIMELINE_COLUMNS: `charged` the account's charge (never falling), `at_bound` apart from it."""
+        self.timeline.append([round(t, 2), self.counts["recorded"], self.output_tokens, round(charged, 6), in_flight,
+                              limit, prompts_answered, round(at_bound, 6)])
 
     def describe_errors(self, top: int | None = 3) -> str:
         """`errors 12 (rate_limit 10, bad_gateway 2)`: the total and the commonest classes (all when `top` is None)."""
@@ -187,7 +197,7 @@ class RunSnapshot:
     t: float                      # seconds since this run started
     in_flight: int
     limit: int                    # concurrency allowed now
-    spent: float                  # charged so far in this run (the account's delta, plus answers since)
+    spent: float                  # the books (the account's delta, plus answers since, unread ones at their bound)
     stats: RunStats               # the whole run's counters
     datasets: list[DatasetSnapshot]
     cap: float | None = None      # max_spend_usd
@@ -198,6 +208,8 @@ class RunSnapshot:
     verdicts: dict[str, str] = field(default_factory=dict)  # provider -> fidelity verdict
     planned_usd_per_m: float | None = None  # the budget plan's $ per M output tokens (its spend line)
     stop_reason: str | None = None  # set on the final snapshot
+    charged: float | None = None  # what the account has charged (never falls); None: `spent`
+    at_bound: float = 0.0         # bookings at a bound no account reading has settled yet (in `spent`, not `charged`)
 
 
 class ProgressView(Protocol):
@@ -244,7 +256,9 @@ def status_line(snap: RunSnapshot) -> str:
     for several datasets the totals first, then each dataset's share of its target.
 
     The ETA is the sooner of the work left (prompts, or output tokens when the run stops at a target) and the
-    money left, each at this run's mean rate so far; for several datasets, the slowest dataset's."""
+    money left, each at this run's mean rate so far; for several datasets, the slowest dataset's. A run that ended
+    has none: its stop reason instead. Charged is the account's (it never falls); bookings at a bound that no
+    reading has settled yet are said apart."""
     if len(snap.datasets) == 1:
         d = snap.datasets[0]
         who, head = d.name, _head(d, snap.t)[0]
@@ -255,12 +269,18 @@ def status_line(snap: RunSnapshot) -> str:
         total = sum(d.total_prompts for d in snap.datasets)
         head = (f"{tokens:,}/{sum(targets):,} output tokens" if len(targets) == len(snap.datasets)
                 else f"{tokens:,} output tokens") + f", {done:,}/{total:,} prompts"
-    eta, why = sooner(*run_etas(snap))
+    if snap.stop_reason:
+        when = f"stopped: {snap.stop_reason}"
+    else:
+        eta, why = sooner(*run_etas(snap))
+        when = f"ETA {duration(eta)}{why}"
     cap = f" of ${snap.cap:,.2f} cap" if snap.cap is not None else ""
+    bound = f" (+${snap.at_bound:,.4f} booked at a bound, not yet read)" if round(snap.at_bound, 4) > 0 else ""
     other = f" | other spending on this key ${snap.foreign:,.4f}" if snap.foreign else ""
+    charged = snap.spent if snap.charged is None else snap.charged
     line = (f"{who}: {head} | {snap.stats.output_tokens / max(snap.t, 1e-9):,.0f} output tok/s | "
-            f"charged ${snap.spent:,.4f}{cap}{other} | in flight {snap.in_flight:,}/{snap.limit:,} | "
-            f"ETA {duration(eta)}{why} | {snap.stats.describe_errors(top=None)}")
+            f"charged ${charged:,.4f}{cap}{bound}{other} | in flight {snap.in_flight:,}/{snap.limit:,} | "
+            f"{when} | {snap.stats.describe_errors(top=None)}")
     if len(snap.datasets) > 1:
         line += " | " + ", ".join(f"{d.name} {100 * d.share:.1f}%" for d in snap.datasets)
     if snap.suspects:
@@ -285,12 +305,14 @@ class StatusLines:
 
 def run_figures(stats: RunStats, *, wall_s: float, charged: float | None, spent: float) -> dict[str, Any]:
     """The money and speed figures of the summary: charged is the account's delta, recorded what the kept
-    answers cost, wasted the difference (retried, cut or abandoned answers that were billed)."""
+    answers cost, wasted the difference (retried, cut or abandoned answers that were billed). Wasted is never
+    below zero: an account that charged exactly what the kept answers cost differs from their sum by float
+    rounding (which printed "$-0.0000"), and one read before it billed them all (its lag) wasted nothing."""
     paid = charged if charged is not None else spent
     return {
         "charged_usd": None if charged is None else round(charged, 8),
         "recorded_usd": round(stats.recorded_usd, 8),
-        "wasted_usd": None if charged is None else round(charged - stats.recorded_usd, 8),
+        "wasted_usd": None if charged is None else max(0.0, round(charged - stats.recorded_usd, 8)),
         "spend_usd": round(paid, 8),
         "output_tokens_per_s": round(stats.output_tokens / max(wall_s, 1e-9), 1),
         "usd_per_m_output": round(1e6 * paid / stats.output_tokens, 4) if stats.output_tokens else None,

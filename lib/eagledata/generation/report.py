@@ -16,10 +16,12 @@ from ..files import iter_jsonl
 from ..paths import DatasetFiles
 from ..records import output_tokens
 from ..status import duration
-from .progress import TIMELINE_COLUMNS, RunSnapshot, run_etas, sooner, thin
+from .progress import NO_PROVIDER, TIMELINE_COLUMNS, RunSnapshot, run_etas, sooner, thin
 from .turns import MISMATCHES
 
 RATE_WINDOW_S = 5.0  # throughput is over at least this long (a sample right after the last is not a rate)
+NO_PROVIDER_LABEL = "(no provider: connection or gateway error)"  # the provider table's row for NO_PROVIDER
+AT_BOUND_LABEL = "booked at a bound, not yet read"  # unreadable answers: the account has not said what they cost
 
 
 @functools.cache
@@ -102,6 +104,16 @@ def datasets_table(summary: dict[str, Any]):
     return pd.DataFrame(dataset_rows(summary)).set_index("dataset")
 
 
+def _share(s: dict[str, Any]) -> tuple[float, str]:
+    """Where a dataset ended: output tokens ÷ its target, else prompts answered ÷ its prompts (whole conversations:
+    a dataset of 2-turn conversations has two records a prompt; a prompt failed for good is finished, not
+    answered), and which of the two."""
+    target = s["target_output_tokens"]
+    if target:
+        return s["output_tokens"] / target, "target"
+    return max(s["prompts"] - s["remaining"] - s["failures"], 0) / max(s["prompts"], 1), "prompts"
+
+
 def plot_datasets(summary: dict[str, Any]):
     """Each dataset's progress toward its target over the run (or its prompts, without a target), and where it ended."""
     import matplotlib.pyplot as plt
@@ -115,19 +127,20 @@ def plot_datasets(summary: dict[str, Any]):
         t = [row[cols.index("t_s")] for row in tl]
         if target:
             ax.plot(t, [(base + row[cols.index("output_tokens")]) / target for row in tl], label=name)
-        else:
-            done_before = s["run"]["done_before"]
-            ax.plot(t, [(done_before + row[cols.index("recorded")]) / max(s["prompts"], 1) for row in tl],
-                    ls="--", label=f"{name} (prompts)")
+        elif "prompts_answered" in cols:  # a timeline written before it counted prompts has no such line
+            before = s["run"]["done_before"] - (s["failures"] - s["run"]["failed"])  # answered before this run
+            ax.plot(t, [(before + row[cols.index("prompts_answered")]) / max(s["prompts"], 1) for row in tl],
+                    ls="--", label=f"{name} (prompts answered / prompts)")
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set(title="share of target over the run", xlabel="seconds", ylabel="output tokens / target")
+    ax.set(title="share of target over the run", xlabel="seconds",
+           ylabel="output tokens / target (dashed: prompts)")
     ax.legend(loc="lower right")
-    rows = dataset_rows(summary)
-    names = [r["dataset"] for r in rows]
-    shares = [r["share_of_target"] if r["share_of_target"] is not None else 0.0 for r in rows]
-    bars.bar(names, shares, color="tab:blue")
+    ended = [(name, *_share(s)) for name, s in per.items()]
+    drawn = bars.bar([n for n, _, _ in ended], [v for _, v, _ in ended],
+                     color=["tab:blue" if of == "target" else "tab:cyan" for _, _, of in ended])
+    bars.bar_label(drawn, labels=[f"{100 * v:.1f}% of {of}" for _, v, of in ended], fontsize="small")
     bars.axhline(1.0, color="black", lw=0.8)
-    bars.set(title="where each dataset ended", ylabel="output tokens / target")
+    bars.set(title="where each dataset ended", ylabel="output tokens / target (or prompts answered / prompts)")
     fig.tight_layout()
     return fig
 
@@ -138,6 +151,7 @@ def summary_table(summary: dict[str, Any]):
 
     run = summary["run"]
     per_m, cheapest_per_m = run["usd_per_m_output"], run["cheapest_eligible_usd_per_m_output"]
+    # labels within pandas' display.max_colwidth (50): longer ones are cut in a text view (papermill's log)
     rows = [
         ("stop reason", summary["stop_reason"]),
         ("records (dataset / this run)", f"{summary['records']:,} / {run['recorded']:,}"),
@@ -148,11 +162,11 @@ def summary_table(summary: dict[str, Any]):
         ("output tokens this run", f"{run['output_tokens']:,}"),
         ("charged this run (the account's usage delta)",
          _usd(run.get("charged_usd")) + (f" of ${run['max_spend_usd']:g} cap" if run['max_spend_usd'] else "")),
-        ("recorded (cost of the kept answers) / wasted (charged - recorded)",
-         f"{_usd(run.get('recorded_usd'))} / {_usd(run.get('wasted_usd'))}"),
+        ("recorded (what the kept answers cost)", _usd(run.get("recorded_usd"))),
+        ("wasted (charged - recorded)", _usd(run.get("wasted_usd"))),
         ("wall time", f"{summary['wall_s']:,.1f} s"),
         ("throughput", f"{run['output_tokens_per_s']:,.0f} output tok/s"),
-        ("$ per M output on charged (run / cheapest eligible)",
+        ("$/M output charged (run / cheapest eligible)",
          f"{per_m if per_m is not None else '-'} / {cheapest_per_m if cheapest_per_m is not None else '-'}"),
         ("budget mode / concurrency cuts",
          f"{run.get('budget_mode', '-')} / {len(run.get('concurrency_changes', []))}"),
@@ -160,13 +174,14 @@ def summary_table(summary: dict[str, Any]):
     ]
     tools = run.get("tool_calls") or {}
     if tools.get("answers") or tools.get("mismatched"):  # an agent dataset: how the tool loops went
-        rows.append(("tool-call turns (calls; served with other ids, rebuilt; loops ended on a mismatch)",
-                     f"{tools['answers']:,} ({tools['calls']:,}; {tools['ids_rebuilt']:,}; {tools['mismatched']:,})"))
+        rows += [("tool-call turns", f"{tools['answers']:,}"), ("tool calls", f"{tools['calls']:,}"),
+                 ("tool-call ids served otherwise, rebuilt", f"{tools['ids_rebuilt']:,}"),
+                 ("tool loops ended on a mismatch", f"{tools['mismatched']:,}")]
     return pd.DataFrame(rows, columns=["", "value"]).set_index("")
 
 
 def _usd(x: float | None) -> str:
-    return "-" if x is None else f"${x:,.4f}"
+    return "-" if x is None else f"${x + 0.0:,.4f}"  # + 0.0: a rounded -0.0 prints as $0.0000
 
 
 def plot_records(stats):
@@ -207,7 +222,8 @@ class RunHealth:
     eta_work_s: float | None = None
     eta_money_s: float | None = None
     stop_reason: str | None = None            # None while the run goes
-    charged: float = 0.0                      # the last spend point
+    charged: float = 0.0                      # the last spend point: what the account has charged
+    at_bound: float = 0.0                     # the last at-bound point: booked at a bound, not yet read
 
     @classmethod
     def of_snapshot(cls, snap: RunSnapshot) -> RunHealth:
@@ -221,7 +237,8 @@ class RunHealth:
                    datasets=[DatasetShare(d.name, d.tokens / d.target if d.target else d.share,
                                           "target" if d.target is not None else "prompts") for d in snap.datasets],
                    providers=providers, errors=dict(stats.errors), eta_work_s=work, eta_money_s=money,
-                   stop_reason=snap.stop_reason, charged=snap.spent)
+                   stop_reason=snap.stop_reason, charged=snap.spent if snap.charged is None else snap.charged,
+                   at_bound=snap.at_bound)
 
     @classmethod
     def of_summary(cls, summary: dict[str, Any]) -> RunHealth:
@@ -229,14 +246,9 @@ class RunHealth:
         providers = (summary.get("fidelity") or {}).get("providers") or {}
         verdicts = {n: p.get("verdict", "") for n, p in providers.items()}
         balance = run.get("balance_start_usd")
-        shares = []
-        for name, s in dataset_summaries(summary).items():
-            target = s["target_output_tokens"]
-            shares.append(DatasetShare(name, s["output_tokens"] / target if target else
-                                       max(s["prompts"] - s["remaining"] - s["failures"], 0) / max(s["prompts"], 1),
-                                       "target" if target is not None else "prompts"))
-        timeline = summary.get("timeline") or []
-        cols = summary.get("timeline_columns") or TIMELINE_COLUMNS
+        shares = [DatasetShare(name, *_share(s)) for name, s in dataset_summaries(summary).items()]
+        timeline = _columns(summary.get("timeline") or [], summary.get("timeline_columns") or TIMELINE_COLUMNS)
+        cols = TIMELINE_COLUMNS
         t = timeline[-1][cols.index("t_s")] if timeline else summary["wall_s"]  # an idle run: the one it carries
         return cls(t=t, timeline=thin(timeline), cap=run.get("max_spend_usd"),
                    usable=None if balance is None else balance - run["reserve_usd"],
@@ -244,7 +256,8 @@ class RunHealth:
                    providers={n: {**h, "verdict": verdicts.get(n, "")}
                               for n, h in (run.get("provider_health") or {}).items()},
                    errors=dict(run.get("errors") or {}), stop_reason=summary["stop_reason"],
-                   charged=timeline[-1][cols.index("spend_usd")] if timeline else 0.0)
+                   charged=timeline[-1][cols.index("spend_usd")] if timeline else 0.0,
+                   at_bound=timeline[-1][cols.index("at_bound_usd")] if timeline else 0.0)
 
     def column(self, name: str) -> list[float]:
         i = TIMELINE_COLUMNS.index(name)
@@ -252,14 +265,24 @@ class RunHealth:
 
     def headline(self) -> str:
         """One line: where the run stands and when it ends, and on what (targets or money)."""
+        charged = f"charged ${self.charged:,.4f}" + (f" (+${self.at_bound:,.4f} {AT_BOUND_LABEL})"
+                                                     if round(self.at_bound, 4) > 0 else "")
         if self.stop_reason:
-            return f"ended: {self.stop_reason} after {duration(self.t)}, charged ${self.charged:,.4f}"
+            return f"ended: {self.stop_reason} after {duration(self.t)}, {charged}"
         work, money = self.eta_work_s, self.eta_money_s
-        head = f"running {duration(self.t)}, charged ${self.charged:,.4f} | "
+        head = f"running {duration(self.t)}, {charged} | "
         if work is None and money is None:
             return head + "ETA once answers come"
         first = "money" if sooner(work, money)[1] else "targets"
         return head + f"ETA targets {duration(work)}, money {duration(money)}: {first} first"
+
+
+def _columns(timeline: list[list[float]], cols: list[str]) -> list[list[float]]:
+    """A summary's timeline in TIMELINE_COLUMNS: one an earlier version wrote lacks the newer columns (0 there)."""
+    if cols == TIMELINE_COLUMNS:
+        return timeline
+    at = [cols.index(c) if c in cols else None for c in TIMELINE_COLUMNS]
+    return [[0 if i is None else row[i] for i in at] for row in timeline]
 
 
 def rates(t: list[float], tokens: list[float], window_s: float = RATE_WINDOW_S) -> list[float]:
@@ -277,7 +300,8 @@ def provider_table(health: RunHealth):
     import pandas as pd
 
     answers = sum(p["answers"] for p in health.providers.values()) or 1
-    rows = [{"provider": name, "share_of_answers": round(p["answers"] / answers, 3), "answers": p["answers"],
+    rows = [{"provider": NO_PROVIDER_LABEL if name == NO_PROVIDER else name,
+             "share_of_answers": round(p["answers"] / answers, 3), "answers": p["answers"],
              "median_latency_s": p["median_latency_s"],
              "error_rate": round(p["errors"] / p["attempts"], 3) if p["attempts"] else None,
              "rate_limited": round(p["rate_limited"] / p["attempts"], 3) if p["attempts"] else None,
@@ -302,7 +326,11 @@ def plot_health(health: RunHealth):
     twin.set(ylabel="requests")
     twin.legend(loc="lower right")
     ax = axes[0, 1]
-    ax.plot(t, health.column("spend_usd"), color="tab:green", label="charged")
+    charged, at_bound = health.column("spend_usd"), health.column("at_bound_usd")
+    ax.plot(t, charged, color="tab:green", label="charged (the account's usage)")
+    if any(at_bound):  # apart: the account has not said what these cost (at most their bound, maybe nothing)
+        ax.fill_between(t, charged, [c + b for c, b in zip(charged, at_bound)], color="tab:green", alpha=0.2,
+                        lw=0, label=AT_BOUND_LABEL)
     if health.planned_usd_per_m is not None:
         ax.plot(t, [k * health.planned_usd_per_m / 1e6 for k in tokens], color="tab:green", ls="--",
                 label="the plan's line (its $ per output token)")
@@ -314,7 +342,7 @@ def plot_health(health: RunHealth):
             ax.axhline(health.usable, color="tab:orange", ls=":", label=f"balance − reserve ${health.usable:,.2f}")
         else:
             ax.plot([], [], " ", label=f"balance − reserve ${health.usable:,.2f} (off the scale)")
-    ax.set(title="spend (the books, reconciled with the account)", xlabel="seconds", ylabel="USD")
+    ax.set(title="spend (the account's charge)", xlabel="seconds", ylabel="USD")
     ax.legend(loc="upper left", fontsize="small")
     ax = axes[1, 0]
     names = [d.name for d in health.datasets] or ["none"]

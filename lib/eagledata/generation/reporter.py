@@ -54,29 +54,34 @@ class Reporter:
         return RunStats.combined([lane.stats for lane in self.lanes.values()], self.timeline)
 
     def sample(self, now: float, final: bool = False) -> None:
-        """A point of the timelines. The final one holds what
-        the summaries hold: the account's delta (not the books, which keep abandoned stragglers at their bound until
-        the account says what they cost)."""
-        t = now - self.t0
-        spent = self.ledger.spent(final)
-        self.totals().sample(t, spent, self.in_flight, self.congestion.allowed)
-        for lane in self.lanes.values():  # one dataset alone: the run's reconciled spend, as before
-            lane.stats.sample(t, spent if self.single else self._lane_spent(lane, final), lane.stats.in_flight,
-                              self.congestion.allowed)
+        """A point of the timelines. Money is what the account has charged, which never falls and ends at the
+        summaries' `charged_usd`; bookings at a bound that no reading has settled are a column apart. (The books
+        that admission counts are neither: they hold an unreadable answer at its bound, then drop to its cost.)"""
+        t, books = now - self.t0, self.ledger.books
+        charged, limit = self.ledger.charged(), self.congestion.allowed
+        self.totals().sample(t, charged, self.in_flight, limit, self._answered(), books.at_bound())
+        for lane in self.lanes.values():  # one dataset alone: the run's figures
+            lane.stats.sample(t, charged if self.single else self._lane_charged(lane, final), lane.stats.in_flight,
+                              limit, self._answered(lane), books.at_bound(None if self.single else lane.name))
 
-    def _lane_spent(self, lane: DatasetRun, final: bool) -> float:
-        """One dataset's money in a run over several: what its answers were booked at, and at the end its share
-        of the account's delta, apportioned by that."""
-        charged = self.ledger.books.charged_usd
-        if not final or charged is None:
-            return lane.stats.booked_usd
-        total = sum(other.stats.booked_usd for other in self.lanes.values())
-        return charged * lane.stats.booked_usd / total if total else 0.0
+    def _answered(self, lane: DatasetRun | None = None) -> int:
+        """Prompts (whole conversations) answered in this run, of one dataset or all: finished, less those failed
+        for good (as a dataset without a target is measured)."""
+        lanes = self.lanes.values() if lane is None else [lane]
+        return sum(max(one.store.conversations_finished - one.done_before - one.stats.counts["failed"], 0)
+                   for one in lanes)
+
+    def _lane_charged(self, lane: DatasetRun, final: bool) -> float:
+        """One dataset's money in a run over several: what its readable answers cost (the account's readings are
+        the run's, not a dataset's), and at the end its part of the account's delta (`Books.lane_charged`)."""
+        books = self.ledger.books
+        return books.lane_charged(lane.name) if final else books.known_by_lane.get(lane.name, 0.0)
 
     def snapshot(self, now: float, final: bool = False) -> RunSnapshot:
         """Where the run stands."""
         return RunSnapshot(t=now - self.t0, in_flight=self.in_flight, limit=self.congestion.allowed,
-                           spent=self.ledger.spent(final), cap=self.cfg.max_spend_usd,
+                           spent=self.ledger.spent(final), charged=self.ledger.charged(),
+                           at_bound=self.ledger.books.at_bound(), cap=self.cfg.max_spend_usd,
                            money_limit=self.ledger.limit(), foreign=self.ledger.books.foreign_usd,
                            suspects=self.fidelity.suspect_headlines(), usable=self.ledger.limit(cap=False),
                            verdicts={name: p.verdict for name, p in self.fidelity.providers.items()},
@@ -128,12 +133,12 @@ class Reporter:
                 "concurrency_changes": changes}
 
     def _dataset_summary(self, lane: DatasetRun, now: float) -> dict[str, Any]:
-        """summary.json of one dataset. In a run over several, its money is its share of the account's delta,
-        apportioned by what its answers were booked at (`run.shared_with` names the others)."""
+        """summary.json of one dataset. In a run over several, its money is its part of the account's delta
+        (`Books.lane_charged`; `run.shared_with` names the others)."""
         wall = now - self.t0
         charged = self.ledger.books.charged_usd
         if charged is not None and not self.single:
-            charged = self._lane_spent(lane, final=True)
+            charged = self._lane_charged(lane, final=True)
         summary = {**dataset_summary(
             lane.name, lane.store, lane.stats, **self._shared(wall), stop_reason=lane.stop_reason,
             prompts=lane.scan.total, target=lane.target,
