@@ -58,7 +58,7 @@ def answers(config: dict) -> tuple[list[tuple[str, ...]], dict]:
 def test_the_dataset_index_has_every_answer_of_the_tool_conversations():
     calls = DatasetCalls.load([str(DEMO_TOOLS)])
     convs = [Conversation.of(p) for p in load_prompts(DEMO_TOOLS)]
-    assert len(calls) == sum(len(c.dataset_calls) for c in convs) == 18
+    assert len(calls) == sum(len(c.dataset_calls) for c in convs) == 34
     for c in convs:  # every point of every conversation, as the client sends it, finds the dataset's answer there
         answered: list[Answer] = []
         for k, dataset in enumerate(c.dataset_calls):
@@ -73,11 +73,11 @@ def test_the_dataset_index_has_every_answer_of_the_tool_conversations():
 def test_rate_one_follows_every_round_and_rate_zero_keeps_the_plan():
     expected = [names for _, names in first_asks()]
     followed, stats = answers({"tool_datasets": [str(DEMO_TOOLS)], "tool_follow_rate": 1.0})
-    assert followed == expected and stats["tool_rounds"] == {"followed": 9}
+    assert followed == expected and stats["tool_rounds"] == {"followed": 17}
     own, stats = answers({"tool_datasets": [str(DEMO_TOOLS)], "tool_follow_rate": 0.0})
     plan = [planned_calls(conv.turn().messages, conv.tools, conv.parallel_tool_calls) for conv, _ in first_asks()]
-    assert own == plan and stats["tool_rounds"] == {"own": 9}
-    assert sum(a == b for a, b in zip(own, expected)) == 3  # the plan matches 3 of the 9 by chance only
+    assert own == plan and stats["tool_rounds"] == {"own": 17}
+    assert sum(a == b for a, b in zip(own, expected)) == 6  # the plan matches 6 of the 17 by chance only
     unknown, stats = answers({})  # no dataset given: the plan, as before the setting existed
     assert unknown == plan and stats["tool_rounds"] == {}
 
