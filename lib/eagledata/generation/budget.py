@@ -60,10 +60,16 @@ class DatasetStats:
             object.__setattr__(self, "requests", self.prompts)
         if self.turns_per_conversation is None:
             object.__setattr__(self, "turns_per_conversation", {1: self.prompts})
-        object.__setattr__(self, "turns_mean", self.requests / self.prompts if self.prompts else 0.0)
+        object.__setattr__(self, "turns_mean", self.request_count / self.prompts if self.prompts else 0.0)
+
+    @property
+    def request_count(self) -> int:
+        """`requests` as built: never None (None is only the constructor's "one per prompt")."""
+        assert self.requests is not None
+        return self.requests
 
     @classmethod
-    def from_lengths(cls, name: str, lengths: Sequence[float], *, prompts: int | None = None,
+    def from_lengths(cls, name: str, lengths: Sequence[float] | np.ndarray, *, prompts: int | None = None,
                      extra_variance: float = 0.0,
                      turns_per_conversation: dict[int, int] | None = None) -> DatasetStats:
         """From each request's prompt tokens (one per prompt unless `prompts` says how many prompts made them).
@@ -227,7 +233,9 @@ def measure_prompts(tok: KimiTokenizer, name: str, path: str | Path, turns: Turn
     if turns not in ("all", "last"):
         raise InputError(f"must be all or last, got {turns!r}", field="turns")
     scaffold = _Scaffold.of(tok)
-    asks, earlier, per_conversation = [], [], []
+    asks: list[int] = []
+    earlier: list[int] = []
+    per_conversation: list[int] = []
     for p in iter_prompts(path, tools=tools):
         lengths = turn_prompt_tokens(tok, Conversation.of(p, turns), scaffold)
         asks += lengths
@@ -294,9 +302,11 @@ class Prices(Price):
             raise InputError("the routing decision has no priced eligible endpoint", field="routing")
         if mode == "cheapest":
             best = decision.cheapest()
-            return cls(best.prompt_per_m, best.completion_per_m, f"cheapest eligible ({best.provider})")
+            assert best is not None  # some eligible endpoint is priced
+            return cls(best.price.prompt_per_m, best.price.completion_per_m, f"cheapest eligible ({best.provider})")
         if mode == "worst":
             worst = decision.worst_price()
+            assert worst is not None  # some eligible endpoint is priced
             return cls(worst.prompt_per_m, worst.completion_per_m, "most expensive eligible")
         if mode == "mix":
             if not mix or set(mix) - set(priced) or sum(mix.values()) <= 0:
@@ -418,7 +428,7 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
     if policy == "equal":
         w = {s.name: 1.0 for s in stats}
     elif policy == "proportional":
-        w = {s.name: float(s.requests) for s in stats}
+        w = {s.name: float(s.request_count) for s in stats}
     elif policy == "weights":
         if not weights or set(weights) != {s.name for s in stats} or any(v < 0 for v in weights.values()):
             raise InputError("give a non-negative weight for every dataset", field="weights")
@@ -427,7 +437,7 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
         raise InputError("must be equal, proportional or weights", field="policy")
 
     per_token = {s.name: sum(cost_usd(1.0, s, lengths, prices)) for s in stats}
-    cap = {s.name: s.requests * lengths.mean for s in stats}  # every turn answered once
+    cap = {s.name: s.request_count * lengths.mean for s in stats}  # every turn answered once
     targets: dict[str, float] = {}
     money = balance_usd - reserve_usd
     active = [s.name for s in stats if w[s.name] > 0]
@@ -447,7 +457,7 @@ def plan_budget(stats: Sequence[DatasetStats], lengths: OutputLengths, prices: P
         t = _round_down(targets.get(s.name, 0.0), round_to)
         inp, out = cost_usd(t, s, lengths, prices)
         p50, p90 = cost_band(t, s, lengths, prices, concurrency)
-        plans.append(DatasetPlan(name=s.name, prompts=s.prompts, requests_available=s.requests,
+        plans.append(DatasetPlan(name=s.name, prompts=s.prompts, requests_available=s.request_count,
                                  target_output_tokens=t, requests=math.ceil(t / lengths.mean), input_usd=inp,
                                  output_usd=out, total_usd=inp + out, p50_usd=p50, p90_usd=p90,
                                  limited_by_prompts=s.name in targets and targets[s.name] >= cap[s.name]))

@@ -219,7 +219,7 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
 
 async def _run(cfg: GenerateConfig, key: str | None, seams: Seams | None, transport: Transport | None,
                view: ViewFactory | None) -> dict[str, Any]:
-    seams = seams or Seams(**({"transport": transport} if transport else {}))
+    seams = seams or (Seams(transport=transport) if transport else Seams())
     async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
         run = await Run.start(cfg, clients[0], api_key=key, seams=seams)
         try:

@@ -103,7 +103,8 @@ class Slots:
             outcome = await attempt
         except BaseException as e:  # cut off, or a bug in the transport: nothing recorded, booked as any attempt
             await self._settle(work, cancelled_outcome(), None)
-            if not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling():  # type: ignore
+            # (in a coroutine the current task is never None)
+            if not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise
             return  # cancelled through its handle: the slot goes on
         finally:

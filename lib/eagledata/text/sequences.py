@@ -48,7 +48,7 @@ def _renderer():
 
 
 def render_chat(tok: KimiTokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-                thinking: bool = True, preserve_thinking: bool = False, tools: list | None = None) -> str:
+                thinking: bool = True, preserve_thinking: bool = False, tools: Sequence[dict] | None = None) -> str:
     """The chat template rendered by transformers' own renderer, as the serving stacks (vLLM, SGLang) do:
     the same sandbox, filters, globals (`raise_exception`, `strftime_now`) and reasoning-field aliases."""
     render_jinja_template = _renderer()
@@ -63,7 +63,7 @@ def render_chat(tok: KimiTokenizer, messages: Sequence[dict], *, add_generation_
 
 
 def prompt_ids(tok: KimiTokenizer, messages: Sequence[dict], *, thinking: bool = True,
-               tools: list | None = None) -> list[int]:
+               tools: Sequence[dict] | None = None) -> list[int]:
     """Ids the server feeds the model: the rendered prompt encoded with special tokens recognized."""
     return tok.encode(render_chat(tok, messages, thinking=thinking, tools=tools), allow_special=True)
 
