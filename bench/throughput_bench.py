@@ -6,7 +6,8 @@ the seed's (~18) and latency against client work stays realistic (tens of second
 
   seed       (a) the seed replay: $100 balance, $5 reserve, 2,000 in flight, max_tokens 32768/scale. Time to
              charge 90% of usable ÷ the Little's-law ideal at full concurrency, for the engine and for a
-             plain client (no budget logic) run the same way; mean in-flight until 90% is charged.
+             plain client (no budget logic) run the same way; mean in-flight until 90% is charged; the client's
+             and the emulator's CPU. `--engine-stream both`: the engine asking for JSON bodies, then streaming.
   background (b) answers/s with 3% OpenRouter + 2% upstream 429s ÷ the same without.
   capacity   (c) one provider that takes `--capacity` requests at once, 2,000 in flight: goodput ÷ the
              allowed rate (capacity ÷ mean latency); the longest stretch with no answer.
@@ -50,6 +51,7 @@ from eagledata.emulator.catalog import default_endpoints
 from eagledata.generation import GenerateConfig, run_generation
 from eagledata.openrouter import ClientPool, Kind, build_request, complete, load_routing
 from eagledata.openrouter.client import LOCAL_KEY
+from eagledata.openrouter.stream import StreamState, stream_complete
 
 SEED_MAX_TOKENS = 32768
 MULTI_TURNS = (2, 3, 4)  # user turns of a multi-turn conversation, equally likely
@@ -200,20 +202,29 @@ async def plain_client(base_url: str, d: Path, n: int, concurrency: int, max_tok
         await asyncio.gather(*workers, return_exceptions=True)
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far (Linux /proc)."""
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def seed(a: argparse.Namespace) -> None:
-    balance, reserve = 100.0, 5.0
+    balance, reserve = a.balance, a.balance * 0.05
     usable = balance - reserve
     max_tokens = int(SEED_MAX_TOKENS / a.scale)
     emu_cfg = scaled_emulator(a.scale, a.speed, balance=balance, seed=a.seed)
     print(f"(a) seed replay: ${usable:g} usable (balance ${balance:g} - reserve ${reserve:g}), 2,000 in flight, "
           f"max_tokens {max_tokens}, answers ~{2400 / a.scale:.0f} tokens, speed {a.speed}", flush=True)
     ideal = None
-    for who in ("plain", "engine", *(("strict",) if a.strict else ())):
+    engines = {"on": ("engine",), "off": ("json",), "both": ("json", "engine")}[a.engine_stream]
+    for who in ("plain", *engines, *(("strict",) if a.strict else ())):
         with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:  # a fresh account each
             d = Path(tmp)
             write_prompts(d, 60_000)
             mon, timed = Monitor(emu.base_url, usable), Timed()
-            t0 = time.monotonic()
+            t0, cpu0, emu0 = time.monotonic(), time.process_time(), process_cpu_s(emu.process.pid)
             if who == "plain":
                 asyncio.run(with_monitor(plain_client(emu.base_url, d, 60_000, 2000, max_tokens, mon, timed), mon))
                 ideal = timed.ideal_s(0.9 * usable, 2000)
@@ -222,17 +233,19 @@ def seed(a: argparse.Namespace) -> None:
                 stop = "charged 90%"
             else:
                 s = asyncio.run(with_monitor(run_generation(
-                    config(d, emu.base_url, a.scale, reserve_usd=reserve,
+                    config(d, emu.base_url, a.scale, reserve_usd=reserve, stream=who != "json",
                            budget_mode="strict" if who == "strict" else "portfolio"), transport=timed), mon))
                 stop = s["stop_reason"]
             wall = time.monotonic() - t0
+            cpu, emu_cpu = time.process_time() - cpu0, process_cpu_s(emu.process.pid) - emu0
             t90, t50 = mon.reached.get(0.9), mon.reached.get(0.5)
             inflight = mon.mean_in_flight(t90 or wall)
             charged = emu.stats()["charged_usd"]
         ratio = f"{t90 / ideal:.3f}x ideal" if t90 and ideal else "never reached 90%"
         print(f"    {who:6s}: 50% at {t50 or float('nan'):.1f} s, 90% at {t90 or float('nan'):.1f} s = {ratio}; "
               f"mean in flight until then {inflight:,.0f} ({inflight / 2000:.3f} of 2,000); charged ${charged:.2f} "
-              f"({charged / usable:.3f} of usable), stop: {stop}, wall {wall:.0f} s", flush=True)
+              f"({charged / usable:.3f} of usable), stop: {stop}, wall {wall:.0f} s; CPU: client {cpu:.0f} s "
+              f"({cpu / wall:.2f} cores), emulator {emu_cpu:.0f} s ({emu_cpu / wall:.2f} cores)", flush=True)
 
 
 def panel(a: argparse.Namespace) -> None:
@@ -392,12 +405,12 @@ async def _abandoning_client(base_url: str, routing: Any, stream: bool, concurre
                                  provider=routing.provider)
             if not stream:
                 await complete(client, body)
-            else:
-                async with client.stream("POST", "chat/completions", json={**body, "stream": True}) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: ") and line != "data: [DONE]":
-                            json.loads(line[6:])
-                            chunks += 1
+            else:  # the library's stream reader (openrouter/stream.py), as the engine reads answers
+                state = StreamState()
+                try:
+                    await stream_complete(client, body, state)
+                finally:
+                    chunks += state.chunks
             answers += 1
 
     cpu = time.process_time()
@@ -606,6 +619,11 @@ def main() -> int:
     ap.add_argument("--speed", type=float, default=1.5, help="emulator time scale (1 = the catalog's latencies)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--strict", action="store_true", help="(a): also run budget_mode strict")
+    ap.add_argument("--balance", type=float, default=100.0,
+                    help="(a): the account's balance (reserve 5 %%); smaller: a shorter run")
+    ap.add_argument("--engine-stream", choices=["on", "off", "both"], default="on",
+                    help="(a): the engine streams (on, the default), asks for JSON bodies (off), or both, one after "
+                         "the other (issue 42); the plain client always asks for JSON")
     ap.add_argument("--prompts", type=int, default=12_000)
     ap.add_argument("--capacity", type=int, default=500)
     ap.add_argument("--runs", type=int, default=20)
