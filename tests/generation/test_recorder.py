@@ -131,7 +131,8 @@ def test_a_refused_answer_is_avoided_for_its_prompt_and_counted_against_its_prov
     assert p.recorder.fidelity.providers == {}
     assert p.recorder.refused(work, refusal(tok, "Dear")) is None
     assert work.avoid == {"Dear"}
-    books = {"answers": 1, "repaired": 0, "refused": 1, "count_mismatch": 0, "verdict": CONSISTENT, "evidence": ""}
+    books = {"answers": 1, "repaired": 0, "refused": 1, "count_mismatch": 0, "count_refused": 0, "count_unchecked": 0,
+             "verdict": CONSISTENT, "evidence": ""}
     assert p.recorder.fidelity.providers["Dear"].to_dict() == books  # the run's judge
     assert work.lane.fidelity.providers["Dear"].to_dict() == books  # and the dataset's books
 

@@ -3,10 +3,11 @@
 Every kept answer carries `meta.fidelity` (recording.answer_check): the repair rule applied and how the
 service's counts (`usage.completion_tokens`, `usage.prompt_tokens`, the native tokenizer's) differ from the ids
 we rebuilt. A provider's difference is a constant offset: 0 or -1 on finished answers (it counts `<|im_end|>` or
-not), 0 on cut ones, the commonest one on prompts; a faithful provider leaves it only rarely: when the
-model chose a non-canonical split, or a cut fell inside a character. A provider whose text is not the model's
-(spaces beside special tokens, another chat template) moves the count on most answers. Refused answers
-(reasoning billed, never served) count against their provider too.
+not; a tool-call answer ends in `<|im_end|>` too), 0 on cut ones, the commonest one on prompts; a faithful
+provider leaves it only rarely: when the model chose a non-canonical split, or a cut fell inside a character. A
+provider whose text is not the model's (spaces beside special tokens, another chat template) moves the count on most
+answers. Refused answers (reasoning billed, never served; ids off the service's count beyond the provider's offset
+and `recording.COUNT_TOLERANCE`, whatever its verdict) count against their provider too.
 
 The rule (`judge`): a provider is `suspect` once it has at least `MIN_ANSWERS` answers and its bad ones
 (count mismatches + refusals) are too many for a faithful provider, whose rate is at most `FAITHFUL_RATE`:
@@ -29,6 +30,12 @@ from ..summaries import CONSISTENT, SUSPECT, fidelity_suspects
 FAITHFUL_RATE = 0.05  # the most a faithful provider's answers leave its offset (measured: well under 1 %)
 ALPHA = 1e-6          # false alarm per look: a faithful provider is never left out for bad luck
 MIN_ANSWERS = 20      # fewer answers decide nothing
+ENDED = ("stop", "tool_calls")  # finish reasons whose ids end in `<|im_end|>`: the one token a provider may not count
+
+
+def _ending(finish: str) -> str:
+    """The offset an answer's count is held to: "stop" for every answer that ends in `<|im_end|>`."""
+    return "stop" if finish in ENDED else finish
 
 
 def binomial_tail(k: int, n: int, p: float) -> float:
@@ -54,20 +61,23 @@ class ProviderFidelity:
 
     answers: int = 0       # answers read: kept (served whole or repaired) and refused
     repaired: int = 0
-    refused: int = 0
+    refused: int = 0       # reasoning billed, never served; or ids off the service's count (count_refused)
+    count_refused: int = 0  # refused because their ids left the service's count by more than offset + tolerance
+    count_unchecked: int = 0  # kept with no service count to hold their ids to (no usage.completion_tokens)
     counts: Counter = field(default_factory=Counter)  # (finish, completion_diff, prompt_diff) -> kept answers
     mismatch_before: int = 0  # count mismatches of earlier runs (their summary.json), beside this run's `counts`
     verdict: str = CONSISTENT
     evidence: str = ""
 
     def offsets(self) -> tuple[dict[str, int], int | None]:
-        """Its constant offsets. Completion: on finished answers 0 or -1, whichever is commoner (it counts
-        `<|im_end|>` or not), on cut ones 0 (no `<|im_end|>` to count); never learned beyond that, so a text that
-        shifts every count alike (spaces beside specials) is not mistaken for an offset. Prompt: the commonest."""
+        """Its constant offsets. Completion: on finished answers (stop, tool calls) 0 or -1, whichever is commoner
+        (it counts `<|im_end|>` or not), on cut ones 0 (no `<|im_end|>` to count); never learned beyond that, so a
+        text that shifts every count alike (spaces beside specials) is not mistaken for an offset. Prompt: the
+        commonest."""
         stop: Counter = Counter()
         prompt: Counter = Counter()
         for (finish, cd, pd), n in self.counts.items():
-            if finish == "stop":
+            if finish in ENDED:
                 stop[cd] += n
             prompt[pd] += n
         completion = {"stop": -1 if stop[-1] > stop[0] else 0}
@@ -78,11 +88,16 @@ class ProviderFidelity:
         """Kept answers whose counts differ from the provider's offsets."""
         completion, prompt = self.offsets()
         return self.mismatch_before + sum(n for (finish, cd, pd), n in self.counts.items()
-                                          if cd != completion.get(finish, 0) or pd != prompt)
+                                          if cd != completion.get(_ending(finish), 0) or pd != prompt)
+
+    def completion_offset(self, finish: str) -> int:
+        """The completion offset (usage minus ids) its answer ending in `finish` is held to (0 until learned)."""
+        return self.offsets()[0].get(_ending(finish), 0)
 
     def to_dict(self) -> dict[str, Any]:
         return {"answers": self.answers, "repaired": self.repaired, "refused": self.refused,
-                "count_mismatch": self.count_mismatch, "verdict": self.verdict, "evidence": self.evidence}
+                "count_mismatch": self.count_mismatch, "count_refused": self.count_refused,
+                "count_unchecked": self.count_unchecked, "verdict": self.verdict, "evidence": self.evidence}
 
 
 @dataclass
@@ -108,6 +123,8 @@ class FidelityJudge:
                 p.answers += int(d.get("answers", 0))
                 p.repaired += int(d.get("repaired", 0))
                 p.refused += int(d.get("refused", 0))
+                p.count_refused += int(d.get("count_refused", 0))
+                p.count_unchecked += int(d.get("count_unchecked", 0))
                 p.mismatch_before += int(d.get("count_mismatch", 0))
                 if d.get("verdict") == SUSPECT and p.verdict != SUSPECT:
                     p.verdict, p.evidence = SUSPECT, str(d.get("evidence", ""))
@@ -122,15 +139,23 @@ class FidelityJudge:
         p.answers += 1
         p.repaired += bool(check.get("repaired"))
         cd, pd = check.get("completion_diff"), check.get("prompt_diff")
+        p.count_unchecked += cd is None
         if cd is not None and pd is not None:
             p.counts[(finish_reason, cd, pd)] += 1
         return self.judge(p)
 
-    def refusal(self, provider: str) -> bool:
+    def refusal(self, provider: str, *, count: bool = False) -> bool:
+        """A refused answer; `count`: refused for its ids leaving the service's count (recording.count_refusal)."""
         p = self._book(provider)
         p.answers += 1
         p.refused += 1
+        p.count_refused += count
         return self.judge(p)
+
+    def completion_offset(self, provider: str, finish: str) -> int:
+        """The offset `provider`'s count of an answer ending in `finish` is held to: its learned one, else 0."""
+        p = self.providers.get(provider or "?")
+        return p.completion_offset(finish) if p is not None else 0
 
     def judge(self, p: ProviderFidelity) -> bool:
         """The stated rule (module doc); True when `p` turns suspect now."""
@@ -160,8 +185,9 @@ class FidelityJudge:
         return tuple(f"{n}: {self.providers[n].evidence.split(' (')[0]}" for n in self.suspects)
 
     def summary(self, verdicts: FidelityJudge | None = None) -> dict[str, Any]:
-        """`{"providers": {name: {answers, repaired, refused, count_mismatch, verdict, evidence}}}`; `verdicts`: the
-        run's judge, whose verdicts a dataset's counts carry (providers are judged over the whole run)."""
+        """`{"providers": {name: {answers, repaired, refused, count_mismatch, count_refused, count_unchecked, verdict,
+        evidence}}}`; `verdicts`: the run's judge, whose verdicts a dataset's counts carry (providers are judged over
+        the whole run)."""
         out = {}
         for name, p in sorted(self.providers.items()):
             d = p.to_dict()

@@ -68,6 +68,8 @@ class Parts:
         """What an attempt came to: recorded (`record`), retried, failed for good, or cancelled; booked either way
         (`cost`: what it cost when read, else its rule says what to book)."""
         r, stop, c = rule(outcome), None, outcome.completion
+        if record is not None and c is not None and (contradicted := self.recorder.contradicted(record, c)):
+            outcome, record, r = contradicted, None, rule(contradicted)  # the service's count says its ids are wrong
         if cost is None and c is not None:  # an answer (or a refused one): read, and paid for
             cost = self.requester.cost(c)
         assert work.ticket is not None

@@ -1,7 +1,8 @@
 """The recorder: what an attempt leaves behind. An answer becomes its record off the event loop (recording.py) and
 is written to its dataset's store exactly once (a stop signal cannot make it write twice); a conversation's next turn
 is made from it; a prompt failed for good goes to failures.jsonl; the fidelity books (the dataset's and the run's
-judge, fidelity.py) and the counters hear of every attempt."""
+judge, fidelity.py) and the counters hear of every attempt. An answer whose ids the service's own count contradicts
+is never written (`contradicted`): it is refused as a withheld reasoning is, and retried elsewhere."""
 from __future__ import annotations
 
 import logging
@@ -14,12 +15,13 @@ from ..records import Record
 from ..text import KimiTokenizer
 from .fidelity import FidelityJudge
 from .policy import Rule, StopReason
-from .recording import build_record
+from .recording import COUNT_DISAGREES, build_record, count_refusal
 from .requester import in_executor
 from .turns import Turn
 from .work import Work
 
 log = logging.getLogger("eagledata.generate")
+REFUSALS = (REASONING_MISSING, COUNT_DISAGREES)  # answers read and paid for, not kept: retried without their provider
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,13 @@ class Recorder:
                                  prompt_ids=work.prompt_ids, completion=c, attempts=work.tries,
                                  sampling={"temperature": self.temperature})
 
+    def contradicted(self, record: Record, c: Completion) -> Outcome | None:
+        """The refusal of a built record whose ids leave the service's count beyond its provider's offset (learned
+        by the run's judge) and the tolerance (recording.count_refusal), else None. Under the run's lock: the
+        offsets move as answers are booked."""
+        offset = self.fidelity.completion_offset(c.provider, record.finish_reason)
+        return count_refusal(c, record.meta["fidelity"], offset, server_ids=record.meta.get("ids_source") == "server")
+
     def record(self, work: Work, record: Record, c: Completion, cost: float) -> tuple[Recorded, str | None]:
         """Write the record once; its conversation's next turn; the fidelity books. Also a stop reason when the
         answer left no faithful provider."""
@@ -55,12 +64,14 @@ class Recorder:
         return Recorded(record.output_tokens, written, next_turn), stop
 
     def refused(self, work: Work, outcome: Outcome) -> str | None:
-        """An answer refused for its reasoning withheld: retried on another provider, counted against this one."""
-        if outcome.error_class != REASONING_MISSING:
+        """An answer refused (its reasoning withheld, or its ids contradicted by the service's count): retried on
+        another provider, counted against this one."""
+        if outcome.error_class not in REFUSALS:
             return None
+        count = outcome.error_class == COUNT_DISAGREES
         work.avoid.add(outcome.provider)
-        work.lane.fidelity.refusal(outcome.provider)
-        return self._judged(outcome.provider, self.fidelity.refusal(outcome.provider))
+        work.lane.fidelity.refusal(outcome.provider, count=count)
+        return self._judged(outcome.provider, self.fidelity.refusal(outcome.provider, count=count))
 
     def attempt(self, work: Work, outcome: Outcome, r: Rule, latency_s: float, booked: float) -> None:
         """Every attempt's counters: its provider's health, its errors, what it was booked at."""

@@ -6,12 +6,50 @@ read and tested without running anything.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from ..openrouter import Completion
+from ..openrouter import Completion, Kind, Outcome
 from ..records import Record
 from ..text import KimiTokenizer, agreement, output_ids
 from .turns import TOOL_MISMATCH, Turn, model_call_ids
+
+# -- the service's count against our ids ---------------------------------------------------------------------------
+COUNT_DISAGREES = "count_disagrees"  # the error class of an answer refused for its count: retried elsewhere
+# How far a kept answer's `completion_diff` may leave its provider's offset (fidelity.py: 0 or -1 on answers that end
+# in `<|im_end|>`, 0 on cut ones). An honest provider leaves it by one token at most, and rarely: the emulator's
+# faithful answers by +1 when a cut fell inside a character or right after `</think>` (2 of 250 cut answers), the real
+# model's by one per non-canonical split it sampled (rare: a faithful provider's answers leave the offset well under
+# 1 % of the time, fidelity.py; an answer with two such splits is refused and costs one retry). The smallest wrong
+# split moves it by two: a literal `</think>` in the answer (three text tokens) taken for the one control token; a
+# withheld reasoning by its whole length; spaces beside the special tokens (vllm#33457) by two.
+COUNT_TOLERANCE = 1
+
+
+def count_refusal(completion: Completion, check: Mapping[str, Any], offset: int, *, server_ids: bool = False,
+                  tolerance: int = COUNT_TOLERANCE) -> Outcome | None:
+    """The refusal of an answer whose rebuilt ids the service's own count contradicts, else None (pure).
+
+    Refused (`count_disagrees`, retried with its provider ignored, as `reasoning_missing`): `check`'s `completion_diff`
+    (usage minus ids) leaves `offset`, the provider's, by more than `tolerance`, whatever the provider's verdict; and
+    a repaired answer (`bare_close`, `bare_close_cut`) with no count to agree with, since a repair is an inference the
+    count must confirm. Kept unchecked: an answer served whole with no count (`completion_diff` None), and one whose
+    ids are a local server's own (`server_ids`: they are the truth the count stands for)."""
+    if server_ids:
+        return None
+    diff, repaired = check.get("completion_diff"), completion.repaired
+    if diff is None:
+        if not repaired:
+            return None
+        why = f"repaired ({repaired}) with no completion count to agree with: the split cannot be confirmed"
+    elif abs(diff - offset) <= tolerance:
+        return None
+    else:
+        u = completion.usage
+        why = (f"rebuilt ids {u.completion_tokens - diff} vs the service's {u.completion_tokens} completion tokens "
+               f"({diff:+d}), beyond {completion.provider or 'its provider'}'s offset {offset:+d} ± {tolerance}"
+               + (f" (repaired: {repaired})" if repaired else ""))
+    return Outcome(Kind.RETRY, COUNT_DISAGREES, 200, why, provider=completion.provider, completion=completion)
 
 
 def answer_check(completion: Completion, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
