@@ -15,9 +15,12 @@ import uuid
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError, open_input
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # collections.abc.Buffer from Python 3.12
 
 
 def make_dir(path: str | Path, setting: str | None = None) -> Path:
@@ -227,7 +230,7 @@ class DirectFile:
         self.fill += n
         self.size += n
 
-    def write(self, data: bytes | memoryview) -> None:
+    def write(self, data: Buffer) -> None:
         data = memoryview(data).cast("B")
         while data:
             space = self.space()

@@ -359,6 +359,7 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
         if reason is not None:
             dropped[reason] += 1
             continue
+        assert sample is not None  # apply_length_policy gives a sample or a reason
         seen_ids.add(r.id)
         seen_prompts.setdefault(prompt_key(r), conversation_key(r))
         samples.append(sample)

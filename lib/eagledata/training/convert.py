@@ -28,7 +28,17 @@ from ..paths import HiddenStateFiles
 from .assembly import Sample
 from .loader import HiddenStates
 from .scoring import SCORES_FILE, ExcludeSamples, read_scores, write_scores
-from .storage import PLAN_KEYS, STORAGE_DTYPES, IndexEntry, check_plan, check_stored, finalize, get_layout, read_parts
+from .storage import (
+    PLAN_KEYS,
+    STORAGE_DTYPES,
+    IndexEntry,
+    Storage,
+    check_plan,
+    check_stored,
+    finalize,
+    get_layout,
+    read_parts,
+)
 
 READ_BYTES = 64 << 20  # samples read from the source together: one slice of a shard instead of one per sample
 PART_BYTES = 256 << 20  # a worker's task: big enough to amortize its setup, small enough to balance and resume
@@ -89,7 +99,7 @@ class Part:
     source: str
     destination: str
     layout: str
-    storage: str
+    storage: Storage
     flush_bytes: int
     items: Sequence[Item]
 
@@ -177,7 +187,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     src = HiddenStates(source)
     target = get_layout(layout)
     m = src.manifest
-    storage = "bf16" if m["storage"] == "fp8" and "fp8" not in target.storages else m["storage"]
+    storage: Storage = "bf16" if m["storage"] == "fp8" and "fp8" not in target.storages else m["storage"]
     target.check_storage(storage)
     check_convention(m["final"], target.name)
     files = HiddenStateFiles(Path(destination))
@@ -189,9 +199,10 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     if not entries:
         raise InputError(f"the exclusion leaves none of the {len(src.entries)} samples", field="exclude")
     files.parts.mkdir(parents=True, exist_ok=True)
-    plan = {**{k: m.get(k) for k in ("model", "decoder", "compute_dtype")}, **{k: m.get(k) for k in PLAN_KEYS},
-            "layout": target.name, "storage": storage,
-            "dtype": str(STORAGE_DTYPES[storage]).replace("torch.", "")}
+    plan: dict[str, Any] = {**{k: m.get(k) for k in ("model", "decoder", "compute_dtype")},
+                            **{k: m.get(k) for k in PLAN_KEYS},
+                            "layout": target.name, "storage": storage,
+                            "dtype": str(STORAGE_DTYPES[storage]).replace("torch.", "")}
     if exclude:
         plan["exclude"] = exclude.rule()
     check_exclusion(files, plan.get("exclude"))

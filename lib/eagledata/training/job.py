@@ -38,7 +38,7 @@ from .layers import resolve_layers
 from .memory import Devices, memory_in_use
 from .models import load_model
 from .scoring import DEFAULT_CHUNK_TOKENS, batch_scores, score_rows, write_scores
-from .source import StatesBatch, StateSource, Target
+from .source import ComputingSource, ServedSource, StatesBatch, StateSource, Target
 from .storage import (
     STORAGE_DTYPES,
     FinalState,
@@ -280,11 +280,11 @@ class _Run:
     records_hashes: dict[str, str] | None
     on_batch: Callable[[int], None] | None
     score: bool
+    writer: StateWriter
     assembly: dict[str, Any] | None = None  # the assembly's provenance (e.g. providers left out), for the manifest
     todo: list[Sample] = field(default_factory=list)
     skipped: int = 0
-    writer: StateWriter | None = None
-    progress: Progress | None = None
+    progress: Progress | None = None  # None only when `finished` (nothing to do)
     batches: int = 0
 
     @classmethod
@@ -313,7 +313,7 @@ class _Run:
         mine = [s for s in samples if world.owns(s)]
         todo = [s for s in mine if s.id not in done]
         run = cls(source, samples, files, world, tokenizer_fingerprint, records_hashes, on_batch, options.score,
-                  assembly, todo, len(mine) - len(todo), writer)
+                  writer, assembly, todo, len(mine) - len(todo))
         if not run.finished:
             run.progress = Progress(files.directory.name, where, desc, sum(len(s) for s in todo), len(todo),
                                     show=progress, interval_s=status_interval_s)
@@ -332,6 +332,7 @@ class _Run:
                              seconds=0.0, complete=True, manifest=json.loads(self.files.manifest.read_text()))
 
     def add(self, batch: StatesBatch) -> None:
+        assert self.progress is not None, "a run with work to do has its progress (start)"
         samples, states = batch.samples, batch.states
         if self.world.writes:
             self.writer.add(samples, states, batch_scores(samples, batch.logprobs) if self.score else None)
@@ -346,6 +347,7 @@ class _Run:
 
     def __exit__(self, exc_type: Any, *exc: Any) -> None:
         """However the batches end, what was added is written (a rerun resumes after it)."""
+        assert self.progress is not None, "a run with work to do has its progress (start)"
         try:
             self.writer.flush()
         finally:
@@ -354,6 +356,7 @@ class _Run:
 
     def finish(self) -> ExtractResult:
         """Finalize once the set is complete (whichever rank or call finds it so)."""
+        assert self.progress is not None, "a run with work to do has its progress (start)"
         seconds = self.progress.seconds
         manifest = None
         if self.world.finalizes_after_barrier():
@@ -374,7 +377,7 @@ class _Run:
                              manifest=manifest)
 
 
-def run_extraction(source: StateSource, samples: Sequence[Sample], files: HiddenStateFiles, options: ExtractOptions,
+def run_extraction(source: ComputingSource, samples: Sequence[Sample], files: HiddenStateFiles, options: ExtractOptions,
                    world: World = World(), **kwargs: Any) -> ExtractResult:
     """The skeleton for a source whose `batches` is a plain iterator (it computes in this thread).
 
@@ -390,7 +393,7 @@ def run_extraction(source: StateSource, samples: Sequence[Sample], files: Hidden
     return run.finish()
 
 
-async def run_extraction_async(source: StateSource, samples: Sequence[Sample], files: HiddenStateFiles,
+async def run_extraction_async(source: ServedSource, samples: Sequence[Sample], files: HiddenStateFiles,
                                options: ExtractOptions, world: World = World(), **kwargs: Any) -> ExtractResult:
     """`run_extraction` for a source whose `batches` is an async iterator (it awaits a server)."""
     run = _Run.start(source, samples, files, options, world, **kwargs)

@@ -73,7 +73,9 @@ def score_sample(logprobs: torch.Tensor) -> SampleScore:
 def scored_targets(samples: Sequence[Sample]) -> tuple[list[tuple[int, int]], list[int], list[int]]:
     """For a batch (row i = samples[i]): the (row, position) whose final state predicts each scored token (the
     position before it), the scored token ids, and how many each sample has (`source.scored_positions`)."""
-    where, targets, counts = [], [], []
+    where: list[tuple[int, int]] = []
+    targets: list[int] = []
+    counts: list[int] = []
     for row, s in enumerate(samples):
         positions = scored_positions(s)
         where.extend((row, j - 1) for j in positions)
@@ -120,7 +122,8 @@ def batch_scores(samples: Sequence[Sample], logprobs: Sequence[torch.Tensor] | N
 
 def output_head(model: torch.nn.Module) -> torch.nn.Module:
     """The LM head of a loaded causal LM (or of kimi_k25's language model)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_head = getattr(model, "get_output_embeddings", None)  # a transformers model's
+    head = get_head() if get_head is not None else None
     if head is None:
         raise InputError(f"{type(model).__name__} has no LM head (get_output_embeddings): the audit needs it; "
                          "set score=false to extract without scoring", field="score")

@@ -3,7 +3,7 @@
 else (plan, resume, writer, progress, manifest), so a new backend is one class with these five methods."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -43,8 +43,13 @@ class Target:
 
 
 class StateSource(Protocol):
-    backend: str  # "transformers" | "vllm": a set is continued only by the backend that began it
-    weight_bytes: int  # this process's share of the weights (0 when a server holds them)
+    @property
+    def backend(self) -> str:
+        """"transformers" | "vllm": a set is continued only by the backend that began it."""
+
+    @property
+    def weight_bytes(self) -> int:
+        """This process's share of the weights (0 when a server holds them)."""
 
     def vocab_size(self) -> int:
         """Cheaply, before `open`: the vocabulary every sample's ids must fit."""
@@ -61,3 +66,17 @@ class StateSource(Protocol):
 
     def manifest_extra(self) -> dict[str, Any]:
         """Keys the manifest adds once the set is complete (the vllm backend's `engine` record)."""
+
+
+class ComputingSource(StateSource, Protocol):
+    """A source that computes in this thread (`job.run_extraction`): `batches` is a generator."""
+
+    def batches(self, todo: Sequence[Sample]) -> Generator[StatesBatch, None, None]:
+        """As `StateSource.batches`; closed when the job stops early."""
+
+
+class ServedSource(StateSource, Protocol):
+    """A source that awaits a server (`job.run_extraction_async`): `batches` is an async generator."""
+
+    def batches(self, todo: Sequence[Sample]) -> AsyncGenerator[StatesBatch, None]:
+        """As `StateSource.batches`; closed when the job stops early."""

@@ -8,7 +8,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -17,12 +17,16 @@ from ..errors import InputError
 from .models import load_model
 from .quantized import KIMI_K25_QUANTIZATION_CONFIG
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 TINY_FAMILIES = ("llama", "deepseek_v3", "kimi_k25")
 # A DeepseekV3 with K2.5's MLA dimensions and routing method (tiny otherwise): for the real-vLLM tests, not in
 # TINY_FAMILIES (its attention alone outweighs the other tiny models).
 K25_MLA_FAMILY = "deepseek_v3_k25_mla"
-K25_MLA = dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128,
-               n_group=2, topk_group=1, routed_scaling_factor=2.827, norm_topk_prob=True)
+K25_MLA: dict[str, Any] = dict(q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+                               v_head_dim=128, n_group=2, topk_group=1, routed_scaling_factor=2.827,
+                               norm_topk_prob=True)
 
 
 def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, vocab_size: int = 163_840,
@@ -36,14 +40,15 @@ def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, voca
     from transformers.models.kimi_k25 import Kimi_K25Config
 
     heads = max(2, hidden_size // 32)
-    common = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                  num_hidden_layers=num_layers, num_attention_heads=heads, max_position_embeddings=8192)
+    common: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                                  num_hidden_layers=num_layers, num_attention_heads=heads, max_position_embeddings=8192)
     if family == "llama":
         return LlamaConfig(num_key_value_heads=max(1, heads // 2), **common)
-    deepseek = dict(common, num_key_value_heads=heads, moe_intermediate_size=hidden_size // 2, n_routed_experts=8,
-                    num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
-                    q_lora_rank=hidden_size // 2, kv_lora_rank=hidden_size // 4, qk_rope_head_dim=8,
-                    qk_nope_head_dim=8, v_head_dim=hidden_size // heads)
+    deepseek: dict[str, Any] = dict(
+        common, num_key_value_heads=heads, moe_intermediate_size=hidden_size // 2, n_routed_experts=8,
+        num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1, first_k_dense_replace=1,
+        q_lora_rank=hidden_size // 2, kv_lora_rank=hidden_size // 4, qk_rope_head_dim=8, qk_nope_head_dim=8,
+        v_head_dim=hidden_size // heads)
     if k25_shape or family == K25_MLA_FAMILY:
         # K2.5's attention and routing with few heads, experts and layers: what an engine must run for K2.5
         # (vLLM's CPU MLA takes kv_lora_rank + qk_rope_head_dim in {320, 512, 576}: K2.5's is 576).
@@ -53,10 +58,11 @@ def tiny_config(family: str, *, hidden_size: int = 64, num_layers: int = 6, voca
     if family in ("deepseek_v3", K25_MLA_FAMILY):
         return DeepseekV3Config(**deepseek)
     if family == "kimi_k25":
+        untied: dict[str, Any] = {"tie_word_embeddings": False} if k25_shape else {}
         return Kimi_K25Config(text_config=dict(model_type="deepseek_v3", **deepseek),
                               vision_config=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                  intermediate_size=64), projection_hidden_size=32,
-                              **({"tie_word_embeddings": False} if k25_shape else {}))
+                              **untied)
     raise InputError(f"unknown family {family!r}; one of {(*TINY_FAMILIES, K25_MLA_FAMILY)}", field="family")
 
 
@@ -180,7 +186,8 @@ def write_int4_checkpoint(model: nn.Module, directory: str | Path,
     from safetensors.torch import load_file, save_file
 
     directory = Path(directory)
-    model.to(torch.bfloat16).save_pretrained(str(directory))
+    model.to(torch.bfloat16)  # in place, as Module.to is
+    cast("PreTrainedModel", model).save_pretrained(str(directory))  # a transformers model: it saves itself
     model.to(torch.float32)
     files = sorted(directory.glob("*.safetensors"))
     if len(files) != 1:

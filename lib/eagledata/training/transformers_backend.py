@@ -10,10 +10,10 @@ only yields (samples, states).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import torch
 from torch import nn
@@ -93,6 +93,7 @@ class Capture:
         self.handles.clear()
 
     def _store(self, slot: int, h: torch.Tensor) -> None:
+        assert self.out is not None, "only while run() runs the decoder"
         self.out[:, slot] = h[self.keep] if self.keep is not None else h.reshape(-1, h.shape[-1])
 
     def _pre_hook(self, slot: int) -> Callable:
@@ -239,13 +240,13 @@ class TransformersSource:
         self.capture = Capture(self.decoder, layers, final)
         self.head = output_head(self.loaded) if score else None
 
-    def batches(self, todo: Sequence[Sample]) -> Iterator[StatesBatch]:
+    def batches(self, todo: Sequence[Sample]) -> Generator[StatesBatch, None, None]:
         """Token-budget batches of `todo`, longest first, each with its [N, 4, H] states and, when scoring, the
         scored tokens' log-probabilities: the LM head over the decoder's own (post-norm) output, in chunks."""
         assert self.capture is not None, "prepare() first"
         decoder = self.capture.decoder
         compute_dtype = next(decoder.module.parameters()).dtype
-        in_device = decoder.module.embed_tokens.weight.device
+        in_device = cast(nn.Embedding, decoder.module.embed_tokens).weight.device  # find_decoder checked it
         with torch.inference_mode(), self.capture as capture:
             for batch in plan_batches([len(s) for s in todo], self.max_tokens_per_batch, self.max_batch_size):
                 group = [todo[i] for i in batch]

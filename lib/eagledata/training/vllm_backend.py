@@ -52,7 +52,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -442,7 +442,7 @@ class VllmSource:
         self.expect = Expect(len(self.layer_ids), int(text["hidden_size"]), norm)
         self.score = score
 
-    async def batches(self, todo: Sequence[Sample]) -> AsyncIterator[StatesBatch]:
+    async def batches(self, todo: Sequence[Sample]) -> AsyncGenerator[StatesBatch, None]:
         """Each sample of `todo` with its [T, 4, H] states (and, when scoring, its scored tokens'
         log-probabilities), in the order they finish. A worker's error ends the stream after the samples that
         finished before it (the job stores those: a rerun sends only the rest, to however many servers)."""

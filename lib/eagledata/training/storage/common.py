@@ -146,7 +146,8 @@ def write_tensor(out: DirectFile, t: torch.Tensor) -> None:
             out.wrote(n * row_bytes)
             row += n
         else:  # the staging buffer ends inside this row: its bytes, split across the flush
-            out.write(rows[row].contiguous().view(torch.uint8).numpy())
+            # an ndarray is a buffer; numpy's stubs declare __buffer__ for Python 3.12+ only
+            out.write(rows[row].contiguous().view(torch.uint8).numpy())  # type: ignore[arg-type]
             row += 1
 
 
@@ -289,7 +290,7 @@ class PerSampleWriter(StateWriter):
     """One file per sample, named by its row (a trainer's layout): a subclass names the file and saves it."""
 
     @staticmethod
-    def expected_file(position: int) -> str | None:
+    def expected_file(position: int) -> str:  # always a name: the sample's own file
         raise NotImplementedError
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:

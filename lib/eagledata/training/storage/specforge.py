@@ -42,7 +42,7 @@ class SampleFileWriter(PerSampleWriter):
     ~0.2 ms per 0.5 MB file), written straight from the batch's states (`torchzip`)."""
 
     @staticmethod
-    def expected_file(position: int) -> str | None:
+    def expected_file(position: int) -> str:
         return sample_file(position)
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:
@@ -54,7 +54,8 @@ class SampleFileWriter(PerSampleWriter):
         # 4 GiB or more (~75k tokens of K2.5): torch.save writes the zip64 fields. It saves a view's whole
         # storage, so each state gets its own; the CRC switch is a context variable, set in the saving thread.
         own = {k: v.clone(memory_format=torch.contiguous_format) for k, v in tensors.items()}
-        with serialization_config.patch({"save.compute_crc32": False}), path.open("wb") as f:
+        # (`patch` is added when torch installs its config modules: no stub has it)
+        with serialization_config.patch({"save.compute_crc32": False}), path.open("wb") as f:  # type: ignore[attr-defined]
             torch.save(own, f)  # a file object: torch.save would name the archive after a path's dotted stem
 
 

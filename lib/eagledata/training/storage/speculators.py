@@ -49,7 +49,7 @@ class RowFileWriter(PerSampleWriter):
     writes, straight from the batch's states into a `DirectFile` (no copy of its own, no page cache)."""
 
     @staticmethod
-    def expected_file(position: int) -> str | None:
+    def expected_file(position: int) -> str:
         return state_file(position)
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:

@@ -55,7 +55,8 @@ def template(n: int) -> Template:
     from torch.utils.serialization import config
 
     buf = io.BytesIO()
-    with config.patch({"save.compute_crc32": False}):
+    # `patch` is added when torch installs its config modules (install_config_module): no stub has it
+    with config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
         torch.save({str(i): torch.zeros(1) for i in range(n)}, buf)
     records = read_records(buf.getvalue())
     names = [name for name, _ in records]
@@ -132,6 +133,7 @@ def save(tensors: Mapping[str, torch.Tensor], out: DirectFile) -> None:
         out.write(LOCAL.pack(0x04034B50, 0, FLAGS, 0, 0, 0, 0, 0, 0, len(full), pad + 4) + full + b"FB" +
                   struct.pack("<H", pad) + b"Z" * pad)
         if tensor is None:
+            assert data is not None, "a record is its bytes or a tensor"
             out.write(data)
         else:
             write_tensor(out, tensor)
