@@ -92,7 +92,8 @@ class Endpoint:
     def from_dict(cls, d: dict) -> Endpoint:
         """Back from `to_dict` (a routing file keeps a few fields; the rest take their defaults)."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: tuple(v) if k == "supported_parameters" else v for k, v in d.items() if k in known})
+        kept: dict[str, Any] = {k: tuple(v) if k == "supported_parameters" else v for k, v in d.items() if k in known}
+        return cls(**kept)
 
     def to_dict(self, *names: str) -> dict[str, Any]:
         d = asdict(self)
@@ -105,7 +106,7 @@ def worst_price(endpoints: Iterable[Endpoint]) -> Price | None:
     priced = [e for e in endpoints if e.priced]
     if not priced:
         return None
-    return Price(max(e.prompt_per_m for e in priced), max(e.completion_per_m for e in priced))  # type: ignore
+    return Price(max(e.price.prompt_per_m for e in priced), max(e.price.completion_per_m for e in priced))
 
 
 def cheapest(endpoints: Iterable[Endpoint]) -> Endpoint | None:

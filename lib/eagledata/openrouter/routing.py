@@ -51,8 +51,7 @@ def precision_rank(quantization: str, ranks: dict[str, float] = PRECISION_RANK) 
     if not m:
         return None
     bits = int(m.group(1))
-    same_width = [r for name, r in ranks.items() if re.search(r"(\d+)", name) and
-                  int(re.search(r"(\d+)", name).group(1)) == bits]
+    same_width = [r for name, r in ranks.items() if (w := re.search(r"(\d+)", name)) and int(w.group(1)) == bits]
     return min(same_width) if same_width else (0.0 if bits < 4 else None)
 
 
@@ -471,7 +470,7 @@ def ignore_in_routing(report_or_providers: HasExclusions | Mapping[str, str] | I
     provider names with one `reason`. The rest of the file is kept; an unknown provider is refused before the
     file is touched (`RoutingDecision.with_ignored`). Returns the decision as written."""
     if hasattr(report_or_providers, "exclusions"):
-        reasons = dict(report_or_providers.exclusions())  # type: ignore[union-attr]
+        reasons = dict(report_or_providers.exclusions())
     elif isinstance(report_or_providers, Mapping):
         reasons = {str(k): str(v) for k, v in report_or_providers.items()}
     else:
