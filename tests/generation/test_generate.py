@@ -502,5 +502,5 @@ def test_papermill_log_output_shows_status_lines_while_it_runs(emu, tmp_path):
     assert len(lines) >= max(3, summary["wall_s"] / 2)  # one a second (fewer on a loaded machine), and the final
     stamps = [datetime.strptime(t, "%H:%M:%S") for t, _ in lines]
     assert max((b - a).total_seconds() for a, b in zip(stamps, stamps[1:])) <= 3  # none held back until the end
-    assert all(" output tok/s | charged $" in text and " | ETA " in text for _, text in lines)
-    assert lines[-1][1].startswith("D: 40/40 prompts (100.0%)")
+    assert all(" output tok/s | charged $" in text and " | ETA " in text for _, text in lines[:-1])
+    assert lines[-1][1].startswith("D: 40/40 prompts (100.0%)") and " | stopped: completed | " in lines[-1][1]
