@@ -111,7 +111,7 @@ class Settings:
         """One `--flag-name VALUE` per setting; VALUE is YAML (`20`, `[2, 3, 5]`, `true`) or `none`."""
         for f, default, tp in cls._leaves():
             required = bool(f.metadata.get("cli_required"))
-            many = {"nargs": "+", "action": _OneOrList} if f.metadata.get("cli_many") else {}
+            many: dict[str, Any] = {"nargs": "+", "action": _OneOrList} if f.metadata.get("cli_many") else {}
             parser.add_argument(f"--{f.name.replace('_', '-')}", dest=f.name, metavar=_metavar(tp),
                                 type=_cli_parser(f.name, tp), required=required,
                                 default=argparse.SUPPRESS, **many,
