@@ -211,6 +211,5 @@ def ignore_suspects(summary: Mapping[str, Any] | str | Path, routing_path: str |
 
     from ..openrouter import ignore_in_routing
 
-    if isinstance(summary, (str, Path)):
-        summary = json.loads(Path(summary).read_text())
-    return ignore_in_routing(suspects_in(summary), routing_path)
+    read = json.loads(Path(summary).read_text()) if isinstance(summary, (str, Path)) else summary
+    return ignore_in_routing(suspects_in(read), routing_path)
