@@ -78,6 +78,7 @@ def completion_body(em: Emulator, job: Job, *, empty: bool = False) -> dict:
     """The completion; `empty`: empty content and reasoning, zero usage (the `empty` shape)."""
     gen = job.gen
     assert gen is not None
+    message: dict[str, Any]
     if empty:
         message = {"role": "assistant", "content": "", "refusal": None, "reasoning": None}
         finish, usage = "stop", em.usage(job, empty=True)
@@ -241,6 +242,7 @@ async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
             await asyncio.sleep(late)
         job.streamed = round(n_out * i / max(1, n))
         if i == cut_at:
+            assert job.fault is not None  # a cut shape is a drawn fault's
             em.settle(job, job.fault, charged=fault.stream_charged)
             if fault.stream == "cut":
                 line = chunk(deltas[i]) if i < n else chunk({"role": "assistant", "content": ""}, finish)

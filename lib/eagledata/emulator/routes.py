@@ -66,6 +66,7 @@ async def chat_completions(request: Request) -> Response:
     em.stats.in_flight += 1
     em.stats.in_flight_peak = max(em.stats.in_flight_peak, em.stats.in_flight)
     if job.plays.phase == "admission":
+        assert job.fault is not None  # only a drawn fault plays at admission
         try:
             if job.plays.body == "reset":
                 await _abort_connection(request)
