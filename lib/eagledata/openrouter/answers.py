@@ -94,11 +94,12 @@ def _retry_after(headers: Mapping[str, str]) -> float | None:
 def _error_outcome(status: int, err: Mapping[str, Any], headers: Mapping[str, str]) -> Outcome:
     """An error answer (HTTP status or the code inside a 200 body) → what to do about it."""
     message = str(err.get("message") or "")
-    metadata = err.get("metadata") if isinstance(err.get("metadata"), dict) else {}
+    metadata = raw if isinstance(raw := err.get("metadata"), dict) else {}
     code = err.get("code")
     code = code if isinstance(code, int) else status
     ra = _retry_after(headers)
-    base = dict(status=code, message=message, retry_after=ra, provider=str(metadata.get("provider_name") or ""))
+    base: dict[str, Any] = dict(status=code, message=message, retry_after=ra,
+                                provider=str(metadata.get("provider_name") or ""))
     if code in (401, 403):
         return Outcome(Kind.FATAL, "auth", **base)
     if code == 402:
@@ -156,7 +157,7 @@ def repair_reasoning(content: str, finish: str | None, usage: Usage) -> tuple[st
     return "", content, ""
 
 
-_FINISH_ALIASES = {"max_tokens": "length", "eos": "stop", "end_turn": "stop", "stop_sequence": "stop"}
+_FINISH_ALIASES: dict[Any, str] = {"max_tokens": "length", "eos": "stop", "end_turn": "stop", "stop_sequence": "stop"}
 
 
 def _text(x: Any) -> str:
@@ -187,8 +188,8 @@ def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
     if not reasoning:
         reasoning = _text(message.get("reasoning_content"))  # vLLM / SGLang naming
     raw_content = _text(message.get("content"))
-    u = body.get("usage") if isinstance(body.get("usage"), dict) else {}
-    details = u.get("completion_tokens_details") if isinstance(u.get("completion_tokens_details"), dict) else {}
+    u = raw_u if isinstance(raw_u := body.get("usage"), dict) else {}
+    details = raw_d if isinstance(raw_d := u.get("completion_tokens_details"), dict) else {}
     cost = u.get("cost")
     usage = Usage(int(u.get("prompt_tokens") or 0), int(u.get("completion_tokens") or 0),
                   int(details.get("reasoning_tokens") or 0), float(cost) if isinstance(cost, (int, float)) else None)
