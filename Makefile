@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-interop test-vllm test-lab demo lab bench clean
+.PHONY: setup lint test test-interop test-vllm test-lab demo lab bench clean
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -16,8 +16,14 @@ $(STAMP): requirements.txt pyproject.toml kernel/pyproject.toml kernel/share/jup
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -e . ./kernel
 	touch $(STAMP)
 
+# ruff over lib, tests and bench; mypy over lib/eagledata (both configured in pyproject.toml, pinned in
+# requirements.txt). `make test` runs it first.
+lint: $(STAMP)
+	$(PY) -m ruff check lib tests bench
+	$(PY) -m mypy
+
 # Two workers: the suite is mostly notebooks and subprocesses waiting on each other (CI machines have 2 cores).
-test: $(STAMP)
+test: $(STAMP) lint
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # The trainers' own readers on our exports: speculators 0.9.0 in its own environment (it pins transformers<=5.19).
