@@ -26,7 +26,7 @@ def three(**provider):
 
 
 def test_the_body_asks_for_the_model_with_reasoning_and_usage_through_the_routing(parts):
-    p = parts({"A": 1}, routing=three(), model="org/target", max_tokens=1234, temperature=0.6)
+    p = parts({"A": 1}, routing=three(), model="org/target", max_tokens=1234, temperature=0.6, stream=True)
     work = p.dispatcher.take(0.0)
     assert p.requester.body(work, 0.0) == {
         "model": "org/target", "messages": ASK, "max_tokens": 1234, "stream": True, "temperature": 0.6,
