@@ -26,7 +26,8 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
-# The trainers' own readers on our exports: speculators 0.9.0 in its own environment (it pins transformers<=5.19).
+# The trainers' own readers on our exports, and speculators' training loop on CPU: speculators 0.9.0 in its own
+# environment (it pins transformers<=5.19).
 INTEROP_VENV ?= .venv-interop
 INTEROP_STAMP := $(INTEROP_VENV)/.installed
 $(INTEROP_STAMP): tests/helpers/interop/requirements.txt

@@ -2,20 +2,28 @@
 
 speculators 0.9.0 pins transformers<=5.19, so it lives in its own environment (`.venv-interop`, made by
 `make test-interop`); the notebook runs here, the trainer's reader runs there on the files, and the states it
-yields are compared here with a batch-1 transformers reference. SpecForge (sglang + CUDA torch) cannot be
+yields are compared here with a batch-1 transformers reference; its trainer's own loop then trains a drafter from an
+export on CPU (tests/helpers/interop/train_speculators.py). SpecForge (sglang + CUDA torch) cannot be
 installed: its reader is reproduced in tests/helpers/specforge_reader.py and covered in test_hidden_states.py.
 """
 import json
+import math
+import os
+import shutil
 import subprocess
 from collections import Counter
+from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from eagledata.notebooks import run_notebook
-from eagledata.records import load_records
+from eagledata.records import Record, load_records
 from eagledata.text.roundtrip import tool_cases
-from eagledata.training import find_decoder
+from eagledata.text.sequences import output_ids, prompt_ids
+from eagledata.training import AssemblyPolicy, ExtractOptions, assemble, extract, find_decoder
 from eagledata.training.tiny import build_tiny_model
 from tests.helpers import HELPERS
 from tests.helpers.records import make_conversation, make_record, tool_record
@@ -91,3 +99,128 @@ def test_speculators_arrowdataset_reads_every_exported_sample(interop_python, to
     top = [t for t, _ in sorted(supervised.items(), key=lambda kv: (-kv[1], kv[0]))[:8]]
     assert len(supervised) > 16 and small["d2t"].shape == (16,) and int(small["t2d"].sum()) == 16
     assert set(top) <= set((small["d2t"] + torch.arange(16)).tolist()) and all(small["t2d"][t] for t in top)
+
+
+# -- speculators' own training loop on our export ----------------------------------------------------------------
+DRAFT_VOCAB = 32
+TRAIN_FLAGS = ["--speculator-type", "eagle3", "--hidden-states-backend", "file", "--draft-vocab-size",
+               str(DRAFT_VOCAB), "--draft-attn-impl", "sdpa", "--loss-implementation", "eager", "--num-workers", "0",
+               "--on-missing", "raise", "--mask-token-id", "0", "--total-seq-len", "128", "--seed", "0"]
+# The mean training loss of the last 5 steps over that of the first 5, at most. Measured on this set: 0.29 (seed 0;
+# 0.29 with seed 1), 0.80 with every stored state replaced by noise of the same scale, 0.32 with the final states
+# shuffled within each row (not caught: a random verifier's final states are much alike along a row).
+LOSS_RATIO = 0.45
+WORDS = ("the quick brown fox jumps over a lazy dog while seven small birds sing about rivers mountains and "
+         "distant cities under bright winter stars every morning before the old bakery opens its green door").split()
+
+
+def varied_record(tok, i, n):
+    """A record whose answer says n of WORDS (46 distinct supervised ids over 8 of them: more than DRAFT_VOCAB)."""
+    said = " ".join(WORDS[(i * 5 + 3 * j) % len(WORDS)] for j in range(n))
+    messages = [{"role": "user", "content": f"question {i}: tell me about {WORDS[i % len(WORDS)]}"}]
+    reasoning, content = f"thinking about {said}", said.capitalize() + "."
+    return Record(id=f"v{i}", dataset="B1", messages=messages, reasoning=reasoning, content=content,
+                  finish_reason="stop", prompt_ids=prompt_ids(tok, messages),
+                  output_ids=output_ids(tok, reasoning, content, "stop"))
+
+
+def speculators_train(interop_python, tmp_path, run, data_path, verifier, *flags):
+    """`speculators train` (tests/helpers/interop/train_speculators.py: its own CLI and loop, with the two CPU
+    stand-ins) into tmp_path/run; (the process, its metric records)."""
+    out = tmp_path / run
+    out.mkdir()
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # 2.2x less CPU than two threads fighting on a 2-core machine
+    script = HELPERS / "interop" / "train_speculators.py"
+    done = subprocess.run([interop_python, str(script), str(out / "metrics.jsonl"), *TRAIN_FLAGS,
+                           "--verifier-name-or-path", str(verifier), "--data-path", str(data_path),
+                           "--save-path", str(out / "checkpoints"), "--log-dir", str(out / "logs"), *flags],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=out)
+    metrics = out / "metrics.jsonl"
+    return done, [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+
+
+def listing(directory):
+    """Every file under directory: its size and modification time."""
+    return {str(p.relative_to(directory)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in directory.rglob("*") if p.is_file()}
+
+
+def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok, tmp_path):
+    """speculators 0.9.0's trainer (`speculators.train.cli.main`, what `speculators train` runs) trains an EAGLE-3
+    drafter from a speculators-layout export of a tiny llama: its reader takes every sample, the d2t/t2d it builds
+    from our `token_freq.pt` keep the most frequent supervised ids, and the loss falls by a stated margin over 37
+    steps (8 records repeated 6 times, 2 epochs). Without `--d2t-path`/`--t2d-path` it writes `d2t-N.npy`/
+    `t2d-N.npy` into the data folder: a read-only export (not for root, whom mode bits don't stop) makes it fail
+    with PermissionError before training; with the two flags it trains and leaves the export as it was."""
+    base = [varied_record(tok, i, 6 + (i * 5) % 12) for i in range(8)]
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(replace(r, id=f"{r.id}-{rep}").to_json() + "\n" for rep in range(6) for r in base))
+    samples = assemble([records], policy=AssemblyPolicy(dedupe_prompts=False)).samples
+    assert len(samples) == 48
+    # A random verifier's next-token distributions are near uniform (logits ~0.16 apart, KL ~0.07 nats): a drafter
+    # gets most of the way by learning their average, whatever the states say (the loss fell 40 % on the real states,
+    # 15 % on noise). A sharper LM head, as a trained model's, makes the states matter: 71 % against 20 %.
+    model = build_tiny_model("llama", hidden_size=H, num_layers=L)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    verifier = tmp_path / "tiny-llama"
+    model.save_pretrained(str(verifier))
+    data_path = extract(samples, tmp_path, "spec", model, options=ExtractOptions(layout="speculators"),
+                        progress=False).directory
+
+    # 1. no d2t/t2d given: the trainer builds them from <data-path>/token_freq.pt and caches them in the data folder
+    done, _ = speculators_train(interop_python, tmp_path, "build", data_path, verifier, "--dry-run")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[0]) == {"stand_ins": [
+        "speculators.train.trainer.get_local_rank -> 'cpu'", "torch.accelerator.synchronize -> no-op"]}
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    for name in (f"d2t-{DRAFT_VOCAB}.npy", f"t2d-{DRAFT_VOCAB}.npy"):
+        shutil.move(data_path / name, vocab / name)
+    d2t, t2d = (np.load(vocab / f"{m}-{DRAFT_VOCAB}.npy") for m in ("d2t", "t2d"))
+    freq = torch.load(data_path / "token_freq.pt", weights_only=True)
+    assert freq == dict(Counter(t for s in samples for t, m in zip(s.input_ids, s.loss_mask) if m))
+    top = sorted(freq, key=lambda t: (-freq[t], t))[:DRAFT_VOCAB]
+    assert len(freq) > DRAFT_VOCAB and freq[top[-1]] > 0  # a real choice among the supervised ids
+    assert sorted((d2t + np.arange(DRAFT_VOCAB)).tolist()) == sorted(top)  # target id = draft index + d2t
+    assert t2d.shape == (163_840,) and t2d.dtype == bool and t2d.sum() == DRAFT_VOCAB and t2d[top].all()
+
+    # 2. the export read-only, no d2t/t2d given: the trainer writes there all the same, or fails
+    before = listing(data_path)
+    for p in [data_path, *data_path.rglob("*")]:
+        p.chmod(p.stat().st_mode & ~0o222)
+    try:
+        done, _ = speculators_train(interop_python, tmp_path, "read-only", data_path, verifier, "--dry-run")
+        if os.geteuid() == 0:  # mode bits don't stop root: a read-only mount would (EROFS)
+            assert done.returncode == 0, done.stderr[-3000:]
+            assert set(listing(data_path)) - set(before) == {f"d2t-{DRAFT_VOCAB}.npy", f"t2d-{DRAFT_VOCAB}.npy"}
+            for name in (f"d2t-{DRAFT_VOCAB}.npy", f"t2d-{DRAFT_VOCAB}.npy"):
+                (data_path / name).unlink()
+        else:
+            assert done.returncode != 0
+            assert f"PermissionError: [Errno 13] Permission denied: '{data_path}/d2t-{DRAFT_VOCAB}.npy'" in done.stderr
+        assert listing(data_path) == before
+
+        # 3. with --d2t-path/--t2d-path it trains, and the export is left as it was
+        done, metrics = speculators_train(interop_python, tmp_path, "train", data_path, verifier, "--epochs", "2",
+                                          "--d2t-path", str(vocab / f"d2t-{DRAFT_VOCAB}.npy"),
+                                          "--t2d-path", str(vocab / f"t2d-{DRAFT_VOCAB}.npy"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert listing(data_path) == before
+    finally:
+        for p in [data_path, *data_path.rglob("*")]:
+            p.chmod(p.stat().st_mode | 0o200)
+    steps = [m for m in metrics if "train" in m]
+    val = [m["val"] for m in metrics if "val" in m]
+    assert [m["global_step"] for m in steps] == list(range(len(steps))) and 30 <= len(steps) <= 60
+    assert len(val) == 2 and all(math.isfinite(m["train"]["loss"]) for m in steps)
+    # its reader took every sample: a row whose hs file holds other token ids is skipped, counted in error_records,
+    # with a warning "Loaded token ids … for index i don'tmatch input ids …" (sic)
+    assert all(m["train"]["error_records"] == 0 for m in steps) and "match input ids" not in done.stderr
+    loss = [m["train"]["loss"] for m in steps]
+    first, last = sum(loss[:5]) / 5, sum(loss[-5:]) / 5
+    assert last <= LOSS_RATIO * first, (first, last, loss)
+    assert val[-1]["loss_epoch"] < val[0]["loss_epoch"]
+    # the drafter it saved carries the mapping it was given
+    saved = load_file(tmp_path / "train" / "checkpoints" / "1" / "model.safetensors")
+    assert saved["d2t"].tolist() == d2t.tolist() and saved["t2d"].tolist() == t2d.tolist()
