@@ -13,8 +13,7 @@ BIN = Path(sys.executable).parent
 def command(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """A console script as installed (`make` installs eagledata editable into the venv)."""
     script = BIN / name
-    if not script.exists():
-        pytest.skip(f"{name} is not installed beside {sys.executable}")
+    assert script.exists(), f"{name} is not installed beside {sys.executable}: run `make setup` (pip install -e .)"
     return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 
