@@ -11,6 +11,8 @@ from eagledata.emulator import run_emulator
 from eagledata.errors import InputError
 from eagledata.generation import GenerateConfig, generate
 from eagledata.openrouter import PrecisionPolicy, decide, fetch_catalog
+from tests.generation.test_generate import config as generate_config
+from tests.generation.test_generate import dataset_dir
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -45,15 +47,11 @@ def make_dataset(tmp_path: Path, n: int, name: str = "D", *, long_every: int = 0
 
 
 def config(emu, tmp_path, datasets, **kw) -> GenerateConfig:
-    base = dict(dataset="D", datasets_file=str(datasets), base_url=emu.base_url, output_dir=str(tmp_path / "out"),
-                params_dir=str(tmp_path / "params"), concurrency=8, max_tokens=400, progress=False,
-                retry_base_s=0.01, retry_cap_s=0.2, reserve_usd=0.0)
-    base.update(kw)
-    return GenerateConfig(**base)
+    """test_generate's run settings, at 8 in flight."""
+    return generate_config(emu, tmp_path, datasets, **{"concurrency": 8, **kw})
 
 
-def folder(tmp_path) -> Path:
-    return tmp_path / "out" / "datasets" / "D"
+folder = dataset_dir
 
 
 def failures(tmp_path) -> list[dict]:
