@@ -47,7 +47,7 @@ class Simulated:
         return Account(self.billed, 10.0 - self.billed)
 
 
-def run(tmp_path, sim, file, *, during=None, **kw):
+def run(tmp_path, sim, file, *, during=None, view=None, **kw):
     cfg = GenerateConfig(**{"dataset": "all", "datasets_file": str(file), "base_url": "http://127.0.0.1:9/api/v1",
                             "output_dir": str(tmp_path / "out"), "params_dir": str(tmp_path / "params"),
                             "concurrency": 8, "max_tokens": 1000, "progress": False, "reserve_usd": 0.0,
@@ -57,7 +57,7 @@ def run(tmp_path, sim, file, *, during=None, **kw):
         seams = Seams(transport=sim, account=sim.account, routing=routing(), executor=InlineExecutor())
         r = await Run.start(cfg, None, api_key="k", seams=seams)
         try:
-            task = asyncio.ensure_future(r.execute([None] * cfg.concurrency))
+            task = asyncio.ensure_future(r.execute([None] * cfg.concurrency, view=view))
             if during is not None:
                 await during(r)
             return await task, r

@@ -6,14 +6,11 @@ from collections import Counter
 
 import pytest
 
-from eagledata.generation import GenerateConfig, Seams
-from eagledata.generation.clock import InlineExecutor, run_virtual
-from eagledata.generation.engine import Run
 from eagledata.generation.progress import TIMELINE_COLUMNS, RunStats, run_figures, status_line
 from eagledata.generation.report import RunHealth, plot_datasets, provider_table, summary_table
 from eagledata.openrouter import Kind, Outcome
 from eagledata.summaries import CONSISTENT
-from tests.generation.test_engine import Simulated
+from tests.generation.test_engine import Simulated, run
 from tests.helpers.parts import PRICE_OUT, answered, datasets, endpoint, routing, send
 
 BAD_REQUEST = Outcome(Kind.FAILED, "bad_request", 400, "prompt too long")
@@ -144,24 +141,6 @@ def test_reading_changes_nothing(settled):
     assert first[0]["A"]["timeline"] == [[6.0, 1, first[0]["A"]["output_tokens"], 0.002, 0, 4, 1, 0.0]]  # A: 1 answered
 
 
-def run_viewed(tmp_path, sim, file, view, **kw):
-    """tests/generation/test_engine.py's run in virtual time, shown by `view`."""
-    cfg = GenerateConfig(**{"dataset": "all", "datasets_file": str(file), "base_url": "http://127.0.0.1:9/api/v1",
-                            "output_dir": str(tmp_path / "out"), "params_dir": str(tmp_path / "params"),
-                            "concurrency": 8, "max_tokens": 1000, "progress": False, "reserve_usd": 0.0,
-                            "prior_output_median_tokens": 150, **kw})
-
-    async def main():
-        seams = Seams(transport=sim, account=sim.account, routing=routing(), executor=InlineExecutor())
-        r = await Run.start(cfg, None, api_key="k", seams=seams)
-        try:
-            return await r.execute([None] * cfg.concurrency, view=view), r
-        finally:
-            r.close()
-
-    return run_virtual(main())
-
-
 class Unreadable(Simulated):
     """Simulated, but every third request of dataset B comes back unreadable (a reset connection after the answer
     was generated): billed at what it served, a fraction of the bound the run books it at until a reading."""
@@ -197,8 +176,8 @@ def unreadable(tmp_path_factory, tok):
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OPENROUTER_API_KEY", "k")
         env.setenv("EAGLEDATA_STATE_DIR", str(tmp_path / "state"))
-        summary, r = run_viewed(tmp_path, sim, datasets(tmp_path, {"A": 30, "B": 30}), lambda snap: Lines(),
-                                account_refresh_s=2.0, account_lag_s=1.0)
+        summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 30, "B": 30}), view=lambda snap: Lines(),
+                         account_refresh_s=2.0, account_lag_s=1.0)
     assert summary["stop_reason"] == "completed" and summary["run"]["errors"] == {"connection": sim.b // 3}
     assert summary["run"]["charged_usd"] == pytest.approx(sim.billed, rel=1e-9)
     assert r.ledger.books.provisional_usd > sim.billed - summary["run"]["recorded_usd"] > 0  # bounds over the truth
