@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from throughput_bench import CONVERSATION_STREAM, MULTI_TURNS, ORACLE_DRAWS, SEED_MAX_TOKENS, oracle_time  # noqa: E402
+from throughput_bench import CONVERSATION_STREAM, ORACLE_DRAWS, SEED_MAX_TOKENS, oracle_time, write_datasets  # noqa: E402
 from virtual_service import Drawn, config, endpoint, run_engine  # noqa: E402
 
 from eagledata.generation.pacing import MAX_OVERSHOOT  # noqa: E402
@@ -37,26 +37,6 @@ from eagledata.text import load_tokenizer  # noqa: E402
 
 PRICE_IN, PRICE_OUT = 0.45, 2.2  # $/M: the cheapest eligible endpoint's order of price (the money never binds)
 STRAGGLER_WAIT_S = 120.0  # throughput_bench.py job's default (the job saves no setting of it)
-
-
-def write_datasets(d: Path, targets: dict[str, int], prompts: int, multi_turn: float, draw: int) -> Path:
-    """Each dataset's prompts, a share `multi_turn` of them conversations of 2–4 user turns (which ones: the draw's
-    conversation stream, `oracle_time`'s), and the datasets file naming them with their targets."""
-    turns = random.Random(CONVERSATION_STREAM + draw)
-    lines = []
-    for name, target in targets.items():
-        path = d / f"{name}.jsonl"
-        with path.open("w") as f:
-            for i in range(prompts):
-                n = turns.choice(MULTI_TURNS) if turns.random() < multi_turn else 1
-                msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even."}]
-                for j in range(2, n + 1):
-                    msgs += [{"role": "assistant", "content": f"(old answer {i}.{j - 1})"},
-                             {"role": "user", "content": f"Question {i}.{j}: and {i} + {j}?"}]
-                f.write(json.dumps({"id": f"{name}-{i:06d}", "messages": msgs}) + "\n")
-        lines.append(f"{name}:\n  prompts: {path}\n  target_output_tokens: {target}\n")
-    (d / "datasets.yaml").write_text("".join(lines))
-    return d / "datasets.yaml"
 
 
 def replay(saved: dict[str, Any], pairs: list[tuple[float, int]], multi_turn: float, draw: int,
@@ -67,7 +47,8 @@ def replay(saved: dict[str, Any], pairs: list[tuple[float, int]], multi_turn: fl
     mean = statistics.fmean(n for _, n in pairs)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        file = write_datasets(d, targets, math.ceil(2 * max(targets.values()) / mean) + 200, multi_turn, draw)
+        prompts = math.ceil(2 * max(targets.values()) / mean) + 200
+        file = write_datasets(d, prompts, targets, multi_turn, random.Random(CONVERSATION_STREAM + draw))
         cfg = config(dataset=list(targets), datasets_file=str(file), output_dir=str(d / "out"),
                      params_dir=str(d / "params"), concurrency=run["concurrency"], max_tokens=SEED_MAX_TOKENS,
                      account_refresh_s=5.0, account_lag_s=2.0, straggler_wait_s=STRAGGLER_WAIT_S)

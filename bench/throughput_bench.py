@@ -77,12 +77,14 @@ def write_prompts(d: Path, n: int, name: str = "P") -> Path:
     return write_datasets(d, n, {name: None})
 
 
-def write_datasets(d: Path, n: int, targets: dict[str, int | None], multi_turn: float = 0.0) -> Path:
+def write_datasets(d: Path, n: int, targets: dict[str, int | None], multi_turn: float = 0.0,
+                   rng: Any = None) -> Path:
     """A prompt file of `n` prompts per dataset and the datasets file naming them (with their targets). A share
-    `multi_turn` of the prompts are conversations of 2–4 user turns, the dataset's old answers between them."""
+    `multi_turn` of the prompts are conversations of 2–4 user turns, the dataset's old answers between them (which
+    ones: `rng`'s draws, a `random.Random(0)` unless given)."""
     import random
 
-    rng = random.Random(0)
+    rng = rng or random.Random(0)
     lines = []
     for name, target in targets.items():
         prompts = d / f"{name}.jsonl"
