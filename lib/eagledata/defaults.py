@@ -13,7 +13,7 @@ from .paths import DATASETS_FILE, OUTPUT_DIR, PARAMS_DIR
 
 OPENROUTER_URL = "https://openrouter.ai/api/v1"
 # `base_url: emulator`: the stage starts the OpenRouter emulator on this machine for its run and stops it after
-# (emulator/process.py `serving`), so trying a file offline is one step: no server to start, no port, no key.
+# (emulator_process.py `serving`), so trying a file offline is one step: no server to start, no port, no key.
 EMULATOR = "emulator"
 # Its delays against the real service's: 0.02 makes a typical answer (~2,000 tokens at ~40 tok/s, ~50 s) take
 # about a second, so a small file finishes in seconds while the answers still take ~100x the client's work on them.

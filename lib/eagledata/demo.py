@@ -16,7 +16,7 @@ import yaml
 
 from .defaults import EMULATOR_SPEED
 from .emulator import run_emulator
-from .emulator.process import embedded_config
+from .emulator_process import embedded_config
 from .errors import InputError, command_prog, run_command
 from .notebooks import NOTEBOOK_DIR, read_results, run_notebook
 from .paths import DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file, runs_dir

@@ -181,8 +181,8 @@ ANSWERS = ["Paris.", "東京です。\n\n```python\nprint('hi')\n```", "  leadin
 
 def _rendered(tok, path, answers):
     """Each request's prompt tokens, rendering the real chains with these answers (what generation sends)."""
-    from eagledata.generation.prompts import iter_prompts
     from eagledata.generation.turns import Conversation
+    from eagledata.prompts import iter_prompts
     from eagledata.records import Answer
     from eagledata.text import prompt_ids
 
@@ -231,8 +231,8 @@ def test_one_render_per_conversation_equals_rendering_every_turn(tok, tmp_path):
     """The fast path cuts the last request at the empty answers; where it cannot find them exactly once each (the
     scaffold typed in a user turn) it renders turn by turn. Both give what rendering every turn gives."""
     from eagledata.generation.budget import _Scaffold, turn_prompt_tokens
-    from eagledata.generation.prompts import iter_prompts
     from eagledata.generation.turns import Conversation
+    from eagledata.prompts import iter_prompts
     from eagledata.text import prompt_ids
 
     typed = {"id": "typed", "messages": [
@@ -254,7 +254,7 @@ def test_turns_last_reproduces_todays_plan_exactly(tok, tmp_path):
     """`last`: one request per prompt, the prompt as written (the dataset's answers as history) — the figures
     budget.ipynb gave before conversations, down to the plan."""
     from eagledata.generation.budget import ContentLengths, measure_prompts
-    from eagledata.generation.prompts import iter_prompts
+    from eagledata.prompts import iter_prompts
     from eagledata.text import prompt_ids
 
     path = _conversations(tmp_path)

@@ -15,9 +15,9 @@ from eagledata.emulator import run_emulator
 from eagledata.errors import InputError
 from eagledata.generation import GenerateConfig, generate
 from eagledata.generation.pacing import Pacing
-from eagledata.generation.prompts import normalize_prompt, scan_prompts
 from eagledata.generation.store import Store
 from eagledata.generation.turns import Conversation, later_turn_ids, split_asks
+from eagledata.prompts import normalize_prompt, scan_prompts
 from eagledata.records import Answer, Record, load_records
 from eagledata.text import parse_output_ids, prompt_ids
 from tests.helpers.kills import kill_while_writing

@@ -5,11 +5,11 @@ import asyncio
 import pytest
 
 from eagledata.generation.policy import RULES, rule
-from eagledata.generation.prompts import normalize_prompt
 from eagledata.generation.requester import Attempt, cancelled_outcome
 from eagledata.generation.turns import Conversation
 from eagledata.generation.work import State, Work
 from eagledata.openrouter import Kind, Outcome
+from eagledata.prompts import normalize_prompt
 from eagledata.text import prompt_ids
 from tests.helpers.parts import HOLD, Scripted, answered, completion, endpoint, routing
 from tests.helpers.prompts import TOOLS

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from eagledata.generation.prompts import normalize_prompt
 from eagledata.generation.recording import build_record
 from eagledata.generation.store import Store
 from eagledata.generation.turns import TOOL_MISMATCH, Conversation, model_call_ids
 from eagledata.openrouter import Completion, Kind, classify_response
+from eagledata.prompts import normalize_prompt
 from eagledata.records import Answer, Record, ToolCall, Usage
 from eagledata.text import conversation_ids, output_ids, parse_output_ids, prompt_ids
 from eagledata.text.tokenizer import CALL_BEGIN, SECTION_BEGIN, SECTION_END

@@ -13,8 +13,8 @@ from collections import Counter
 from pathlib import Path
 
 from eagledata.emulator import run_emulator
-from eagledata.emulator.process import embedded_config
 from eagledata.emulator.toolcalls import task_rounds
+from eagledata.emulator_process import embedded_config
 from eagledata.generation import GenerateConfig, run_generation, tool_loop_note
 from eagledata.records import load_records
 

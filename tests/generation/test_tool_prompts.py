@@ -7,7 +7,7 @@ import pytest
 
 from eagledata.errors import InputError
 from eagledata.generation.datasets import load_datasets
-from eagledata.generation.prompts import load_prompts, normalize_prompt, normalize_tools, scan_prompts
+from eagledata.prompts import load_prompts, normalize_prompt, normalize_tools, scan_prompts
 from tests.helpers import ROOT
 
 

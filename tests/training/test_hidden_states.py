@@ -546,10 +546,10 @@ def test_each_turn_is_one_sample_in_every_layout(layout, tok, models, conversati
 def agent_turns(tok) -> list[Record]:
     """An agent conversation regenerated as generation does it: two tool-call turns (served with `call_…` ids,
     rebuilt to the model's) with the dataset's results spliced after them, then the plain answer."""
-    from eagledata.generation.prompts import normalize_prompt
     from eagledata.generation.recording import build_record
     from eagledata.generation.turns import Conversation
     from eagledata.openrouter import Completion
+    from eagledata.prompts import normalize_prompt
     from eagledata.records import Answer, ToolCall, Usage
     from eagledata.text.sequences import prompt_ids
     from tests.helpers.prompts import dataset

@@ -38,9 +38,9 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
 Admin API (not under /api/v1): GET /admin/health, POST /admin/topup {"amount": USD}, GET /admin/stats,
 GET /admin/ground_truth[?id=gen-…], POST /admin/reset [config JSON].
 """
+from ..emulator_process import EmulatorHandle, run_emulator
 from .config import EmulatorConfig, load_config, parse_config
 from .faults import FAULT_CLASSES
-from .process import EmulatorHandle, run_emulator
 from .routes import create_app
 
 __all__ = ["FAULT_CLASSES", "EmulatorConfig", "EmulatorHandle", "create_app", "load_config", "parse_config",

@@ -25,7 +25,7 @@ def _port(text: str) -> int:
 def _stop_with_parent() -> None:
     """Started by `run_emulator` (its pid in `PARENT_ENV`): SIGTERM ourselves once that process is gone, so an
     emulator started for a run never outlives it (a notebook kernel killed mid-run, a test process SIGKILLed)."""
-    from .process import PARENT_ENV
+    from ..emulator_process import PARENT_ENV
 
     parent = os.environ.get(PARENT_ENV, "")
     if not parent.isdigit():

@@ -181,7 +181,7 @@ class DatasetCalls:
         same OpenAI turns the client sends); only conversations with tool calls are kept."""
         if not paths:
             return cls()
-        from ..generation.prompts import load_prompts  # the reader only when there are files: a lighter start
+        from ..prompts import load_prompts  # the reader only when there are files: a lighter start
 
         rounds: dict[str, tuple[str, ...]] = {}
         for path in paths:

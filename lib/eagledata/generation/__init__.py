@@ -1,5 +1,6 @@
 """Generation: a dataset's prompts → token-exact records, 2,000 requests in flight, crash-safe resume and a
 hard budget stop; the budget model that sets each dataset's token target; the run report."""
+from ..prompts import Prompt, load_prompts, scan_prompts
 from .admission import Admission, AgeModel
 from .budget import (
                      BudgetConfig,
@@ -23,7 +24,6 @@ from .engine import generate, run_generation
 from .fidelity import FidelityJudge, ignore_suspects
 from .pacing import Pacing
 from .parts import Seams
-from .prompts import Prompt, load_prompts, scan_prompts
 from .report import (
                      RunHealth,
                      dataset_rows,

@@ -27,10 +27,10 @@ from ..errors import InputError
 from ..files import iter_jsonl
 from ..openrouter import Price, RoutingDecision, load_routing
 from ..paths import dataset_files
+from ..prompts import iter_prompts
 from ..records import output_tokens
 from ..text import END_THINK, IM_END, KimiTokenizer, prompt_ids, render_chat
 from .config import BudgetConfig, Policy, PriceMode
-from .prompts import iter_prompts
 from .turns import Conversation, TurnsMode
 
 Z90 = 1.2815515655446004  # standard normal 90th percentile

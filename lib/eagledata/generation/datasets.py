@@ -12,7 +12,7 @@ import yaml
 
 from ..errors import InputError
 from ..files import atomic_write_text
-from .prompts import Tools, normalize_tools
+from ..prompts import Tools, normalize_tools
 
 
 @dataclass(frozen=True)

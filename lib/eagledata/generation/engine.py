@@ -206,7 +206,7 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
     `base_url: emulator` runs against an emulator started for this run (`emulator_speed`; its model follows the
     datasets' tool calls) and stopped after it; no key is read or sent."""
     if is_emulator(cfg.base_url):
-        from ..emulator.process import serving
+        from ..emulator_process import serving
 
         specs = select_datasets(cfg.datasets_file, cfg.dataset)  # a bad name or file before the emulator starts
         async with serving(cfg.base_url, speed=cfg.emulator_speed, tool_datasets=[s.prompts for s in specs]) as url:

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 from ..errors import InputError
 from ..paths import dataset_files
+from ..prompts import Prompt, PromptScan, scan_prompts
 from .datasets import select_datasets
 from .fidelity import FidelityJudge
 from .policy import StopReason
 from .progress import RunStats
-from .prompts import Prompt, PromptScan, scan_prompts
 from .store import Store
 from .turns import Conversation, Turn, TurnsMode, later_turn_ids
 from .work import Work

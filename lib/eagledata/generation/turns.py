@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from ..prompts import Prompt
 from ..records import Answer, ToolCall, calls_before, native_call_id
-from .prompts import Prompt
 
 TurnsMode = Literal["all", "last"]
 TURN_ID_SEP = "#"  # turn j ≥ 2 of conversation c has record id "c#j"; turn 1 keeps the prompt's id

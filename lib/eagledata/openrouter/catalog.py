@@ -173,7 +173,7 @@ async def fetch_catalog_async(base_url: str, model: str, api_key_env: str = "OPE
     if model.count("/") != 1:
         raise InputError("model must look like 'author/slug', e.g. moonshotai/kimi-k2.5", field="model")
     if is_emulator(base_url):
-        from ..emulator.process import serving
+        from ..emulator_process import serving
 
         async with serving(base_url) as url:
             got = await _fetch(url, model, LOCAL_KEY)

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from ..defaults import EMULATOR_SPEED, is_emulator
+from .defaults import EMULATOR_SPEED, is_emulator
 
 _LISTENING = re.compile(r"listening on (http://\S+)/api/v1")
 PARENT_ENV = "EAGLEDATA_EMULATOR_PARENT"  # the pid whose end stops the emulator (a killed kernel leaves none behind)
@@ -90,7 +90,7 @@ def run_emulator(config: dict | str | Path | None = None, *, host: str = "127.0.
         cfg_path, log_path = Path(tmp) / "config.json", Path(tmp) / "emulator.log"
         cfg_path.write_text(json.dumps(raw))
         env = dict(os.environ)
-        lib = str(Path(__file__).resolve().parents[2])  # this checkout's lib/, whatever is installed
+        lib = str(Path(__file__).resolve().parents[1])  # this checkout's lib/, whatever is installed
         env["PYTHONPATH"] = lib + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env[PARENT_ENV] = str(os.getpid())
         with open(log_path, "wb") as log:

@@ -1,10 +1,10 @@
-"""Prompt files (generation/prompts.py): the three shapes read, and a bad line named by file, line and field."""
+"""Prompt files (prompts.py): the three shapes read, and a bad line named by file, line and field."""
 import json
 
 import pytest
 
 from eagledata.errors import InputError
-from eagledata.generation.prompts import load_prompts
+from eagledata.prompts import load_prompts
 
 
 def write_lines(path, lines):
@@ -59,7 +59,7 @@ def test_empty_and_missing_prompt_files(tmp_path):
 
 
 def test_scan_skips_finished_lines_but_validates_the_rest(tmp_path):
-    from eagledata.generation.prompts import scan_prompts
+    from eagledata.prompts import scan_prompts
 
     lines = [json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]}) for i in range(5)]
     lines[1] = '{"id": "p1", "messages": "finished earlier, not re-parsed"}'

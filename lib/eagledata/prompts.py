@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, open_input
-from ..records import ToolCall, native_call_id
+from .errors import InputError, open_input
+from .records import ToolCall, native_call_id
 
 ROLES = {"system", "user", "assistant", "tool"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
