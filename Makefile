@@ -11,15 +11,16 @@ setup: $(STAMP)
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
 # so pip takes the CPU build instead of a multi-GB CUDA one. ./kernel registers the `eagledata` kernel
 # (the same route as environment.yml).
-$(STAMP): requirements.txt pyproject.toml kernel/pyproject.toml kernel/share/jupyter/kernels/eagledata/kernel.json
+$(STAMP): requirements.txt pyproject.toml kernel/pyproject.toml kernel/eagledata_kernel.py \
+		kernel/share/jupyter/kernels/eagledata/kernel.json
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt -e . ./kernel
 	touch $(STAMP)
 
-# ruff over lib, tests and bench; mypy over lib/eagledata (both configured in pyproject.toml, pinned in
+# ruff over lib, tests, bench and kernel; mypy over lib/eagledata (both configured in pyproject.toml, pinned in
 # requirements.txt). `make test` runs it first.
 lint: $(STAMP)
-	$(PY) -m ruff check lib tests bench
+	$(PY) -m ruff check lib tests bench kernel
 	$(PY) -m mypy
 
 # Two workers: the suite is mostly notebooks and subprocesses waiting on each other (CI machines have 2 cores).
