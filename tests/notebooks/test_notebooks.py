@@ -173,9 +173,12 @@ def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tm
 
     with run_emulator(speed=0) as emu:
         out = execute_notebook("providers", base_url=emu.base_url, params_dir=str(tmp_path / "params"),
-                               output_dir=str(tmp_path / "out"))
+                               output_dir=str(tmp_path / "out"), stream_cancellation={"Parasail": True})
     decision = RoutingDecision.load(tmp_path / "params" / "routing" / "kimi-k2.5.yaml")
     assert {e.provider for e in decision.excluded} == {"Fireworks", "BaseTen", "AtlasCloud"}
+    # which endpoints stop billing when a stream is closed: the docs' lists, unlisted as no, the override
+    assert {e.provider for e in decision.eligible if e.stream_cancellation} == \
+        {"Chutes", "DeepInfra", "Together", "Novita", "Parasail"}
     snapshots = list((tmp_path / "out" / "providers").glob("kimi-k2.5-endpoints-*.json"))
     assert len(snapshots) == 1 and len(Catalog.load(snapshots[0]).endpoints) == 11
     results = read_results(out)

@@ -112,7 +112,7 @@ def default_endpoints() -> list[Endpoint]:
     the others the model's own."""
     return [
         _ep("Chutes", "chutes", "int4", 0.40, 2.20, 1.6, 38, 97.1, data_collection="allow",
-            quirks=Quirks(inline_think=0.02)),
+            quirks=Quirks(inline_think=0.02), stream_cancellation=True),
         _ep("DeepInfra", "deepinfra", "int4", 0.45, 2.20, 0.9, 45, 99.6, stream_cancellation=True),
         _ep("SiliconFlow", "siliconflow", "int4", 0.55, 2.30, 2.1, 30, 98.4,
             quirks=Quirks(reasoning_details_only=0.05), usage_counts_im_end=False),

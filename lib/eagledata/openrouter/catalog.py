@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +15,7 @@ from ..aio import run_sync
 from ..defaults import EMULATOR, is_emulator
 from ..errors import InputError
 from ..files import make_dir
+from .cancellation import check_overrides, stream_cancellation
 from .client import LOCAL_KEY, APIError, get_json, make_client, resolve_api_key
 
 REASONING_PARAMS = {"reasoning", "include_reasoning"}
@@ -50,6 +51,8 @@ class Endpoint:
     supports_reasoning: bool = True
     supports_tools: bool = True  # `tools` among its supported parameters: it can serve the agent traffic
     supported_parameters: tuple[str, ...] = ()
+    stream_cancellation: bool = False  # closing its stream stops its billing (cancellation.py: the docs, overrides)
+    cancellation_source: str = ""      # on what grounds ("" in a routing file older than the field: taken as no)
     notes: str = ""
 
     @property
@@ -63,15 +66,18 @@ class Endpoint:
         return Price(self.prompt_per_m, self.completion_per_m)  # type: ignore[arg-type]
 
     @classmethod
-    def from_listing(cls, raw: dict) -> Endpoint:
-        """An entry of `GET /models/{author}/{slug}/endpoints`."""
+    def from_listing(cls, raw: dict, cancellation_overrides: Mapping[str, bool] | None = None) -> Endpoint:
+        """An entry of `GET /models/{author}/{slug}/endpoints`; whether it cancels comes from OpenRouter's docs,
+        which the listing does not repeat, or the user's overrides."""
         pricing = raw.get("pricing") or {}
         prompt, completion = _num(pricing.get("prompt")), _num(pricing.get("completion"))
         params = tuple(raw.get("supported_parameters") or ())
         provider = raw.get("provider_name") or raw.get("name") or "?"
+        tag = raw.get("tag") or str(provider).lower().replace(" ", "-")
+        cancels, cancellation_source = stream_cancellation(provider, tag, cancellation_overrides)
         return cls(
             provider=provider,
-            tag=raw.get("tag") or str(provider).lower().replace(" ", "-"),
+            tag=tag,
             quantization=(raw.get("quantization") or "unknown").lower(),
             # $/token strings → $/M, rounded so 0.0000022 is 2.2 exactly (max_price compares against it)
             prompt_per_m=None if prompt is None else round(prompt * 1e6, 9),
@@ -85,6 +91,8 @@ class Endpoint:
             supports_reasoning=bool(REASONING_PARAMS & set(params)),
             supports_tools="tools" in params,
             supported_parameters=params,
+            stream_cancellation=cancels,
+            cancellation_source=cancellation_source,
             notes="" if prompt is not None and completion is not None else "price missing",
         )
 
@@ -135,13 +143,16 @@ class Catalog:
     endpoints: list[dict]
     model_info: dict = field(default_factory=dict)
 
-    def normalized(self) -> list[Endpoint]:
-        return [Endpoint.from_listing(e) for e in self.endpoints]
+    def normalized(self, cancellation_overrides: Mapping[str, bool] | None = None) -> list[Endpoint]:
+        """The endpoints; `cancellation_overrides` (provider or tag -> bool) must each name one of them."""
+        endpoints = [Endpoint.from_listing(e) for e in self.endpoints]
+        check_overrides(cancellation_overrides, [n for e in endpoints for n in (e.provider, e.tag)])
+        return [Endpoint.from_listing(e, cancellation_overrides) for e in self.endpoints]
 
-    def table(self):
+    def table(self, cancellation_overrides: Mapping[str, bool] | None = None):
         import pandas as pd
 
-        return pd.DataFrame([e.to_dict() for e in self.normalized()])
+        return pd.DataFrame([e.to_dict() for e in self.normalized(cancellation_overrides)])
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

@@ -28,6 +28,9 @@ class ProvidersConfig(Settings):
         "keep", "keep (flagged) or exclude endpoints of unknown quantization")
     require_reasoning: bool = setting(True, "exclude endpoints that cannot return reasoning")
     require_tools: bool = setting(True, "exclude endpoints that cannot take tools (K2.5 is served as an agent)")
+    stream_cancellation: dict[str, bool] | None = setting(
+        None, "provider or tag -> true/false: does closing its stream stop the billing (default: OpenRouter's docs; "
+              "unlisted: no)")
     workload_prompt_tokens: int = setting(30_000_000, "planned workload for the pricing table: prompt tokens")
     workload_output_tokens: int = setting(42_000_000, "and output tokens")
     params_dir: str = shared("params_dir", "the decision goes to <params_dir>/routing/<model>.yaml")

@@ -31,8 +31,9 @@ PRECISION_RANK: dict[str, float] = {
 }
 DOWN_STATUS = -2  # OpenRouter endpoint status: 0 ok, negative degraded; at or below this we call it down
 # What the routing file keeps of each eligible endpoint (its limits: what max_tokens is checked against).
+# Whether it cancels: what a stop at a target or a Ctrl-C can save there (issue 42).
 ELIGIBLE_FIELDS = ("provider", "tag", "quantization", "prompt_per_m", "completion_per_m", "context_length",
-                   "max_completion_tokens")
+                   "max_completion_tokens", "stream_cancellation", "cancellation_source")
 log = logging.getLogger("eagledata.routing")
 
 
