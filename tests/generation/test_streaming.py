@@ -9,6 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from eagledata.emulator import run_emulator
@@ -17,6 +18,7 @@ from eagledata.generation.engine import run_generation
 from eagledata.generation.replay import Taped
 from eagledata.generation.requester import ChatCompletions
 from eagledata.openrouter import Kind, load_routing
+from eagledata.openrouter.client import LOCAL_KEY
 from eagledata.openrouter.stream import StreamState
 from tests.helpers import ROOT
 
@@ -175,3 +177,33 @@ def test_a_lost_delta_is_caught(plain, emulator):
     s_tape, s_summary, s_truth = run(tmp_path, emulator, True, "planted", DropsADelta())
     assert any(t.outcome.kind is Kind.OK for t in s_tape)
     assert written(tmp_path, "planted", s_truth) != written(tmp_path, "out", truth)
+
+
+@pytest.mark.parametrize("keepalive_s, stalls", [(0.2, False), (5.0, True)])
+def test_the_stall_timeout_counts_keepalives_and_closes_a_silent_stream(tmp_path, tokenizer_dir, keepalive_s, stalls):
+    """stall_timeout_s (0.6 s) below the time to the first token (Chutes' ~1.6 s): with OpenRouter's keepalive
+    comments every 0.2 s each answer is waited for and kept; with none for 5 s every attempt is closed at the stall
+    and retried (client_timeout), and the prompts fail after max_attempts, none waiting the 5 s out."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"Q{i}"}]}) + "\n"
+                               for i in range(4)))
+    (tmp_path / "datasets.yaml").write_text(f"P:\n  prompts: {prompts}\n")
+    with run_emulator({"seed": 3, "speed": 1, "content": SMALL, "balance": 100, "processing_interval": keepalive_s,
+                       "endpoints": [{"provider": "Chutes", "error_rate": 0.0}]}) as emu:
+        cfg = GenerateConfig(dataset="P", datasets_file=str(tmp_path / "datasets.yaml"), base_url=emu.base_url,
+                             output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "params"), concurrency=4,
+                             max_tokens=400, progress=False, retry_base_s=0.0, retry_cap_s=0.0, reserve_usd=0.0,
+                             max_attempts=2, stream=True, stall_timeout_s=0.6)
+        # the emulator's first answers wait on its tokenizer's warm-up before a byte goes out: not the service's way
+        httpx.post(f"{emu.base_url}/chat/completions", headers={"Authorization": f"Bearer {LOCAL_KEY}"},
+                   json={"model": cfg.model, "max_tokens": 8,
+                   "messages": [{"role": "user", "content": "warm up"}]}, timeout=60).raise_for_status()
+        summary = asyncio.run(run_generation(cfg))
+    errors = summary["run"]["errors"]
+    if stalls:
+        assert (summary["stop_reason"], summary["failures"], errors) == ("all_failed", 4, {"client_timeout": 8})
+        assert summary["wall_s"] < 4  # two attempts of 0.6 s each, not the 5 s silence
+        failures = [json.loads(x) for x in (tmp_path / "out" / "datasets" / "P" / "failures.jsonl").open()]
+        assert {f["error"]["message"] for f in failures} == {"stalled: no bytes for 0.6 s"}
+    else:
+        assert (summary["stop_reason"], summary["records"], errors) == ("completed", 4, {})

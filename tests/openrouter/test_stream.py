@@ -235,3 +235,70 @@ def test_a_cancelled_stream_keeps_what_it_delivered():
     assert was_closed and not state.done and state.generation_id == "gen-7"
     message = state.body()["choices"][0]["message"]
     assert (message["reasoning"], message["content"]) == ("Long thought", "Half")
+
+
+async def _sse_server(script):
+    """A real HTTP server on 127.0.0.1 (httpx's read timeouts live in its network layer, which a mock transport
+    skips): each request's body is handed to `script(messages, send)`, which writes the SSE with pauses."""
+    async def serve(reader, writer):
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length"))
+        body = json.loads(await reader.readexactly(length))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+
+        async def send(data: bytes):
+            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
+            await writer.drain()
+
+        try:
+            await script(body["messages"][0]["content"], send)
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(serve, "127.0.0.1", 0)
+
+
+def test_a_stream_silent_past_the_stall_timeout_is_closed_and_retried_one_kept_alive_is_not():
+    """A stream that stops sending is closed after stall_timeout_s, however long it has run (client_timeout, a
+    retry; its state keeps what came); one that sends only keepalive comments for longer than that is waited for,
+    as OpenRouter sends them while a request waits; without a stall timeout the client's read timeout applies."""
+    events = [chunk({"content": "", "reasoning": "Think."}), chunk({"content": "Answer."}), chunk({}, "stop"),
+              chunk(usage=USAGE), b"[DONE]"]
+
+    async def script(what, send):
+        if what == "stall":
+            await send(sse(*events[:2], comments=0))
+            await asyncio.sleep(5)
+        else:  # keepalive comments every 0.1 s for 1 s, then the answer
+            for _ in range(10):
+                await send(b": OPENROUTER PROCESSING\n\n")
+                await asyncio.sleep(0.1)
+            await send(sse(*events, comments=0))
+
+    async def main():
+        server = await _sse_server(script)
+        port = server.sockets[0].getsockname()[1]
+        async with server, httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/", timeout=30) as c:
+            state = StreamState()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            stalled = await complete(c, {"messages": [{"role": "user", "content": "stall"}], "stream": True}, state,
+                                     stall_timeout_s=0.5)
+            waited = loop.time() - t0
+            kept = await complete(c, {"messages": [{"role": "user", "content": "keepalive"}], "stream": True},
+                                  stall_timeout_s=0.5)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/", timeout=0.5) as short:
+                by_client = await complete(short, {"messages": [{"role": "user", "content": "stall"}],
+                                                   "stream": True})
+            return stalled, waited, state, kept, by_client
+
+    stalled, waited, state, kept, by_client = asyncio.run(main())
+    assert (stalled.kind, stalled.error_class, stalled.message) == (Kind.RETRY, "client_timeout",
+                                                                   "stalled: no bytes for 0.5 s")
+    assert 0.5 <= waited < 4  # closed at the stall, not at the server's 5 s
+    assert state.chunks == 2 and state.body()["choices"][0]["message"]["reasoning"] == "Think."
+    assert kept.kind is Kind.OK and kept.completion.answer.content == "Answer."  # 1 s of keepalives, each < 0.5 s
+    assert (by_client.error_class, by_client.message) == ("client_timeout", "ReadTimeout")

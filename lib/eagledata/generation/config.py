@@ -53,7 +53,9 @@ class GenerateConfig(Settings):
     retry_failed: bool = setting(False, "send again the prompts failures.jsonl holds (kept in failures.retried.jsonl)")
     retry_base_s: float = setting(1.0, "backoff: base * 2^attempt, full jitter, capped")
     retry_cap_s: float = setting(60.0, "longest backoff")
-    request_timeout_s: float = setting(900.0, "client-side timeout of one request")
+    request_timeout_s: float = setting(900.0, "client-side timeout of one request (a stream: stall_timeout_s)")
+    stall_timeout_s: float = setting(
+        120.0, "a stream that sends no byte this long (OpenRouter's keepalive comments count) is closed and retried")
     drain_timeout_s: float = setting(60.0, "after a stop signal or an internal error, in-flight requests get this long")
     straggler_wait_s: float | None = setting(
         120.0, "every target met, or the money's end: answers still in flight get this long (billed either way), "
@@ -88,6 +90,9 @@ class GenerateConfig(Settings):
             raise InputError(f"must be within [0, 2] or None, got {self.temperature!r}", field="temperature")
         if self.max_spend_usd is not None and not self.max_spend_usd > 0:
             raise InputError(f"must be > 0 or None, got {self.max_spend_usd!r}", field="max_spend_usd")
+        for name in ("request_timeout_s", "stall_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise InputError(f"must be > 0, got {getattr(self, name)!r}", field=name)
         if not self.reserve_usd >= 0:
             raise InputError(f"must be >= 0, got {self.reserve_usd!r}", field="reserve_usd")
         if not 0 < self.overshoot_probability < 1:

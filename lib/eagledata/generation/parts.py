@@ -33,7 +33,7 @@ from .work import Work
 class Seams:
     """What the engine talks to, each replaceable: tests and benches pass their own (virtual time among them)."""
 
-    transport: Transport = field(default_factory=ChatCompletions)
+    transport: Transport | None = None  # None: ChatCompletions with the run's stall_timeout_s
     clock: Clock = field(default_factory=LoopClock)
     account: AccountReader = read_account
     routing: RoutingDecision | None = None  # None: the routing file, else the catalog (openrouter.load_routing)
@@ -126,7 +126,8 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     fidelity = FidelityJudge.carried(lane.summary_before for lane in lanes if lane.summary_before)
     executor = seams.executor or ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
     cooldown = ProviderCooldown(cooldown_s=cfg.provider_cooldown_s)
-    requester = Requester(seams.transport, routing, fidelity, cooldown, tok, executor, worst=worst, model=cfg.model,
+    transport = seams.transport or ChatCompletions(cfg.stall_timeout_s)
+    requester = Requester(transport, routing, fidelity, cooldown, tok, executor, worst=worst, model=cfg.model,
                           max_tokens=cfg.max_tokens, temperature=cfg.temperature, backend=cfg.backend,
                           stream=cfg.stream)
     recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid)

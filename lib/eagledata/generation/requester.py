@@ -13,6 +13,7 @@ import asyncio
 import functools
 from collections.abc import Callable, Generator
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
@@ -35,14 +36,18 @@ class Transport(Protocol):
         ...
 
 
+@dataclass(frozen=True)
 class ChatCompletions:
     """The service's chat-completions endpoint: `POST chat/completions` once (openrouter.complete), read as SSE when
     the body asks for a stream (openrouter/stream.py). `state`: a `StreamState` the caller keeps, filled chunk by
-    chunk (how far the answer has got; what streamed before a cancel), the seam for cutting answers at a target."""
+    chunk (how far the answer has got; what streamed before a cancel), the seam for cutting answers at a target.
+    `stall_timeout_s`: a stream silent this long is closed and retried (the run passes generate's setting)."""
+
+    stall_timeout_s: float | None = None  # None: the client's timeouts
 
     async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any],
                              state: StreamState | None = None) -> Outcome:
-        return await complete(client, body, state)
+        return await complete(client, body, state, stall_timeout_s=self.stall_timeout_s)
 
 
 class Attempt:

@@ -147,11 +147,13 @@ async def read_account(client: httpx.AsyncClient) -> Account:
     return Account(None if usage is None else float(usage), min(balances) if balances else None)
 
 
-async def complete(client: httpx.AsyncClient, body: dict[str, Any], state: StreamState | None = None) -> Outcome:
+async def complete(client: httpx.AsyncClient, body: dict[str, Any], state: StreamState | None = None, *,
+                   stall_timeout_s: float | None = None) -> Outcome:
     """POST chat/completions once and classify what came back (or what broke). A body with `stream: true` is read as
-    SSE (openrouter/stream.py; `state`, when given, follows it chunk by chunk); the Outcome is the same either way."""
+    SSE (openrouter/stream.py; `state`, when given, follows it chunk by chunk; `stall_timeout_s`: see
+    `stream_complete`); the Outcome is the same either way. A JSON answer has the client's timeout, as a whole."""
     if body.get("stream"):
-        return await stream_complete(client, body, state)
+        return await stream_complete(client, body, state, stall_timeout_s=stall_timeout_s)
     try:
         resp = await client.post("chat/completions", json=body)
         return classify_response(resp.status_code, resp.headers, resp.content)

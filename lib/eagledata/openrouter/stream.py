@@ -282,15 +282,20 @@ def feed(decoder: SSEDecoder, state: StreamState, raw: bytes) -> bool:
     return False
 
 
-async def stream_complete(client: httpx.AsyncClient, body: dict[str, Any],
-                          state: StreamState | None = None) -> Outcome:
+async def stream_complete(client: httpx.AsyncClient, body: dict[str, Any], state: StreamState | None = None, *,
+                          stall_timeout_s: float | None = None) -> Outcome:
     """POST chat/completions with `stream: true` and read the SSE to its end. An HTTP error before the stream (or a
     server that answered with one JSON body) is classified as `answers.classify_response` classifies it; a
     connection that breaks mid-stream as `classify_exception` does. `state` (optional) is updated as chunks
-    arrive: see the module's docstring."""
+    arrive: see the module's docstring. `stall_timeout_s`: a stream that sends no byte for this long (OpenRouter's
+    keepalive comments count: they come while a request waits) is closed and answered `client_timeout`, however long
+    it has run; None: the client's timeouts."""
     state = state if state is not None else StreamState()
+    timeout: Any = httpx.USE_CLIENT_DEFAULT
+    if stall_timeout_s is not None:
+        timeout = httpx.Timeout(stall_timeout_s, connect=client.timeout.connect)
     try:
-        async with client.stream("POST", "chat/completions", json={**body, "stream": True}) as resp:
+        async with client.stream("POST", "chat/completions", json={**body, "stream": True}, timeout=timeout) as resp:
             state.generation_id = state.generation_id or resp.headers.get("x-generation-id", "")
             if resp.status_code != 200 or "event-stream" not in resp.headers.get("content-type", ""):
                 return classify_response(resp.status_code, resp.headers, await resp.aread())
@@ -304,6 +309,10 @@ async def stream_complete(client: httpx.AsyncClient, body: dict[str, Any],
                 for payload in decoder.close():
                     state.add(payload)
             headers = resp.headers
+    except httpx.ReadTimeout as exc:
+        if stall_timeout_s is None:
+            return classify_exception(exc)
+        return Outcome(Kind.RETRY, "client_timeout", None, f"stalled: no bytes for {stall_timeout_s:g} s")
     except httpx.HTTPError as exc:
         return classify_exception(exc)
     return classify_stream(state, headers)
