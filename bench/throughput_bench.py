@@ -168,9 +168,9 @@ class Timed:
         self.cost: list[float] = []
         self.tokens: list[int] = []
 
-    async def handle_request(self, client: httpx.AsyncClient, body: dict) -> Any:
+    async def handle_request(self, client: httpx.AsyncClient, body: dict, state=None) -> Any:
         t = time.monotonic()
-        out = await complete(client, body)
+        out = await complete(client, body, state)
         if out.kind is Kind.OK:
             self.latency.append(time.monotonic() - t)
             self.cost.append(out.completion.usage.cost or 0.0)

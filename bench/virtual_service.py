@@ -37,7 +37,7 @@ class Drawn:
         self.overhead = len(tok.encode_ordinary(REASONING)) + 2  # the reasoning, `</think>` and `<|im_end|>`
         assert len(tok.encode_ordinary(" ".join(["word"] * 1000))) == 1000, "the content is one token a word"
 
-    async def handle_request(self, client: Any, body: dict[str, Any]) -> Outcome:
+    async def handle_request(self, client: Any, body: dict[str, Any], state=None) -> Outcome:
         latency, tokens = self.draw(self.rng)
         self.sent_at.append(asyncio.get_running_loop().time())
         await asyncio.sleep(latency)

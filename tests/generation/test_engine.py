@@ -24,7 +24,7 @@ class Simulated:
         self.billed = 0.0
         self.order: list[str] = []
 
-    async def handle_request(self, client, body):
+    async def handle_request(self, client, body, state=None):
         n = self.tokens[self.sent % len(self.tokens)]
         self.sent += 1
         self.order.append(body["messages"][-1]["content"])

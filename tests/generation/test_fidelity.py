@@ -100,12 +100,12 @@ def emu(tokenizer_dir):
         assert "Traceback" not in handle.log(), handle.log()[-3000:]
 
 
-def three_bad_providers(emu, tmp_path, n=500):
+def three_bad_providers(emu, tmp_path, n=500, endpoints=ENDPOINTS):
     """The emulator with the five endpoints, a dataset of `n` prompts, the routing decision; the run's settings."""
     faults = {cls: 0.02 for cls in FAULT_CLASSES}
     emu.reset({"speed": 0.5, "seed": 30, "content": SMALL, "generation_delay": 0.1, "balance": 1000,
                "faults": {**faults, "retry_after": 0, "slow_seconds": 0.2},
-               "replace_endpoints": True, "endpoints": ENDPOINTS})
+               "replace_endpoints": True, "endpoints": endpoints})
     prompts = tmp_path / "D.jsonl"
     with prompts.open("w") as f:
         for i in range(n):
@@ -196,3 +196,22 @@ def test_a_verdict_carries_over_to_later_runs_of_the_dataset(emu, tmp_path):
     assert fid["Plain"]["answers"] > before["Plain"]["answers"]  # the books count every run
     again = generate(cfg)  # nothing left: answered from the checkpoint
     assert again["run"]["recorded"] == 0 and again["fidelity"] == second["fidelity"]
+
+
+def test_a_suspects_streams_in_flight_are_cancelled_not_paid_to_their_end(emu, tmp_path):
+    """Streamed, with the two bad providers cancelling streams: when one turns suspect, its streams in flight are
+    closed at once (the emulator stops generating and bills the tokens so far) and their prompts retried
+    elsewhere; every prompt still ends recorded exactly once, with the same verdicts."""
+    cancelling = [{**e, "stream_cancellation": e["provider"] in ("Dropper", "Leaky")} for e in ENDPOINTS]
+    cfg, _, n = three_bad_providers(emu, tmp_path, endpoints=cancelling)
+    summary = generate(dataclasses.replace(cfg, stream=True))
+    fid = summary["fidelity"]["providers"]
+    assert {p: v["verdict"] for p, v in fid.items()} == {"Plain": "consistent", "BareClose": "consistent",
+                                                          "Dropper": "suspect", "Leaky": "suspect",
+                                                          "Plain2": "consistent"}
+    records = load_records(tmp_path / "out" / "datasets" / "D" / "records.jsonl")
+    assert len({r.id for r in records}) == len(records) == n
+    # the emulator stopped generating these; the run closed these and more (streams the emulator had finished
+    # sending but the run had not read yet: billed in full, their answers no better than the rest)
+    closed = emu.stats()["outcomes"].get("cancelled", 0)
+    assert 2 <= closed <= summary["run"]["errors"]["cancelled"]

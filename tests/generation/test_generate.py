@@ -227,7 +227,7 @@ def test_every_fault_class_is_survived(emu, tok, tmp_path):
 
 def _spy(bodies: list):
     class Spy:
-        async def handle_request(self, client, body):
+        async def handle_request(self, client, body, state=None):
             bodies.append(body.get("provider") or {})
             return await complete(client, body)
     return Spy()
@@ -260,7 +260,7 @@ def test_local_backend_stores_server_ids(emu, tok, tmp_path, monkeypatch):
     keys = set()
 
     class Spy:
-        async def handle_request(self, client, body):
+        async def handle_request(self, client, body, state=None):
             keys.add(client.headers.get("authorization"))
             return await complete(client, body)
 
@@ -347,7 +347,7 @@ def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path):
     spoiled = set()
 
     class SpoilFirst:
-        async def handle_request(self, client, body):
+        async def handle_request(self, client, body, state=None):
             out = await complete(client, body)
             key = body["messages"][-1]["content"]
             if out.completion is not None and key not in spoiled:
@@ -377,7 +377,7 @@ def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tok, tmp_path):
     calls = []
 
     class Broken:  # every answer takes 0.3 s; the fifth call fails 0.05 s in, with 3 in flight
-        async def handle_request(self, client, body):
+        async def handle_request(self, client, body, state=None):
             calls.append(1)
             if len(calls) == 5:
                 await asyncio.sleep(0.05)

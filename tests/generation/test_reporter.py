@@ -149,7 +149,7 @@ class Unreadable(Simulated):
         super().__init__(tok, **kw)
         self.b = 0
 
-    async def handle_request(self, client, body):
+    async def handle_request(self, client, body, state=None):
         outcome = await super().handle_request(client, body)
         if body["messages"][-1]["content"].startswith("B"):
             self.b += 1

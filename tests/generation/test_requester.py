@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from eagledata.generation.policy import RULES, rule
+from eagledata.generation.policy import RULES, StopReason, rule
 from eagledata.generation.requester import Attempt, cancelled_outcome
 from eagledata.generation.turns import Conversation
 from eagledata.generation.work import State, Work
@@ -138,11 +138,28 @@ def test_a_cancelled_attempt_stops_the_request_and_settles_as_the_cancelled_outc
     cancelled = cancelled_outcome()
     assert cancelled == Outcome(Kind.RETRY, "cancelled", None, "cancelled by the run")
     assert rule(cancelled) is RULES["cancelled"] and rule(cancelled).cost == "unknown" and not rule(cancelled).counts
-    p.settle(work, cancelled, None, None, 2.0)  # as the slot settles it
-    assert work.state is State.CANCELLED and work.attempts == 0
+    p.settle(work, cancelled, None, None, 2.0, go_on=True)  # as the slot settles it: cut off through its handle
+    # the run goes on (a suspect's stream closed): sent again at once, not counted against max_attempts
+    assert work.state is State.RETRIED and work.attempts == 0 and work.due == 2.0
     assert p.ledger.books.provisional_usd == work.bound > 0  # maybe billed: booked at its bound until read
     assert work.lane.stats.booked_usd == work.bound and p.ledger.in_flight == 0
-    assert work.lane.store.recorded == 0 and not work.lane.stats.counts
+    assert work.lane.store.recorded == 0 and work.lane.stats.counts == {"retried": 1}
+    assert work.lane.stats.errors == {"cancelled": 1}
+
+
+@pytest.mark.parametrize("stopping, go_on", [(True, True), (False, False)])
+def test_a_cancelled_attempt_of_a_stopping_run_or_cut_with_its_slot_stays_to_do(parts, stopping, go_on):
+    """What is in flight when the run stops (a signal), or cut with its slot at the run's end (stragglers): not
+    sent again, not counted as an error; still booked at its bound."""
+    p = parts({"A": 1}, routing=three(), transport=Scripted(HOLD))
+    work = p.dispatcher.take(0.0)
+    asyncio.run(p.requester.prepare(work))
+    assert p.admit(work, 0.0) is not None
+    if stopping:
+        p.dispatcher.stop.set(StopReason.INTERRUPTED)
+    p.settle(work, cancelled_outcome(), None, None, 2.0, go_on=go_on)
+    assert work.state is State.CANCELLED and not work.lane.stats.counts and not work.lane.stats.errors
+    assert p.ledger.books.provisional_usd == work.bound > 0
 
 
 def test_cost_is_the_servers_else_the_serving_providers_price_else_the_worst(parts, tok):

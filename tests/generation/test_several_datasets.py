@@ -145,7 +145,7 @@ def test_a_finished_dataset_in_the_list_sends_nothing_and_all_means_the_file(emu
     bodies = []
 
     class Spy:
-        async def handle_request(self, client, body):
+        async def handle_request(self, client, body, state=None):
             bodies.append(body["messages"][-1]["content"])
             return await complete(client, body)
 
@@ -211,7 +211,7 @@ def test_usage_this_run_did_not_book_is_noticed(emu, tmp_path):
     calls = []
 
     class WithAStranger:
-        async def handle_request(self, client, body):
+        async def handle_request(self, client, body, state=None):
             calls.append(1)
             if len(calls) % 3 == 0:  # someone else's request on the same key, not booked by the run
                 await complete(client, body)
@@ -231,7 +231,7 @@ def test_unreadable_answers_are_settled_before_a_money_stop(emu, tmp_path):
     rng = random.Random(38)
 
     class Lossy:
-        async def handle_request(self, client, body):
+        async def handle_request(self, client, body, state=None):
             out = await complete(client, body)
             if out.kind is Kind.OK and rng.random() < 0.5:
                 return Outcome(Kind.RETRY, "connection", None, "connection reset after the answer was billed")

@@ -119,7 +119,7 @@ class Scripted:
         self.clients: list[Any] = []
         self.cancelled = 0
 
-    async def handle_request(self, client: Any, body: dict[str, Any]) -> Outcome:
+    async def handle_request(self, client: Any, body: dict[str, Any], state=None) -> Outcome:
         self.sent.append(body)
         self.clients.append(client)
         if not self.script:

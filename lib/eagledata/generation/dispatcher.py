@@ -231,10 +231,17 @@ class Dispatcher:
                 keep.append(work)
         self.held = keep
 
-    def cancelled(self, work: Work, now: float) -> None:
-        """Its attempt was cut off (the run abandoning what is in flight): nothing recorded, the prompt still to do."""
-        work.move(State.CANCELLED)
+    def cancelled(self, work: Work, now: float, *, go_on: bool = False) -> bool:
+        """Its attempt was cut off: nothing recorded. Cut off alone while the run goes on (`go_on`: a suspect
+        provider's stream closed) it is retried at once, not counted against `max_attempts` (the run's choice, not
+        the service's fault); cut off with its slot (the run ending, what is in flight abandoned) the prompt stays
+        to do, for the next run. True: retried."""
+        retry = go_on and not self.stop.stopping
+        if retry:
+            work.due, work.seq = now, next(self.seq)
+        work.move(State.RETRIED if retry else State.CANCELLED)
         self._end(work, now, 0, finished=False)
+        return retry
 
     def _end(self, work: Work, now: float, tokens: int, *, finished: bool) -> None:
         assert work.ticket is not None

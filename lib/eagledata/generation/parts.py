@@ -64,9 +64,11 @@ class Parts:
             self.dispatcher.sent(work, now)
         return verdict
 
-    def settle(self, work: Work, outcome: Outcome, record: Record | None, cost: float | None, now: float) -> None:
+    def settle(self, work: Work, outcome: Outcome, record: Record | None, cost: float | None, now: float, *,
+               go_on: bool = False) -> None:
         """What an attempt came to: recorded (`record`), retried, failed for good, or cancelled; booked either way
-        (`cost`: what it cost when read, else its rule says what to book)."""
+        (`cost`: what it cost when read, else its rule says what to book). `go_on`: a cancelled attempt was cut off
+        alone (its handle), not with its slot at the run's end: sent again."""
         r, stop, c = rule(outcome), None, outcome.completion
         if record is not None and c is not None and (contradicted := self.recorder.contradicted(record, c)):
             outcome, record, r = contradicted, None, rule(contradicted)  # the service's count says its ids are wrong
@@ -74,7 +76,8 @@ class Parts:
             cost = self.requester.cost(c)
         assert work.ticket is not None
         if outcome.error_class == CANCELLED:
-            self.dispatcher.cancelled(work, now)
+            if self.dispatcher.cancelled(work, now, go_on=go_on):
+                self.recorder.retried(work, cancelled=True)
             work.lane.stats.booked_usd += self.ledger.settle(work.ticket, r, cost, work.bound, now)
             return
         if record is not None:
@@ -130,7 +133,8 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     requester = Requester(transport, routing, fidelity, cooldown, tok, executor, worst=worst, model=cfg.model,
                           max_tokens=cfg.max_tokens, temperature=cfg.temperature, backend=cfg.backend,
                           stream=cfg.stream)
-    recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid)
+    recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid,
+                        on_suspect=requester.cancel_streams_of)
     single = isinstance(cfg.dataset, str) and cfg.dataset != "all"
     reporter = Reporter(cfg, dispatcher, ledger, congestion, fidelity, routing, t0=now, idle=idle, single=single)
     return Parts(dispatcher, ledger, requester, recorder, reporter, executor)

@@ -6,6 +6,7 @@ is never written (`contradicted`): it is refused as a withheld reasoning is, and
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from ..text import KimiTokenizer
 from .fidelity import FidelityJudge
 from .policy import Rule, StopReason
 from .recording import COUNT_DISAGREES, build_record, count_refusal
-from .requester import in_executor
+from .requester import CANCELLED, in_executor
 from .turns import Turn
 from .work import Work
 
@@ -33,9 +34,11 @@ class Recorded:
 
 class Recorder:
     def __init__(self, tok: KimiTokenizer, executor: Executor, fidelity: FidelityJudge, routing: RoutingDecision, *,
-                 temperature: float | None, paid: bool):
+                 temperature: float | None, paid: bool, on_suspect: Callable[[str], int] | None = None):
+        """`on_suspect(provider)`: called when a provider turns suspect (the requester cancels its streams in flight);
+        returns how many it stopped."""
         self.tok, self.executor, self.fidelity, self.routing = tok, executor, fidelity, routing
-        self.temperature, self.paid = temperature, paid
+        self.temperature, self.paid, self.on_suspect = temperature, paid, on_suspect
 
     async def build(self, work: Work, c: Completion) -> Record:
         """The answer's record with exact ids, off the event loop. UnicodeEncodeError: its text has no ids."""
@@ -82,8 +85,11 @@ class Recorder:
         if outcome.kind is not Kind.OK:
             stats.errors[outcome.error_class] += 1
 
-    def retried(self, work: Work) -> None:
+    def retried(self, work: Work, *, cancelled: bool = False) -> None:
+        """`cancelled`: the run closed its attempt (a suspect's stream) and sends it again: counted as its error."""
         work.lane.stats.counts["retried"] += 1
+        if cancelled:
+            work.lane.stats.errors[CANCELLED] += 1
 
     def fail(self, work: Work) -> None:
         """The turn failed for good: failures.jsonl, with its last error and its tries."""
@@ -97,7 +103,9 @@ class Recorder:
         if not suspect:
             return None
         evidence = self.fidelity.providers[provider].evidence
-        log.warning("provider %s left out of the rest of the run: suspect, %s", provider, evidence)
+        cancelled = self.on_suspect(provider) if self.on_suspect else 0
+        log.warning("provider %s left out of the rest of the run: suspect, %s%s", provider, evidence,
+                    f"; its {cancelled} stream(s) in flight cancelled" if cancelled else "")
         eligible = set(self.routing.eligible_providers)
         if self.paid and eligible and eligible <= set(self.fidelity.suspects):
             return StopReason.NO_FAITHFUL_PROVIDERS

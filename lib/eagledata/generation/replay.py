@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 
 from ..openrouter import Account, Outcome
+from ..openrouter.stream import StreamState
 from .clock import Clock, LoopClock
 from .requester import Transport
 
@@ -45,9 +46,10 @@ class Taped:
         self.inner, self.clock = inner, clock or LoopClock()
         self.tape: list[Taken] = []
 
-    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
+    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any],
+                             state: StreamState | None = None) -> Outcome:
         sent = self.clock.now()
-        outcome = await self.inner.handle_request(client, body)
+        outcome = await self.inner.handle_request(client, body, state)
         self.tape.append(Taken(body, sent, self.clock.now() - sent, outcome))
         return outcome
 
@@ -65,7 +67,8 @@ class Replayed:
         self.sent: list[dict[str, Any]] = []
         self.billed_usd, self.balance_usd = 0.0, balance_usd
 
-    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
+    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any],
+                             state: StreamState | None = None) -> Outcome:
         self.sent.append(body)
         answers = self._answers.get(request_key(body))
         if not answers:

@@ -29,10 +29,12 @@ CANCELLED = "cancelled"  # the error class of an attempt cut off by the run (pol
 
 
 class Transport(Protocol):
-    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any]) -> Outcome:
+    async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any],
+                             state: StreamState | None = None) -> Outcome:
         """Send one chat-completions `body` over `client` and classify what came back: every answer of the service,
         its errors included, is an `Outcome` (never raised); a cancelled call stops the request (what it was
-        billed is the ledger's to find out)."""
+        billed is the ledger's to find out). `state`, given for a body with `stream: true`: what the stream has
+        delivered so far, kept up to date by a transport that reads one (others may leave it untouched)."""
         ...
 
 
@@ -51,13 +53,17 @@ class ChatCompletions:
 
 
 class Attempt:
-    """One request in flight: await it for its outcome, or `cancel()` it."""
+    """One request in flight: await it for its outcome, or `cancel()` it; `state`: what its stream has delivered so
+    far (None: a JSON answer), the serving provider among it from the first chunk."""
 
-    def __init__(self, task: asyncio.Task[Outcome]):
-        self._task = task
+    def __init__(self, task: asyncio.Task[Outcome], state: StreamState | None = None):
+        self._task, self.state = task, state
 
     def cancel(self) -> None:
         self._task.cancel()
+
+    def when_done(self, fn: Callable[[], object]) -> None:
+        self._task.add_done_callback(lambda _: fn())
 
     def __await__(self) -> Generator[Any, None, Outcome]:
         return self._task.__await__()
@@ -79,6 +85,7 @@ class Requester:
         self.tok, self.executor, self.worst = tok, executor, worst
         self.model, self.max_tokens, self.temperature, self.backend = model, max_tokens, temperature, backend
         self.stream = stream
+        self.streaming: dict[Attempt, None] = {}  # the streamed attempts in flight, in the order they went out
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
 
     async def prepare(self, work: Work) -> None:
@@ -109,7 +116,22 @@ class Requester:
 
     def start(self, client: httpx.AsyncClient, work: Work, now: float) -> Attempt:
         work.tries += 1
-        return Attempt(asyncio.ensure_future(self.transport.handle_request(client, self.body(work, now))))
+        body = self.body(work, now)
+        state = StreamState() if body.get("stream") else None
+        attempt = Attempt(asyncio.ensure_future(self.transport.handle_request(client, body, state)), state)
+        if state is not None:
+            self.streaming[attempt] = None
+            attempt.when_done(lambda: self.streaming.pop(attempt, None))
+        return attempt
+
+    def cancel_streams_of(self, provider: str) -> int:
+        """Cancel every stream in flight that `provider` is serving (known from its first chunk): the run has just
+        left it out, so what it would still send would not be kept; on an endpoint with stream cancellation closing
+        it stops the billing too. Each is booked and retried as any cancelled attempt. Returns how many."""
+        hit = [a for a in self.streaming if a.state is not None and a.state.provider == provider]
+        for attempt in hit:
+            attempt.cancel()
+        return len(hit)
 
     def cost(self, c: Completion) -> float:
         """The server's `usage.cost`, else the tokens at the serving provider's price (else the worst)."""

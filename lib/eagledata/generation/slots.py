@@ -102,11 +102,12 @@ class Slots:
         try:
             outcome = await attempt
         except BaseException as e:  # cut off, or a bug in the transport: nothing recorded, booked as any attempt
-            await self._settle(work, cancelled_outcome(), None)
             # (in a coroutine the current task is never None)
-            if not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            ending = not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling()  # type: ignore[union-attr]
+            await self._settle(work, cancelled_outcome(), None, go_on=not ending)
+            if ending:
                 raise
-            return  # cancelled through its handle: the slot goes on
+            return  # cancelled through its handle (a suspect's stream): the slot goes on, the work is sent again
         finally:
             work.lane.stats.in_flight -= 1
         record, c = None, outcome.completion
@@ -119,8 +120,9 @@ class Slots:
                 return await self._settle(work, spoiled, None, cost=self.parts.requester.cost(c))
         await self._settle(work, outcome, record)
 
-    async def _settle(self, work: Work, outcome: Outcome, record: Any, cost: float | None = None) -> None:
+    async def _settle(self, work: Work, outcome: Outcome, record: Any, cost: float | None = None, *,
+                      go_on: bool = False) -> None:
         """What the attempt came to (parts.settle), under the lock; the waiters hear of it."""
         async with self.lock:
-            self.parts.settle(work, outcome, record, cost, self.clock.now())
+            self.parts.settle(work, outcome, record, cost, self.clock.now(), go_on=go_on)
             self.wake()

@@ -1,8 +1,9 @@
 """One request's worth of work (pure): a conversation's turn on its way through a run, and its lifecycle.
 
     queued ──take──▶ admitted ──▶ sent ──▶ settled     (answered and recorded, or failed for good)
-       ▲                 │          ├────▶ cancelled   (its attempt was cut off: booked, not recorded)
-       └──── retried ◀───┼──────────┘                  (back to its dataset's retry heap once its slot lets go)
+       ▲                 │          ├────▶ cancelled   (cut off as the run stops: booked, not recorded, still to do)
+       └──── retried ◀───┼──────────┘                  (back to its dataset's retry heap once its slot lets go;
+                         │                              also an attempt the run cut off while going on)
                          └─ given back unstarted (money gone, the run stopping): still to do, for the next run
 
 Only the dispatcher moves a work item (dispatcher.py); an illegal move is a bug and raises, so the engine stops
