@@ -2,6 +2,7 @@
 latency, an account that sums what it billed. Minutes of simulated answers run in well under a second, with the same
 decisions every time, and no server."""
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -12,7 +13,7 @@ from eagledata.generation.engine import Run
 from eagledata.openrouter import Account, Completion, Kind, Outcome
 from eagledata.records import Answer, Usage
 from eagledata.text import prompt_ids
-from tests.helpers.parts import PRICE_IN, PRICE_OUT, datasets, routing
+from tests.helpers.parts import PRICE_IN, PRICE_OUT, datasets, endpoint, routing
 
 
 class Simulated:
@@ -47,14 +48,14 @@ class Simulated:
         return Account(self.billed, 10.0 - self.billed)
 
 
-def run(tmp_path, sim, file, *, during=None, view=None, **kw):
+def run(tmp_path, sim, file, *, during=None, view=None, decision=None, **kw):
     cfg = GenerateConfig(**{"dataset": "all", "datasets_file": str(file), "base_url": "http://127.0.0.1:9/api/v1",
                             "output_dir": str(tmp_path / "out"), "params_dir": str(tmp_path / "params"),
                             "concurrency": 8, "max_tokens": 1000, "progress": False, "reserve_usd": 0.0,
                             "prior_output_median_tokens": 150, **kw})
 
     async def main():
-        seams = Seams(transport=sim, account=sim.account, routing=routing(), executor=InlineExecutor())
+        seams = Seams(transport=sim, account=sim.account, routing=decision or routing(), executor=InlineExecutor())
         r = await Run.start(cfg, None, api_key="k", seams=seams)
         try:
             task = asyncio.ensure_future(r.execute([None] * cfg.concurrency, view=view))
@@ -134,3 +135,44 @@ def test_a_signal_drains_then_a_second_abandons(tmp_path, tok, monkeypatch):
     assert 55 < summary["wall_s"] < 70  # the second signal, not the drain's 600 s, ended it
     assert len(r.ledger.admission.flights) == 0
     assert summary["remaining"] == 50
+
+
+class Streamed(Simulated):
+    """Simulated answers, streamed: the first chunk names the provider (odd sends 'Cancels', even 'Bills'); counts
+    the streams closed before their end."""
+
+    def __init__(self, tok, **kw):
+        super().__init__(tok, **kw)
+        self.closed: dict[str, int] = {"Cancels": 0, "Bills": 0}
+
+    async def handle_request(self, client, body, state=None):
+        provider = "Cancels" if self.sent % 2 else "Bills"
+        assert body["stream"] is True and state is not None
+        state.provider = provider
+        try:
+            outcome = await super().handle_request(client, body, state)
+        except asyncio.CancelledError:
+            self.closed[provider] += 1
+            raise
+        return dataclasses.replace(outcome, completion=dataclasses.replace(outcome.completion, provider=provider))
+
+
+def test_a_signal_closes_at_once_the_streams_whose_endpoints_stop_billing(tmp_path, tok, monkeypatch):
+    """Streamed, 8 in flight on two endpoints: the first signal closes the 4 streams on the one with stream
+    cancellation (what they would still send is not paid for; their prompts stay to do) and lets the 4 on the one
+    that bills whole answers anyway finish and be kept: the run ends when those do, not at the drain's end."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Streamed(tok, tokens=(2000,), rate=10.0)  # 200 s answers
+    cancels, bills = dataclasses.replace(endpoint("Cancels"), stream_cancellation=True), endpoint("Bills")
+
+    async def signal(r):
+        await asyncio.sleep(50)
+        r._on_signal()
+
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 50}), during=signal, drain_timeout_s=600, stream=True,
+                     decision=routing(cancels, bills))
+    assert summary["stop_reason"] == "interrupted" and sim.sent == 8
+    assert sim.closed == {"Cancels": 4, "Bills": 0}
+    assert summary["records"] == 4 and summary["run"]["providers"] == {"Bills": 4}
+    assert summary["wall_s"] == pytest.approx(200, abs=5)  # the 'Bills' answers' end, not 50 s + the 600 s drain
+    assert summary["remaining"] == 46 and len(r.ledger.admission.flights) == 0

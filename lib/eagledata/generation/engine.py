@@ -141,11 +141,16 @@ class Run:
             self._scope.reschedule(self._cut_at)
 
     def _on_signal(self) -> None:
-        """First signal: stop issuing, let in-flight requests finish (up to drain_timeout_s). A second: abandon them."""
+        """First signal: stop issuing; the streams whose endpoint stops billing when closed are closed at once (their
+        prompts stay to do), the other requests in flight finish (billed whole either way), up to drain_timeout_s.
+        A second: abandon them."""
         self._signals += 1
         if self._signals > 1:
             return self._cut(self.clock.now())
         self.dispatcher.stop.set(StopReason.INTERRUPTED)
+        if closed := self.parts.requester.cancel_streams_that_stop_billing():
+            log.warning("generation: interrupted: %d stream(s) closed at once (their endpoints stop billing when a "
+                        "stream is closed; the prompts stay to do); the rest finish, up to drain_timeout_s", closed)
         self._drain()
 
     def _drain(self) -> None:

@@ -128,7 +128,19 @@ class Requester:
         """Cancel every stream in flight that `provider` is serving (known from its first chunk): the run has just
         left it out, so what it would still send would not be kept; on an endpoint with stream cancellation closing
         it stops the billing too. Each is booked and retried as any cancelled attempt. Returns how many."""
-        hit = [a for a in self.streaming if a.state is not None and a.state.provider == provider]
+        return self._cancel(lambda state: state.provider == provider)
+
+    def cancel_streams_that_stop_billing(self) -> int:
+        """Cancel every stream in flight whose endpoint stops billing when it is closed (the routing decision's
+        `stream_cancellation`; before its first chunk names the provider: when every eligible endpoint does). What
+        they would still send is not paid for. The others bill their whole answer whatever the client does, so
+        they are left to finish and be kept. Returns how many."""
+        cancels = {e.provider: e.stream_cancellation for e in self.routing.eligible}
+        every = bool(cancels) and all(cancels.values())
+        return self._cancel(lambda state: cancels.get(state.provider, False) if state.provider else every)
+
+    def _cancel(self, which: Callable[[StreamState], bool]) -> int:
+        hit = [a for a in self.streaming if a.state is not None and which(a.state)]
         for attempt in hit:
             attempt.cancel()
         return len(hit)
