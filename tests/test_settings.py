@@ -40,6 +40,22 @@ def test_a_wrong_type_names_the_field(name, value):
         cls.from_params({name: value})
 
 
+def test_a_list_or_mapping_passed_as_a_string_says_to_use_papermills_yaml_flag():
+    """papermill's -p passes `{a: 1}` or `[2, 3]` as a string: the error says to use -y."""
+    from eagledata.openrouter import ProvidersConfig
+
+    with pytest.raises(InputError, match=r"^field 'stream_cancellation': must be dict or none, got '\{A: true\}' "
+                                         r'\(papermill -p passes it as text: '
+                                         r'use -y "stream_cancellation: \{A: true\}"\)$'):
+        ProvidersConfig.from_params({"stream_cancellation": "{A: true}"})
+    with pytest.raises(InputError, match=r'-y "layers: \[2, 3\]"'):
+        HiddenStatesConfig.from_params({"layers": "[2, 3]"})
+    with pytest.raises(InputError, match=r"^field 'stream_cancellation': must be dict or none, got 'A'$"):  # no hint
+        ProvidersConfig.from_params({"stream_cancellation": "A"})
+    with pytest.raises(InputError, match=r"^field 'stream_cancellation': must be dict or none, got ''$"):
+        ProvidersConfig.from_params({"stream_cancellation": ""})
+
+
 def test_settings_made_in_code_are_checked_too():
     with pytest.raises(InputError, match="field 'concurrency'"):
         GenerateConfig(concurrency=0)

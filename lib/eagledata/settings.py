@@ -189,7 +189,12 @@ def _check_type(name: str, value: Any, tp: Any) -> None:
             return
         if origin is typing.Any:
             return
-    raise InputError(f"must be {_metavar(tp)}, got {value!r}", field=name)
+    hint = ""
+    if isinstance(value, str) and value.lstrip()[:1] in ("[", "{") and any(
+            typing.get_origin(o) in (list, dict) for o in _union_args(tp)):
+        # papermill's -p passes a value as a string; its -y reads YAML
+        hint = f' (papermill -p passes it as text: use -y "{name}: {value}")'
+    raise InputError(f"must be {_metavar(tp)}, got {value!r}{hint}", field=name)
 
 
 def _metavar(tp: Any) -> str:
