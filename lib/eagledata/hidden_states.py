@@ -28,6 +28,13 @@ from .errors import build_settings, command_prog, run_command
 PROG = ("eagledata-hidden-states", "eagledata.hidden_states")  # the console script, the module
 
 
+
+def emit(report: dict) -> None:
+    """The command's result as one JSON line, in one write: the ranks of a torchrun share stdout, and a line written
+    in two pieces (text, then newline: what print does on an unbuffered stream) can interleave with another's."""
+    sys.stdout.write(json.dumps(report) + "\n")
+    sys.stdout.flush()
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["convert"]:
@@ -48,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if job.backend == "vllm":
         def run_vllm() -> None:
             r = job.run(read_samples(args.samples), assembly=read_provenance(args.samples))
-            print(json.dumps({"backend": "vllm", "extracted": r.extracted, "skipped": r.skipped, "tokens": r.tokens,
-                              "seconds": round(r.seconds, 3), "complete": r.complete}), flush=True)
+            emit({"backend": "vllm", "extracted": r.extracted, "skipped": r.skipped, "tokens": r.tokens,
+                  "seconds": round(r.seconds, 3), "complete": r.complete})
 
         return run_command(parser.prog, run_vllm)
     device = job.resolved_device()
@@ -61,10 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
-        print(json.dumps({"rank": rank, "world_size": world_size, "extracted": result.extracted,
-                          "skipped": result.skipped, "tokens": result.tokens, "tp": result.tp,
-                          "weight_bytes": result.weight_bytes, "seconds": round(result.seconds, 3),
-                          "complete": result.complete}), flush=True)
+        emit({"rank": rank, "world_size": world_size, "extracted": result.extracted, "skipped": result.skipped,
+              "tokens": result.tokens, "tp": result.tp, "weight_bytes": result.weight_bytes,
+              "seconds": round(result.seconds, 3), "complete": result.complete})
 
     return run_command(parser.prog, run)
 
@@ -96,11 +102,10 @@ def convert_main(argv: Sequence[str]) -> int:
 
     def run() -> None:
         r = convert(args.source, args.destination, args.layout, workers=args.workers, exclude=exclude)
-        print(json.dumps({"directory": str(r.directory), "layout": args.layout, "converted": r.converted,
-                          "excluded": (r.manifest.get("excluded") or {}).get("samples", 0),
-                          "skipped": r.skipped, "workers": r.workers, "seconds": round(r.seconds, 3),
-                          "mb_per_s": round(r.bytes_written / 1e6 / r.seconds, 1) if r.seconds else None}),
-              flush=True)
+        emit({"directory": str(r.directory), "layout": args.layout, "converted": r.converted,
+              "excluded": (r.manifest.get("excluded") or {}).get("samples", 0), "skipped": r.skipped,
+              "workers": r.workers, "seconds": round(r.seconds, 3),
+              "mb_per_s": round(r.bytes_written / 1e6 / r.seconds, 1) if r.seconds else None})
 
     return run_command(parser.prog, run)
 
