@@ -159,7 +159,8 @@ def test_every_kept_id_is_the_models_with_three_bad_providers(emu, tok, tmp_path
     # the bare-close provider: kept, every answer repaired (cut ones too), and exact
     bare = fid["BareClose"]
     assert by_provider["BareClose"] == bare["answers"] == bare["repaired"] > 20 and bare["refused"] == 0
-    assert any(r.meta["fidelity"]["repaired"] == "bare_close_cut" for r in records if r.provider == "BareClose")
+    # (a cut inside the reasoning, bare_close_cut, comes in ~3 % of its answers here, none in some runs: the repair
+    # itself is tests/openrouter/test_openrouter.py's)
     # the dropper: nothing kept, every answer refused and retried elsewhere
     assert "Dropper" not in by_provider and fid["Dropper"]["refused"] == fid["Dropper"]["answers"] >= MIN_ANSWERS
     # the leaky one: out within its first few dozen answers (those in flight when it was judged still arrive); its
@@ -202,7 +203,10 @@ def test_a_suspects_streams_in_flight_are_cancelled_not_paid_to_their_end(emu, t
     """Streamed, with the two bad providers cancelling streams: when one turns suspect, its streams in flight are
     closed at once (the emulator stops generating and bills the tokens so far) and their prompts retried
     elsewhere; every prompt still ends recorded exactly once, with the same verdicts."""
-    cancelling = [{**e, "stream_cancellation": e["provider"] in ("Dropper", "Leaky")} for e in ENDPOINTS]
+    # the bad providers stream slowly (8 tokens/s): when they are judged, their streams in flight are mid-answer
+    bad = ("Dropper", "Leaky")
+    cancelling = [{**e, **({"stream_cancellation": True, "throughput": 8} if e["provider"] in bad else {})}
+                  for e in ENDPOINTS]
     cfg, _, n = three_bad_providers(emu, tmp_path, endpoints=cancelling)
     summary = generate(dataclasses.replace(cfg, stream=True))
     fid = summary["fidelity"]["providers"]
@@ -214,4 +218,4 @@ def test_a_suspects_streams_in_flight_are_cancelled_not_paid_to_their_end(emu, t
     # the emulator stopped generating these; the run closed these and more (streams the emulator had finished
     # sending but the run had not read yet: billed in full, their answers no better than the rest)
     closed = emu.stats()["outcomes"].get("cancelled", 0)
-    assert 2 <= closed <= summary["run"]["errors"]["cancelled"]
+    assert 10 <= closed <= summary["run"]["errors"]["cancelled"]
