@@ -6,7 +6,7 @@ import difflib
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -66,15 +66,15 @@ class Endpoint:
         return Price(self.prompt_per_m, self.completion_per_m)  # type: ignore[arg-type]
 
     @classmethod
-    def from_listing(cls, raw: dict, cancellation_overrides: Mapping[str, bool] | None = None) -> Endpoint:
+    def from_listing(cls, raw: dict) -> Endpoint:
         """An entry of `GET /models/{author}/{slug}/endpoints`; whether it cancels comes from OpenRouter's docs,
-        which the listing does not repeat, or the user's overrides."""
+        which the listing does not repeat (`Catalog.normalized` applies a user's overrides)."""
         pricing = raw.get("pricing") or {}
         prompt, completion = _num(pricing.get("prompt")), _num(pricing.get("completion"))
         params = tuple(raw.get("supported_parameters") or ())
         provider = raw.get("provider_name") or raw.get("name") or "?"
         tag = raw.get("tag") or str(provider).lower().replace(" ", "-")
-        cancels, cancellation_source = stream_cancellation(provider, tag, cancellation_overrides)
+        cancels, cancellation_source = stream_cancellation(provider, tag)
         return cls(
             provider=provider,
             tag=tag,
@@ -146,8 +146,14 @@ class Catalog:
     def normalized(self, cancellation_overrides: Mapping[str, bool] | None = None) -> list[Endpoint]:
         """The endpoints; `cancellation_overrides` (provider or tag -> bool) must each name one of them."""
         endpoints = [Endpoint.from_listing(e) for e in self.endpoints]
+        if not cancellation_overrides:
+            return endpoints
         check_overrides(cancellation_overrides, [n for e in endpoints for n in (e.provider, e.tag)])
-        return [Endpoint.from_listing(e, cancellation_overrides) for e in self.endpoints]
+        out = []
+        for e in endpoints:
+            cancels, source = stream_cancellation(e.provider, e.tag, cancellation_overrides)
+            out.append(replace(e, stream_cancellation=cancels, cancellation_source=source))
+        return out
 
     def table(self, cancellation_overrides: Mapping[str, bool] | None = None):
         import pandas as pd
