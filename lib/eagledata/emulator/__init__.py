@@ -25,6 +25,14 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
     faults: {<class>: rate, ..., retry_after: 1, slow_seconds: 30}   # classes: faults.FAULTS
     tool_datasets: []       # prompt files whose agent conversations the model regenerates (any accepted shape)
     tool_follow_rate: 0.8   # per tool round: the chance it calls what the dataset's answer called, else its own plan
+    batch:                  # Moonshot's Batch API under /moonshot/v1 (batch.py); durations are real seconds x speed
+      {balance: 100.0,      # USD on the Moonshot account (apart from `balance`)
+       prompt_price: 0.36, completion_price: 1.80,     # USD per M tokens: 40 % off the $0.60/$3.00 realtime price
+       max_file_bytes: 104857600, max_files: 1000,     # an upload's limit (100 MB); uploaded files held at once
+       models: [kimi-k2.5, kimi-k2.6],                 # what it serves
+       validating_s: 30, queue_s: 600, lines_per_s: 2, finalizing_s: 30, cancel_s: 30,
+       line_error_rate: 0,  # share of lines answered with a 500 body (the error file)
+       expire_rate: 0}      # share of batches that stall part-way and expire at their window's end
     replace_endpoints: false            # true: drop the default Kimi-K2.5 catalog first
     endpoints:                          # same provider name → override fields; new name → add
       - {provider: NewCo, slug: newco, quantization: fp4, prompt_price: 0.3, completion_price: 1.5,
@@ -35,8 +43,15 @@ Config (YAML or JSON; every key optional; a bad value is an InputError naming th
          quirks: {reasoning_details_only: 0, inline_think: 0, literal_specials: 0, bare_close: 0,
                   reasoning_dropped: 0, special_spaces: 0, arguments_reserialized: 0}}
 
-Admin API (not under /api/v1): GET /admin/health, POST /admin/topup {"amount": USD}, GET /admin/stats,
-GET /admin/ground_truth[?id=gen-…], POST /admin/reset [config JSON].
+Admin API (not under /api/v1): GET /admin/health, POST /admin/topup {"amount": USD}, GET /admin/stats (its `batch`
+section: files, batches by status, lines by status, balance, charged_usd), GET /admin/ground_truth[?id=gen-…],
+POST /admin/reset [config JSON] (the Batch API's state too), POST /admin/batches/{id}/expire (the window ends now),
+GET /admin/batch_lines (every line of every batch: batch_id, custom_id, line, status: answered | failed | expired |
+cancelled | pending, generation_id: the answer's `chatcmpl-…` id, its ground truth's key).
+
+Moonshot's Batch API at `http://127.0.0.1:PORT/moonshot/v1` (`create_app(..., clock=...)` drives its time in process):
+POST /files (multipart `file` + `purpose=batch`), GET /files, GET|DELETE /files/{id}, GET /files/{id}/content,
+POST /batches, GET /batches[?limit&after], GET /batches/{id}, POST /batches/{id}/cancel, GET /users/me/balance.
 """
 from ..emulator_process import EmulatorHandle, run_emulator
 from .config import EmulatorConfig, load_config, parse_config

@@ -38,6 +38,29 @@ class ContentDist:
 
 
 @dataclass
+class BatchConfig:
+    """Moonshot's Batch API (`batch.py`, under /moonshot/v1): its account, limits, pace and faults. Every duration
+    is the real service's seconds, multiplied by the config's `speed` like every other delay."""
+
+    balance: float = 100.0  # USD on the Moonshot account (apart from the OpenRouter credits)
+    prompt_price: float = 0.36  # USD per million prompt tokens: 40 % off the $0.60 realtime price
+    completion_price: float = 1.80  # USD per million completion tokens: 40 % off $3.00
+    max_file_bytes: int = 100 * 1024 * 1024  # an upload's size limit (100 MB)
+    max_files: int = 1000  # uploaded batch files the organization may hold
+    models: list[str] = field(default_factory=lambda: ["kimi-k2.5", "kimi-k2.6"])  # what the Batch API serves
+    validating_s: float = 30.0  # validating, before in_progress (or failed)
+    queue_s: float = 600.0  # in_progress before the first line is answered
+    lines_per_s: float = 2.0  # each batch's pace through its lines
+    finalizing_s: float = 30.0  # finalizing, before completed
+    cancel_s: float = 30.0  # cancelling, before cancelled
+    line_error_rate: float = 0.0  # share of lines answered with a 500 body (the error file)
+    expire_rate: float = 0.0  # share of batches that stall part-way and expire at their window's end
+
+
+BATCH_KEYS = {f.name for f in fields(BatchConfig)}
+
+
+@dataclass
 class EmulatorConfig:
     seed: int = 0
     api_key: str | None = None  # when set, only this Bearer key is accepted
@@ -64,6 +87,7 @@ class EmulatorConfig:
     # another agent's tool choice for the same task and results, not a measurement; 0 gives the plan alone.
     tool_datasets: list[str] = field(default_factory=list)
     tool_follow_rate: float = 0.8
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
 
 TOP_KEYS = {f.name for f in fields(EmulatorConfig)} | {"replace_endpoints"}
@@ -144,6 +168,27 @@ def _endpoint(raw: Any, name: str, base: Endpoint | None) -> Endpoint:
     return ep
 
 
+def _batch(raw: Any) -> BatchConfig:
+    b = _mapping(raw, "batch", BATCH_KEYS)
+    out = BatchConfig()
+    for key, value in b.items():
+        where = f"batch.{key}"
+        if key in ("max_file_bytes", "max_files"):
+            value = _num(value, where, lo=1, integer=True)
+        elif key == "models":
+            if not isinstance(value, list) or not value or not all(isinstance(m, str) and m.strip() for m in value):
+                raise InputError("must be a non-empty list of model names", field=where)
+            value = list(value)
+        elif key in ("line_error_rate", "expire_rate"):
+            value = float(_num(value, where, lo=0, hi=1))
+        else:
+            value = float(_num(value, where, lo=0))
+            if key == "lines_per_s" and value <= 0:
+                raise InputError("must be > 0", field=where)
+        setattr(out, key, value)
+    return out
+
+
 def parse_config(raw: dict | None = None) -> EmulatorConfig:
     """Validate a config mapping. `endpoints` entries override the default endpoint of the same
     provider name, or add a new one; `replace_endpoints: true` drops the default catalog first."""
@@ -204,6 +249,8 @@ def parse_config(raw: dict | None = None) -> EmulatorConfig:
                 cfg.faults.rates[key] = float(_num(value, f"faults.{key}", lo=0, hi=1))
         if sum(cfg.faults.rates.values()) > 1 + 1e-9:
             raise InputError("fault rates add up to more than 1", field="faults")
+    if "batch" in raw:
+        cfg.batch = _batch(raw["batch"])
     if "replace_endpoints" in raw and _typed(raw["replace_endpoints"], bool, "replace_endpoints"):
         cfg.endpoints = []
     if "endpoints" in raw:

@@ -10,6 +10,7 @@ import json
 import socket
 import struct
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -19,6 +20,8 @@ from starlette.routing import Route
 
 from ..errors import InputError
 from ..text import KimiTokenizer
+from .batch import BatchService
+from .batch_routes import ROUTES as BATCH_ROUTES
 from .bodies import JobStream, answer_response, error_response, fault_error_response
 from .catalog import Endpoint, per_token
 from .config import EmulatorConfig, parse_config
@@ -207,7 +210,7 @@ async def admin_topup(request: Request) -> Response:
 
 
 async def admin_stats(request: Request) -> Response:
-    return JSONResponse(request.app.state.em.snapshot())
+    return JSONResponse({**request.app.state.em.snapshot(), "batch": request.app.state.batch.snapshot()})
 
 
 async def admin_ground_truth(request: Request) -> Response:
@@ -248,8 +251,8 @@ class _ExposeTransport:
         await self.app(scope, receive, send)
 
 
-def create_app(cfg: EmulatorConfig, tok: KimiTokenizer) -> Any:
-    """The ASGI app for uvicorn (or an in-process ASGI client)."""
+def create_app(cfg: EmulatorConfig, tok: KimiTokenizer, *, clock: Callable[[], float] = time.monotonic) -> Any:
+    """The ASGI app for uvicorn (or an in-process ASGI client); `clock` drives the Batch API (a test's own)."""
     app = Starlette(routes=[
         Route("/api/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/api/v1/models", models),
@@ -262,6 +265,8 @@ def create_app(cfg: EmulatorConfig, tok: KimiTokenizer) -> Any:
         Route("/admin/stats", admin_stats),
         Route("/admin/ground_truth", admin_ground_truth),
         Route("/admin/reset", admin_reset, methods=["POST"]),
+        *BATCH_ROUTES,  # Moonshot's Batch API under /moonshot/v1, and its admin routes
     ])
     app.state.em = Emulator(cfg, tok)
+    app.state.batch = BatchService(app.state.em, clock)  # reset with `em` (it follows em.epoch)
     return _ExposeTransport(app)

@@ -1,0 +1,506 @@
+"""Moonshot's Batch API, emulated: uploaded files, batches working through their lines, the account's balance.
+
+Nothing runs in the background: every request first brings the state up to the clock (`BatchService.now`), answering
+the lines whose time has come in time order over all batches (so the balance runs out where it would). A batch's
+timeline is fixed at creation from the config (`batch:`, every duration times `speed`): validating, then a queue,
+then one line every 1/`lines_per_s` s, finalizing, completed; a stop (cancel, expiry) cuts it. The answers are the
+first-party model's, made by the realtime endpoints' content code (`content.generate`, the tool plan) with no
+provider quirk, their ids recorded in the emulator's ground truth under the completion's id. Routes: batch_routes.py.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .catalog import Quirks, per_token
+from .config import BatchConfig
+from .content import content_rng, generate
+from .requests import ApiError, ChatRequest, parse_chat
+from .service import Emulator
+from .toolcalls import plan
+
+ENDPOINT = "/v1/chat/completions"
+CONTEXT = 262_144  # the served models' context length (prompt + max_tokens)
+FIXED_SAMPLING = ("kimi-k2.5", "kimi-k2.6")  # models whose sampling parameters cannot be set
+FIXED_PARAMETERS = ("temperature", "top_p", "n", "presence_penalty", "frequency_penalty")
+THINKING = ("enabled", "disabled")
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_authentication_error", 404: "resource_not_found_error",
+               429: "exceeded_current_quota_error", 500: "server_error"}
+_WINDOW = re.compile(r"^([1-9][0-9]*)([hd])$")
+
+
+class BatchError(Exception):
+    """An error answered in Moonshot's shape `{"error": {message, type}}` with an HTTP status."""
+
+    def __init__(self, status: int, message: str, kind: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type = status, message, kind or ERROR_TYPES.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type}}
+
+
+def new_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def window_hours(text: Any) -> int:
+    """`completion_window` ("12h" … "7d", "24h", "3d") in hours; a 400 outside 12 h – 7 d."""
+    m = _WINDOW.match(text) if isinstance(text, str) else None
+    hours = int(m.group(1)) * (24 if m.group(2) == "d" else 1) if m else 0
+    if not 12 <= hours <= 168:
+        raise BatchError(400, f"completion_window must be between 12h and 7d (e.g. '24h', '3d'), got {text!r}")
+    return hours
+
+
+@dataclass
+class StoredFile:
+    id: str
+    filename: str
+    purpose: str  # "batch" (an upload) | "batch_output" (a batch's output or error file)
+    created_at: int
+    data: bytes
+
+    def obj(self) -> dict:
+        return {"id": self.id, "object": "file", "bytes": len(self.data), "created_at": self.created_at,
+                "filename": self.filename, "purpose": self.purpose, "status": "ok", "status_details": ""}
+
+
+@dataclass
+class Line:
+    number: int  # 1-based line of the input file
+    custom_id: str | None
+    body: dict | None
+    fault: bool = False  # drawn at creation (`line_error_rate`): answered with a 500 body
+    status: str = "pending"  # pending | answered | failed | expired | cancelled
+    generation_id: str | None = None
+
+
+@dataclass
+class Stop:
+    kind: str  # "expire" | "cancel"
+    at: float  # no line is answered after it
+    done_at: float  # the terminal state (expired at once; cancelled after `cancel_s`)
+
+
+@dataclass
+class Batch:
+    seq: int
+    id: str
+    input_file_id: str
+    completion_window: str
+    metadata: dict | None
+    created: float  # clock times from here on
+    validated: float
+    start: float  # the first line's answer is due one step after it
+    step: float  # seconds between lines (0 at speed 0)
+    expires: float
+    lines: list[Line]
+    errors: list[dict]  # validation errors: the batch fails when validated
+    stop: Stop | None = None
+    limit: int | None = None  # a stalled batch (`expire_rate`) answers this many lines, then waits for its expiry
+    done: int = 0  # lines handled so far (in order)
+    output: list[str] = field(default_factory=list)  # output file lines, as answered
+    failures: list[str] = field(default_factory=list)  # error file lines
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    closed: bool = False  # the terminal state was reached and its files made
+
+    @property
+    def finalizing(self) -> float:
+        return self.start + len(self.lines) * self.step
+
+    def due(self, i: int) -> float:
+        return self.start + (i + 1) * self.step
+
+    def answerable(self, now: float) -> int:
+        """How many lines are answered by `now` (the stop cuts them)."""
+        if self.errors:
+            return 0
+        t = min(now, self.stop.at) if self.stop else now
+        if t < self.start or (self.stop and self.stop.at < self.validated):
+            return 0
+        n = len(self.lines) if self.step == 0 else math.floor((t - self.start) / self.step + 1e-9)
+        return max(0, min(n, len(self.lines), len(self.lines) if self.limit is None else self.limit))
+
+    def early_stop(self) -> bool:
+        """Cancelled (or expired) while validating: no line was accepted, no file is made."""
+        return self.stop is not None and self.stop.at < self.validated
+
+    def status(self, now: float, finalize_s: float) -> str:
+        if self.stop and now >= self.stop.at:
+            if self.stop.kind == "cancel":
+                return "cancelling" if now < self.stop.done_at else "cancelled"
+            return "expired"
+        if now < self.validated:
+            return "validating"
+        if self.errors:
+            return "failed"
+        if self.stop or now < self.finalizing:
+            return "in_progress"
+        return "finalizing" if now < self.finalizing + finalize_s else "completed"
+
+
+def validate_lines(data: bytes, models: list[str]) -> tuple[list[Line], list[dict]]:
+    """The input file's lines and its validation errors (`{code, message, param, line}`, the first per line)."""
+    lines: list[Line] = []
+    errors: list[dict] = []
+    seen: set[str] = set()
+    model: str | None = None
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
+            continue
+
+        def bad(code: str, message: str, param: str | None = None, line: int = number) -> None:
+            errors.append({"code": code, "message": f"line {line}: {message}", "param": param, "line": line})
+
+        try:
+            obj = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            obj = None
+        if not isinstance(obj, dict):
+            lines.append(Line(number, None, None))
+            bad("invalid_json_line", "is not a valid JSON object")
+            continue
+        cid, body = obj.get("custom_id"), obj.get("body")
+        lines.append(Line(number, cid if isinstance(cid, str) else None, body if isinstance(body, dict) else None))
+        missing = next((k for k in ("custom_id", "method", "url", "body") if obj.get(k) is None), None)
+        if missing:
+            bad("missing_required_parameter", f"'{missing}' is required", missing)
+        elif not isinstance(cid, str) or not cid:
+            bad("invalid_parameter", "'custom_id' must be a non-empty string", "custom_id")
+        elif cid in seen:
+            bad("duplicate_custom_id", f"custom_id {cid!r} is used by an earlier line", "custom_id")
+        elif obj["method"] != "POST":
+            bad("invalid_method", f"method must be 'POST', got {obj['method']!r}", "method")
+        elif obj["url"] != ENDPOINT:
+            bad("invalid_url", f"url must be '{ENDPOINT}', got {obj['url']!r}", "url")
+        elif not isinstance(body, dict):
+            bad("invalid_parameter", "'body' must be a JSON object", "body")
+        elif not isinstance(body.get("model"), str) or not body["model"]:
+            bad("missing_required_parameter", "'body.model' is required", "body.model")
+        elif body["model"] not in models:
+            bad("model_not_found", f"model {body['model']!r} is not served by the Batch API "
+                                   f"(served: {', '.join(models)})", "body.model")
+        elif model is not None and body["model"] != model:
+            bad("mismatched_model", f"all lines of a batch must name one model: {body['model']!r} after {model!r}",
+                "body.model")
+        elif body["model"] in FIXED_SAMPLING and (p := next((k for k in FIXED_PARAMETERS
+                                                              if body.get(k) is not None), None)):
+            bad("invalid_parameter", f"'{p}' cannot be set for {body['model']}", f"body.{p}")
+        elif (thinking := body.get("thinking")) is not None and not (
+                isinstance(thinking, dict) and set(thinking) == {"type"} and thinking["type"] in THINKING):
+            bad("invalid_parameter", "'thinking' must be {\"type\": \"enabled\"} or {\"type\": \"disabled\"}",
+                "body.thinking")
+        if isinstance(cid, str) and cid:
+            seen.add(cid)
+        if isinstance(body, dict) and isinstance(body.get("model"), str) and body["model"] in models:
+            model = model or body["model"]
+    if not lines:
+        errors.append({"code": "empty_file", "message": "the input file has no requests", "param": None,
+                       "line": None})
+    return lines, errors
+
+
+class BatchService:
+    """The Batch API's state beside the realtime service `em` (its tokenizer, content config, ground truth); reset
+    with it (an admin reset starts a new epoch). `clock` is monotonic seconds, injectable for tests."""
+
+    def __init__(self, em: Emulator, clock: Callable[[], float] = time.monotonic):
+        self.em, self.clock = em, clock
+        self._clock0, self._wall0 = clock(), float(int(time.time()))  # whole seconds: timestamps follow the clock
+        self.epoch = -1
+        self.now()
+
+    @property
+    def cfg(self) -> BatchConfig:
+        return self.em.cfg.batch
+
+    def scaled(self, seconds: float) -> float:
+        return seconds * self.em.cfg.speed
+
+    def wall(self, t: float) -> int:
+        return int(self._wall0 + t - self._clock0)
+
+    def _reset(self) -> None:
+        self.epoch = self.em.epoch
+        self.files: dict[str, StoredFile] = {}
+        self.batches: dict[str, Batch] = {}
+        self.charged = 0.0
+        self.rng = random.Random(f"batch:{self.em.cfg.seed}")
+
+    @property
+    def available(self) -> float:
+        return self.cfg.balance - self.charged
+
+    def now(self) -> float:
+        """The clock, with the state brought up to it (lines due answered, terminal batches' files made)."""
+        if self.epoch != self.em.epoch:
+            self._reset()
+        now = self.clock()
+        due = [(b.due(i), b.seq, i, b) for b in self.batches.values() if not b.closed
+               for i in range(b.done, b.answerable(now))]
+        for t, _, i, b in sorted(due, key=lambda d: d[:3]):
+            self._handle(b, b.lines[i], t)
+            b.done = i + 1
+        for b in self.batches.values():
+            if not b.closed and b.status(now, self.scaled(self.cfg.finalizing_s)) in TERMINAL:
+                self._close(b, now)
+        return now
+
+    # -- files ----------------------------------------------------------------------------------
+    def upload(self, filename: str, purpose: Any, data: bytes) -> StoredFile:
+        now = self.now()
+        if purpose != "batch":
+            raise BatchError(400, f"purpose must be 'batch', got {purpose!r}")
+        if not filename.endswith(".jsonl"):
+            raise BatchError(400, f"the file must be a .jsonl file, got {filename!r}")
+        if not data:
+            raise BatchError(400, "the file is empty")
+        if len(data) > self.cfg.max_file_bytes:
+            raise BatchError(400, f"the file is {len(data)} bytes, over the limit of {self.cfg.max_file_bytes}")
+        held = sum(f.purpose == "batch" for f in self.files.values())
+        if held >= self.cfg.max_files:
+            raise BatchError(400, f"the organization already holds {held} batch files (the limit): delete some first")
+        f = StoredFile(new_id("file-"), filename, "batch", self.wall(now), data)
+        self.files[f.id] = f
+        return f
+
+    def file(self, file_id: str) -> StoredFile:
+        self.now()
+        if file_id not in self.files:
+            raise BatchError(404, f"file {file_id} not found")
+        return self.files[file_id]
+
+    def delete(self, file_id: str) -> dict:
+        self.file(file_id)
+        del self.files[file_id]
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # -- batches --------------------------------------------------------------------------------
+    def create(self, body: Any) -> dict:
+        now = self.now()
+        if not isinstance(body, dict):
+            raise BatchError(400, "the request body must be a JSON object")
+        fid = body.get("input_file_id")
+        if not isinstance(fid, str) or not fid:
+            raise BatchError(400, "input_file_id is required")
+        if body.get("endpoint") != ENDPOINT:
+            raise BatchError(400, f"endpoint must be '{ENDPOINT}', got {body.get('endpoint')!r}")
+        hours = window_hours(body.get("completion_window"))
+        meta = body.get("metadata")
+        if meta is not None and not (isinstance(meta, dict) and len(meta) <= 16 and all(
+                isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in meta.items())):
+            raise BatchError(400, "metadata must be at most 16 string pairs (keys up to 64, values up to 512 chars)")
+        f = self.file(fid)
+        if f.purpose != "batch":
+            raise BatchError(400, f"file {fid} is not a batch input file (purpose {f.purpose!r})")
+        lines, errors = validate_lines(f.data, self.cfg.models)
+        validated = now + self.scaled(self.cfg.validating_s)
+        start = validated + self.scaled(self.cfg.queue_s)
+        b = Batch(len(self.batches), new_id("batch_"), fid, body["completion_window"], meta, now, validated, start,
+                  self.scaled(1 / self.cfg.lines_per_s), now + self.scaled(hours * 3600), lines, errors)
+        if not errors:  # two draws per batch, then one per line: a seeded run repeats
+            stalls = self.rng.random() < self.cfg.expire_rate
+            stall_at = self.rng.randrange(len(lines))  # part-way: at least its last line is left
+            for line in lines:
+                line.fault = self.rng.random() < self.cfg.line_error_rate
+            if stalls:
+                b.limit = stall_at
+            if stalls or b.finalizing > b.expires:  # it expires at its window's end
+                b.stop = Stop("expire", b.expires, b.expires)
+        self.batches[b.id] = b
+        return self.batch_obj(b, self.now())  # at speed 0 it is done at once
+
+    def get(self, batch_id: str) -> Batch:
+        if batch_id not in self.batches:
+            raise BatchError(404, f"batch {batch_id} not found")
+        return self.batches[batch_id]
+
+    def cancel(self, batch_id: str) -> dict:
+        now = self.now()
+        b = self.get(batch_id)
+        status = b.status(now, self.scaled(self.cfg.finalizing_s))
+        if status == "cancelling":
+            return self.batch_obj(b, now)
+        if status not in ("validating", "in_progress", "finalizing"):
+            raise BatchError(400, f"batch {batch_id} cannot be cancelled: its status is {status}")
+        b.stop = Stop("cancel", now, now + self.scaled(self.cfg.cancel_s))
+        return self.batch_obj(b, self.now())
+
+    def expire(self, batch_id: str) -> dict:
+        """Admin: the window runs out now (the lines answered so far are kept)."""
+        now = self.now()
+        b = self.get(batch_id)
+        status = b.status(now, self.scaled(self.cfg.finalizing_s))
+        if status not in ("validating", "in_progress"):
+            raise BatchError(400, f"batch {batch_id} cannot expire: its status is {status}")
+        b.stop = Stop("expire", now, now)
+        return self.batch_obj(b, self.now())
+
+    def listing(self, limit: Any, after: str | None) -> dict:
+        now = self.now()
+        try:
+            n = int(limit) if limit is not None else 20
+        except ValueError:
+            n = 0
+        if not 1 <= n <= 100:
+            raise BatchError(400, f"limit must be an integer in [1, 100], got {limit!r}")
+        newest = sorted(self.batches.values(), key=lambda b: -b.seq)
+        if after is not None:
+            at = next((k for k, b in enumerate(newest) if b.id == after), None)
+            if at is None:
+                raise BatchError(400, f"after: no batch {after}")
+            newest = newest[at + 1:]
+        page = [self.batch_obj(b, now) for b in newest[:n]]
+        return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None, "has_more": len(newest) > n}
+
+    def batch_obj(self, b: Batch, now: float) -> dict:
+        fin = self.scaled(self.cfg.finalizing_s)
+        status = b.status(now, fin)
+
+        def reached(t: float) -> int | None:
+            return self.wall(t) if now >= t else None
+
+        stop = b.stop if b.stop and now >= b.stop.at else None
+        valid = not b.errors and not b.early_stop()
+        ran = valid and now >= b.validated
+        return {
+            "id": b.id, "object": "batch", "endpoint": ENDPOINT,
+            "errors": {"object": "list", "data": b.errors} if status == "failed" else None,
+            "input_file_id": b.input_file_id, "completion_window": b.completion_window, "status": status,
+            "output_file_id": b.output_file_id, "error_file_id": b.error_file_id, "created_at": self.wall(b.created),
+            "in_progress_at": reached(b.validated) if valid else None, "expires_at": self.wall(b.expires),
+            "finalizing_at": reached(b.finalizing) if status in ("finalizing", "completed") else None,
+            "completed_at": reached(b.finalizing + fin) if status == "completed" else None,
+            "failed_at": reached(b.validated) if status == "failed" else None,
+            "expired_at": self.wall(stop.at) if stop and stop.kind == "expire" else None,
+            "cancelling_at": self.wall(stop.at) if stop and stop.kind == "cancel" else None,
+            "cancelled_at": self.wall(stop.done_at) if status == "cancelled" and stop else None,
+            "request_counts": {"total": len(b.lines) if ran else 0, "completed": len(b.output),
+                               "failed": len(b.failures)},
+            "metadata": b.metadata,
+        }
+
+    # -- lines ----------------------------------------------------------------------------------
+    def _handle(self, b: Batch, line: Line, t: float) -> None:
+        """Answer one line when its time has come: a 400 for a body the model cannot take, a 429 once the balance
+        is spent, the drawn 500, else the model's answer, charged at the batch price."""
+        try:
+            if self.available <= 0:
+                raise BatchError(429, "Your account's balance is exhausted: please recharge")
+            if line.fault:
+                raise BatchError(500, "The server had an error while processing your request", "server_error")
+            body = self._answer(b, line, t)
+        except BatchError as e:
+            line.status = "failed"
+            b.failures.append(self._result_line(line, {"status_code": e.status, "request_id": new_id("req-"),
+                                                       "body": e.body()}, None))
+            return
+        line.status, line.generation_id = "answered", body["id"]
+        b.output.append(self._result_line(line, {"status_code": 200, "request_id": new_id("req-"), "body": body},
+                                          None))
+
+    @staticmethod
+    def _result_line(line: Line, response: dict | None, error: dict | None) -> str:
+        return json.dumps({"id": new_id("batch_req_"), "custom_id": line.custom_id, "response": response,
+                           "error": error}, ensure_ascii=False)
+
+    def _request(self, body: dict) -> ChatRequest:
+        """The line's body as a chat request (the realtime parser's checks; `thinking` is Moonshot's switch)."""
+        plain = {k: v for k, v in body.items() if k not in ("thinking", "reasoning", "stream", "provider")}
+        try:
+            req = parse_chat(plain, tuple(self.cfg.models))
+        except ApiError as e:
+            raise BatchError(400, e.message) from None
+        return replace(req, thinking=(body.get("thinking") or {}).get("type", "enabled") == "enabled")
+
+    def _answer(self, b: Batch, line: Line, t: float) -> dict:
+        em = self.em
+        assert line.body is not None
+        req = self._request(line.body)
+        try:
+            p_ids = em.prompt_ids(req)
+        except ApiError as e:
+            raise BatchError(400, e.message) from None
+        room = CONTEXT - len(p_ids)
+        if room <= 0 or (req.max_tokens or 0) > room:
+            raise BatchError(400, f"Invalid request: your request exceeded model token limit: {CONTEXT} "
+                                  f"({len(p_ids)} prompt tokens + max_tokens {req.max_tokens})")
+        phash = em.request_hash(req)
+        attempt = em.attempts[phash]
+        em.attempts[phash] += 1
+        rng = content_rng(em.cfg.seed, phash, attempt, req.seed)
+        calls = None if req.tools is None else plan(req.messages, req.tools, req.parallel_tool_calls,
+                                                    req.tool_choice, em.follow(req))
+        gen = generate(em.tok, rng, em.cfg.content, Quirks(), req.max_tokens or room, thinking=req.thinking,
+                       calls=calls)
+        n_prompt, n_out = len(p_ids), len(gen.output_ids)  # usage counts a final <|im_end|>
+        cost = n_prompt * float(per_token(self.cfg.prompt_price)) + n_out * float(per_token(self.cfg.completion_price))
+        self.charged += cost
+        gid = new_id("chatcmpl-")
+        model = line.body["model"]
+        message: dict[str, Any] = {"role": "assistant", "content": gen.content, "reasoning_content": gen.reasoning}
+        if gen.tool_calls:
+            message["tool_calls"] = [c.to_api() for c in gen.tool_calls]
+        record = {"generation_id": gid, "prompt_hash": phash, "attempt": attempt, "provider": "Moonshot AI",
+                  "model": model, "route": "batch", "batch_id": b.id, "custom_id": line.custom_id,
+                  "prompt_tokens": n_prompt, **({"prompt_ids": p_ids} if em.cfg.record_prompt_ids else {}),
+                  **gen.to_dict(), "fault": None, "cost": cost}
+        em.ground_truth[gid] = record
+        if em.cfg.ground_truth_file:
+            with open(em.cfg.ground_truth_file, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        return {"id": gid, "object": "chat.completion", "created": self.wall(t), "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": gen.finish_reason}],
+                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
+
+    def _close(self, b: Batch, now: float) -> None:
+        """The terminal state: the lines left expire or are cancelled (the error file says so); the output and
+        error files are made. A batch that failed validation, or was stopped while validating, runs nothing."""
+        b.closed = True
+        stop = b.stop if b.stop and now >= b.stop.at else None
+        if stop is None:  # completed, or failed validation
+            end = b.validated if b.errors else b.finalizing + self.scaled(self.cfg.finalizing_s)
+            for line in b.lines:
+                line.status = "failed" if b.errors else line.status
+        else:
+            end = stop.done_at
+            expired = stop.kind == "expire"
+            error = {"code": "batch_expired" if expired else "batch_cancelled",
+                     "message": f"the batch {'expired' if expired else 'was cancelled'} before this request was run"}
+            for line in b.lines:
+                if line.status == "pending":
+                    line.status = "expired" if expired else "cancelled"
+                    if not b.early_stop():
+                        b.failures.append(self._result_line(line, None, error))
+        for name, rows in (("output", b.output), ("error", b.failures)):
+            if rows:
+                f = StoredFile(new_id("file-"), f"{b.id}_{name}.jsonl", "batch_output", self.wall(end),
+                               ("\n".join(rows) + "\n").encode())
+                self.files[f.id] = f
+                setattr(b, f"{name}_file_id", f.id)
+
+    # -- admin ----------------------------------------------------------------------------------
+    def lines(self) -> list[dict]:
+        self.now()
+        return [{"batch_id": b.id, "custom_id": line.custom_id, "line": line.number, "status": line.status,
+                 "generation_id": line.generation_id} for b in self.batches.values() for line in b.lines]
+
+    def snapshot(self) -> dict:
+        now = self.now()
+        fin = self.scaled(self.cfg.finalizing_s)
+        lines = Counter(line.status for b in self.batches.values() for line in b.lines)
+        return {"files": len(self.files), "batches": dict(Counter(b.status(now, fin) for b in self.batches.values())),
+                "lines": {k: lines.get(k, 0) for k in ("answered", "failed", "expired", "cancelled", "pending")},
+                "balance": self.available, "charged_usd": self.charged}
