@@ -44,6 +44,7 @@ SHARED: dict[str, tuple[Any, str]] = {
     "status_interval_s": (10.0, "seconds between status lines when no widget shows progress"),
     "snapshot": (None, "a saved endpoints snapshot (JSON) -> offline, no server"),
     "limit": (None, "at most this many; None -> all"),
+    "batch_window": ("24h", "route batch: each batch's completion window, 12h to 7d"),
     "emulator_speed": (EMULATOR_SPEED, "base_url emulator: its delays x this (1: real latencies; 0.02: a ~50 s "
                                        "answer in ~1 s)"),
 }

@@ -101,7 +101,8 @@ def _demo(args: argparse.Namespace) -> int:
     runs, demo = runs_dir(out), out / "demo"
     # A fresh demo each time: answers differ between runs (retries draw other content), so states kept from a
     # previous run would not match the new records. The tiny model is kept; it does not change.
-    for stale in (datasets_dir(demo), assembled_dir(DEMO_SET, demo), hidden_state_files(DEMO_SET, demo).directory):
+    for stale in (datasets_dir(demo), datasets_dir(demo / "batch"), assembled_dir(DEMO_SET, demo),
+                  hidden_state_files(DEMO_SET, demo).directory):
         shutil.rmtree(stale, ignore_errors=True)
     datasets = prepare_params(demo)
     params = datasets.parent
@@ -132,6 +133,11 @@ def _demo(args: argparse.Namespace) -> int:
         step("generate", "generate-demo", dataset=list(DEMO_DATASETS), datasets_file=str(datasets),
              base_url=emu.base_url, params_dir=str(params), output_dir=str(demo), concurrency=64, max_tokens=8192,
              reserve_usd=0.0)
+        # The batch route: the first dataset through Moonshot's Batch API (an emulator's, started for the step), in
+        # rounds toward the target the budget wrote, at the batch price; its records under demo/batch/.
+        step("generate", "generate-batch", dataset=DEMO_DATASETS[0], datasets_file=str(datasets), base_url="emulator",
+             route="batch", emulator_speed=0.002, batch_poll_s=60, output_dir=str(demo / "batch"),
+             params_dir=str(params), max_tokens=8192, reserve_usd=0.0)
         step("tokenizer", "tokenizer", records=str(dataset_files(DEMO_DATASETS[0], demo).records),
              truth=str(truth))
         step("tokenizer", "tokenizer-tools", records=str(dataset_files("demo-tools", demo).records), truth=str(truth))

@@ -129,3 +129,15 @@ def test_bad_batch_settings_are_refused_naming_the_field(field, value, message):
     with pytest.raises(InputError, match=message) as e:
         GenerateConfig(dataset="x", **{field: value})
     assert e.value.field == field
+
+
+def test_generates_contract_names_come_first_with_their_defaults():
+    """DESIGN.md fixes these names (outside checks pass them with papermill -p); the batch route's last."""
+    fields = list(GenerateConfig.__dataclass_fields__)
+    assert fields[:20] == ["dataset", "datasets_file", "base_url", "api_key_env", "model", "tokenizer", "concurrency",
+                           "max_tokens", "temperature", "target_output_tokens", "max_spend_usd", "reserve_usd",
+                           "output_dir", "limit", "route", "batch_base_url", "batch_api_key_env", "batch_model",
+                           "batch_window", "batch_poll_s"]
+    cfg = GenerateConfig(dataset="x")
+    assert (cfg.route, cfg.batch_base_url, cfg.batch_api_key_env, cfg.batch_model, cfg.batch_window,
+            cfg.batch_poll_s) == ("realtime", "https://api.moonshot.ai/v1", "MOONSHOT_API_KEY", "kimi-k2.5", "24h", 60)

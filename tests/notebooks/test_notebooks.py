@@ -124,6 +124,20 @@ def _budget_inputs(tmp_path):
     return datasets
 
 
+def test_generate_notebook_through_the_batch_route(tokenizer_dir, execute_notebook, tmp_path):
+    """route: batch in the notebook as a user runs it: base_url emulator (its Batch API, no key), the report's
+    table of rounds, every prompt recorded at the batch price."""
+    datasets = _budget_inputs(tmp_path)
+    out = execute_notebook("generate", dataset="demo-a", datasets_file=str(datasets), base_url="emulator",
+                           route="batch", emulator_speed=0.001, batch_poll_s=60, max_tokens=2048, progress=False)
+    summary = read_results(out)["summary"]
+    assert summary["stop_reason"] == "completed" and summary["remaining"] == 0 and summary["run"]["route"] == "batch"
+    rounds = summary["run"]["batches"]
+    assert rounds and sum(r["answered"] for r in rounds) == summary["run"]["recorded"] == summary["records"]
+    assert summary["run"]["spend_usd"] == pytest.approx(sum(r["usd"] for r in rounds), rel=1e-6)
+    assert "batch_id" in "".join(json.dumps(c.get("outputs", [])) for c in json.loads(out.read_text())["cells"])
+
+
 def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_path):
     from tests.helpers.catalogs import catalog, decision_for
 

@@ -26,6 +26,7 @@ from .pacing import Pacing
 from .parts import Seams
 from .report import (
                      RunHealth,
+                     batches_table,
                      dataset_rows,
                      dataset_summaries,
                      datasets_table,
@@ -38,6 +39,7 @@ from .report import (
                      tool_loop_note,
                      without_timelines,
 )
+from .route_plan import RouteChoice, RoutePlan, plan_routes, plot_routes
 from .store import Store, StoreLocked
 
 __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig",
@@ -47,4 +49,4 @@ __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats
            "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan",
            "plot_health", "plot_records", "provider_table", "RunHealth",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "tool_loop_note",
-           "write_targets"]
+           "write_targets", "batches_table", "RouteChoice", "RoutePlan", "plan_routes", "plot_routes"]

@@ -12,6 +12,7 @@ from typing import Literal
 
 from ..defaults import is_emulator, shared
 from ..errors import InputError
+from ..moonshot.facts import BATCH_BASE_URL, BATCH_KEY_ENV, batch_model, window_hours
 from ..paths import emulator_dirs, routing_file
 from ..settings import Settings, setting
 from .admission import BudgetMode
@@ -19,12 +20,13 @@ from .turns import TurnsMode
 
 Policy = Literal["equal", "proportional", "weights"]
 PriceMode = Literal["cheapest", "worst", "mix"]
+Route = Literal["realtime", "batch"]
 
 
 @dataclass(kw_only=True)
 class GenerateConfig(Settings):
     """Every setting of a generation run: generate.ipynb's parameters cell and the command's flags are
-    made from these fields (docs/FORMATS.md#generate-parameters fixes the first fourteen names)."""
+    made from these fields (docs/FORMATS.md#generate-parameters fixes the first twenty names)."""
 
     dataset: str | list[str] = setting(
         "demo-a", "a name in datasets_file, a list of names, or all: one run, one pool, one budget",
@@ -43,6 +45,14 @@ class GenerateConfig(Settings):
     reserve_usd: float = shared("reserve_usd")
     output_dir: str = shared("output_dir", "records go to <output_dir>/datasets/<dataset>/")
     limit: int | None = shared("limit", "at most this many prompts; None -> all")
+    route: Route = setting("realtime", "realtime: OpenRouter, 2000 in flight; batch: Moonshot's Batch API (first-party "
+                                       "weights, 60 % of its realtime price, answers within batch_window), in rounds")
+    batch_base_url: str = setting(BATCH_BASE_URL, "the Batch API (route batch); base_url emulator: the emulator's")
+    batch_api_key_env: str = setting(BATCH_KEY_ENV, "route batch: the Moonshot key is read from this variable only")
+    batch_model: str = setting("kimi-k2.5", "the Batch API's model (kimi-k2.5 | kimi-k2.6)")
+    batch_window: str = shared("batch_window")
+    batch_poll_s: float = setting(60.0, "route batch: seconds between polls of the batches in progress (emulator: "
+                                        "x emulator_speed)")
     turns: TurnsMode = shared("turns")
     params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
@@ -69,6 +79,12 @@ class GenerateConfig(Settings):
     account_refresh_s: float = setting(10.0, "seconds between account readings (/key usage, /credits)")
     account_lag_s: float = setting(5.0, "how far the account's usage may lag behind its answers")
     provider_cooldown_s: float = setting(30.0, "a provider answering mostly 429s is left out this long")
+    batch_first_round: float = setting(
+        0.9, "route batch: a dataset's first round aims at this share of its target (the length guess is not "
+             "measured yet); top-up rounds then aim at the target on this run's answers")
+    batch_cancel_on_stop: bool = setting(
+        False, "route batch: on Ctrl-C cancel the batches in progress (their answered lines are still recorded); "
+               "False: leave them running, a rerun of the same command picks them up")
     progress: bool = setting(True, "a live panel in JupyterLab (throughput, spend, datasets, providers), else a "
                                    "status line through logging")
     status_interval_s: float = shared("status_interval_s")
@@ -105,7 +121,14 @@ class GenerateConfig(Settings):
             raise InputError("'all' stands alone, not inside a list", field="dataset")
         if self.straggler_wait_s is not None and self.straggler_wait_s < 0:
             raise InputError(f"must be >= 0 or None, got {self.straggler_wait_s!r}", field="straggler_wait_s")
-        for name in ("prior_output_median_tokens", "account_refresh_s", "status_interval_s"):
+        for name, check in (("batch_model", batch_model), ("batch_window", window_hours)):
+            try:
+                check(getattr(self, name))
+            except ValueError as e:
+                raise InputError(str(e), field=name) from None
+        if not 0 < self.batch_first_round <= 1:
+            raise InputError(f"must be within (0, 1], got {self.batch_first_round!r}", field="batch_first_round")
+        for name in ("prior_output_median_tokens", "account_refresh_s", "status_interval_s", "batch_poll_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"must be > 0, got {getattr(self, name)!r}", field=name)
 
@@ -141,6 +164,20 @@ class BudgetConfig(Settings):
     write: bool = setting(True, "write the chosen targets into datasets_file")
     tokenizer: str | None = shared("tokenizer")
     output_dir: str = shared("output_dir", "earlier runs' records are read from <output_dir>/datasets/")
+    # the time-money plan (route_plan.py): which route makes the targets by when, for how much
+    deadline_h: float | None = setting(None, "hours from now the targets must be done; None -> no deadline "
+                                       "(the cheapest route)")
+    deadline_basis: Literal["worst", "expected"] = setting(
+        "worst", "a plan meets the deadline when this time does: worst (batch: rounds x window) | expected")
+    realtime_output_tps: float | None = setting(
+        None, "output tokens/s of a realtime run; None -> the reference run's 21k at 2,000 in flight, x concurrency "
+              "/ 2000")
+    batch_window: str = shared("batch_window", "the batch route's completion window per round (12h to 7d), as "
+                                               "generate's")
+    batch_round_expected_h: float = setting(
+        2.0, "an assumption (Moonshot documents only the window): hours a batch round typically takes")
+    batch_topups: int = setting(1, "top-up rounds the batch route is planned to need (each one round more: generate's "
+                                   "first round aims at batch_first_round of the target, a top-up a little over it)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -148,6 +185,19 @@ class BudgetConfig(Settings):
             self.output_dir, self.params_dir = emulator_dirs(self.output_dir, self.params_dir)
         if not 0 <= self.prior_content_share <= 1:
             raise InputError(f"must be within [0, 1], got {self.prior_content_share!r}", field="prior_content_share")
+        try:
+            window_h = window_hours(self.batch_window)
+        except ValueError as e:
+            raise InputError(str(e), field="batch_window") from None
+        if not 0 < self.batch_round_expected_h <= window_h:
+            raise InputError(f"must be > 0 and at most the window ({window_h} h), got {self.batch_round_expected_h!r}",
+                             field="batch_round_expected_h")
+        if self.batch_topups < 0:
+            raise InputError(f"must be >= 0, got {self.batch_topups!r}", field="batch_topups")
+        for name in ("deadline_h", "realtime_output_tps"):
+            value = getattr(self, name)
+            if value is not None and not 0 < value < float("inf"):
+                raise InputError(f"must be > 0 or None, got {value!r}", field=name)
 
     def routing_path(self) -> Path:
         return Path(self.routing) if self.routing else routing_file(self.model, self.params_dir)

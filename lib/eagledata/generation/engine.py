@@ -23,6 +23,7 @@ from ..openrouter import ClientPool, RoutingDecision, load_routing, resolve_api_
 from ..openrouter.client import LOCAL_KEY
 from ..status import ensure_log_handler
 from ..text import load_tokenizer
+from .batch_route import run_batch_route
 from .config import GenerateConfig
 from .datasets import select_datasets
 from .lanes import DatasetRun, open_lanes
@@ -209,7 +210,10 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
     request; a fatal API error (bad key, no endpoints) is raised after the summaries are written. `transport` sends
     each request, `view` shows the run, `seams` replaces the rest (tests and benches pass their own).
     `base_url: emulator` runs against an emulator started for this run (`emulator_speed`; its model follows the
-    datasets' tool calls) and stopped after it; no key is read or sent."""
+    datasets' tool calls) and stopped after it; no key is read or sent. `route: batch`: the batch route
+    (batch_route.py), the same records through Moonshot's Batch API."""
+    if cfg.route == "batch":
+        return await run_batch_route(cfg)
     if is_emulator(cfg.base_url):
         from ..emulator_process import serving
 

@@ -377,3 +377,15 @@ def tool_loop_note(summary: dict[str, Any]) -> str | None:
     return (f"Tool loops: {n:,} conversation{'s' if n != 1 else ''}{of} ended on a tool-call mismatch"
             + (f" ({how})" if how else "") + ": the dataset has tool results only for the calls it made, and none "
             "are invented, so such a conversation ends after that turn, which is kept as a sample.")
+
+
+def batches_table(summary: dict[str, Any]):
+    """The batch route's rounds (`route: batch`): per batch its dataset, round, status, lines answered and failed,
+    what its answers cost and how long it was waited for; None for a realtime run."""
+    import pandas as pd
+
+    rows = summary["run"].get("batches")
+    if rows is None:
+        return None
+    cols = ["dataset", "round", "batch_id", "status", "lines", "answered", "failed", "usd", "booked_usd", "waited_s"]
+    return pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)

@@ -1,0 +1,171 @@
+"""The batch route (issue 43) against the emulator's Batch API: conversations in rounds through failing lines, a
+SIGKILL while a batch is in progress and a resume; a target met in top-up rounds; the money never over the cap; bad
+input refused before anything is uploaded; Ctrl-C leaving the batches running for the rerun to pick up."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import httpx
+import pytest
+
+from eagledata.emulator import run_emulator
+from eagledata.moonshot.facts import BATCH_MODELS, PROVIDER
+from eagledata.records import load_records
+from tests.generation.test_conversations import SMALL, check_conversations, write_conversations
+
+# speed 0.0005: validation 15 ms, queue 0.3 s, 2 lines/s → 1 ms a line, finalizing 15 ms; a window of 24 h, 43 s
+BATCH = {"speed": 0.0005, "content": SMALL, "seed": 43, "balance": 1000,
+         "batch": {"balance": 50.0, "line_error_rate": 0.06}}
+PRICE = BATCH_MODELS["kimi-k2.5"]
+
+
+@pytest.fixture(scope="module")
+def emu(tokenizer_dir):
+    with run_emulator(BATCH) as handle:
+        yield handle
+        assert "Traceback" not in handle.log(), handle.log()[-3000:]
+
+
+def moonshot(emu) -> str:
+    return emu.base_url.removesuffix("/api/v1") + "/moonshot/v1"
+
+
+def batch_lines(emu) -> list[dict]:
+    return httpx.get(f"{emu.admin_url}/batch_lines", timeout=30).json()["data"]
+
+
+def balance(emu) -> float:
+    r = httpx.get(f"{moonshot(emu)}/users/me/balance", headers={"Authorization": "Bearer k"}, timeout=30)
+    return r.json()["data"]["available_balance"]
+
+
+def command(tmp_path: Path, emu, datasets: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "eagledata.generate", "--dataset", "C", "--datasets-file", str(datasets),
+            "--route", "batch", "--batch-base-url", moonshot(emu), "--output-dir", str(tmp_path / "out"),
+            "--params-dir", str(tmp_path / "params"), "--max-tokens", "130", "--progress", "false",
+            "--reserve-usd", "0", "--batch-poll-s", "0.05", *extra]
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "MOONSHOT_API_KEY": "sk-test-batch"}
+
+
+def journal(out: Path) -> list[dict]:
+    path = out / "datasets" / "C" / "batches.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def sent_twice_without_cause(lines: list[dict]) -> dict[str, list[str]]:
+    """custom_id → its lines' statuses, for every turn sent again although its earlier line did not fail."""
+    by_id: dict[str, list[str]] = defaultdict(list)
+    for ln in lines:
+        by_id[ln["custom_id"]].append(ln["status"])
+    return {cid: st for cid, st in by_id.items() if any(s not in ("failed", "expired", "cancelled") for s in st[:-1])}
+
+
+def test_200_conversations_in_rounds_with_failing_lines_a_sigkill_mid_batch_and_a_resume(emu, tok, tmp_path):
+    emu.reset(BATCH)
+    start = balance(emu)
+    datasets, objs = write_conversations(tmp_path, 200, seed=43)
+    out = tmp_path / "out"
+    cmd = command(tmp_path, emu, datasets, "--max-spend-usd", "0.5")
+    proc = subprocess.Popen(cmd, env=env(), start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # the kill: round 2's batch created, its answers not recorded yet
+        events = journal(out)
+        if events and events[-1]["event"] == "created" and any(e["event"] == "settled" for e in events):
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed = journal(out)
+    assert killed[-1]["event"] == "created"  # a batch in progress at the kill
+    final = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert final.returncode == 0, final.stderr[-3000:]
+    records, failures = check_conversations(tok, out, objs)
+    assert len({r.id for r in records}) == len(records)  # nothing doubled
+    assert sum(r.turn > 1 for r in records) > 60 and {r.turn for r in records} == {1, 2, 3}
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and summary["remaining"] == 0
+    assert summary["records"] == len(records) and summary["failures"] == len(failures)
+    # the batch in progress at the kill was adopted: polled and recorded, never sent again
+    lines = batch_lines(emu)
+    assert sent_twice_without_cause(lines) == {}
+    assert any(s == "failed" for s in (ln["status"] for ln in lines))  # the planted failures happened
+    killed_batch = killed[-1]["batch_id"]
+    assert sum(ln["batch_id"] == killed_batch for ln in lines) > 0
+    created = [e for e in journal(out) if e["event"] == "created"]
+    assert len({e["batch_id"] for e in created}) == len(created)
+    # exact ids against the emulator's ground truth, the batch provider, the batch price
+    for r in random.Random(0).sample(records, 25):
+        truth = emu.ground_truth(r.generation_id)
+        assert r.output_ids == truth["output_ids"] and r.generation_id.startswith("chatcmpl-")
+        assert r.provider == PROVIDER
+        assert r.usage.cost == pytest.approx(PRICE.cost(r.usage.prompt_tokens, r.usage.completion_tokens), abs=1e-12)
+    charged = start - balance(emu)
+    assert charged <= 0.5 + 1e-9  # never over the cap
+    kept = sum(r.usage.cost for r in records)
+    assert kept == pytest.approx(summary["spend_usd"], rel=1e-6)
+    assert charged == pytest.approx(kept, rel=1e-6)  # a failed line costs nothing; every answer was kept
+
+
+def test_a_target_is_met_in_top_up_rounds_within_five_percent(emu, tmp_path):
+    emu.reset({**BATCH, "batch": {"balance": 50.0}})
+    datasets, _ = write_conversations(tmp_path, 400, seed=7)
+    datasets.write_text(datasets.read_text() + "  target_output_tokens: 9000\n")
+    cmd = command(tmp_path, emu, datasets, "--turns", "last", "--prior-output-median-tokens", "120",
+                  "--prior-output-sigma", "0.5")  # a guess on the long side: the first round falls short
+    done = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_reached"
+    assert 9000 <= summary["output_tokens"] <= 9000 * 1.05, summary["output_tokens"]
+    rounds = summary["run"]["batches"]
+    assert len(rounds) >= 2 and rounds[0]["lines"] > rounds[-1]["lines"]  # the estimate first, then a smaller top-up
+    assert summary["records"] < 400
+
+
+def test_bad_input_is_refused_before_anything_is_uploaded(emu, tmp_path):
+    emu.reset(BATCH)
+    datasets, _ = write_conversations(tmp_path, 5)
+    no_key = {k: v for k, v in os.environ.items() if k != "MOONSHOT_API_KEY"}
+    for extra, environ, says in [((), no_key, "MOONSHOT_API_KEY"),
+                                 (("--batch-model", "kimi-k2"), env(), "batch_model"),
+                                 (("--batch-window", "2h"), env(), "batch_window")]:
+        done = subprocess.run(command(tmp_path, emu, datasets, *extra), env=environ, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 2 and says in done.stderr, done.stderr[-2000:]
+    assert emu.stats()["batch"]["files"] == 0 and batch_lines(emu) == []
+
+
+def test_ctrl_c_leaves_the_batches_running_and_the_rerun_picks_them_up(emu, tmp_path):
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # a round takes ~1.3 s
+    datasets, objs = write_conversations(tmp_path, 30, seed=3)
+    out = tmp_path / "out"
+    cmd = command(tmp_path, emu, datasets)
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "rerun the same command" in stderr
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and len(summary["run"]["batches_running"]) == 1
+    running = summary["run"]["batches_running"][0]
+    again = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    lines = batch_lines(emu)
+    assert sent_twice_without_cause(lines) == {}
+    answered = {ln["custom_id"] for ln in lines if ln["batch_id"] == running and ln["status"] == "answered"}
+    records = {r.id for r in load_records(out / "datasets" / "C" / "records.jsonl")}
+    assert answered and answered <= records  # the batch left running was adopted: its answers are records
+    assert json.loads((out / "datasets" / "C" / "summary.json").read_text())["stop_reason"] == "completed"
