@@ -141,3 +141,19 @@ def test_generates_contract_names_come_first_with_their_defaults():
     cfg = GenerateConfig(dataset="x")
     assert (cfg.route, cfg.batch_base_url, cfg.batch_api_key_env, cfg.batch_model, cfg.batch_window,
             cfg.batch_poll_s) == ("realtime", "https://api.moonshot.ai/v1", "MOONSHOT_API_KEY", "kimi-k2.5", "24h", 60)
+
+
+def test_the_batch_panel_shows_each_rounds_batch():
+    from eagledata.generation.panel import BatchPanel
+
+    shown = []
+    panel = BatchPanel(show=shown.append)
+    panel.update("C 1,200/9,000 tok", [])
+    assert shown == [panel.widget] and "no batch submitted yet" in panel.widget.value
+    panel.update("C 5,000/9,000 tok, round 2 in_progress", [
+        {"dataset": "C", "round": 1, "batch_id": "batch_aa", "status": "completed", "lines": 90, "answered": 85,
+         "failed": 5, "usd": 0.0123, "waited_s": 3600.0},
+        {"dataset": "C", "round": 2, "batch_id": "batch_bb", "status": "in_progress", "lines": 12, "answered": 3,
+         "failed": 0, "usd": 0.0, "waited_s": 60.0}])
+    value = panel.widget.value
+    assert "round 2 in_progress" in value and "batch_aa" in value and "batch_bb" in value and ">85<" in value

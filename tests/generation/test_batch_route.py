@@ -169,3 +169,21 @@ def test_ctrl_c_leaves_the_batches_running_and_the_rerun_picks_them_up(emu, tmp_
     records = {r.id for r in load_records(out / "datasets" / "C" / "records.jsonl")}
     assert answered and answered <= records  # the batch left running was adopted: its answers are records
     assert json.loads((out / "datasets" / "C" / "summary.json").read_text())["stop_reason"] == "completed"
+
+
+def test_an_expired_batch_keeps_its_answered_lines_and_the_rest_go_again(emu, tmp_path):
+    emu.reset({**BATCH, "speed": 0.0002, "batch": {"balance": 50.0, "expire_rate": 0.5}})  # a 12 h window: 8.6 s
+    datasets, objs = write_conversations(tmp_path, 40, seed=11)
+    out = tmp_path / "out"
+    done = subprocess.run(command(tmp_path, emu, datasets, "--turns", "last", "--batch-window", "12h"), env=env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = batch_lines(emu)
+    expired = {ln["batch_id"] for ln in lines if ln["status"] == "expired"}
+    assert expired, "no batch expired: the planted fault never happened"
+    kept = {ln["custom_id"] for ln in lines if ln["batch_id"] in expired and ln["status"] == "answered"}
+    records = {r.id: r for r in load_records(out / "datasets" / "C" / "records.jsonl")}
+    assert set(records) == set(objs) and kept <= set(records)  # every prompt once; an expired batch's answers kept
+    assert all(records[ln["custom_id"]].generation_id == ln["generation_id"] for ln in lines
+               if ln["custom_id"] in kept and ln["batch_id"] in expired and ln["status"] == "answered")
+    assert sent_twice_without_cause(lines) == {}

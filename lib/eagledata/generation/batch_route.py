@@ -61,6 +61,7 @@ from .config import GenerateConfig
 from .datasets import select_datasets
 from .fidelity import FidelityJudge
 from .lanes import DatasetRun, open_lanes
+from .panel import BatchPanel, make_batch_panel
 from .policy import REJECTABLE, RejectionWatch, StopReason, fatal_stop, rejected_stop
 from .progress import RunStats, dataset_summary, run_figures, run_summary
 from .recorder import REFUSALS, Recorder
@@ -171,6 +172,7 @@ class BatchRun:
         self.stop_reason: str = ""
         self.fatal: dict[str, Any] | None = None
         self.interrupted = False
+        self.panel: BatchPanel | None = None
         self._wake = asyncio.Event()
         self._seq = 0
         guess = OutputLengths.lognormal(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens)
@@ -513,6 +515,7 @@ class BatchRun:
         return False
 
     async def execute(self) -> dict[str, Any]:
+        self.panel = make_batch_panel() if self.cfg.progress else None
         restore = on_signals(self._on_signal)
         try:
             await self._loop()
@@ -553,6 +556,7 @@ class BatchRun:
                 pass
 
     def _status(self) -> None:
+        """A status line (logging) every poll, and the live panel's table of rounds in JupyterLab."""
         parts = []
         for lb in self.lanes:
             i, lane = lb.info, lb.lane
@@ -561,7 +565,10 @@ class BatchRun:
                 head += (f", round {i.round} {i.status} {i.answered}/{i.lines} answered, {i.failed} failed, "
                          f"waiting {i.waited_s / 60:.1f} min")
             parts.append(head)
-        log.info("batch route: %s | $%.4f answered, $%.4f booked", " | ".join(parts), self.spent, self.booked)
+        line = f"{' | '.join(parts)} | ${self.spent:.4f} answered, ${self.booked:.4f} booked"
+        log.info("batch route: %s", line)
+        if self.panel is not None:
+            self.panel.update(line, [i.row() for lb in self.lanes for i in lb.rounds])
 
     async def _end(self) -> None:
         """Ctrl-C (or a stop): the batches in progress are left running (a rerun adopts them), or cancelled and
@@ -584,6 +591,7 @@ class BatchRun:
             if not lb.lane.stop_reason:
                 lb.lane.stop_reason = self.stop_reason or StopReason.COMPLETED
             lb.lane.store.sync()
+        self._status()
         try:
             self.balance_end = await self.service.balance()
         except Exception as e:  # the summaries are still written

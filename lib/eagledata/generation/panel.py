@@ -116,3 +116,35 @@ def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None =
 
         return LivePanel(snap, show=display)
     return StatusLines(interval_s=interval_s)
+
+
+class BatchPanel:
+    """The batch route's live panel: its headline (tokens per dataset against the target, $ answered and booked) and
+    the table of rounds (each batch's status, lines answered and failed, $ and the wait), redrawn in place at each
+    poll. `show` puts the widget on screen (the notebook's display; a test passes its own)."""
+
+    def __init__(self, show: Callable[[Any], None] | None = None):
+        import ipywidgets as widgets
+
+        self.widget = widgets.HTML()
+        self.widget.add_class("eagledata-batch-panel")
+        if show is not None:
+            show(self.widget)
+
+    def update(self, headline: str, rounds: list[dict[str, Any]]) -> None:
+        import pandas as pd
+
+        cols = ["dataset", "round", "batch_id", "status", "lines", "answered", "failed", "usd", "waited_s"]
+        table = pd.DataFrame([{c: r.get(c) for c in cols} for r in rounds], columns=cols)
+        self.widget.value = (f"<b>{html.escape(headline)}</b>"
+                             + (table.to_html(index=False, float_format=lambda x: f"{x:,.4g}") if rounds else
+                                "<p>no batch submitted yet</p>"))
+
+
+def make_batch_panel(widget: bool | None = None) -> BatchPanel | None:
+    """The batch route's panel where a widget frontend shows it (JupyterLab); None elsewhere (status lines)."""
+    if widget_frontend() if widget is None else widget:
+        from IPython.display import display
+
+        return BatchPanel(show=display)
+    return None
