@@ -103,6 +103,10 @@ def test_200_conversations_in_rounds_with_failing_lines_a_sigkill_mid_batch_and_
     assert sum(ln["batch_id"] == killed_batch for ln in lines) > 0
     created = [e for e in journal(out) if e["event"] == "created"]
     assert len({e["batch_id"] for e in created}) == len(created)
+    prepared = [e for e in journal(out) if e["event"] == "prepared"]
+    # turn j goes in round j (later after a failed line), never before: its history does not exist until then
+    assert all(e["round"] >= ln["turn"] for e in prepared for ln in e["lines"])
+    assert sum(e["round"] == ln["turn"] for e in prepared for ln in e["lines"]) > 0.8 * len(records)
     # exact ids against the emulator's ground truth, the batch provider, the batch price
     for r in random.Random(0).sample(records, 25):
         truth = emu.ground_truth(r.generation_id)
@@ -187,3 +191,133 @@ def test_an_expired_batch_keeps_its_answered_lines_and_the_rest_go_again(emu, tm
     assert all(records[ln["custom_id"]].generation_id == ln["generation_id"] for ln in lines
                if ln["custom_id"] in kept and ln["batch_id"] in expired and ln["status"] == "answered")
     assert sent_twice_without_cause(lines) == {}
+
+
+# -- in process: the seams a test can reach ---------------------------------------------------------------------------
+class DiesAfter(httpx.AsyncBaseTransport):
+    """Sends every request; right after the service answers the `method path` call, the run dies (as a SIGKILL
+    between the service making something and the journal saying so). Counts the calls."""
+
+    def __init__(self, method: str, path: str | None):
+        self.inner, self.method, self.path, self.calls = httpx.AsyncHTTPTransport(), method, path, defaultdict(int)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        key = f"{request.method} {request.url.path.rsplit('/v1/', 1)[-1]}"
+        self.calls[key] += 1
+        if self.path is not None and key == f"{self.method} {self.path}":
+            self.path = None
+            await response.aread()
+            raise Died(key)
+        return response
+
+
+class Died(Exception):
+    pass
+
+
+def batch_cfg(tmp_path: Path, emu, datasets: Path, **kw):
+    from eagledata.generation import GenerateConfig
+
+    return GenerateConfig(dataset="C", datasets_file=str(datasets), route="batch", batch_base_url=moonshot(emu),
+                          output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "params"), max_tokens=130,
+                          progress=False, reserve_usd=0.0, batch_poll_s=0.05, **kw)
+
+
+@pytest.mark.parametrize("dies_after", ["POST files", "POST batches"])
+def test_an_upload_or_a_batch_the_journal_never_saw_is_adopted_not_made_again(emu, tmp_path, monkeypatch, dies_after):
+    import asyncio
+
+    from eagledata.generation.batch_route import run_batch_route
+
+    monkeypatch.setenv("MOONSHOT_API_KEY", "sk-test-batch")
+    emu.reset({**BATCH, "batch": {"balance": 50.0}})
+    datasets, objs = write_conversations(tmp_path, 20, seed=5)
+    cfg = batch_cfg(tmp_path, emu, datasets, turns="last")
+    method, path = dies_after.split()
+    dying = DiesAfter(method, path)
+    with pytest.raises(Died):
+        asyncio.run(run_batch_route(cfg, transport=dying))
+    events = journal(tmp_path / "out")
+    assert [e["event"] for e in events] == (["prepared"] if path == "files" else ["prepared", "uploaded"])
+    again = DiesAfter("", None)
+    summary = asyncio.run(run_batch_route(cfg, transport=again))
+    assert summary["stop_reason"] == "completed" and summary["records"] == 20
+    # the upload (or the batch) the dead run made was found by name and used: made once, never twice
+    assert dying.calls["POST files"] + again.calls["POST files"] == 1
+    assert dying.calls["POST batches"] + again.calls["POST batches"] == 1
+    lines = batch_lines(emu)
+    assert len(lines) == 20 and len({ln["batch_id"] for ln in lines}) == 1 and sent_twice_without_cause(lines) == {}
+
+
+def test_the_money_stops_at_the_cap_and_never_over(emu, tmp_path):
+    emu.reset({**BATCH, "batch": {"balance": 50.0}})
+    start = balance(emu)
+    datasets, _ = write_conversations(tmp_path, 200, seed=9)
+    cap = 0.01  # a line's worst case at the batch price is ~$0.0003: about 30 lines of 200 fit
+    done = subprocess.run(command(tmp_path, emu, datasets, "--turns", "last", "--max-spend-usd", str(cap)),
+                          env=env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "max_spend_reached" and 0 < summary["records"] < 200
+    charged = start - balance(emu)
+    assert 0 < charged <= cap and summary["run"]["charged_usd"] == pytest.approx(charged, abs=1e-9)
+    rounds = summary["run"]["batches"]
+    assert len(rounds) >= 2  # the first round's answers cost less than their worst cases: the money left went on
+    for k, r in enumerate(rounds):  # when each batch went, what was spent plus its worst cases fitted under the cap
+        assert sum(x["usd"] for x in rounds[:k]) + r["booked_usd"] <= cap + 1e-12
+
+
+def test_tool_loops_go_round_by_round_with_the_models_ids_and_their_reasoning(emu, tok, tmp_path):
+    from eagledata.text import prompt_ids
+    from tests.helpers.prompts import TOOLS, dataset
+
+    prompts = tmp_path / "agents.jsonl"
+    objs = [{**dataset(), "id": f"agent-{i}"} for i in range(12)]
+    prompts.write_text("".join(json.dumps(o) + "\n" for o in objs))
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"C:\n  prompts: {prompts}\n")
+    emu.reset({**BATCH, "batch": {"balance": 50.0}, "tool_datasets": [str(prompts)], "tool_follow_rate": 1.0})
+    done = subprocess.run(command(tmp_path, emu, datasets, "--max-tokens", "400"), env=env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = load_records(tmp_path / "out" / "datasets" / "C" / "records.jsonl")
+    by_conv = defaultdict(dict)
+    for r in records:
+        by_conv[r.conversation_id][r.turn] = r
+    assert sum(len(t) >= 3 for t in by_conv.values()) >= 8  # the loops went on: calls, results, next turn
+    line_round = {ln["custom_id"]: e["round"] for e in journal(tmp_path / "out") if e["event"] == "prepared"
+                  for ln in e["lines"]}
+    for turns in by_conv.values():
+        for j, r in turns.items():
+            assert r.prompt_ids == prompt_ids(tok, r.messages, tools=TOOLS)
+            assert line_round[r.id] >= j  # turn j never goes before round j (its history did not exist)
+            if r.tool_calls:
+                assert all(c["id"].startswith("functions.") for c in r.tool_calls)
+            loop = [m for m in r.messages if m["role"] == "assistant" and m.get("tool_calls")]
+            if j > 1 and loop and not any(m["role"] == "assistant" and not m.get("tool_calls")
+                                          for m in r.messages[r.messages.index(loop[0]):]):
+                assert all(m.get("reasoning_content") for m in loop)  # the loop in flight: its reasoning sent
+            assert not any("reasoning" in m or "reasoning_details" in m for m in r.messages)
+    summary = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
+    assert summary["fidelity"]["providers"][PROVIDER]["answers"] == len(records)
+
+
+def test_ctrl_c_with_batch_cancel_on_stop_cancels_them_and_keeps_what_they_answered(emu, tmp_path):
+    emu.reset({**BATCH, "speed": 0.01, "batch": {"balance": 50.0}})  # a queue of 6 s, then 5 ms a line
+    datasets, objs = write_conversations(tmp_path, 30, seed=4)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(command(tmp_path, emu, datasets, "--turns", "last", "--batch-cancel-on-stop", "true"),
+                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["run"]["batches_running"] == []
+    assert summary["run"]["batches"][0]["status"] == "cancelled"
+    lines = batch_lines(emu)
+    assert {ln["status"] for ln in lines} == {"cancelled"}  # cancelled in the queue: nothing answered, nothing billed
+    assert summary["remaining"] == 30 and [e["event"] for e in journal(out)][-1] == "settled"

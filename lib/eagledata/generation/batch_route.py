@@ -38,6 +38,7 @@ from ..aio import on_signals
 from ..defaults import is_emulator
 from ..errors import InputError
 from ..moonshot.batch_api import (
+    BatchApiError,
     BatchInfo,
     LineResult,
     MoonshotBatches,
@@ -66,6 +67,7 @@ from .policy import REJECTABLE, RejectionWatch, StopReason, fatal_stop, rejected
 from .progress import RunStats, dataset_summary, run_figures, run_summary
 from .recorder import REFUSALS, Recorder
 from .recording import build_record
+from .spender import SpenderLock
 from .turns import Conversation
 from .work import Work
 
@@ -79,11 +81,13 @@ class BatchService(Protocol):
     name: str
     provider: str
     price: BatchModel
+    max_file_bytes: int  # an input file's limit: a round holds what fits
 
     def body(self, messages: list[dict], *, max_tokens: int, tools: list[dict] | None = None,
              parallel_tool_calls: bool = False) -> dict[str, Any]: ...
     async def upload(self, filename: str, data: bytes) -> str: ...
     async def files(self) -> list[dict[str, Any]]: ...
+    async def delete_file(self, file_id: str) -> None: ...
     async def create(self, input_file_id: str, window: str, metadata: dict[str, str]) -> BatchInfo: ...
     async def get(self, batch_id: str) -> BatchInfo: ...
     async def batches(self) -> list[BatchInfo]: ...
@@ -254,12 +258,15 @@ class BatchRun:
                                 entry.status, booked_usd=entry.bound_usd, started=self.clock() - self.t0)
             lb.rounds.append(lb.info)
 
+    def _body(self, work: Work) -> dict[str, Any]:
+        conversation = work.turn.conversation
+        return self.service.body(work.turn.messages, max_tokens=self.cfg.max_tokens,
+                                 tools=list(conversation.tools or ()) or None,
+                                 parallel_tool_calls=conversation.parallel_tool_calls)
+
     def _sent_turn(self, work: Work) -> None:
         """The turn as the batch sends it: its messages in the service's dialect (what the record keeps)."""
-        body = self.service.body(work.turn.messages, max_tokens=self.cfg.max_tokens,
-                                 tools=list(work.turn.conversation.tools or ()) or None,
-                                 parallel_tool_calls=work.turn.conversation.parallel_tool_calls)
-        work.turn = dataclasses.replace(work.turn, messages=body["messages"])
+        work.turn = dataclasses.replace(work.turn, messages=self._body(work)["messages"])
 
     async def _adopt(self, lb: LaneBatches) -> None:
         """The batch in progress reaches the service once: an upload or a batch a killed run made but never
@@ -321,7 +328,10 @@ class BatchRun:
             if w.prompt_ids is None:
                 w.prompt_ids = prompt_ids(self.tok, w.turn.messages, tools=w.turn.conversation.tools)
             w.bound = self.service.price.cost(len(w.prompt_ids), self.cfg.max_tokens)
+        bodies = [batch_line(w.turn.id, self._body(w)) for w in works]
+        sizes = [len(jsonl([b])) for b in bodies]
         n = fits([w.bound for w in works], 0.0, room)
+        n = min(n, fits([float(x) for x in sizes], 0.0, float(self.service.max_file_bytes)))  # one file holds a round
         if n == 0:
             return False
         sent, kept = works[:n], works[n:]
@@ -334,13 +344,9 @@ class BatchRun:
         lb.unstarted = deque(p for p in lb.unstarted if p.id not in started)
         round_ = lb.journal.rounds + 1
         name = f"eagledata-{lb.lane.name}-r{round_:03d}-{secrets.token_hex(3)}"
-        lines, journal_lines = [], []
+        lines, journal_lines = bodies[:n], []
         for w in sent:
             w.tries += 1
-            body = self.service.body(w.turn.messages, max_tokens=self.cfg.max_tokens,
-                                     tools=list(w.turn.conversation.tools or ()) or None,
-                                     parallel_tool_calls=w.turn.conversation.parallel_tool_calls)
-            lines.append(batch_line(w.turn.id, body))
             journal_lines.append(JournalLine(w.turn.id, w.turn.conversation.id, w.turn.number, w.tries, w.bound,
                                              len(w.prompt_ids or ()), messages_sha(w.turn.messages)))
         (lb.dir / INPUTS).mkdir(exist_ok=True)
@@ -386,6 +392,11 @@ class BatchRun:
         lb.info.failed = sum(o in ("retry", "failed") for o in outcomes.values())
         lb.info.waited_s = self.clock() - self.t0 - lb.info.started
         lb.journal.settled(entry.name, outcomes, lb.info.usd, info.status)
+        if entry.file_id:  # an account holds at most 1,000 batch files; the input stays in batch_inputs/
+            try:
+                await self.service.delete_file(entry.file_id)
+            except BatchApiError as e:
+                log.warning("batch route: input file %s not deleted at the service: %s", entry.file_id, e)
         for cid, o in outcomes.items():
             if o in ("retry", "resend"):
                 lb.ready.append(lb.in_flight[cid])
@@ -670,9 +681,15 @@ async def _run_batches(cfg: GenerateConfig, key: str, transport: httpx.AsyncBase
     lanes = open_lanes(cfg)
     try:
         tok = load_tokenizer(cfg.tokenizer)
-        async with make_batch_client(cfg.batch_base_url, key, transport=transport) as client:
-            run = BatchRun(cfg, lanes, MoonshotBatches(client, cfg.batch_model, sleep=sleep), tok, sleep=sleep)
-            summary = await run.execute()
+        spender = SpenderLock.acquire(cfg.batch_base_url, key, describe={
+            "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve()),
+            "route": "batch"})
+        try:
+            async with make_batch_client(cfg.batch_base_url, key, transport=transport) as client:
+                run = BatchRun(cfg, lanes, MoonshotBatches(client, cfg.batch_model, sleep=sleep), tok, sleep=sleep)
+                summary = await run.execute()
+        finally:
+            spender.close()
     finally:
         for lane in lanes:
             lane.store.close()

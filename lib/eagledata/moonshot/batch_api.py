@@ -20,7 +20,7 @@ import httpx
 
 from ..errors import InputError
 from ..retry import retry_delay_s
-from .facts import BATCH_BASE_URL, BATCH_KEY_ENV, FIXED_SAMPLING, PROVIDER, BatchModel, batch_model
+from .facts import BATCH_BASE_URL, BATCH_KEY_ENV, FIXED_SAMPLING, MAX_FILE_BYTES, PROVIDER, BatchModel, batch_model
 
 ENDPOINT = "/v1/chat/completions"
 TERMINAL = ("completed", "failed", "expired", "cancelled")
@@ -141,8 +141,9 @@ class MoonshotBatches:
     name = "moonshot"
     provider = PROVIDER
 
-    def __init__(self, client: httpx.AsyncClient, model: str, *, sleep: Any = asyncio.sleep):
-        self.client, self.model, self.sleep = client, model, sleep
+    def __init__(self, client: httpx.AsyncClient, model: str, *, sleep: Any = asyncio.sleep,
+                 max_file_bytes: int = MAX_FILE_BYTES):
+        self.client, self.model, self.sleep, self.max_file_bytes = client, model, sleep, max_file_bytes
         self.price: BatchModel = batch_model(model)
 
     def body(self, messages: Sequence[dict], *, max_tokens: int, tools: Sequence[dict] | None = None,
