@@ -160,6 +160,26 @@ def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_pat
     assert rows["demo-a"]["turns_per_conversation"] == {"1": 30, "2": 10} and rows["demo-b"]["requests"] == 40
     assert results["output_lengths"]["source"].startswith("lognormal(")  # no earlier records
     assert results["answer_content"]["source"].startswith("0.25 x output lengths (lognormal(")
+    routes = results["routes"]  # no deadline: the cheapest route, batch (60 % of Moonshot's realtime price)
+    assert {r["name"] for r in routes["rows"]} >= {"realtime", "batch"} and routes["chosen"]["name"] == "batch"
+    batch = next(r for r in routes["rows"] if r["name"] == "batch")
+    assert batch["worst_h"] == 3 * 24  # demo-a's two-turn conversations: 2 rounds + 1 top-up, each up to 24 h
+    assert any("-p route batch" in c for c in routes["commands"])
+
+
+def test_budget_notebook_picks_the_cheapest_plan_that_meets_a_deadline(tokenizer_dir, execute_notebook, tmp_path):
+    from tests.helpers.catalogs import catalog, decision_for
+
+    datasets = _budget_inputs(tmp_path)
+    routing = decision_for(catalog()).save(tmp_path / "params")
+    out = execute_notebook("budget", datasets_file=str(datasets), routing=str(routing), budget_usd=0.2,
+                           reserve_usd=0.05, round_to=1000, output_dir=str(tmp_path), write=False, deadline_h=50.0)
+    routes = read_results(out)["routes"]
+    # batch alone takes up to 72 h (demo-a); demo-b's one-turn prompts in batch (48 h) and demo-a realtime meet 50 h
+    chosen = routes["chosen"]
+    assert routes["deadline_h"] == 50.0 and chosen["meets_deadline"] and chosen["worst_h"] <= 50
+    cheaper = [r for r in routes["rows"] if r["usd"] < chosen["usd"]]
+    assert cheaper and not any(r["meets_deadline"] for r in cheaper)
 
 
 def test_budget_notebook_without_a_routing_decision_prices_from_the_emulators_catalog(tokenizer_dir,
