@@ -240,6 +240,8 @@ def test_an_upload_or_a_batch_the_journal_never_saw_is_adopted_not_made_again(em
         asyncio.run(run_batch_route(cfg, transport=dying))
     events = journal(tmp_path / "out")
     assert [e["event"] for e in events] == (["prepared"] if path == "files" else ["prepared", "uploaded"])
+    died = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
+    assert died["stop_reason"] == f"error: Died: {dies_after}" and died["records"] == 0  # written all the same
     again = DiesAfter("", None)
     summary = asyncio.run(run_batch_route(cfg, transport=again))
     assert summary["stop_reason"] == "completed" and summary["records"] == 20

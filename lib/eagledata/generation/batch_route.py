@@ -63,7 +63,7 @@ from .datasets import select_datasets
 from .fidelity import FidelityJudge
 from .lanes import DatasetRun, open_lanes
 from .panel import BatchPanel, make_batch_panel
-from .policy import REJECTABLE, RejectionWatch, StopReason, fatal_stop, rejected_stop
+from .policy import REJECTABLE, RejectionWatch, StopReason, error_stop, fatal_stop, rejected_stop
 from .progress import RunStats, dataset_summary, run_figures, run_summary
 from .recorder import REFUSALS, Recorder
 from .recording import build_record
@@ -175,7 +175,6 @@ class BatchRun:
         self.balance_end: float | None = None
         self.stop_reason: str = ""
         self.fatal: dict[str, Any] | None = None
-        self.interrupted = False
         self.panel: BatchPanel | None = None
         self._wake = asyncio.Event()
         self._seq = 0
@@ -509,7 +508,6 @@ class BatchRun:
         self._wake.set()
 
     def _on_signal(self) -> None:
-        self.interrupted = True
         self._stop(StopReason.INTERRUPTED)
 
     def _lane_done(self, lb: LaneBatches) -> bool:
@@ -526,14 +524,22 @@ class BatchRun:
         return False
 
     async def execute(self) -> dict[str, Any]:
+        """Run to the end (every dataset finished, the money, a signal, a fatal answer); every summary.json is
+        written whatever stopped it, an error included (then raised, its stop reason naming it)."""
         self.panel = make_batch_panel() if self.cfg.progress else None
         restore = on_signals(self._on_signal)
         try:
             await self._loop()
+        except Exception as e:
+            self._stop(error_stop(e))
+            raise
         finally:
             restore()
-            await self._end()
-        return self.summaries()
+            try:
+                await self._end()
+            finally:
+                summary = self.summaries()
+        return summary
 
     async def _loop(self) -> None:
         self.balance_start = await self.service.balance()
@@ -558,6 +564,8 @@ class BatchRun:
                 if money_stop:
                     self._stop(money_stop)
                 elif all(self._lane_done(lb) for lb in self.lanes):
+                    if all(lb.lane.stop_reason == StopReason.TARGET_REACHED for lb in self.lanes):
+                        self.stop_reason = StopReason.TARGET_REACHED
                     break
             self._status()
             self._wake.clear()
