@@ -57,6 +57,7 @@ def test_stages_import_one_way():
     assert not stage_deps("text") & {"openrouter", "generation", "training", "emulator"}
     assert not stage_deps("openrouter") & {"text", "generation", "training", "emulator"}
     assert not stage_deps("training") & {"openrouter", "generation", "emulator"}
-    assert not stage_deps("emulator") & {"openrouter", "generation", "training"}
+    assert not stage_deps("emulator") & {"openrouter", "generation", "training", "moonshot"}
+    assert not stage_deps("moonshot") & {"text", "openrouter", "generation", "training", "emulator"}
     assert "eagledata.retry" in graph["eagledata.training.vllm_backend"]
     assert "eagledata.retry" in graph["eagledata.generation.policy"]
