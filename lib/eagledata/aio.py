@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -43,3 +44,28 @@ def on_signals(callback: Callable[[], None]) -> Callable[[], None]:
                 signal.signal(sig, previous[sig])
 
     return restore
+
+
+# -- a kernel shutting down ---------------------------------------------------------------------------------------
+# papermill's Ctrl-C (and JupyterLab's "shut down kernel") ends a kernel through jupyter_client: SIGINT, then a
+# shutdown request, SIGTERM 2.5 s later and SIGKILL at 5 s. ipykernel stops its loop as soon as it has answered the
+# request, so a run awaited in a cell would die mid-drain, its summaries unwritten. The eagledata kernel
+# (kernel/eagledata_kernel.py) awaits what is registered here first.
+_ON_SHUTDOWN: dict[int, tuple[asyncio.AbstractEventLoop, Callable[[], Coroutine[Any, Any, None]]]] = {}
+
+
+def on_kernel_shutdown(stop: Callable[[], Coroutine[Any, Any, None]]) -> Callable[[], None]:
+    """Register `stop`, a coroutine function run on the calling loop when the kernel shuts down (it should end the
+    run as a second Ctrl-C does and return once the summaries are written); returns the undo."""
+    key = id(stop)
+    _ON_SHUTDOWN[key] = (asyncio.get_running_loop(), stop)
+    return lambda: _ON_SHUTDOWN.pop(key, None) and None
+
+
+def stop_for_shutdown(timeout_s: float) -> int:
+    """Run every registered stop on its own loop and wait up to `timeout_s` for them (from a thread that is not
+    those loops': the kernel's shutdown handler); returns how many finished in time."""
+    futures = [asyncio.run_coroutine_threadsafe(stop(), loop) for loop, stop in list(_ON_SHUTDOWN.values())
+               if loop.is_running()]
+    done, _ = concurrent.futures.wait(futures, timeout=timeout_s)
+    return len(done)

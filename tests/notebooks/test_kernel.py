@@ -85,3 +85,50 @@ def test_a_running_cell_is_still_interrupted(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+RUN_IN_A_CELL = """
+from eagledata.generation import GenerateConfig, run_generation
+cfg = GenerateConfig(dataset="C", datasets_file={datasets!r}, base_url={base_url!r}, output_dir={out!r},
+                     params_dir={params!r}, concurrency=16, max_tokens=4000, progress=False, reserve_usd=0.0,
+                     drain_timeout_s=600)
+summary = await run_generation(cfg)
+"""
+
+
+def test_papermills_shutdown_stops_a_run_in_a_cell_cleanly(tmp_path, tokenizer_dir):
+    """papermill's Ctrl-C shuts the kernel down (SIGINT, a shutdown request, SIGTERM at 2.5 s, SIGKILL at 5 s): the
+    run awaited in the cell stops as a second Ctrl-C stops it — its requests abandoned, summary.json written — and
+    the kernel ends by itself before jupyter_client kills it. (The stock kernel stops its loop mid-drain: no
+    summary.)"""
+    from jupyter_client.manager import _ShutdownStatus
+
+    from eagledata.emulator import run_emulator
+
+    prompts = tmp_path / "C.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
+                               for i in range(200)))
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"C:\n  prompts: {prompts}\n")
+    out = tmp_path / "out"
+    # speed 0.5: an answer takes ~20 s, so the 16 in flight are mid-answer when the shutdown comes
+    with run_emulator({"speed": 0.5, "balance": 100}) as emu:
+        km, kc = _start("eagledata", tmp_path, tmp_path / "kernel.log")
+        try:
+            kc.execute(RUN_IN_A_CELL.format(datasets=str(datasets), base_url=emu.base_url, out=str(out),
+                                            params=str(tmp_path / "params")))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and emu.stats()["in_flight"] < 16:
+                time.sleep(0.1)
+            assert emu.stats()["in_flight"] == 16, emu.stats()
+            started = time.monotonic()
+            kc.stop_channels()
+            km.shutdown_kernel()
+            took = time.monotonic() - started
+        finally:
+            if km.has_kernel:
+                km.shutdown_kernel(now=True)
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["remaining"] == 200 - summary["records"]
+    assert km._shutdown_status is not _ShutdownStatus.SigkillRequest and took < 5.0, (took, km._shutdown_status)
+    assert "Traceback" not in (tmp_path / "kernel.log").read_text()

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from ..aio import on_signals
+from ..aio import on_kernel_shutdown, on_signals
 from ..defaults import is_emulator
 from ..errors import InputError
 from ..moonshot.batch_api import (
@@ -177,6 +177,7 @@ class BatchRun:
         self.fatal: dict[str, Any] | None = None
         self.panel: BatchPanel | None = None
         self._wake = asyncio.Event()
+        self._ended = asyncio.Event()
         self._seq = 0
         guess = OutputLengths.lognormal(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens)
         self.guess = TurnLengths(guess.mean, guess.sd)
@@ -527,7 +528,7 @@ class BatchRun:
         """Run to the end (every dataset finished, the money, a signal, a fatal answer); every summary.json is
         written whatever stopped it, an error included (then raised, its stop reason naming it)."""
         self.panel = make_batch_panel() if self.cfg.progress else None
-        restore = on_signals(self._on_signal)
+        restore, unhook, ended = on_signals(self._on_signal), on_kernel_shutdown(self._kernel_shutdown), self._ended
         try:
             await self._loop()
         except Exception as e:
@@ -539,7 +540,15 @@ class BatchRun:
                 await self._end()
             finally:
                 summary = self.summaries()
+                unhook()
+                ended.set()
         return summary
+
+    async def _kernel_shutdown(self) -> None:
+        """The kernel is shutting down (papermill's Ctrl-C): stop as Ctrl-C does (the batches left running), and
+        return once the summaries are written."""
+        self._stop(StopReason.INTERRUPTED)
+        await self._ended.wait()
 
     async def _loop(self) -> None:
         self.balance_start = await self.service.balance()

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from ..aio import on_signals, run_sync
+from ..aio import on_kernel_shutdown, on_signals, run_sync
 from ..defaults import is_emulator
 from ..openrouter import ClientPool, RoutingDecision, load_routing, resolve_api_key
 from ..openrouter.client import LOCAL_KEY
@@ -57,6 +57,7 @@ class Run:
         self._cut_at: float | None = None
         self._signals = 0
         self._waking: asyncio.Future | None = None
+        self._ended = asyncio.Event()  # every summary written (what a kernel shutting down waits for)
 
     @classmethod
     async def start(cls, cfg: GenerateConfig, client: httpx.AsyncClient, *, api_key: str | None = None,
@@ -95,6 +96,7 @@ class Run:
             snap = self.reporter.snapshot(now)
             self.progress = view(snap) if view else make_progress(snap, interval_s=self.cfg.status_interval_s)
         restore, cancelled = on_signals(self._on_signal), None
+        unhook = on_kernel_shutdown(self._kernel_shutdown)
         try:
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(self._ticker(clients[0]))
@@ -131,6 +133,8 @@ class Run:
         finally:
             if self.progress is not None:  # the last frame: the report's figure, drawn from the summary
                 self.progress.close(self.reporter.snapshot(self.clock.now(), final=True), summary)
+            unhook()
+            self._ended.set()
         if cancelled is not None:
             raise cancelled
         return summary
@@ -153,6 +157,14 @@ class Run:
             log.warning("generation: interrupted: %d stream(s) closed at once (their endpoints stop billing when a "
                         "stream is closed; the prompts stay to do); the rest finish, up to drain_timeout_s", closed)
         self._drain()
+
+    async def _kernel_shutdown(self) -> None:
+        """The kernel is shutting down (papermill's Ctrl-C): stop as a second Ctrl-C does, and return once every
+        summary is written."""
+        self.dispatcher.stop.set(StopReason.INTERRUPTED)
+        self.parts.requester.cancel_streams_that_stop_billing()
+        self._cut(self.clock.now())
+        await self._ended.wait()
 
     def _drain(self) -> None:
         """Stop issuing; the requests in flight get `drain_timeout_s` to come back."""
