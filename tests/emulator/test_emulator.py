@@ -587,13 +587,24 @@ def test_slow_fault_and_ground_truth_file(em, tmp_path):
     assert em.stats()["faults"]["slow"] == 1
 
 
-def _abandon_stream(em, provider: str) -> None:
+def _abandon_stream(em, provider: str) -> str:
+    """Close a stream after its first content chunk; its generation id."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True,
             "provider": {"only": [provider]}}
     with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30, json=body) as r:
         for line in r.iter_lines():
             if line.startswith("data: ") and '"content"' in line:
-                break
+                return json.loads(line[6:])["id"]
+    raise AssertionError("no content chunk")
+
+
+def _generation(em, gid: str, timeout: float = 5.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while (r := httpx.get(f"{em.base_url}/generation", params={"id": gid}, headers=AUTH)).status_code == 404 \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r.status_code == 200, r.text
+    return r.json()["data"]
 
 
 def _settled(em, outcome: str, timeout: float = 5.0) -> dict:
@@ -609,17 +620,21 @@ def test_abandoned_requests_are_billed_as_openrouter_bills_them(em):
     fast = {"latency": 0.05, "throughput": 500}
     em.reset({**em.base, "speed": 1.0, "content": {"reasoning_median": 400, "content_median": 50},
               "endpoints": [{"provider": "Fireworks", **fast}, {"provider": "Parasail", **fast}]})
-    _abandon_stream(em, "Fireworks")
+    gid = _abandon_stream(em, "Fireworks")
     stats = _settled(em, "cancelled")
     partial = stats["charged_usd"]
     assert stats["in_flight"] == 0 and stats["in_flight_worst_usd"] == 0 and 0 < partial
     full = em.ground_truth()  # nothing was generated to the end
     assert full == []
-    _abandon_stream(em, "Parasail")
+    gen = _generation(em, gid)  # the generation endpoint reports it: cancelled, billed for what was generated
+    assert gen["cancelled"] is True and gen["total_cost"] == pytest.approx(partial) and gen["finish_reason"] is None
+    assert gen["native_tokens_completion"] < 400 and gen["provider_name"] == "Fireworks"
+    other = _abandon_stream(em, "Parasail")
     assert em.stats()["charged_usd"] == partial  # still generating upstream
     stats = _settled(em, "abandoned")
     (truth,) = em.ground_truth()
     assert stats["charged_usd"] == pytest.approx(partial + truth["cost"]) and truth["cost"] > partial
+    assert _generation(em, other)["cancelled"] is False  # generated to its end: billed whole
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{em.base_url}/chat/completions", headers=AUTH, timeout=0.2,
                    json={"model": MODEL, "messages": [{"role": "user", "content": "y"}],

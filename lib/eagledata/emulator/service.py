@@ -203,6 +203,27 @@ class Emulator:
         return drawn[1] if drawn[0] else None
 
     # -- completion -----------------------------------------------------------------------------
+    def _generation(self, job: Job, cost: float, n_out: int, *, cancelled: bool = False) -> None:
+        """`GET /generation?id=`'s stats of a billed generation (after `generation_delay`); a stream closed on a
+        provider with stream cancellation is reported `cancelled`, its tokens and cost those generated until then."""
+        gen = job.gen
+        assert gen is not None
+        n_prompt = len(job.prompt_ids)
+        finish = None if cancelled else gen.finish_reason
+        self.generations[job.gen_id] = (time.monotonic() + self.cfg.generation_delay, {
+            "id": job.gen_id, "upstream_id": f"chatcmpl-{job.gen_id[-12:]}", "total_cost": cost,
+            "cache_discount": None, "upstream_inference_cost": None, "created_at": _iso(job.created),
+            "model": self.cfg.model_version, "app_id": None, "streamed": job.req.stream, "cancelled": cancelled,
+            "provider_name": job.ep.provider, "latency": round((time.monotonic() - job.started) * 1000),
+            "moderation_latency": None, "generation_time": round((time.monotonic() - job.started) * 1000),
+            "finish_reason": finish, "native_finish_reason": finish,
+            "tokens_prompt": n_prompt, "tokens_completion": n_out, "native_tokens_prompt": n_prompt,
+            "native_tokens_completion": n_out,
+            "native_tokens_reasoning": min(n_out, gen.reasoning_tokens) if cancelled else gen.reasoning_tokens,
+            "native_tokens_cached": 0, "num_media_prompt": None, "num_media_completion": None,
+            "num_search_results": None, "origin": "", "usage": cost, "is_byok": False, "api_type": "completions",
+        })
+
     def settle(self, job: Job, outcome: str, charged: bool, *, partial_tokens: int | None = None) -> None:
         """End the job once; charge usage.cost and record the generation when charged
         (`partial_tokens`: a cancelled stream, billed for the prompt and the tokens generated so far)."""
@@ -216,6 +237,8 @@ class Emulator:
             cost = self.cost(job) if charged else 0.0
         self.ledger.settle(job.worst, cost)
         self.stats.outcomes[outcome] += 1
+        if partial_tokens is not None and job.gen is not None:  # a closed stream the provider stopped: billed so far
+            self._generation(job, cost, partial_tokens, cancelled=True)
         if not charged:
             return
         self.stats.by_provider[job.ep.provider] += 1
@@ -223,21 +246,10 @@ class Emulator:
         assert gen is not None
         if gen.quirk:
             self.stats.quirks[gen.quirk] += 1
-        n_prompt, n_out = len(job.prompt_ids), self.counted(job)
-        self.generations[job.gen_id] = (time.monotonic() + self.cfg.generation_delay, {
-            "id": job.gen_id, "upstream_id": f"chatcmpl-{job.gen_id[-12:]}", "total_cost": cost,
-            "cache_discount": None, "upstream_inference_cost": None, "created_at": _iso(job.created),
-            "model": self.cfg.model_version, "app_id": None, "streamed": job.req.stream, "cancelled": False,
-            "provider_name": job.ep.provider, "latency": round((time.monotonic() - job.started) * 1000),
-            "moderation_latency": None, "generation_time": round((time.monotonic() - job.started) * 1000),
-            "finish_reason": gen.finish_reason, "native_finish_reason": gen.finish_reason,
-            "tokens_prompt": n_prompt, "tokens_completion": n_out, "native_tokens_prompt": n_prompt,
-            "native_tokens_completion": n_out, "native_tokens_reasoning": gen.reasoning_tokens,
-            "native_tokens_cached": 0, "num_media_prompt": None, "num_media_completion": None,
-            "num_search_results": None, "origin": "", "usage": cost, "is_byok": False, "api_type": "completions",
-        })
+        n_out = self.counted(job)
+        self._generation(job, cost, n_out)
         record = {"generation_id": job.gen_id, "prompt_hash": job.phash, "attempt": job.attempt,
-                  "provider": job.ep.provider, "model": self.cfg.model_version, "prompt_tokens": n_prompt,
+                  "provider": job.ep.provider, "model": self.cfg.model_version, "prompt_tokens": len(job.prompt_ids),
                   **({"prompt_ids": job.prompt_ids} if self.cfg.record_prompt_ids else {}),
                   **gen.to_dict(), "fault": job.fault, "cost": cost}
         self.ground_truth[job.gen_id] = record
