@@ -26,12 +26,13 @@ from ..text import load_tokenizer
 from .batch_route import run_batch_route
 from .config import GenerateConfig
 from .datasets import select_datasets
+from .killed import StreamJournal, read_killed
 from .lanes import DatasetRun, open_lanes
 from .panel import make_progress
 from .parts import Seams, build_parts
 from .policy import REJECTED_PREFIX, StopReason, error_stop
 from .progress import ProgressView, RunSnapshot
-from .requester import Transport
+from .requester import Attempt, Transport
 from .slots import Slots
 from .spender import SpenderLock
 
@@ -58,6 +59,10 @@ class Run:
         self._signals = 0
         self._waking: asyncio.Future | None = None
         self._ended = asyncio.Event()  # every summary written (what a kernel shutting down waits for)
+        # streams journaled as they start, so that the run after a kill can read what they cost (killed.py)
+        self.journals = {lane.name: StreamJournal(lane.store.files.directory / "streams.jsonl")
+                         for lane in lanes} if self.parts.requester.stream else {}
+        self.parts.requester.on_stream_end = self._stream_ended
 
     @classmethod
     async def start(cls, cfg: GenerateConfig, client: httpx.AsyncClient, *, api_key: str | None = None,
@@ -74,6 +79,7 @@ class Run:
                 run.ledger.spender = SpenderLock.acquire(cfg.base_url, api_key, describe={
                     "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve())})
                 await run.ledger.read(client, run.clock.now(), strict=True)
+            await run._read_killed(client)
         except BaseException:
             if run is not None:
                 run.close()
@@ -82,6 +88,29 @@ class Run:
                     lane.store.close()
             raise
         return run
+
+    async def _read_killed(self, client: httpx.AsyncClient, again: bool = False) -> None:
+        """What the streams an earlier, killed run left cost (`again`: those the service did not know yet, at the
+        run's end); the journal is left with what is still unknown."""
+        for lane in self.dispatcher.lanes.values():
+            journal = self.journals.get(lane.name)
+            if journal is None or not (journal.before if not again else lane.killed_before and
+                                       lane.killed_before.unread):
+                continue
+            lane.killed_before = await read_killed(client, journal.before, lane.killed_before if again else None)
+            journal.rewrite(lane.killed_before.unread)  # read once: never counted again by a later run
+
+    def _journal_streams(self) -> None:
+        """The streams whose generation id came since the last tick go into their dataset's journal."""
+        for attempt in self.parts.requester.streaming:
+            if not attempt.journaled and attempt.state is not None and attempt.state.generation_id \
+                    and attempt.work is not None:
+                self.journals[attempt.work.lane.name].started(attempt.state.generation_id, attempt.work.turn.id)
+                attempt.journaled = True
+
+    def _stream_ended(self, attempt: Attempt) -> None:
+        if attempt.journaled and attempt.state is not None and attempt.work is not None:
+            self.journals[attempt.work.lane.name].ended(attempt.state.generation_id)
 
     def close(self) -> None:
         for lane in self.dispatcher.lanes.values():
@@ -117,6 +146,7 @@ class Run:
             restore()
             if self.ledger.paid and not self.idle:  # the account after the last answer: what the run was charged
                 await self.ledger.read(clients[0], self.clock.now())
+            await self._read_killed(clients[0], again=True)
             for lane in self.dispatcher.lanes.values():
                 if not lane.finished:
                     lane.stop_reason = self.dispatcher.stop.reason or StopReason.COMPLETED
@@ -197,6 +227,7 @@ class Run:
                     now = self.clock.now()
                     self.ledger.tick(now)
                     self.dispatcher.tick(now)
+                    self._journal_streams()
                     self.reporter.sample(now)
                     if self.progress is not None:
                         self.progress.update(self.reporter.snapshot(now))

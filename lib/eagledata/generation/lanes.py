@@ -15,6 +15,7 @@ from ..paths import dataset_files
 from ..prompts import Prompt, PromptScan, scan_prompts
 from .datasets import select_datasets
 from .fidelity import FidelityJudge
+from .killed import KilledBefore
 from .policy import StopReason
 from .progress import RunStats
 from .store import Store
@@ -43,6 +44,7 @@ class DatasetRun:
     holding: int = 0
     held: int = 0                                        # refusals held by the dispatcher, not written yet
     stop_reason: str = ""
+    killed_before: KilledBefore | None = None              # the streams an earlier, killed run left (killed.py)
     target_met_s: float | None = None                    # when its recorded tokens reached the target
     stats: RunStats = field(default_factory=RunStats)
     fidelity: FidelityJudge = field(init=False)  # this dataset's answers, all runs (the run's judge decides)

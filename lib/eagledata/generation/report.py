@@ -172,6 +172,10 @@ def summary_table(summary: dict[str, Any]):
          f"{run.get('budget_mode', '-')} / {len(run.get('concurrency_changes', []))}"),
         ("retries", f"{run['retried']:,}"),
     ]
+    if killed := run.get("killed_before"):  # streams a killed run left in flight, read back from the service
+        rows.append(("wasted by the killed run before (streams)",
+                     f"{_usd(killed['usd'])} over {killed['read']:,} of {killed['streams']:,} streams "
+                     f"({killed['cancelled']:,} cancelled at the kill, {killed['unread']:,} not known yet)"))
     tools = run.get("tool_calls") or {}
     if tools.get("answers") or tools.get("mismatched"):  # an agent dataset: how the tool loops went
         rows += [("tool-call turns", f"{tools['answers']:,}"), ("tool calls", f"{tools['calls']:,}"),

@@ -146,6 +146,7 @@ class Reporter:
                                 spent=self.ledger.books.spent() if self.single else lane.stats.booked_usd),
             done_before=lane.done_before, target_met_s=lane.target_met_s,
             extra={**self._extra(),
+                   **({"killed_before": lane.killed_before.figures()} if lane.killed_before else {}),
                    **({"shared_with": [n for n in self.lanes if n != lane.name]} if not self.single else {})}),
             "fidelity": lane.fidelity.summary(verdicts=self.fidelity)}
         return self._carried(summary, [lane.summary_before or {}])

@@ -54,10 +54,12 @@ class ChatCompletions:
 
 class Attempt:
     """One request in flight: await it for its outcome, or `cancel()` it; `state`: what its stream has delivered so
-    far (None: a JSON answer), the serving provider among it from the first chunk."""
+    far (None: a JSON answer), the serving provider among it from the first chunk; `work`: what it answers;
+    `journaled`: its generation id is in its dataset's streams journal (killed.py)."""
 
-    def __init__(self, task: asyncio.Task[Outcome], state: StreamState | None = None):
-        self._task, self.state = task, state
+    def __init__(self, task: asyncio.Task[Outcome], state: StreamState | None = None, work: Work | None = None):
+        self._task, self.state, self.work = task, state, work
+        self.journaled = False
 
     def cancel(self) -> None:
         self._task.cancel()
@@ -86,6 +88,7 @@ class Requester:
         self.model, self.max_tokens, self.temperature, self.backend = model, max_tokens, temperature, backend
         self.stream = stream
         self.streaming: dict[Attempt, None] = {}  # the streamed attempts in flight, in the order they went out
+        self.on_stream_end: Callable[[Attempt], None] | None = None  # a streamed attempt ended (the journal hears)
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
 
     async def prepare(self, work: Work) -> None:
@@ -118,11 +121,16 @@ class Requester:
         work.tries += 1
         body = self.body(work, now)
         state = StreamState() if body.get("stream") else None
-        attempt = Attempt(asyncio.ensure_future(self.transport.handle_request(client, body, state)), state)
+        attempt = Attempt(asyncio.ensure_future(self.transport.handle_request(client, body, state)), state, work)
         if state is not None:
             self.streaming[attempt] = None
-            attempt.when_done(lambda: self.streaming.pop(attempt, None))
+            attempt.when_done(lambda: self._stream_ended(attempt))
         return attempt
+
+    def _stream_ended(self, attempt: Attempt) -> None:
+        self.streaming.pop(attempt, None)
+        if self.on_stream_end is not None:
+            self.on_stream_end(attempt)
 
     def cancel_streams_of(self, provider: str) -> int:
         """Cancel every stream in flight that `provider` is serving (known from its first chunk): the run has just

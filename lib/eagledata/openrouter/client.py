@@ -147,6 +147,34 @@ async def read_account(client: httpx.AsyncClient) -> Account:
     return Account(None if usage is None else float(usage), min(balances) if balances else None)
 
 
+@dataclass(frozen=True)
+class GenerationStats:
+    """`GET generation?id=`: what the service billed one generation, and whether it was cancelled (a stream closed
+    on a provider with stream cancellation: billed for what it generated until then)."""
+
+    id: str
+    total_cost: float
+    cancelled: bool
+    completion_tokens: int | None
+    provider: str
+
+
+async def read_generation(client: httpx.AsyncClient, generation_id: str) -> GenerationStats | None:
+    """One generation's stats; None while the service does not know it (a 404: not finished, or lagging a few
+    seconds behind its end) or has nothing readable for it."""
+    resp = await client.get("generation", params={"id": generation_id})
+    if resp.status_code == 404:
+        return None
+    if resp.status_code != 200:
+        raise error_from_response(resp)
+    d = resp.json().get("data") or {}
+    if not isinstance(d.get("total_cost"), (int, float)):
+        return None
+    tokens = d.get("native_tokens_completion")
+    return GenerationStats(str(d.get("id") or generation_id), float(d["total_cost"]), bool(d.get("cancelled")),
+                           int(tokens) if isinstance(tokens, int) else None, str(d.get("provider_name") or ""))
+
+
 async def complete(client: httpx.AsyncClient, body: dict[str, Any], state: StreamState | None = None, *,
                    stall_timeout_s: float | None = None) -> Outcome:
     """POST chat/completions once and classify what came back (or what broke). A body with `stream: true` is read as

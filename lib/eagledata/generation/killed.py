@@ -1,0 +1,119 @@
+"""The streams a killed run left in flight: journaled as they start, their cost read back by the next run.
+
+A stream's generation id arrives with its first chunk, long before its answer is whole. The engine appends it to its
+dataset's `streams.jsonl` when it first sees it, and `{"end": id}` once the attempt ends in this process (recorded,
+retried or cancelled: the run books those itself). A SIGKILL leaves ids with no end. The next run reads what each
+cost from the generation endpoint (`openrouter.read_generation`): on a provider with stream cancellation only what it
+generated before the dead process's connection closed, elsewhere the whole answer. Its summary shows them as
+`run.killed_before`: paid for, and no record holds them. An id the service does not know yet (an answer still being
+generated upstream: the endpoint lags its end) is read again when the run ends, and kept for the next run if still
+unknown then.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ..openrouter.client import APIError, read_generation
+
+READ_CONCURRENCY = 16  # generation-endpoint reads at once (a killed pool can leave 2,000)
+
+
+def leftovers(path: Path) -> list[str]:
+    """The ids a journal holds without an end, in the order they started (a torn last line is ignored)."""
+    if not path.exists():
+        return []
+    started: dict[str, None] = {}
+    for raw in path.read_bytes().splitlines():
+        try:
+            d = json.loads(raw)
+        except ValueError:
+            continue
+        if "start" in d:
+            started[d["start"]] = None
+        elif "end" in d:
+            started.pop(d["end"], None)
+    return list(started)
+
+
+class StreamJournal:
+    """`streams.jsonl` of one dataset in this run: appends only (one write each, no sync: a SIGKILL keeps what the
+    kernel holds); `rewrite` leaves the ids still to be read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.before = leftovers(path)  # what an earlier run left
+        self.open: set[str] = set()
+        if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):  # a torn last line
+            with path.open("r+b") as f:
+                f.truncate(data.rfind(b"\n") + 1)
+
+    def _append(self, obj: dict) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (json.dumps(obj) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def started(self, generation_id: str, turn_id: str) -> None:
+        if generation_id not in self.open:
+            self.open.add(generation_id)
+            self._append({"start": generation_id, "turn": turn_id})
+
+    def ended(self, generation_id: str) -> None:
+        if generation_id in self.open:
+            self.open.discard(generation_id)
+            self._append({"end": generation_id})
+
+    def rewrite(self, unread: Iterable[str]) -> None:
+        """Keep only `unread` (an earlier run's ids the service could not tell yet) and this run's open ones."""
+        keep = [*unread, *sorted(self.open)]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps({"start": gid}) + "\n" for gid in keep))
+        os.replace(tmp, self.path)
+
+
+@dataclass
+class KilledBefore:
+    """What the streams an earlier, killed run left cost, as the generation endpoint tells it."""
+
+    streams: int = 0
+    read: int = 0
+    cancelled: int = 0        # stopped when the dead process's connection closed (billed until then)
+    usd: float = 0.0
+    unread: list[str] = field(default_factory=list)  # not known to the service (yet)
+
+    def figures(self) -> dict:
+        return {"streams": self.streams, "read": self.read, "cancelled": self.cancelled, "usd": round(self.usd, 8),
+                "unread": len(self.unread)}
+
+
+async def read_killed(client: httpx.AsyncClient, ids: list[str], found: KilledBefore | None = None) -> KilledBefore:
+    """Read each id's cost (`found`: what an earlier reading of the same ids already holds, its unread ones read
+    again); a service error leaves an id unread, it never stops the run."""
+    out = found or KilledBefore(streams=len(ids))
+    todo = list(out.unread) if found else list(ids)
+    out.unread = []
+    gate = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def one(gid: str) -> None:
+        async with gate:
+            try:
+                stats = await read_generation(client, gid)
+            except (httpx.HTTPError, APIError, ValueError):
+                stats = None
+        if stats is None:
+            out.unread.append(gid)
+            return
+        out.read += 1
+        out.cancelled += stats.cancelled
+        out.usd += stats.total_cost
+
+    await asyncio.gather(*(one(gid) for gid in todo))
+    return out

@@ -1,0 +1,99 @@
+"""The streams a killed run left (issue 42): journaled as they start, read back from the generation endpoint by the
+next run, shown as `run.killed_before`."""
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from eagledata.emulator import run_emulator
+from eagledata.generation.killed import KilledBefore, StreamJournal, leftovers, read_killed
+from eagledata.openrouter.client import LOCAL_KEY
+
+
+def test_the_journal_keeps_what_started_and_never_ended(tmp_path):
+    path = tmp_path / "streams.jsonl"
+    j = StreamJournal(path)
+    assert j.before == []
+    j.started("gen-1", "a")
+    j.started("gen-2", "b")
+    j.started("gen-2", "b")  # seen twice: written once
+    j.ended("gen-1")
+    j.ended("gen-9")  # never started here: nothing written
+    with path.open("ab") as f:
+        f.write(b'{"start": "gen-')  # a kill mid-write
+    assert leftovers(path) == ["gen-2"] and len(path.read_text().splitlines()) == 4
+    again = StreamJournal(path)
+    assert again.before == ["gen-2"] and path.read_text().endswith('{"end": "gen-1"}\n')  # the torn line cut off
+    again.started("gen-3", "c")
+    again.rewrite(["gen-2"])  # gen-2 still unknown to the service; gen-3 still open in this run
+    assert leftovers(path) == ["gen-2", "gen-3"]
+
+
+def test_a_killed_runs_streams_are_read_back_and_shown(tokenizer_dir, tmp_path):
+    """A run streaming at speed 1 is SIGKILLed with its streams in flight; the next run reads what they cost (those on
+    providers with stream cancellation: cancelled, billed until the kill) and its summary shows it."""
+    prompts = tmp_path / "C.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
+                               for i in range(24)))
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"C:\n  prompts: {prompts}\n")
+    out = tmp_path / "out"
+    with run_emulator({"speed": 0.3, "balance": 100, "generation_delay": 0.1}) as emu:
+        cmd = [sys.executable, "-m", "eagledata.generate", "--dataset", "C", "--datasets-file", str(datasets),
+               "--base-url", emu.base_url, "--output-dir", str(out), "--params-dir", str(tmp_path / "params"),
+               "--concurrency", "20", "--max-tokens", "600", "--progress", "false", "--reserve-usd", "0",
+               "--stream", "true"]
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        journal = out / "datasets" / "C" / "streams.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(leftovers(journal)) < 20:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        killed = leftovers(journal)
+        assert len(killed) == 20, proc.stderr.read()[-2000:]
+        time.sleep(1.0)  # the cancelling providers have stopped; the others generate on
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+        before = summary["run"]["killed_before"]
+        assert before["streams"] == 20 and before["read"] + before["unread"] == 20 and before["read"] > 0
+        cancelled = [g for g in killed if emu_generation(emu, g)["cancelled"]]
+        assert before["cancelled"] == len(cancelled) > 0
+        assert before["usd"] == pytest.approx(sum(emu_generation(emu, g)["total_cost"] for g in killed
+                                                  if emu_generation(emu, g) is not None), rel=1e-6)
+        assert summary["records"] == 24 and leftovers(journal) == []  # every stream of this run ended in it
+
+
+def emu_generation(emu, gid: str) -> dict | None:
+    r = httpx.get(f"{emu.base_url}/generation", params={"id": gid}, headers={"Authorization": f"Bearer {LOCAL_KEY}"})
+    return r.json()["data"] if r.status_code == 200 else None
+
+
+def test_reading_costs_survives_an_unknown_id(tokenizer_dir):
+    with run_emulator({"speed": 0}) as emu:
+        async def main() -> KilledBefore:
+            async with httpx.AsyncClient(base_url=emu.base_url + "/",
+                                         headers={"Authorization": f"Bearer {LOCAL_KEY}"}) as client:
+                return await read_killed(client, ["gen-unknown"])
+        found = asyncio.run(main())
+    assert found.figures() == {"streams": 1, "read": 0, "cancelled": 0, "usd": 0.0, "unread": 1}
+
+
+def test_the_report_says_what_the_killed_run_wasted():
+    from eagledata.generation import summary_table
+
+    run = {"recorded": 1, "failed": 0, "output_tokens": 10, "usd_per_m_output": 1.0,
+           "cheapest_eligible_usd_per_m_output": 1.0, "max_spend_usd": None, "charged_usd": 0.5, "recorded_usd": 0.4,
+           "wasted_usd": 0.1, "output_tokens_per_s": 1.0, "retried": 0,
+           "killed_before": {"streams": 20, "read": 18, "cancelled": 12, "usd": 0.0123, "unread": 2}}
+    table = summary_table({"stop_reason": "completed", "records": 1, "failures": 0, "remaining": 0, "prompts": 1,
+                           "output_tokens": 10, "target_output_tokens": None, "wall_s": 1.0, "run": run})
+    assert table.loc["wasted by the killed run before (streams)", "value"] == \
+        "$0.0123 over 18 of 20 streams (12 cancelled at the kill, 2 not known yet)"
