@@ -135,3 +135,23 @@ def test_a_finished_run_run_again_shows_its_final_panel_without_a_request(tokeni
     assert {n: [p[k] for k in counts] for n, p in now.providers.items()} == \
         {n: [p[k] for k in counts] for n, p in before.providers.items()}
     assert "ended: target_reached" in panels[0].headline.value and bytes(panels[0].image.value).startswith(b"\x89PNG")
+
+
+def test_the_headline_says_how_far_the_streams_in_flight_have_got():
+    """Issue 42: the panel shows the tokens the answers in flight have streamed so far (characters, at this run's
+    tokens per character: the service counts tokens only in a stream's last chunk)."""
+    from eagledata.generation.progress import RunSnapshot, RunStats
+
+    stats = RunStats(output_tokens=1_000, chars=4_000)  # 4 characters a token in this run's records
+    snap = RunSnapshot(t=65.0, in_flight=1200, limit=2000, spent=0.5, stats=stats, datasets=[], streams=1200,
+                       streamed_chars=1_382_712)
+    health = RunHealth.of_snapshot(snap)
+    assert (health.streams, health.streamed_tokens) == (1200, 345_678)
+    assert "~345,678 tokens streamed by 1,200 in flight" in health.headline()
+    before_any_record = RunHealth.of_snapshot(RunSnapshot(t=5.0, in_flight=3, limit=2000, spent=0.0,
+                                                          stats=RunStats(), datasets=[], streams=3, streamed_chars=90))
+    assert "streaming by 3 in flight" in before_any_record.headline()
+    quiet = RunHealth.of_snapshot(RunSnapshot(t=5.0, in_flight=3, limit=2000, spent=0.0, stats=stats, datasets=[]))
+    assert "streamed" not in quiet.headline()  # JSON answers: nothing to say
+    from eagledata.generation.progress import status_line
+    assert "in flight 1,200/2,000 (~345,678 tokens streamed) |" in status_line(snap)  # papermill's log, the same

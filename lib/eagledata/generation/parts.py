@@ -136,5 +136,6 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid,
                         on_suspect=requester.cancel_streams_of)
     single = isinstance(cfg.dataset, str) and cfg.dataset != "all"
-    reporter = Reporter(cfg, dispatcher, ledger, congestion, fidelity, routing, t0=now, idle=idle, single=single)
+    reporter = Reporter(cfg, dispatcher, ledger, congestion, fidelity, routing, t0=now, idle=idle, single=single,
+                        streamed=requester.streamed)
     return Parts(dispatcher, ledger, requester, recorder, reporter, executor)

@@ -100,6 +100,7 @@ class RunStats:
     output_tokens: int = 0
     prompt_tokens: int = 0
     reasoning_tokens: int = 0
+    chars: int = 0                # reasoning and content characters of the records (tokens per character, streamed)
     recorded_usd: float = 0.0
     agreement: list[float] = field(default_factory=list)
     timeline: list[list[float]] = field(default_factory=list)
@@ -118,7 +119,7 @@ class RunStats:
             total.agreement.extend(p.agreement)
             for name, ps in p.by_provider.items():
                 total.by_provider.setdefault(name, ProviderStats()).add(ps)
-            for name in ("output_tokens", "prompt_tokens", "reasoning_tokens", "recorded_usd", "in_flight",
+            for name in ("output_tokens", "prompt_tokens", "reasoning_tokens", "chars", "recorded_usd", "in_flight",
                          "booked_usd", "abandoned"):
                 setattr(total, name, getattr(total, name) + getattr(p, name))
         return total
@@ -126,6 +127,7 @@ class RunStats:
     def add_record(self, record: Record, usage: Usage, cost: float) -> None:
         self.counts["recorded"] += 1
         self.output_tokens += record.output_tokens
+        self.chars += len(record.reasoning) + len(record.content)
         self.prompt_tokens += usage.prompt_tokens
         self.reasoning_tokens += usage.reasoning_tokens
         self.recorded_usd += cost
@@ -210,6 +212,8 @@ class RunSnapshot:
     stop_reason: str | None = None  # set on the final snapshot
     charged: float | None = None  # what the account has charged (never falls); None: `spent`
     at_bound: float = 0.0         # bookings at a bound no account reading has settled yet (in `spent`, not `charged`)
+    streams: int = 0              # streamed answers in flight
+    streamed_chars: int = 0       # the reasoning and content characters they have delivered so far
 
 
 class ProgressView(Protocol):
@@ -278,8 +282,11 @@ def status_line(snap: RunSnapshot) -> str:
     bound = f" (+${snap.at_bound:,.4f} booked at a bound, not yet read)" if round(snap.at_bound, 4) > 0 else ""
     other = f" | other spending on this key ${snap.foreign:,.4f}" if snap.foreign else ""
     charged = snap.spent if snap.charged is None else snap.charged
+    streamed = ""
+    if snap.streams and snap.stats.chars:  # how far the answers in flight have got (this run's tokens per char)
+        streamed = f" (~{round(snap.streamed_chars * snap.stats.output_tokens / snap.stats.chars):,} tokens streamed)"
     line = (f"{who}: {head} | {snap.stats.output_tokens / max(snap.t, 1e-9):,.0f} output tok/s | "
-            f"charged ${charged:,.4f}{cap}{bound}{other} | in flight {snap.in_flight:,}/{snap.limit:,} | "
+            f"charged ${charged:,.4f}{cap}{bound}{other} | in flight {snap.in_flight:,}/{snap.limit:,}{streamed} | "
             f"{when} | {snap.stats.describe_errors(top=None)}")
     if len(snap.datasets) > 1:
         line += " | " + ", ".join(f"{d.name} {100 * d.share:.1f}%" for d in snap.datasets)

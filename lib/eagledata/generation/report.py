@@ -228,6 +228,8 @@ class RunHealth:
     stop_reason: str | None = None            # None while the run goes
     charged: float = 0.0                      # the last spend point: what the account has charged
     at_bound: float = 0.0                     # the last at-bound point: booked at a bound, not yet read
+    streams: int = 0                          # streamed answers in flight
+    streamed_tokens: int | None = None        # what they delivered so far, in tokens (this run's tokens per character)
 
     @classmethod
     def of_snapshot(cls, snap: RunSnapshot) -> RunHealth:
@@ -242,7 +244,9 @@ class RunHealth:
                                           "target" if d.target is not None else "prompts") for d in snap.datasets],
                    providers=providers, errors=dict(stats.errors), eta_work_s=work, eta_money_s=money,
                    stop_reason=snap.stop_reason, charged=snap.spent if snap.charged is None else snap.charged,
-                   at_bound=snap.at_bound)
+                   at_bound=snap.at_bound, streams=snap.streams,
+                   streamed_tokens=round(snap.streamed_chars * stats.output_tokens / stats.chars) if stats.chars
+                   else None)
 
     @classmethod
     def of_summary(cls, summary: dict[str, Any]) -> RunHealth:
@@ -275,6 +279,9 @@ class RunHealth:
             return f"ended: {self.stop_reason} after {duration(self.t)}, {charged}"
         work, money = self.eta_work_s, self.eta_money_s
         head = f"running {duration(self.t)}, {charged} | "
+        if self.streams:  # answers in flight, as far as they have got (tokens: this run's tokens per character)
+            head += (f"~{self.streamed_tokens:,} tokens streamed" if self.streamed_tokens is not None else
+                     "streaming") + f" by {self.streams:,} in flight | "
         if work is None and money is None:
             return head + "ETA once answers come"
         first = "money" if sooner(work, money)[1] else "targets"

@@ -3,6 +3,7 @@ what it comes to (every dataset's summary.json and the run's summary). It reads 
 their state."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -38,6 +39,7 @@ class Reporter:
     t0: float
     idle: bool    # nothing to send: an earlier run's work is reported
     single: bool  # one dataset named alone: its summary is the run's
+    streamed: Callable[[], tuple[int, int]] | None = None  # the streams in flight and the characters they delivered
 
     def __post_init__(self) -> None:
         self.lanes = self.dispatcher.lanes
@@ -79,7 +81,9 @@ class Reporter:
 
     def snapshot(self, now: float, final: bool = False) -> RunSnapshot:
         """Where the run stands."""
+        streams, chars = self.streamed() if self.streamed is not None and not final else (0, 0)
         return RunSnapshot(t=now - self.t0, in_flight=self.in_flight, limit=self.congestion.allowed,
+                           streams=streams, streamed_chars=chars,
                            spent=self.ledger.spent(final), charged=self.ledger.charged(),
                            at_bound=self.ledger.books.at_bound(), cap=self.cfg.max_spend_usd,
                            money_limit=self.ledger.limit(), foreign=self.ledger.books.foreign_usd,

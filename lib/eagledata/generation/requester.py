@@ -132,6 +132,10 @@ class Requester:
         if self.on_stream_end is not None:
             self.on_stream_end(attempt)
 
+    def streamed(self) -> tuple[int, int]:
+        """The streams in flight, and the reasoning and content characters they have delivered so far."""
+        return len(self.streaming), sum(a.state.chars for a in self.streaming if a.state is not None)
+
     def cancel_streams_of(self, provider: str) -> int:
         """Cancel every stream in flight that `provider` is serving (known from its first chunk): the run has just
         left it out, so what it would still send would not be kept; on an endpoint with stream cancellation closing
