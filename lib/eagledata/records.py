@@ -31,6 +31,10 @@ def split_inline_reasoning(reasoning: str | None, content: str | None) -> tuple[
     return (inner, rest) if sep else (inner, "")
 
 
+# An answer the run cut off itself: a stream closed at its dataset's target or on Ctrl-C, its prefix kept as a sample
+# (`meta.cut` says why). Like a `length` cut, the model never ended it: no `<|im_end|>`.
+CUT = "cut"
+CUT_FINISHES = frozenset({"length", CUT})
 NATIVE_ID_PREFIX = "functions."  # the model writes a call's id as `functions.NAME:IDX` (docs/FORMATS.md#tool-calls)
 
 
@@ -86,7 +90,7 @@ class Answer:
 
     reasoning: str
     content: str
-    finish_reason: str  # "stop" | "length" | "tool_calls" | anything else the server said
+    finish_reason: str  # "stop" | "length" | "tool_calls" | "cut" (the run's own) | anything else the server said
     tool_calls: tuple[ToolCall, ...] = ()
 
     @classmethod

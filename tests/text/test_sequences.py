@@ -85,6 +85,9 @@ def test_recipe_cuts(tok):
     inside = output_ids(tok, "Let me", "", "length")
     assert END_THINK not in inside and IM_END not in inside and tok.decode(inside) == "Let me"
     assert output_ids(tok, "", "Hi", "stop") == [END_THINK, *tok.encode("Hi"), IM_END]
+    # the run's own cut (a stream closed at a target, or on Ctrl-C) is a cut as max_tokens' is: the prefix, no end
+    for reasoning, content in (("Let me think.", "Ans"), ("Let me", "")):
+        assert output_ids(tok, reasoning, content, "cut") == output_ids(tok, reasoning, content, "length")
 
 
 def test_literal_specials_in_content_stay_text(tok):

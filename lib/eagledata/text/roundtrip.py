@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..records import THINK_CLOSE, Answer, Record, ToolCall, calls_before, native_call_id
+from ..records import CUT_FINISHES, THINK_CLOSE, Answer, Record, ToolCall, calls_before, native_call_id
 from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
 from .tokenizer import (
     ARGUMENT_BEGIN,
@@ -158,7 +158,7 @@ def check_case(tok: KimiTokenizer, case: Case) -> Result:
     literal = tok.special_strings_re.search(reasoning + "\0" + content)
     if literal:
         res.flag("literal special string in text", f"{literal.group()!r} kept as text")
-    elif case.finish_reason != "length":
+    elif case.finish_reason not in CUT_FINISHES:
         full = conversation_ids(tok, case.messages, reasoning, content, calls, case.tools)
         if full[:len(p_ids)] != p_ids:
             res.flag("prompt not a prefix of full render", f"first difference at token {first_difference(full, p_ids)}")

@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import InputError
-from ..records import Answer, ToolCall
+from ..records import CUT_FINISHES, Answer, ToolCall
 from .tokenizer import (
     ARGUMENT_BEGIN,
     CALL_BEGIN,
@@ -83,8 +83,9 @@ def output_ids(tok: KimiTokenizer, reasoning: str | None, content: str | None, f
                *, thinking: bool = True, tool_calls: Sequence[ToolCall] = ()) -> list[int]:
     """The recipe: encode(reasoning) + [</think>] + encode(content) [+ the tool-call section] + [<|im_end|>].
 
-    No `<|im_end|>` after a cut (`finish_reason == "length"`), and no `</think>` when the cut fell
-    inside the reasoning (nothing after it). With thinking off the prompt already closed `<think></think>`.
+    No `<|im_end|>` after a cut (`finish_reason` "length", or "cut": the run closed the stream), and no
+    `</think>` when the cut fell inside the reasoning (nothing after it). With thinking off the prompt already
+    closed `<think></think>`.
     Reasoning a provider inlined as `<think>…</think>` in content is split out first. Tool calls (their ids as
     the model wrote them, `functions.NAME:IDX`) follow the content as the template's `render_toolcalls` writes
     them; a cut answer keeps the section's start and its whole calls, no section end.
@@ -103,7 +104,7 @@ def _section(tok: KimiTokenizer, calls: Sequence[ToolCall], finish_reason: str |
     ids = [SECTION_BEGIN]
     for c in calls:
         ids += [CALL_BEGIN, *tok.encode_ordinary(c.id), ARGUMENT_BEGIN, *tok.encode_ordinary(c.arguments), CALL_END]
-    if finish_reason != "length":
+    if finish_reason not in CUT_FINISHES:
         ids.append(SECTION_END)
     return ids
 
@@ -111,7 +112,7 @@ def _section(tok: KimiTokenizer, calls: Sequence[ToolCall], finish_reason: str |
 def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thinking: bool,
               reasoning: str, section: Sequence[int] = ()) -> list[int]:
     """Join encoded parts in place (`r_ids` is ours to extend): this runs once per output token."""
-    cut = finish_reason == "length"
+    cut = finish_reason in CUT_FINISHES
     if not thinking:
         if reasoning:
             raise InputError("reasoning present but thinking is off", field="reasoning")

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from ..errors import InputError
 from ..paths import OUTPUT_DIR, DatasetFiles, records_file
-from ..records import Record, iter_records
+from ..records import CUT_FINISHES, Record, iter_records
 from ..settings import Settings, setting
 from ..summaries import fidelity_suspects, read_summary
 from ..text import KimiTokenizer, prompt_ids
@@ -51,7 +51,7 @@ class Sample:
     dataset: str
     input_ids: list[int]
     loss_mask: list[int]
-    truncated: bool  # generation was cut by max_tokens (finish_reason == "length")
+    truncated: bool  # the model never ended it: cut by max_tokens ("length") or by the run ("cut")
     cut: bool = False  # shortened here by the max-length policy
     provider: str = ""  # who served the record (the fidelity audit's groups); not part of the digest
     sampling: str = ""  # the record's sampling settings as canonical JSON ("" when the record does not say)
@@ -349,12 +349,12 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
             reason = "duplicate_prompt"
         elif not r.prompt_ids or not r.output_ids:
             reason = "no_ids"
-        elif r.finish_reason == "length" and not policy.keep_truncated:
+        elif r.finish_reason in CUT_FINISHES and not policy.keep_truncated:
             reason = "truncated"
         sample = None
         if reason is None:
             sample, reason = apply_length_policy(
-                Sample(r.id, r.dataset, r.input_ids, r.loss_mask, r.finish_reason == "length", provider=r.provider,
+                Sample(r.id, r.dataset, r.input_ids, r.loss_mask, r.finish_reason in CUT_FINISHES, provider=r.provider,
                        sampling=sampling_key(r), conversation_id=r.conversation_id, turn=r.turn), policy)
         if reason is not None:
             dropped[reason] += 1
