@@ -1,6 +1,7 @@
 """Streamed against JSON answers through the library (`openrouter.complete`), issue 42: N requests in flight against
-the emulator at the seed bench's time scale for SECS seconds after a warm-up, the modes in turn (json, stream, json,
-stream): answers/s, the client's CPU (per answer, per SSE chunk) and the emulator's.
+the emulator at the seed bench's time scale for SECS seconds after a warm-up, the modes in turn (json, stream, fast,
+json, stream, fast): answers/s, the client's CPU (per answer, per SSE chunk) and the emulator's. `stream` reads the SSE
+over httpx (openrouter/stream.py), `fast` over FastStreams' connections (openrouter/fast_stream.py).
 
   PYTHONPATH=lib .venv/bin/python bench/stream_bench.py [N=500] [SECS=40]
 """
@@ -18,13 +19,16 @@ from throughput_bench import process_cpu_s, scaled_emulator  # noqa: E402
 from eagledata.emulator import run_emulator  # noqa: E402
 from eagledata.openrouter import ClientPool, Kind, build_request, complete  # noqa: E402
 from eagledata.openrouter.client import LOCAL_KEY  # noqa: E402
+from eagledata.openrouter.fast_stream import FastStreams  # noqa: E402
 from eagledata.openrouter.stream import StreamState  # noqa: E402
 
 WARM_S = 10.0
 
 
-async def run(base_url: str, emulator_pid: int, n: int, secs: float, stream: bool) -> None:
+async def run(base_url: str, emulator_pid: int, n: int, secs: float, mode: str) -> None:
     ok = chunks = 0
+    stream = mode != "json"
+    fast = FastStreams() if mode == "fast" else None
 
     async def worker(client, i: int) -> None:
         nonlocal ok, chunks
@@ -34,7 +38,7 @@ async def run(base_url: str, emulator_pid: int, n: int, secs: float, stream: boo
             body = build_request("moonshotai/kimi-k2.5", msgs, max_tokens=8192, temperature=1.0, provider=None,
                                  stream=stream)
             state = StreamState()
-            out = await complete(client, body, state)
+            out = await (fast.complete(client, body, state) if fast is not None else complete(client, body, state))
             ok += out.kind is Kind.OK
             chunks += state.chunks
 
@@ -48,10 +52,13 @@ async def run(base_url: str, emulator_pid: int, n: int, secs: float, stream: boo
         w.cancel()
     await asyncio.gather(*workers, return_exceptions=True)
     await pool.__aexit__()
+    if fast is not None:
+        await fast.aclose()
     cpu, emu, answers, got = t1 - t0, e1 - e0, a1 - a0, c1 - c0
-    print(f"{'stream' if stream else 'json  '}: {answers / secs:.1f} answers/s ({answers} in {secs:g} s, {n} in "
+    print(f"{mode:6}: {answers / secs:.1f} answers/s ({answers} in {secs:g} s, {n} in "
           f"flight); client CPU {cpu / secs:.2f} cores, {1e3 * cpu / max(answers, 1):.2f} ms/answer"
           + (f", {got / max(answers, 1):.0f} chunks/answer, {1e6 * cpu / max(got, 1):.0f} us/chunk" if stream else "")
+          + (f", {fast.opened} connections opened" if fast is not None else "")
           + f"; emulator {emu / secs:.2f} cores; load {os.getloadavg()[0]:.1f}", flush=True)
 
 
@@ -59,8 +66,8 @@ def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 500
     secs = float(sys.argv[2]) if len(sys.argv) > 2 else 40.0
     with run_emulator(scaled_emulator(4, 1.5, balance=1e6, seed=1)) as emu:
-        for stream in (False, True, False, True):
-            asyncio.run(run(emu.base_url, emu.process.pid, n, secs, stream))
+        for mode in ("json", "stream", "fast", "json", "stream", "fast"):
+            asyncio.run(run(emu.base_url, emu.process.pid, n, secs, mode))
 
 
 if __name__ == "__main__":
