@@ -12,6 +12,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from jinja2 import TemplateError
 from starlette.requests import Request
@@ -239,6 +240,7 @@ class Emulator:
         self.stats.outcomes[outcome] += 1
         if partial_tokens is not None and job.gen is not None:  # a closed stream the provider stopped: billed so far
             self._generation(job, cost, partial_tokens, cancelled=True)
+            self._truth(job, cost, cancelled=True, streamed_tokens=partial_tokens)  # its whole answer, and how far
         if not charged:
             return
         self.stats.by_provider[job.ep.provider] += 1
@@ -248,10 +250,16 @@ class Emulator:
             self.stats.quirks[gen.quirk] += 1
         n_out = self.counted(job)
         self._generation(job, cost, n_out)
+        self._truth(job, cost)
+
+    def _truth(self, job: Job, cost: float, **extra: Any) -> None:
+        """The ground truth of a billed generation: its exact ids (a cancelled stream's whole answer, with how many
+        of its tokens it streamed), by generation id; appended to `ground_truth_file` when set."""
+        assert job.gen is not None
         record = {"generation_id": job.gen_id, "prompt_hash": job.phash, "attempt": job.attempt,
                   "provider": job.ep.provider, "model": self.cfg.model_version, "prompt_tokens": len(job.prompt_ids),
                   **({"prompt_ids": job.prompt_ids} if self.cfg.record_prompt_ids else {}),
-                  **gen.to_dict(), "fault": job.fault, "cost": cost}
+                  **job.gen.to_dict(), "fault": job.fault, "cost": cost, **extra}
         self.ground_truth[job.gen_id] = record
         if self.cfg.ground_truth_file:
             with open(self.cfg.ground_truth_file, "a", encoding="utf-8") as f:

@@ -21,6 +21,7 @@ from .turns import TurnsMode
 Policy = Literal["equal", "proportional", "weights"]
 PriceMode = Literal["cheapest", "worst", "mix"]
 Route = Literal["realtime", "batch"]
+AtTarget = Literal["cut", "finish"]
 
 
 @dataclass(kw_only=True)
@@ -59,6 +60,9 @@ class GenerateConfig(Settings):
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
     stream: bool = setting(False, "ask for SSE streams (the same records as one JSON body; off until issue 42 "
                                   "measures its throughput); a local backend is always asked for one body")
+    at_target: AtTarget = setting(
+        "cut", "stream: true, a dataset at its target (or a Ctrl-C): cut: close its streams whose endpoint stops "
+               "billing and keep what they delivered as cut samples (finish_reason cut); finish: let every answer end")
     max_attempts: int = setting(8, "per prompt, then failures.jsonl")
     retry_failed: bool = setting(False, "send again the prompts failures.jsonl holds (kept in failures.retried.jsonl)")
     retry_base_s: float = setting(1.0, "backoff: base * 2^attempt, full jitter, capped")

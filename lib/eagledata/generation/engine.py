@@ -21,6 +21,7 @@ from ..aio import on_kernel_shutdown, on_signals, run_sync
 from ..defaults import is_emulator
 from ..openrouter import ClientPool, RoutingDecision, load_routing, resolve_api_key
 from ..openrouter.client import LOCAL_KEY
+from ..openrouter.fast_stream import FastStreams
 from ..status import ensure_log_handler
 from ..text import load_tokenizer
 from .batch_route import run_batch_route
@@ -183,9 +184,11 @@ class Run:
         if self._signals > 1:
             return self._cut(self.clock.now())
         self.dispatcher.stop.set(StopReason.INTERRUPTED)
-        if closed := self.parts.requester.cancel_streams_that_stop_billing():
+        cut = StopReason.INTERRUPTED if self.cfg.at_target == "cut" else None
+        if closed := self.parts.requester.cancel_streams_that_stop_billing(cut=cut):
             log.warning("generation: interrupted: %d stream(s) closed at once (their endpoints stop billing when a "
-                        "stream is closed; the prompts stay to do); the rest finish, up to drain_timeout_s", closed)
+                        "stream is closed; %s); the rest finish, up to drain_timeout_s", closed,
+                        "what they streamed kept as cut samples" if cut else "the prompts stay to do")
         self._drain()
 
     async def _kernel_shutdown(self) -> None:
@@ -272,7 +275,10 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
 async def _run(cfg: GenerateConfig, key: str | None, seams: Seams | None, transport: Transport | None,
                view: ViewFactory | None) -> dict[str, Any]:
     seams = seams or (Seams(transport=transport) if transport else Seams())
-    async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients:
+    async with ClientPool(cfg.base_url, key, concurrency=cfg.concurrency, timeout=cfg.request_timeout_s) as clients, \
+            FastStreams() as fast:  # the streams' connections, closed with the pool's
+        if seams.fast_streams is None:
+            seams = dataclasses.replace(seams, fast_streams=fast)
         run = await Run.start(cfg, clients[0], api_key=key, seams=seams)
         try:
             summary = await run.execute(clients, view)

@@ -7,8 +7,9 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..errors import InputError
-from ..openrouter import Outcome, Price, RoutingDecision
-from ..records import Record
+from ..openrouter import Completion, Kind, Outcome, Price, RoutingDecision
+from ..openrouter.fast_stream import FastStreams
+from ..records import CUT, Record
 from ..text import KimiTokenizer
 from .account import Books
 from .admission import Admission, AgeModel
@@ -21,11 +22,11 @@ from .flights import Flights
 from .lanes import DatasetRun
 from .ledger import AccountReader, Ledger, MoneyStop, read_account
 from .pacing import Pacing
-from .policy import rule
+from .policy import StopReason, rule
 from .priors import cost_prior, length_prior, prior_lengths
 from .recorder import Recorder
 from .reporter import Reporter
-from .requester import CANCELLED, ChatCompletions, Requester, Transport
+from .requester import CANCELLED, ChatCompletions, Requester, Transport, cancelled_outcome
 from .work import Work
 
 
@@ -34,6 +35,7 @@ class Seams:
     """What the engine talks to, each replaceable: tests and benches pass their own (virtual time among them)."""
 
     transport: Transport | None = None  # None: ChatCompletions with the run's stall_timeout_s
+    fast_streams: FastStreams | None = None  # that ChatCompletions' streams read over it (the run makes one)
     clock: Clock = field(default_factory=LoopClock)
     account: AccountReader = read_account
     routing: RoutingDecision | None = None  # None: the routing file, else the catalog (openrouter.load_routing)
@@ -72,6 +74,8 @@ class Parts:
         r, stop, c = rule(outcome), None, outcome.completion
         if record is not None and c is not None and (contradicted := self.recorder.contradicted(record, c)):
             outcome, record, r = contradicted, None, rule(contradicted)  # the service's count says its ids are wrong
+        if outcome.error_class == CUT and record is not None and c is not None:
+            return self._cut(work, record, c, now)
         if cost is None and c is not None:  # an answer (or a refused one): read, and paid for
             cost = self.requester.cost(c)
         assert work.ticket is not None
@@ -93,6 +97,23 @@ class Parts:
         self.recorder.attempt(work, outcome, r, now - work.sent_at, booked)
         self.dispatcher.congestion.observe(now, r.rate_limited)
         self.requester.observe(now, c.provider if c is not None else outcome.provider, r.rate_limited)
+        if stop is not None:
+            self.dispatcher.stop.set(stop)
+        if record is not None and work.lane.target_met and self.requester.at_target == "cut":
+            self.requester.cut_streams_of(work.lane, StopReason.TARGET_REACHED)
+
+    def _cut(self, work: Work, record: Record, c: Completion, now: float) -> None:
+        """A cut sample: recorded as any answer; its cost is unknown (a closed stream has no usage chunk), so the
+        books hold its bound until the account's reading settles it; its record carries the prefix's cost at the
+        provider's price (what the store's totals and the next run's cost prior read)."""
+        assert work.ticket is not None and work.prompt_ids is not None
+        price = self.requester.price_by_provider.get(c.provider, self.requester.worst)
+        recorded, stop = self.recorder.record(work, record, c, price.cost(len(work.prompt_ids), len(record.output_ids)))
+        self.dispatcher.answered(work, now, recorded.tokens, written=recorded.written, next_turn=recorded.next_turn)
+        cancelled = cancelled_outcome()
+        booked = self.ledger.settle(work.ticket, rule(cancelled), None, work.bound, now)
+        self.recorder.attempt(work, Outcome(Kind.OK, CUT, 200, completion=c), rule(cancelled), now - work.sent_at,
+                              booked)
         if stop is not None:
             self.dispatcher.stop.set(stop)
 
@@ -129,10 +150,10 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     fidelity = FidelityJudge.carried(lane.summary_before for lane in lanes if lane.summary_before)
     executor = seams.executor or ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")
     cooldown = ProviderCooldown(cooldown_s=cfg.provider_cooldown_s)
-    transport = seams.transport or ChatCompletions(cfg.stall_timeout_s)
+    transport = seams.transport or ChatCompletions(cfg.stall_timeout_s, fast_streams=seams.fast_streams)
     requester = Requester(transport, routing, fidelity, cooldown, tok, executor, worst=worst, model=cfg.model,
                           max_tokens=cfg.max_tokens, temperature=cfg.temperature, backend=cfg.backend,
-                          stream=cfg.stream)
+                          stream=cfg.stream, at_target=cfg.at_target)
     recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid,
                         on_suspect=requester.cancel_streams_of)
     single = isinstance(cfg.dataset, str) and cfg.dataset != "all"

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import httpx
 
 from ..openrouter import Completion, Kind, Outcome, Price, RoutingDecision, build_request, complete
+from ..openrouter.fast_stream import FastStreams
 from ..openrouter.stream import StreamState
 from ..text import KimiTokenizer, prompt_ids
 from .congestion import ProviderCooldown
@@ -46,9 +47,12 @@ class ChatCompletions:
     `stall_timeout_s`: a stream silent this long is closed and retried (the run passes generate's setting)."""
 
     stall_timeout_s: float | None = None  # None: the client's timeouts
+    fast_streams: FastStreams | None = None  # streams read over its connections (fast_stream.py); None: over httpx
 
     async def handle_request(self, client: httpx.AsyncClient, body: dict[str, Any],
                              state: StreamState | None = None) -> Outcome:
+        if self.fast_streams is not None and body.get("stream"):
+            return await self.fast_streams.complete(client, body, state, stall_timeout_s=self.stall_timeout_s)
         return await complete(client, body, state, stall_timeout_s=self.stall_timeout_s)
 
 
@@ -60,6 +64,12 @@ class Attempt:
     def __init__(self, task: asyncio.Task[Outcome], state: StreamState | None = None, work: Work | None = None):
         self._task, self.state, self.work = task, state, work
         self.journaled = False
+        self.cut_reason: str | None = None  # the run closed it to keep what it streamed (`cut`): why
+
+    def cut(self, reason: str) -> None:
+        """Close the stream and keep what it delivered as a cut sample (slots.py), `reason` in its `meta.cut`."""
+        self.cut_reason = reason
+        self._task.cancel()
 
     def cancel(self) -> None:
         self._task.cancel()
@@ -82,14 +92,16 @@ async def in_executor(executor: Executor, fn: Callable, *args: Any, **kwargs: An
 class Requester:
     def __init__(self, transport: Transport, routing: RoutingDecision, fidelity: FidelityJudge,
                  cooldown: ProviderCooldown, tok: KimiTokenizer, executor: Executor, *, worst: Price, model: str,
-                 max_tokens: int, temperature: float | None, backend: str, stream: bool = False):
+                 max_tokens: int, temperature: float | None, backend: str, stream: bool = False,
+                 at_target: str = "cut"):
         self.transport, self.routing, self.fidelity, self.cooldown = transport, routing, fidelity, cooldown
         self.tok, self.executor, self.worst = tok, executor, worst
         self.model, self.max_tokens, self.temperature, self.backend = model, max_tokens, temperature, backend
-        self.stream = stream
+        self.stream, self.at_target = stream, at_target
         self.streaming: dict[Attempt, None] = {}  # the streamed attempts in flight, in the order they went out
         self.on_stream_end: Callable[[Attempt], None] | None = None  # a streamed attempt ended (the journal hears)
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
+        self._cancels = {e.provider: e.stream_cancellation for e in routing.eligible}
 
     async def prepare(self, work: Work) -> None:
         """The turn's prompt ids (off the event loop) and the most one attempt of it can cost, once per work."""
@@ -142,19 +154,29 @@ class Requester:
         it stops the billing too. Each is booked and retried as any cancelled attempt. Returns how many."""
         return self._cancel(lambda state: state.provider == provider)
 
-    def cancel_streams_that_stop_billing(self) -> int:
-        """Cancel every stream in flight whose endpoint stops billing when it is closed (the routing decision's
-        `stream_cancellation`; before its first chunk names the provider: when every eligible endpoint does). What
-        they would still send is not paid for. The others bill their whole answer whatever the client does, so
-        they are left to finish and be kept. Returns how many."""
-        cancels = {e.provider: e.stream_cancellation for e in self.routing.eligible}
-        every = bool(cancels) and all(cancels.values())
-        return self._cancel(lambda state: cancels.get(state.provider, False) if state.provider else every)
+    def stops_billing(self, state: StreamState) -> bool:
+        """Closing this stream stops its billing: its endpoint has stream cancellation (the routing decision's
+        `stream_cancellation`; before its first chunk names the provider: when every eligible endpoint has)."""
+        if state.provider:
+            return self._cancels.get(state.provider, False)
+        return bool(self._cancels) and all(self._cancels.values())
 
-    def _cancel(self, which: Callable[[StreamState], bool]) -> int:
-        hit = [a for a in self.streaming if a.state is not None and which(a.state)]
+    def cancel_streams_that_stop_billing(self, cut: str | None = None) -> int:
+        """Close every stream in flight whose endpoint stops billing when it is closed: what they would still send
+        is not paid for (`cut`: what they delivered is kept as a cut sample, with this reason). The others bill
+        their whole answer whatever the client does, so they are left to finish and be kept. Returns how many."""
+        return self._cancel(self.stops_billing, cut=cut)
+
+    def cut_streams_of(self, lane: Any, reason: str) -> int:
+        """A dataset reached its target: close its streams whose endpoint stops billing, each kept as a cut sample
+        (`at_target: cut`; the others are paid in full anyway, so they finish and count). Returns how many."""
+        return self._cancel(self.stops_billing, cut=reason, lane=lane)
+
+    def _cancel(self, which: Callable[[StreamState], bool], *, cut: str | None = None, lane: Any = None) -> int:
+        hit = [a for a in self.streaming if a.state is not None and which(a.state)
+               and (lane is None or (a.work is not None and a.work.lane is lane))]
         for attempt in hit:
-            attempt.cancel()
+            attempt.cut(cut) if cut else attempt.cancel()
         return len(hit)
 
     def cost(self, c: Completion) -> float:

@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 
 from ..openrouter import Kind, Outcome
+from ..openrouter.stream import cut_completion
+from ..records import CUT
 from .clock import Clock
 from .dispatcher import Stopped, Wait
 from .parts import Parts
@@ -104,6 +106,8 @@ class Slots:
         except BaseException as e:  # cut off, or a bug in the transport: nothing recorded, booked as any attempt
             # (in a coroutine the current task is never None)
             ending = not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling()  # type: ignore[union-attr]
+            if not ending and attempt.cut_reason and await self._cut(work, attempt):
+                return  # closed through its handle to keep what it streamed: recorded as a cut sample
             await self._settle(work, cancelled_outcome(), None, go_on=not ending)
             if ending:
                 raise
@@ -119,6 +123,20 @@ class Slots:
                                   provider=c.provider)
                 return await self._settle(work, spoiled, None, cost=self.parts.requester.cost(c))
         await self._settle(work, outcome, record)
+
+    async def _cut(self, work: Work, attempt: Attempt) -> bool:
+        """A stream the run closed to keep its prefix (at its dataset's target, on Ctrl-C): recorded as a cut sample
+        when what it delivered is one for sure (`openrouter.stream.cut_completion`); False: settle it as cancelled."""
+        c = cut_completion(attempt.state) if attempt.state is not None else None
+        if c is None:
+            return False
+        try:
+            record = await self.parts.recorder.build(work, c)
+        except UnicodeEncodeError:
+            return False
+        record.meta["cut"] = attempt.cut_reason
+        await self._settle(work, Outcome(Kind.OK, CUT, 200, completion=c), record)
+        return True
 
     async def _settle(self, work: Work, outcome: Outcome, record: Any, cost: float | None = None, *,
                       go_on: bool = False) -> None:

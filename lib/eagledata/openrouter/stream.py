@@ -24,7 +24,8 @@ from typing import Any
 
 import httpx
 
-from .answers import Kind, Outcome, classify_body, classify_exception, classify_response
+from ..records import CUT, Answer
+from .answers import Completion, Kind, Outcome, classify_body, classify_exception, classify_response, parse_completion
 
 DONE = b"[DONE]"
 _STRING_PARTS = ("text", "summary", "data")  # reasoning_details fields that arrive in pieces
@@ -316,3 +317,38 @@ async def stream_complete(client: httpx.AsyncClient, body: dict[str, Any], state
     except httpx.HTTPError as exc:
         return classify_exception(exc)
     return classify_stream(state, headers)
+
+
+def cut_completion(state: StreamState) -> Completion | None:
+    """What a stream the run closed itself had delivered, as an answer cut there (`finish_reason` "cut"): its
+    reasoning and content so far, a prefix of the model's output. Tool calls that had begun are left out (their
+    arguments may be partial; the ids then stop before the section, still a prefix). None when it is no such prefix
+    for sure: nothing served, an error chunk, a shape repaired from content (`bare_close`: without the count a
+    stream's last chunk brings, the split cannot be confirmed), or no reasoning served in a reasoning field (a
+    provider without a reasoning parser serves reasoning as content: its cut could not be told apart)."""
+    if state.error is not None or not state.chunks:
+        return None
+    body = state.body()
+    choice = body["choices"][0]
+    choice["message"].pop("tool_calls", None)
+    choice["finish_reason"], choice["native_finish_reason"] = CUT, None
+    body.pop("usage", None)
+    parsed = parse_completion(body)
+    if not isinstance(parsed, Completion) or parsed.repaired or not parsed.answer.reasoning:
+        return None
+    a = parsed.answer
+    if a.content:  # the last text ends at a word boundary: its last word may be a token the stream had only begun
+        parsed.answer = Answer(a.reasoning, word_boundary(a.content), CUT)
+    else:
+        parsed.answer = Answer(word_boundary(a.reasoning), "", CUT)
+    return parsed if parsed.answer.reasoning else None
+
+
+def word_boundary(text: str) -> str:
+    """`text` up to its last word that a space or line end follows: a stream's last piece of text may stop inside a
+    token (a provider sends text, not ids), so the ids of a cut sample stop where the next piece starts a new one
+    (the tokenizer splits before a space or a line end that follows a word)."""
+    for i in range(len(text) - 1, 0, -1):
+        if text[i] in " \n" and not text[i - 1].isspace():
+            return text[:i]
+    return ""

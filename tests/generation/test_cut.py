@@ -1,0 +1,106 @@
+"""Cut samples (issue 42): a stream the run closes itself — its dataset at its target (`at_target: cut`), or a
+Ctrl-C — on an endpoint that stops billing when closed is kept as the prefix it delivered: exact ids, no
+`<|im_end|>`, `finish_reason: cut`, the reason in `meta.cut`."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from eagledata.emulator import run_emulator
+from eagledata.records import load_records
+from eagledata.text import IM_END
+
+# answers of ~150-700 tokens at a few hundred tokens/s x speed: a second or two each, mid-stream when the target comes
+CONTENT = {"reasoning_median": 300, "reasoning_sigma": 0.4, "content_median": 80, "content_sigma": 0.4,
+           "max_total": 1500}
+
+
+@pytest.fixture(scope="module")
+def emu(tokenizer_dir):
+    with run_emulator({"speed": 0.05, "content": CONTENT, "balance": 100, "generation_delay": 0.1}) as handle:
+        yield handle
+
+
+def write(tmp_path, n: int, target: int | None):
+    prompts = tmp_path / "C.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i:03d}", "messages": [{"role": "user", "content": f"q {i}"}]})
+                               + "\n" for i in range(n)))
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"C:\n  prompts: {prompts}\n" + (f"  target_output_tokens: {target}\n" if target else ""))
+    return datasets
+
+
+def command(tmp_path, emu, datasets, *extra):
+    return [sys.executable, "-m", "eagledata.generate", "--dataset", "C", "--datasets-file", str(datasets),
+            "--base-url", emu.base_url, "--output-dir", str(tmp_path / "out"), "--params-dir", str(tmp_path / "params"),
+            "--concurrency", "48", "--max-tokens", "1500", "--progress", "false", "--reserve-usd", "0",
+            "--stream", "true", "--straggler-wait-s", "30", *extra]
+
+
+# pacing told answers are short (5 tokens): it keeps many in flight as the target comes, as a heavy tail does
+SHORT_GUESS = ("--prior-output-median-tokens", "5")
+
+
+def check_prefixes(emu, records) -> None:
+    """Each cut sample is the prefix of the answer the emulator was generating: exact ids, no end."""
+    assert records
+    for r in records:
+        truth = emu.ground_truth(r.generation_id)  # cancelled (billed until then), or closed after its last token
+        assert r.output_ids[-1] != IM_END and r.finish_reason == "cut"
+        assert r.output_ids == truth["output_ids"][:len(r.output_ids)], r.id
+        assert 0 < len(r.output_ids) < len(truth["output_ids"])
+
+
+def test_a_dataset_at_its_target_cuts_its_streams_and_keeps_them(emu, tmp_path):
+    emu.reset({"speed": 0.05, "content": CONTENT, "balance": 100, "generation_delay": 0.1, "seed": 42})
+    datasets = write(tmp_path, 120, target=12_000)
+    done = subprocess.run(command(tmp_path, emu, datasets, *SHORT_GUESS), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_reached"
+    records = load_records(tmp_path / "out" / "datasets" / "C" / "records.jsonl")
+    cut = [r for r in records if r.meta.get("cut")]
+    assert {r.meta["cut"] for r in cut} == {"target_reached"} and len(cut) >= 3
+    check_prefixes(emu, cut)
+    assert summary["run"]["finish_reasons"].get("cut") == len(cut)
+    assert all(r.finish_reason != "cut" for r in records if not r.meta.get("cut"))
+    assert sum(emu.ground_truth(r.generation_id).get("cancelled", False) for r in cut) >= len(cut) // 2
+
+
+def test_at_target_finish_keeps_only_whole_answers(emu, tmp_path):
+    emu.reset({"speed": 0.05, "content": CONTENT, "balance": 100, "generation_delay": 0.1, "seed": 42})
+    datasets = write(tmp_path, 120, target=12_000)
+    done = subprocess.run(command(tmp_path, emu, datasets, "--at-target", "finish", *SHORT_GUESS), capture_output=True,
+                          text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    records = load_records(tmp_path / "out" / "datasets" / "C" / "records.jsonl")
+    assert records and not any(r.finish_reason == "cut" or r.meta.get("cut") for r in records)
+
+
+def test_ctrl_c_keeps_what_the_closed_streams_delivered(emu, tmp_path):
+    emu.reset({"speed": 0.05, "content": CONTENT, "balance": 100, "generation_delay": 0.1, "seed": 7})
+    datasets = write(tmp_path, 200, target=None)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(command(tmp_path, emu, datasets), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    records = out / "datasets" / "C" / "records.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not records.exists() or len(records.read_text().splitlines()) < 10):
+        time.sleep(0.05)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "kept as cut samples" in stderr
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted"
+    cut = [r for r in load_records(records) if r.meta.get("cut")]
+    assert cut and {r.meta["cut"] for r in cut} == {"interrupted"}
+    check_prefixes(emu, cut)
+    assert time.monotonic() - started < 30  # the cancelling endpoints' streams did not run to their end
+    assert os.path.exists(out / "datasets" / "C" / "summary.json")
