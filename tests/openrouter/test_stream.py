@@ -302,3 +302,18 @@ def test_a_stream_silent_past_the_stall_timeout_is_closed_and_retried_one_kept_a
     assert state.chunks == 2 and state.body()["choices"][0]["message"]["reasoning"] == "Think."
     assert kept.kind is Kind.OK and kept.completion.answer.content == "Answer."  # 1 s of keepalives, each < 0.5 s
     assert (by_client.error_class, by_client.message) == ("client_timeout", "ReadTimeout")
+
+
+@pytest.mark.parametrize("text", [
+    "思考。\n下一步：先算 2+2=4。\n然后 check it.\nDone: yes!\n\nNext line,\tand (more) words here's it",
+    "First, x = 1.\nThen y.\n\n- item one\n- item two:\n  12345 apples\nend",
+])
+def test_a_cut_stream_keeps_a_prefix_of_the_full_texts_ids_wherever_it_is_cut(tok, text):
+    """A cut sample's text ends where the tokenizer is sure to split, whatever followed: its ids are the first ids of
+    the whole answer's. A newline after punctuation is no such place: `。\\n` and `.\\n` are one token each."""
+    from eagledata.openrouter.stream import word_boundary
+
+    whole = tok.encode_ordinary(text)
+    for k in range(1, len(text) + 1):
+        cut = tok.encode_ordinary(word_boundary(text[:k]))
+        assert cut == whole[:len(cut)], (k, text[:k])

@@ -345,10 +345,11 @@ def cut_completion(state: StreamState) -> Completion | None:
 
 
 def word_boundary(text: str) -> str:
-    """`text` up to its last word that a space or line end follows: a stream's last piece of text may stop inside a
-    token (a provider sends text, not ids), so the ids of a cut sample stop where the next piece starts a new one
-    (the tokenizer splits before a space or a line end that follows a word)."""
+    """`text` up to the last place where the tokenizer splits whatever follows: a stream's last piece of text may
+    stop inside a token (a provider sends text, not ids), so the ids of a cut sample stop where the next piece surely
+    starts a new one. Kimi's pre-tokenizer starts a new piece at a space after a non-space, and at a line end after a
+    letter or digit; a line end after punctuation joins it (`。\n` and `.\n` are one token each)."""
     for i in range(len(text) - 1, 0, -1):
-        if text[i] in " \n" and not text[i - 1].isspace():
+        if (text[i] == " " and not text[i - 1].isspace()) or (text[i] == "\n" and text[i - 1].isalnum()):
             return text[:i]
     return ""
