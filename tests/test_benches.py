@@ -39,3 +39,17 @@ def test_money_end_sim_stops_at_the_cap_through_the_engine(benches, tok):
     row = money_end_sim.engine(seed=1, usable=1.0, slots=16, tok=tok)  # asserts it stopped max_spend_reached
     assert 0.8 <= row["charged"] <= 1.0  # never over the cap, most of it spent
     assert 0 < row["stop"] <= row["end"]
+
+
+def test_pacing_replay_streamed_cuts_at_the_targets_through_the_engine(benches, tok):
+    """Streamed with `at_target: cut`: every target met, each within 2 % (the cut samples land at once), no target
+    waiting for a whole answer, and nothing billed that no record holds on an endpoint that cancels."""
+    pacing_replay, _ = benches
+    saved, pairs = pacing_replay.synthetic(seed=1, n=400)
+    saved["summary"]["run"]["concurrency"] = 40
+    for d in saved["summary"]["datasets"].values():
+        d["target_output_tokens"] = 60_000
+    report: dict = {}
+    last, over = pacing_replay.replay(saved, pairs, 0.4, 0, tok, stream=True, cancel_share=1.0, report=report)
+    assert -0.001 < over <= 0.02 and report["cut"] > 0 and report["wasted"] == 0
+    assert last <= 1.15 * pacing_replay.ideal_s(saved, pairs)

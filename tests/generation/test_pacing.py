@@ -129,3 +129,87 @@ def test_requests_in_flight_count_at_their_age():
     pace.start("D", 0.0)
     pace.refresh(60.0)  # in flight for 60 s: only long answers take that long
     assert lane.expected() - lane.recorded > 2 * mean
+
+
+def answered(pace: Pacing, name: str, rng: random.Random, n: int = 400) -> None:
+    for _ in range(n):  # finished attempts: (latency, tokens)
+        tokens, latency = lengths(rng)
+        pace.hold(name)
+        pace.end(pace.start(name, 0.0), latency, tokens, finished=True)
+
+
+def test_a_stream_counts_for_what_it_has_delivered_not_only_its_age():
+    """A young request whose stream has already delivered 12,000 tokens is a long one: E[L | L > 12,000], far above
+    what its age alone says; a stream that has delivered nothing yet counts at its age."""
+    from eagledata.generation.pacing import Streamed
+
+    pace = Pacing([Pacing.lane("D", target=10 ** 8, prompts=10 ** 6, recorded=0, finished=0, prior_tokens=prior())])
+    answered(pace, "D", random.Random(3))
+    long_one, fresh = (pace.start("D", 100.0) for _ in (pace.hold("D"), pace.hold("D")))
+    pace.refresh(102.0, {long_one: Streamed(12_000, True), fresh: Streamed(0, True)})
+    by_age = pace.flights.live[fresh].tokens
+    assert pace.flights.live[long_one].tokens > 12_000 > 3 * by_age
+    pace.refresh(102.0)  # no streams: both at their age
+    assert pace.flights.live[long_one].tokens == pytest.approx(by_age)
+
+
+def test_in_cut_mode_a_dataset_is_cut_when_what_is_in_hand_reaches_its_target_and_closes_just_before():
+    """Cut mode: the cuttable streams' tokens so far count as in hand; the cut comes once recorded + those reach the
+    target (just over: CUT_AIM), the dataset stops taking requests LEAD median answer times before (at the rate
+    tokens arrive), and an answer billed whole counts at its expected end."""
+    from eagledata.generation.pacing import CUT_AIM, LEAD, Streamed
+
+    pace = Pacing([Pacing.lane("D", target=100_000, prompts=10 ** 6, recorded=0, finished=0, prior_tokens=prior())],
+                  cut=True)
+    rng = random.Random(5)
+    median = float(np.median([lengths(rng)[1] for _ in range(400)]))
+    answered(pace, "D", random.Random(5))  # the same draws: their median answer time is `median`
+    lane = pace.lanes["D"]
+    lane.recorded = 0  # the answers above taught the estimates; the target starts from nothing
+    tickets = [pace.start("D", 0.0) for _ in range(20) if pace.hold("D") is None]
+    rate = 1000.0  # tokens/s over the 20 streams
+    t = 0.0
+    while True:
+        t += 0.5
+        pace.refresh(t, {k: Streamed(rate * t / 20, True) for k in tickets})
+        left = 100_000 * (1 + CUT_AIM) - rate * t
+        assert lane.open() == (left / rate > LEAD * median), t
+        if pace.due_cuts():
+            break
+    assert rate * t >= 100_000 * (1 + CUT_AIM) > rate * (t - 0.5)  # at the first tick past the aim, not before
+    assert not lane.open() and pace.due_cuts() == []  # cut once; closed until its streams are in
+    for k in tickets:
+        pace.end(k, t, int(rate * t / 20), finished=True, cut=True)
+    assert lane.target_met and not lane.cutting
+    assert lane.lengths.events == 400  # a cut sample's length is no answer's length: the estimate did not learn it
+
+
+def test_in_cut_mode_answers_billed_whole_pass_the_target_by_at_most_whole_over():
+    """An answer billed whole finishes after the cut and counts on top: the cut comes when what is in hand reaches the
+    target's aim while such answers are expected to add at most WHOLE_OVER of the target; beyond it, that much
+    earlier. `open` counts them at their expected end."""
+    from eagledata.generation.pacing import CUT_AIM, WHOLE_OVER, Streamed
+
+    pace = Pacing([Pacing.lane("D", target=1_000_000, prompts=10 ** 6, recorded=0, finished=0, prior_tokens=prior())],
+                  cut=True)
+    answered(pace, "D", random.Random(5))
+    lane = pace.lanes["D"]
+    lane.recorded = 900_000
+    cut, whole = (pace.start("D", 10.0) for _ in (pace.hold("D"), pace.hold("D")))
+    pace.refresh(11.0, {cut: Streamed(99_000, True), whole: Streamed(2_000, False)})
+    assert lane.in_hand() == 999_000 and 2_000 < lane._whole < WHOLE_OVER * 1_000_000
+    assert lane.time_to_cut() == 0.0  # counting the whole one at its expected end, the aim is reached: closed
+    assert pace.due_cuts() == []  # but in hand is short of it: no cut yet
+    aim = 1_000_000 * (1 + CUT_AIM)
+    pace.refresh(12.0, {cut: Streamed(aim - 900_000 + 1, True), whole: Streamed(3_000, False)})
+    assert pace.due_cuts() == ["D"]
+    pace.end(cut, 12.0, int(aim - 900_000 + 1), finished=True, cut=True)
+    pace.refresh(13.0, {whole: Streamed(30_000, False)})  # now a long one: E[L | L > 30,000] is ~3 % of the target
+    lane.recorded, lane.cutting = 900_000, False
+    over = lane._whole - WHOLE_OVER * 1_000_000
+    assert over > 0 and pace.due_cuts() == []  # nothing cuttable in flight: nothing to cut
+    third = pace.start("D", 13.0) if pace.hold("D") is None else None
+    pace.refresh(14.0, {whole: Streamed(30_000, False), third: Streamed(aim - 900_000 - over - 500, True)})
+    assert pace.due_cuts() == []
+    pace.refresh(14.5, {whole: Streamed(30_000, False), third: Streamed(aim - 900_000 - over + 500, True)})
+    assert pace.due_cuts() == ["D"]

@@ -171,3 +171,33 @@ def test_cost_is_the_servers_else_the_serving_providers_price_else_the_worst(par
     assert req.cost(completion(tok, provider="Cheap", **tokens)) == pytest.approx((100 * 0.5 + 50 * 2.0) / 1e6)
     for unknown in ("Unpriced", "Elsewhere"):  # no price listed, or not in the decision: the worst
         assert req.cost(completion(tok, provider=unknown, **tokens)) == pytest.approx((100 * 1.0 + 50 * 4.0) / 1e6)
+
+
+def test_near_its_cut_a_dataset_sends_only_to_endpoints_that_stop_billing_and_its_streams_are_cuttable_at_once(parts):
+    """Streamed with `at_target: cut`: an answer from an endpoint that bills whole answers finishes after the cut and
+    passes the target, so near its cut a dataset leaves those endpoints out; its streams are then known to stop
+    billing before their first chunk names the provider."""
+    decision = routing(endpoint("Cancels", 0.5, 2.0, stream_cancellation=True), endpoint("Bills", 0.4, 1.8),
+                       endpoint("Also", 0.6, 2.5, stream_cancellation=True), provider=PROVIDER)
+    p = parts({"A": 2}, routing=decision, transport=Scripted(HOLD, HOLD), stream=True)
+    req, work = p.requester, p.dispatcher.take(0.0)
+    assert req.provider(work, 0.0) == PROVIDER
+    work.lane.near_target = True
+    assert req.provider(work, 0.0)["ignore"] == ["Bills", "bad/fp8"]
+    req.at_target = "finish"  # whole answers wanted: every endpoint as before
+    assert req.provider(work, 0.0) == PROVIDER
+    req.at_target = "cut"
+
+    async def main():
+        await req.prepare(work)
+        near = req.start(object(), work, 0.0)
+        work.lane.near_target = False
+        anywhere = req.start(object(), work, 0.0)
+        await asyncio.sleep(0)
+        assert req.stops_billing(near) and not req.stops_billing(anywhere)
+        anywhere.state.provider = "Also"  # the first chunk named it
+        assert req.stops_billing(anywhere)
+        near.cancel()
+        anywhere.cancel()
+
+    asyncio.run(main())

@@ -24,9 +24,9 @@ MODEL = "moonshotai/kimi-k2.5"
 
 
 def endpoint(provider: str, prompt_per_m: float | None = PRICE_IN, completion_per_m: float | None = PRICE_OUT, *,
-             tag: str | None = None) -> Endpoint:
+             tag: str | None = None, stream_cancellation: bool = False) -> Endpoint:
     return Endpoint(provider=provider, tag=tag or provider.lower(), quantization="int4", prompt_per_m=prompt_per_m,
-                    completion_per_m=completion_per_m, context_length=262144)
+                    completion_per_m=completion_per_m, context_length=262144, stream_cancellation=stream_cancellation)
 
 
 def routing(*endpoints: Endpoint, provider: dict[str, Any] | None = None) -> RoutingDecision:

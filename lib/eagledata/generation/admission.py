@@ -159,6 +159,11 @@ class AgeModel:
         """How many finished attempts (of the last `fit`) took longer than each age: what E[· | age] rests on."""
         return self._t.size - np.searchsorted(self._t, ages, "right")
 
+    def prior_tail(self, floor: float) -> tuple[float, float]:
+        """Mean and variance of the prior above `floor`: past every finished attempt, what only the prior knows."""
+        m1, m2 = self._tail(floor)
+        return m1, max(0.0, m2 - m1 * m1)
+
     def new_request(self, bound: float) -> tuple[float, float]:
         """Moments of a request about to start (age 0, nothing else conditioned on)."""
         m, v = self.moments(np.zeros(1), np.array([bound]))

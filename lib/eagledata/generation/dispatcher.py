@@ -23,7 +23,7 @@ from typing import Literal
 from ..openrouter import Kind, Outcome
 from .congestion import Congestion
 from .lanes import DatasetRun
-from .pacing import Pacing
+from .pacing import Pacing, Streamed
 from .policy import (
     ERROR_PREFIX,
     REJECTABLE,
@@ -153,16 +153,17 @@ class Dispatcher:
         self._settle_lanes(now)
 
     # -- what an attempt came to --------------------------------------------------------------------
-    def answered(self, work: Work, now: float, tokens: int, *, written: bool, next_turn: Turn | None) -> None:
+    def answered(self, work: Work, now: float, tokens: int, *, written: bool, next_turn: Turn | None,
+                 cut: bool = False) -> None:
         """An answer was recorded (`written`: not already, by an earlier run's or a signal's race) with `tokens`;
-        `next_turn`: its conversation goes on."""
+        `next_turn`: its conversation goes on; `cut`: a stream the run cut, recorded as far as it got."""
         work.move(State.SETTLED)
         lane = work.lane
         if written and next_turn is not None:
             lane.ready.append(next_turn)
         else:  # its last turn, or a cut one (which ends its conversation early)
             self.pacing.forgo(lane.name, work.turn.later)
-        self._end(work, now, tokens if written else 0, finished=written and next_turn is None)
+        self._end(work, now, tokens if written else 0, finished=written and next_turn is None, cut=cut)
         self.no_endpoint_streak = 0
         self.rejections.answered(in_flight=self.holding - 1)  # the settings work: what was refused was the prompts'
         self._write_held()
@@ -243,15 +244,17 @@ class Dispatcher:
         self._end(work, now, 0, finished=False)
         return retry
 
-    def _end(self, work: Work, now: float, tokens: int, *, finished: bool) -> None:
+    def _end(self, work: Work, now: float, tokens: int, *, finished: bool, cut: bool = False) -> None:
         assert work.ticket is not None
-        self.pacing.end(work.ticket, now, tokens, finished=finished)
+        self.pacing.end(work.ticket, now, tokens, finished=finished, cut=cut)
 
     # -- time -----------------------------------------------------------------------------------------
-    def tick(self, now: float) -> None:
-        """A few times a second: re-estimate what is in flight, close congestion windows."""
-        self.pacing.refresh(now)
+    def tick(self, now: float, streams: dict[int, Streamed] | None = None) -> list[DatasetRun]:
+        """A few times a second: re-estimate what is in flight (`streams`: how far the streams have got, by ticket),
+        close congestion windows. Returns the datasets whose streams are to be cut now (pacing's cut mode)."""
+        self.pacing.refresh(now, streams)
         self.congestion.tick(now)
+        return [self.lanes[name] for name in self.pacing.due_cuts()]
 
     def straggler_deadline(self, now: float, wait_s: float | None) -> float | None:
         """When the run gives up on the answers still in flight: issuing is over (every target met, or the money's

@@ -229,7 +229,7 @@ class Run:
                 async with self.lock:  # periodic wake-up: no waiter can sleep through a state change
                     now = self.clock.now()
                     self.ledger.tick(now)
-                    self.dispatcher.tick(now)
+                    self.parts.tick(now)
                     self._journal_streams()
                     self.reporter.sample(now)
                     if self.progress is not None:

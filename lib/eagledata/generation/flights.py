@@ -29,6 +29,8 @@ class Flight:
     tokens_var: float = 0.0
     tokens_error: float = 0.0
     paced: bool = False  # pacing counts it (a flight opened by admission alone, in its tests, is not)
+    streamed: float = 0.0  # output tokens its stream has delivered so far (0: not streamed, or nothing yet)
+    cuttable: bool = False  # closing its stream stops its billing: at a target it is cut, kept as far as it got
 
 
 @dataclass

@@ -46,6 +46,7 @@ class DatasetRun:
     stop_reason: str = ""
     killed_before: KilledBefore | None = None              # the streams an earlier, killed run left (killed.py)
     target_met_s: float | None = None                    # when its recorded tokens reached the target
+    near_target: bool = False  # streamed, `at_target: cut`: its cut is near (pacing): only endpoints that cancel
     stats: RunStats = field(default_factory=RunStats)
     fidelity: FidelityJudge = field(init=False)  # this dataset's answers, all runs (the run's judge decides)
 

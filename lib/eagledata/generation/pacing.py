@@ -24,12 +24,28 @@ way, those later turns left out, stay at the aim and its bound (`may_continue`).
 after those with one: they take the slots no dataset with a target can use, sharing them in proportion to their
 prompts.
 
+**Streams.** A streamed request in flight says how far it has got (`Streamed`: the tokens delivered so far). Its
+expected length is then conditioned on that, E[L | L > delivered] (a Kaplan–Meier estimate over answer lengths, the
+streams in flight censored at what they delivered), not on its age alone: a 43 s old request estimated at 6,377 tokens
+from its age ended at 23,635; its stream would have shown it was long. **Cut mode** (`cut`: streaming with
+`at_target: cut`): a stream whose endpoint stops billing when closed (`cuttable`) is cut at its dataset's target and
+kept as far as it got, so what is *in hand* is the recorded tokens and what the cuttable streams delivered. The dataset
+is cut once that reaches `target × (1 + CUT_AIM)` (`due_cuts`): its target is met at once, and its other requests
+(billed whole whatever the client does) finish and count on top, up to `WHOLE_OVER` of the target in expectation
+(more of them, and the cut comes that much earlier: the target then waits for them). It takes requests until its cut
+is expected, those others counted at their expected end, within `LEAD` of the median answer time (at the rate it is
+receiving tokens): no target waits for a whole answer, the pool stays full to the end, and a late request still
+delivers a useful sample.
+Within the `NEAR` quantile of the answer times before its cut, its requests go only to endpoints that cancel
+(requester.py), so few answers billed whole are in flight at the cut (they are what passes the target).
+
 Times are the caller's clock (tests and the bench run this in simulated time).
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +63,26 @@ Z = 3.25              # for the estimate; not always kept: checked after every a
 PRIOR_WEIGHT = 30     # pseudo-observations the prior is worth in the estimation-error term
 OWN_MODEL_EVENTS = 1000  # a dataset's own estimate once it has this many attempts; before, all datasets' together
 # (the tail of E[tokens | age], old requests, rests on few answers: pooled, it is steadier)
+CUT_AIM = 0.002       # cut mode: a dataset is cut once what is in hand reaches target × (1 + CUT_AIM) (the prefixes
+# are counted at the run's tokens per character, a little off: aiming just over keeps the cut from falling short)
+WHOLE_OVER = 0.01     # cut mode: the answers billed whole still in flight at the cut may pass the target by this much;
+# beyond it the cut comes earlier by the rest of their expected tokens (and the target waits for them)
+LEAD = 0.25           # cut mode: no new request once the cut is expected within LEAD × the median answer time (a late
+# request delivers at least about a quarter of a median answer; the pool stays full until then)
+NEAR = 0.99           # cut mode: a dataset is near its cut within this quantile of the answer times: its requests then
+# go only to endpoints that stop billing on a closed stream (requester.py), so that few answers billed whole (which
+# finish and count after the cut) are in flight at the cut: each is what passes the target
+RATE_WINDOW = 20      # refreshes over which a dataset's delivery rate (tokens/s, recorded and streamed) is measured
+LATENCIES = 2000      # the answer times (the newest) the median answer time is taken over
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """How far one streamed request in flight has got: output tokens delivered so far, and whether closing its
+    stream stops its billing (`cuttable`: its endpoint has stream cancellation)."""
+
+    tokens: float
+    cuttable: bool
 
 
 @dataclass(frozen=True)
@@ -70,16 +106,51 @@ class Lane:
     finished: int                   # prompts done (records + failures)
     model: AgeModel                 # this dataset's attempts
     pooled: AgeModel                # every dataset's attempts (age says most: generation time grows with length)
+    lengths: AgeModel               # this dataset's answer lengths (E[L | L > delivered], for streams)
+    pooled_lengths: AgeModel        # every dataset's
+    cut: bool = False               # cut mode (streaming, `at_target: cut`)
     waiting: int = 0                # taken, not started yet (tokenizing, waiting for money)
     promised: int = 0               # later turns of started conversations, not taken yet (each counts as a request)
     flights: dict[int, Flight] = field(default_factory=dict)  # its requests in flight (the run's ledger's)
     _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])  # Σ mean, var, error in flight
     _new: tuple[float, float] | None = None  # moments of a request about to start, cached between refreshes
     own: bool = False               # its own estimate is in use (chosen at each refresh, so never an unfitted one)
+    cutting: bool = False           # cut mode: its cut was called; no more requests until its streams are in
+    answer_s: float = 0.0           # the median answer time (0 before any answer)
+    near_s: float = 0.0             # the NEAR quantile of the answer times
+    _cut_held: float = 0.0          # cut mode: Σ tokens the cuttable streams delivered so far
+    _whole: float = 0.0             # cut mode: Σ expected tokens of the other requests in flight (billed whole)
+    _rate: float = 0.0              # tokens/s it is receiving (recorded and streamed)
+    _delivered: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW))
 
     @property
     def estimator(self) -> AgeModel:
         return self.model if self.own else self.pooled
+
+    @property
+    def length_estimator(self) -> AgeModel:
+        return self.lengths if self.own else self.pooled_lengths
+
+    def in_hand(self) -> float:
+        """Cut mode: the tokens this dataset would hold if its cuttable streams were cut now (recorded, and what they
+        delivered so far)."""
+        return self.recorded + self._cut_held
+
+    def time_to_cut(self) -> float:
+        """Cut mode: seconds until what is in hand, and the other requests in flight at their expected end (they are
+        billed whole, so they finish and count), reach target × (1 + CUT_AIM), at the rate tokens are arriving."""
+        assert self.target is not None
+        left = self.target * (1 + CUT_AIM) - self.in_hand() - self._whole
+        if left <= 0:
+            return 0.0
+        return left / self._rate if self._rate > 0 else math.inf
+
+    def _cut_open(self) -> bool:
+        return not self.cutting and self.time_to_cut() > LEAD * self.answer_s
+
+    def near(self) -> bool:
+        """Cut mode: its cut is expected within the NEAR quantile of the answer times (no answer yet: not near)."""
+        return self.cut and self.target is not None and self.near_s > 0 and self.time_to_cut() <= self.near_s
 
     def new_moments(self) -> tuple[float, float]:
         if self._new is None:
@@ -127,6 +198,8 @@ class Lane:
             return False
         if not self.flights and not self.waiting and not self.promised:
             return True  # under target with nothing on the way: always top up
+        if self.cut:
+            return self._cut_open()
         bound = self.target * (1 + BOUND)
         mean, upper = self.outlook(1)
         if mean <= self.target * (1 + AIM) and upper <= bound:
@@ -145,6 +218,8 @@ class Lane:
             return False
         if not self.flights and not self.waiting:
             return True
+        if self.cut:
+            return self._cut_open()
         mean, upper = self.outlook(1, promised=False)
         return mean <= self.target * (1 + AIM) and upper <= self.target * (1 + BOUND)
 
@@ -154,13 +229,16 @@ class Pacing:
     flights (`flights`, which admission opens and closes), pacing reads the flights admission opened; alone (its
     tests, a bench of pacing only) it keeps a ledger of its own and opens and closes them itself."""
 
-    def __init__(self, lanes: Iterable[LaneSpec], flights: Flights | None = None):
+    def __init__(self, lanes: Iterable[LaneSpec], flights: Flights | None = None, *, cut: bool = False):
         specs = list(lanes)
         self.owns = flights is None
         self.flights = Flights() if flights is None else flights
-        self.pooled = AgeModel([t for spec in specs for t in spec.prior_tokens])
+        prior = [t for spec in specs for t in spec.prior_tokens]
+        self.pooled, self.pooled_lengths = AgeModel(prior), AgeModel(prior)
+        self.latencies: deque[float] = deque(maxlen=LATENCIES)  # answers' times, for LEAD
         self.lanes = {spec.name: Lane(spec.name, spec.target, spec.prompts, spec.recorded, spec.finished,
-                                      AgeModel(spec.prior_tokens), self.pooled, flights=self.flights.of(spec.name))
+                                      AgeModel(spec.prior_tokens), self.pooled, AgeModel(spec.prior_tokens),
+                                      self.pooled_lengths, cut, flights=self.flights.of(spec.name))
                       for spec in specs}
 
     @staticmethod
@@ -228,41 +306,89 @@ class Pacing:
         _add(lane, f, 1.0)
         return f.ticket
 
-    def end(self, ticket: int, now: float, tokens: int, *, finished: bool) -> None:
-        """The attempt ended with `tokens` recorded (0 for an error or a cancel); `finished`: the prompt is done.
-        Before admission closes the flight (pacing alone closes its own)."""
+    def end(self, ticket: int, now: float, tokens: int, *, finished: bool, cut: bool = False) -> None:
+        """The attempt ended with `tokens` recorded (0 for an error or a cancel); `finished`: the prompt is done;
+        `cut`: a stream cut short (its length says only that the answer was longer: the estimates do not learn from
+        it). Before admission closes the flight (pacing alone closes its own)."""
         f = self.flights.close(ticket) if self.owns else self.flights.live[ticket]
         if not f.paced:
             raise ValueError(f"pacing: flight {ticket} ended twice, or never started")
         f.paced = False
         lane = self.lanes[f.lane]
         _add(lane, f, -1.0)
+        if f.cuttable:
+            lane._cut_held = max(0.0, lane._cut_held - f.streamed)
+        else:
+            lane._whole = max(0.0, lane._whole - f.tokens)
         if len(lane.flights) == (0 if self.owns else 1):  # (the run's ledger closes this one next)
             lane._sums = [0.0, 0.0, 0.0]  # no float drift once nothing is in flight
-        lane.model.observe(now - f.started, tokens)
-        self.pooled.observe(now - f.started, tokens)
+            lane._cut_held = lane._whole = 0.0
+            lane.cutting = False
+        if not cut:
+            lane.model.observe(now - f.started, tokens)
+            self.pooled.observe(now - f.started, tokens)
+            if tokens > 0:
+                lane.lengths.observe(tokens, tokens)
+                self.pooled_lengths.observe(tokens, tokens)
+                self.latencies.append(now - f.started)
         lane.recorded += tokens
         lane.finished += finished
 
-    def refresh(self, now: float) -> None:
-        """Re-estimate every request in flight at its current age (a few times a second)."""
-        self.pooled.fit(np.array([now - f.started for lane in self.lanes.values() for f in lane.flights.values()
-                                  if f.paced]))
+    def due_cuts(self) -> list[str]:
+        """Cut mode: the datasets whose cuttable streams are to be cut now (what is in hand reached the target's aim);
+        each is marked cutting, and takes no more requests until its streams are in."""
+        due = [lane for lane in self.lanes.values() if lane.cut and lane.target is not None and not lane.cutting
+               and lane._cut_held > 0 and lane.recorded < lane.target
+               and lane.in_hand() + max(0.0, lane._whole - WHOLE_OVER * lane.target) >= lane.target * (1 + CUT_AIM)]
+        for lane in due:
+            lane.cutting = True
+        return [lane.name for lane in due]
+
+    def refresh(self, now: float, streams: Mapping[int, Streamed] | None = None) -> None:
+        """Re-estimate every request in flight (a few times a second): a stream by what it has delivered (`streams`,
+        by ticket), any other at its current age."""
+        streams = streams or {}
+        paced = [f for lane in self.lanes.values() for f in lane.flights.values() if f.paced]
+        for f in paced:
+            st = streams.get(f.ticket)
+            f.streamed, f.cuttable = (st.tokens, st.cuttable) if st is not None else (0.0, False)
+        self.pooled.fit(np.array([now - f.started for f in paced]))
+        self.pooled_lengths.fit(np.array([f.streamed for f in paced]))
+        answer_s, near_s = (np.quantile(self.latencies, [0.5, NEAR]).tolist() if self.latencies else (0.0, 0.0))
         for lane in self.lanes.values():
-            lane._new = None
+            lane._new, lane.answer_s, lane.near_s = None, answer_s, near_s
             flights = [f for f in lane.flights.values() if f.paced]
             ages = np.array([now - f.started for f in flights])
+            got = np.array([f.streamed for f in flights])
             lane.own = lane.model.events >= OWN_MODEL_EVENTS
             if lane.own:
                 lane.model.fit(ages)
+                lane.lengths.fit(got)
+            lane._delivered.append((now, lane.recorded + float(got.sum())))
+            (t0, d0), (t1, d1) = lane._delivered[0], lane._delivered[-1]
+            lane._rate = max(0.0, (d1 - d0) / (t1 - t0)) if t1 > t0 else 0.0
             if not flights:
                 continue
-            means, variances = lane.estimator.moments(ages, np.full(len(flights), np.inf))
+            unbounded = np.full(len(flights), np.inf)
+            means, variances = lane.estimator.moments(ages, unbounded)
             beyond = lane.estimator.events_beyond(ages)
-            lane._sums = [0.0, 0.0, 0.0]
+            if got.any():  # a stream that has delivered: E[L | L > delivered]
+                lengths = lane.length_estimator
+                lm, lv = lengths.moments(got, unbounded)
+                past = lengths.events_beyond(got)
+                for i in np.flatnonzero(past == 0):  # longer than every answer so far: the prior's tail above it
+                    lm[i], lv[i] = lengths.prior_tail(float(got[i]))
+                streamed = got > 0
+                means, variances = np.where(streamed, np.maximum(lm, got), means), np.where(streamed, lv, variances)
+                beyond = np.where(streamed, past, beyond)
+            lane._sums, lane._cut_held, lane._whole = [0.0, 0.0, 0.0], 0.0, 0.0
             for f, m, v, k in zip(flights, means.tolist(), variances.tolist(), beyond.tolist()):
                 f.tokens, f.tokens_var, f.tokens_error = m, v, _error(v, k)
                 _add(lane, f, 1.0)
+                if f.cuttable:
+                    lane._cut_held += f.streamed
+                else:
+                    lane._whole += f.tokens
 
 
 def _error(variance: float, events: int) -> float:

@@ -29,6 +29,9 @@ from .reporter import Reporter
 from .requester import CANCELLED, ChatCompletions, Requester, Transport, cancelled_outcome
 from .work import Work
 
+TOKENS_PER_CHAR = 0.25  # before the run has recorded MIN_CHARS characters (English text: ~4 characters a token)
+MIN_CHARS = 20_000
+
 
 @dataclass
 class Seams:
@@ -102,6 +105,23 @@ class Parts:
         if record is not None and work.lane.target_met and self.requester.at_target == "cut":
             self.requester.cut_streams_of(work.lane, StopReason.TARGET_REACHED)
 
+    def tick(self, now: float) -> None:
+        """A few times a second: pacing re-estimates what is in flight by how far the streams have got; a dataset
+        whose cut came (pacing's cut mode) has its streams cut, and one near it sends only to endpoints that stop
+        billing on a closed stream."""
+        streams = self.requester.progress(self.tokens_per_char()) if self.requester.streaming else None
+        for lane in self.dispatcher.tick(now, streams):
+            self.requester.cut_streams_of(lane, StopReason.TARGET_REACHED)
+        for lane in self.dispatcher.lanes.values():
+            lane.near_target = self.dispatcher.pacing.lanes[lane.name].near()
+
+    def tokens_per_char(self) -> float:
+        """This run's output tokens per reasoning and content character (a stream says characters; the service
+        counts tokens only in its last chunk); a typical English ratio until enough is recorded."""
+        lanes = self.dispatcher.lanes.values()
+        chars = sum(lane.stats.chars for lane in lanes)
+        return sum(lane.stats.output_tokens for lane in lanes) / chars if chars >= MIN_CHARS else TOKENS_PER_CHAR
+
     def _cut(self, work: Work, record: Record, c: Completion, now: float) -> None:
         """A cut sample: recorded as any answer; its cost is unknown (a closed stream has no usage chunk), so the
         books hold its bound until the account's reading settles it; its record carries the prefix's cost at the
@@ -109,7 +129,8 @@ class Parts:
         assert work.ticket is not None and work.prompt_ids is not None
         price = self.requester.price_by_provider.get(c.provider, self.requester.worst)
         recorded, stop = self.recorder.record(work, record, c, price.cost(len(work.prompt_ids), len(record.output_ids)))
-        self.dispatcher.answered(work, now, recorded.tokens, written=recorded.written, next_turn=recorded.next_turn)
+        self.dispatcher.answered(work, now, recorded.tokens, written=recorded.written, next_turn=recorded.next_turn,
+                                 cut=True)
         cancelled = cancelled_outcome()
         booked = self.ledger.settle(work.ticket, rule(cancelled), None, work.bound, now)
         self.recorder.attempt(work, Outcome(Kind.OK, CUT, 200, completion=c), rule(cancelled), now - work.sent_at,
@@ -133,7 +154,8 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
                           overshoot_probability=cfg.overshoot_probability, flights=flights)
     pacing = Pacing((Pacing.lane(lane.name, target=lane.target, prompts=lane.scan.total,
                                  recorded=lane.store.output_tokens, finished=lane.store.conversations_finished,
-                                 prior_tokens=length_prior(lane.store.lengths, guess)) for lane in lanes), flights)
+                                 prior_tokens=length_prior(lane.store.lengths, guess)) for lane in lanes), flights,
+                    cut=cfg.stream and cfg.at_target == "cut")
     congestion = Congestion(cfg.concurrency)
     recorder: Recorder | None = None  # made below, with the executor; the dispatcher writes failures through it
 

@@ -24,6 +24,7 @@ from ..openrouter.stream import StreamState
 from ..text import KimiTokenizer, prompt_ids
 from .congestion import ProviderCooldown
 from .fidelity import FidelityJudge
+from .pacing import Streamed
 from .work import Work
 
 CANCELLED = "cancelled"  # the error class of an attempt cut off by the run (policy.RULES: its cost is unknown)
@@ -61,8 +62,10 @@ class Attempt:
     far (None: a JSON answer), the serving provider among it from the first chunk; `work`: what it answers;
     `journaled`: its generation id is in its dataset's streams journal (killed.py)."""
 
-    def __init__(self, task: asyncio.Task[Outcome], state: StreamState | None = None, work: Work | None = None):
+    def __init__(self, task: asyncio.Task[Outcome], state: StreamState | None = None, work: Work | None = None,
+                 cancels: bool = False):
         self._task, self.state, self.work = task, state, work
+        self.cancels = cancels  # every endpoint its provider filter allows stops billing on a closed stream
         self.journaled = False
         self.cut_reason: str | None = None  # the run closed it to keep what it streamed (`cut`): why
 
@@ -118,6 +121,11 @@ class Requester:
         if work is not None and work.avoid and not set(eligible) <= out | work.avoid:
             out |= work.avoid
         out |= set(self.cooldown.cooling(now, [p for p in eligible if p not in out]))
+        if work is not None and work.lane.near_target and self.stream and self.at_target == "cut":
+            # its dataset's cut is near: an endpoint that bills whole answers would make the run wait for one
+            billing = {p for p in eligible if not self._cancels.get(p, False)}
+            if not set(eligible) <= out | billing:
+                out |= billing
         if not out or not self.routing.provider:
             return self.routing.provider
         return {**self.routing.provider, "ignore": sorted({*self.routing.provider.get("ignore", []), *out})}
@@ -133,7 +141,8 @@ class Requester:
         work.tries += 1
         body = self.body(work, now)
         state = StreamState() if body.get("stream") else None
-        attempt = Attempt(asyncio.ensure_future(self.transport.handle_request(client, body, state)), state, work)
+        attempt = Attempt(asyncio.ensure_future(self.transport.handle_request(client, body, state)), state, work,
+                          cancels=state is not None and self._all_cancel(body.get("provider")))
         if state is not None:
             self.streaming[attempt] = None
             attempt.when_done(lambda: self._stream_ended(attempt))
@@ -148,18 +157,34 @@ class Requester:
         """The streams in flight, and the reasoning and content characters they have delivered so far."""
         return len(self.streaming), sum(a.state.chars for a in self.streaming if a.state is not None)
 
+    def progress(self, tokens_per_char: float) -> dict[int, Streamed]:
+        """How far each stream in flight has got (pacing's view), by its flight's ticket: its characters so far at
+        `tokens_per_char`, and whether closing it stops its billing."""
+        return {a.work.ticket: Streamed(a.state.chars * tokens_per_char, self.stops_billing(a))
+                for a in self.streaming if a.state is not None and a.work is not None and a.work.ticket is not None}
+
+    def _all_cancel(self, provider: dict[str, Any] | None) -> bool:
+        """Every endpoint a request with this provider object may reach stops billing on a closed stream."""
+        allowed = set(self.routing.eligible_providers)
+        if provider:
+            allowed -= set(provider.get("ignore") or ())
+            if provider.get("only"):
+                allowed &= set(provider["only"])
+        return bool(allowed) and all(self._cancels.get(p, False) for p in allowed)
+
     def cancel_streams_of(self, provider: str) -> int:
         """Cancel every stream in flight that `provider` is serving (known from its first chunk): the run has just
         left it out, so what it would still send would not be kept; on an endpoint with stream cancellation closing
         it stops the billing too. Each is booked and retried as any cancelled attempt. Returns how many."""
-        return self._cancel(lambda state: state.provider == provider)
+        return self._cancel(lambda a: a.state is not None and a.state.provider == provider)
 
-    def stops_billing(self, state: StreamState) -> bool:
+    def stops_billing(self, attempt: Attempt) -> bool:
         """Closing this stream stops its billing: its endpoint has stream cancellation (the routing decision's
-        `stream_cancellation`; before its first chunk names the provider: when every eligible endpoint has)."""
-        if state.provider:
-            return self._cancels.get(state.provider, False)
-        return bool(self._cancels) and all(self._cancels.values())
+        `stream_cancellation`; before its first chunk names the provider: when every endpoint its provider filter
+        allows has)."""
+        if attempt.state is not None and attempt.state.provider:
+            return self._cancels.get(attempt.state.provider, False)
+        return attempt.cancels
 
     def cancel_streams_that_stop_billing(self, cut: str | None = None) -> int:
         """Close every stream in flight whose endpoint stops billing when it is closed: what they would still send
@@ -172,8 +197,8 @@ class Requester:
         (`at_target: cut`; the others are paid in full anyway, so they finish and count). Returns how many."""
         return self._cancel(self.stops_billing, cut=reason, lane=lane)
 
-    def _cancel(self, which: Callable[[StreamState], bool], *, cut: str | None = None, lane: Any = None) -> int:
-        hit = [a for a in self.streaming if a.state is not None and which(a.state)
+    def _cancel(self, which: Callable[[Attempt], bool], *, cut: str | None = None, lane: Any = None) -> int:
+        hit = [a for a in self.streaming if a.state is not None and which(a)
                and (lane is None or (a.work is not None and a.work.lane is lane))]
         for attempt in hit:
             attempt.cut(cut) if cut else attempt.cancel()
