@@ -49,8 +49,10 @@ import httpx
 from eagledata.emulator import run_emulator
 from eagledata.emulator.catalog import default_endpoints
 from eagledata.generation import GenerateConfig, run_generation
+from eagledata.generation.requester import ChatCompletions
 from eagledata.openrouter import ClientPool, Kind, build_request, complete, load_routing
 from eagledata.openrouter.client import LOCAL_KEY
+from eagledata.openrouter.fast_stream import FastStreams
 from eagledata.openrouter.stream import StreamState, stream_complete
 
 SEED_MAX_TOKENS = 32768
@@ -161,16 +163,18 @@ async def with_monitor(coro, monitor: Monitor) -> Any:
 
 class Timed:
     """A transport (the engine's `Transport` seam) that notes each OK answer's latency and cost (for the Little's-law
-    ideal)."""
+    ideal); it sends through `inner` (`timed_run` gives it the engine's own: streams over FastStreams), else
+    `openrouter.complete`."""
 
     def __init__(self) -> None:
+        self.inner: Any = None
         self.latency: list[float] = []
         self.cost: list[float] = []
         self.tokens: list[int] = []
 
     async def handle_request(self, client: httpx.AsyncClient, body: dict, state=None) -> Any:
         t = time.monotonic()
-        out = await complete(client, body, state)
+        out = await (self.inner.handle_request(client, body, state) if self.inner else complete(client, body, state))
         if out.kind is Kind.OK:
             self.latency.append(time.monotonic() - t)
             self.cost.append(out.completion.usage.cost or 0.0)
@@ -180,6 +184,14 @@ class Timed:
     def ideal_s(self, money: float, concurrency: int) -> float:
         """Little's law: at N in flight, $ per second = N × mean cost / mean latency."""
         return money / (concurrency * statistics.fmean(self.cost) / statistics.fmean(self.latency))
+
+
+async def timed_run(cfg: GenerateConfig, timed: Timed) -> dict:
+    """`run_generation(cfg)` through `timed` wrapped around the transport a run makes for itself (streams read over
+    FastStreams), so the bench measures the engine's own read path."""
+    async with FastStreams() as fast:
+        timed.inner = ChatCompletions(cfg.stall_timeout_s, fast_streams=fast)
+        return await run_generation(cfg, transport=timed)
 
 
 async def plain_client(base_url: str, d: Path, n: int, concurrency: int, max_tokens: int, monitor: Monitor,
@@ -234,9 +246,9 @@ def seed(a: argparse.Namespace) -> None:
                       f"${statistics.fmean(timed.cost):.4f}, {statistics.fmean(timed.latency):.1f} s)")
                 stop = "charged 90%"
             else:
-                s = asyncio.run(with_monitor(run_generation(
+                s = asyncio.run(with_monitor(timed_run(
                     config(d, emu.base_url, a.scale, reserve_usd=reserve, stream=who != "json",
-                           budget_mode="strict" if who == "strict" else "portfolio"), transport=timed), mon))
+                           budget_mode="strict" if who == "strict" else "portfolio"), timed), mon))
                 stop = s["stop_reason"]
             wall = time.monotonic() - t0
             cpu, emu_cpu = time.process_time() - cpu0, process_cpu_s(emu.process.pid) - emu0
@@ -556,10 +568,10 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
               f"faults {'on' if a.faults else 'off'}, {multi_turn:.0%} multi-turn", flush=True)
         kw = dict(datasets_file=str(datasets), base_url=emu.base_url, params_dir=str(d / "params"), concurrency=slots,
                   progress=False, reserve_usd=reserve, max_tokens=SEED_MAX_TOKENS, account_refresh_s=5.0,
-                  account_lag_s=2.0, straggler_wait_s=a.straggler_wait)
+                  account_lag_s=2.0, straggler_wait_s=a.straggler_wait, stream=a.engine_stream != "off")
         timed = Timed()
         t0 = time.monotonic()
-        s = asyncio.run(run_generation(GenerateConfig(dataset=names, output_dir=str(d / "one"), **kw), transport=timed))
+        s = asyncio.run(timed_run(GenerateConfig(dataset=names, output_dir=str(d / "one"), **kw), timed))
         wall = time.monotonic() - t0
         if a.save:
             save = Path(a.save)
@@ -625,7 +637,7 @@ def main() -> int:
                     help="(a): the account's balance (reserve 5 %%); smaller: a shorter run")
     ap.add_argument("--engine-stream", choices=["on", "off", "both"], default="on",
                     help="(a): the engine streams (on, the default), asks for JSON bodies (off), or both, one after "
-                         "the other (issue 42); the plain client always asks for JSON")
+                         "the other (issue 42); the plain client always asks for JSON. (e) job: streams unless off")
     ap.add_argument("--prompts", type=int, default=12_000)
     ap.add_argument("--capacity", type=int, default=500)
     ap.add_argument("--runs", type=int, default=20)
