@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from throughput_bench import CONVERSATION_STREAM, ORACLE_DRAWS, SEED_MAX_TOKENS, oracle_time, write_datasets  # noqa: E402
 from virtual_service import Drawn, Served, config, endpoint, run_engine  # noqa: E402
 
+from eagledata.generation import pacing  # noqa: E402
 from eagledata.generation.pacing import MAX_OVERSHOOT  # noqa: E402
 from eagledata.text import load_tokenizer  # noqa: E402
 
@@ -109,8 +110,12 @@ def main() -> int:
     ap.add_argument("--at-target", choices=["cut", "finish"], default="cut")
     ap.add_argument("--cancel-share", type=float, default=0.8,
                     help="--stream: the share of traffic on an endpoint that stops billing on a closed stream")
+    ap.add_argument("--near", type=float, default=pacing.NEAR,
+                    help="--stream: pacing.NEAR, the answer-time quantile within which a dataset near its cut sends "
+                         "only to endpoints that cancel (0: near-target routing off)")
     a = ap.parse_args()
     if a.stream:
+        pacing.NEAR = a.near
         return streamed(a)
     tok = load_tokenizer(None)
     mixes = (0.0, a.multi_turn)

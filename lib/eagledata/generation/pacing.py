@@ -65,11 +65,11 @@ OWN_MODEL_EVENTS = 1000  # a dataset's own estimate once it has this many attemp
 # (the tail of E[tokens | age], old requests, rests on few answers: pooled, it is steadier)
 CUT_AIM = 0.002       # cut mode: a dataset is cut once what is in hand reaches target × (1 + CUT_AIM) (the prefixes
 # are counted at the run's tokens per character, a little off: aiming just over keeps the cut from falling short)
-WHOLE_OVER = 0.01     # cut mode: the answers billed whole still in flight at the cut may pass the target by this much;
+WHOLE_OVER = 0.015    # cut mode: the answers billed whole still in flight at the cut may pass the target by this much;
 # beyond it the cut comes earlier by the rest of their expected tokens (and the target waits for them)
 LEAD = 0.25           # cut mode: no new request once the cut is expected within LEAD × the median answer time (a late
 # request delivers at least about a quarter of a median answer; the pool stays full until then)
-NEAR = 0.99           # cut mode: a dataset is near its cut within this quantile of the answer times: its requests then
+NEAR = 0.999          # cut mode: a dataset is near its cut within this quantile of the answer times: its requests then
 # go only to endpoints that stop billing on a closed stream (requester.py), so that few answers billed whole (which
 # finish and count after the cut) are in flight at the cut: each is what passes the target
 RATE_WINDOW = 20      # refreshes over which a dataset's delivery rate (tokens/s, recorded and streamed) is measured

@@ -155,7 +155,7 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     pacing = Pacing((Pacing.lane(lane.name, target=lane.target, prompts=lane.scan.total,
                                  recorded=lane.store.output_tokens, finished=lane.store.conversations_finished,
                                  prior_tokens=length_prior(lane.store.lengths, guess)) for lane in lanes), flights,
-                    cut=cfg.stream and cfg.at_target == "cut")
+                    cut=cfg.stream and cfg.at_target == "cut" and any(e.stream_cancellation for e in routing.eligible))
     congestion = Congestion(cfg.concurrency)
     recorder: Recorder | None = None  # made below, with the executor; the dispatcher writes failures through it
 
