@@ -41,6 +41,7 @@ log = logging.getLogger("eagledata.generate")
 
 ViewFactory = Callable[[RunSnapshot], ProgressView]  # what shows a run, from its first snapshot
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
+INTERRUPT_FINISH_S = 3.0  # after a Ctrl-C, streams billed whole anyway get this long to end before they are cut too
 
 
 class Run:
@@ -59,6 +60,7 @@ class Run:
         self._cut_at: float | None = None
         self._signals = 0
         self._waking: asyncio.Future | None = None
+        self._closing: asyncio.Future | None = None  # after a Ctrl-C: the streams billed whole, cut in a moment
         self._ended = asyncio.Event()  # every summary written (what a kernel shutting down waits for)
         # streams journaled as they start, so that the run after a kill can read what they cost (killed.py)
         self.journals = {lane.name: StreamJournal(lane.store.files.directory / "streams.jsonl")
@@ -177,8 +179,9 @@ class Run:
             self._scope.reschedule(self._cut_at)
 
     def _on_signal(self) -> None:
-        """First signal: stop issuing; the streams whose endpoint stops billing when closed are closed at once (their
-        prompts stay to do), the other requests in flight finish (billed whole either way), up to drain_timeout_s.
+        """First signal: stop issuing; the streams whose endpoint stops billing when closed are closed at once (with
+        `at_target: cut` kept as cut samples, else their prompts stay to do); with `at_target: cut` the other streams
+        get INTERRUPT_FINISH_S, then are cut too; what else is in flight finishes, up to drain_timeout_s.
         A second: abandon them."""
         self._signals += 1
         if self._signals > 1:
@@ -187,9 +190,22 @@ class Run:
         cut = StopReason.INTERRUPTED if self.cfg.at_target == "cut" else None
         if closed := self.parts.requester.cancel_streams_that_stop_billing(cut=cut):
             log.warning("generation: interrupted: %d stream(s) closed at once (their endpoints stop billing when a "
-                        "stream is closed; %s); the rest finish, up to drain_timeout_s", closed,
-                        "what they streamed kept as cut samples" if cut else "the prompts stay to do")
+                        "stream is closed; %s); %s", closed,
+                        "what they streamed kept as cut samples" if cut else "the prompts stay to do",
+                        f"the rest get {INTERRUPT_FINISH_S:g} s to end, then are cut too" if cut else
+                        "the rest finish, up to drain_timeout_s")
+        if cut and self.parts.requester.streaming:
+            self._closing = asyncio.ensure_future(self._cut_the_rest())
         self._drain()
+
+    async def _cut_the_rest(self) -> None:
+        """After a Ctrl-C, the streams on endpoints that bill whole answers get INTERRUPT_FINISH_S to end, then are
+        cut too, kept as far as they got: control comes back in seconds, not an answer's time; the rest of their
+        answers is billed anyway (the drain would have abandoned them, paid for and not kept, at drain_timeout_s)."""
+        await self.clock.sleep(INTERRUPT_FINISH_S)
+        if closed := self.parts.requester.cut_every_stream(StopReason.INTERRUPTED):
+            log.warning("generation: interrupted: %d stream(s) on endpoints that bill whole answers cut after %g s, "
+                        "what they streamed kept as cut samples", closed, INTERRUPT_FINISH_S)
 
     async def _kernel_shutdown(self) -> None:
         """The kernel is shutting down (papermill's Ctrl-C): stop as a second Ctrl-C does, and return once every

@@ -192,6 +192,11 @@ class Requester:
         their whole answer whatever the client does, so they are left to finish and be kept. Returns how many."""
         return self._cancel(self.stops_billing, cut=cut)
 
+    def cut_every_stream(self, reason: str) -> int:
+        """Close every stream in flight, each kept as a cut sample (after a Ctrl-C: those on endpoints that bill
+        whole answers are billed the rest anyway, and keeping what they delivered beats abandoning it)."""
+        return self._cancel(lambda a: True, cut=reason)
+
     def cut_streams_of(self, lane: Any, reason: str) -> int:
         """A dataset reached its target: close its streams whose endpoint stops billing, each kept as a cut sample
         (`at_target: cut`; the others are paid in full anyway, so they finish and count). Returns how many."""
