@@ -55,8 +55,8 @@ def merge_timelines(timelines: list[list[list[float]]]) -> list[list[float]]:
     timelines = [tl for tl in timelines if tl]
     if not timelines or len({len(tl) for tl in timelines}) != 1:
         return []
-    summed = {TIMELINE_COLUMNS.index(c) for c in SUMMED}
-    return [[sum(r[i] for r in rows) if i in summed else rows[0][i] for i in range(len(rows[0]))]
+    summed = {TIMELINE_COLUMNS.index(c) for c in SUMMED}  # $ to the 6 places a sample keeps (no float noise)
+    return [[round(sum(r[i] for r in rows), 6) if i in summed else rows[0][i] for i in range(len(rows[0]))]
             for rows in zip(*timelines)]
 
 
