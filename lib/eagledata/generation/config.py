@@ -58,8 +58,9 @@ class GenerateConfig(Settings):
     params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
-    stream: bool = setting(False, "ask for SSE streams (the same records as one JSON body; off until issue 42 "
-                                  "measures its throughput); a local backend is always asked for one body")
+    stream: bool = setting(True, "ask for SSE streams (the same records as one JSON body; a closed stream stops the "
+                                 "billing where the endpoint cancels); false: one JSON body per answer; a local "
+                                 "backend is always asked for one body")
     at_target: AtTarget = setting(
         "cut", "stream: true, a dataset at its target (or a Ctrl-C): cut: close its streams whose endpoint stops "
                "billing and keep what they delivered as cut samples (finish_reason cut); finish: let every answer end")
