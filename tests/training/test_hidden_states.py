@@ -259,7 +259,8 @@ def test_torchrun_two_processes_on_cpu(models, samples, tmp_path):
     spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples))
     model_dir = tmp_path / "llama"
     models["llama"].save_pretrained(str(model_dir))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "eagledata.hidden_states",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "eagledata.hidden_states",
            "--samples", str(spec), "--output-dir", str(tmp_path), "--name", "ws2", "--model", str(model_dir),
            "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

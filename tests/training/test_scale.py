@@ -217,7 +217,7 @@ def torchrun(nproc, tmp_path, model_dir, name, *extra):
     spec = tmp_path / "samples.jsonl"
     if not spec.exists():
         spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in make_samples()))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "-m",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m",
            "eagledata.hidden_states", "--samples", str(spec), "--output-dir", str(tmp_path), "--name", name,
            "--model", str(model_dir), "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4", *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
