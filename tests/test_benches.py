@@ -53,3 +53,19 @@ def test_pacing_replay_streamed_cuts_at_the_targets_through_the_engine(benches, 
     last, over = pacing_replay.replay(saved, pairs, 0.4, 0, tok, stream=True, cancel_share=1.0, report=report)
     assert -0.001 < over <= 0.02 and report["cut"] > 0 and report["wasted"] == 0
     assert last <= 1.15 * pacing_replay.ideal_s(saved, pairs)
+
+
+def test_kill_bench_keeps_records_exact_and_cancelled_streams_cheap(benches, tokenizer_dir):
+    """bench/kill_bench.py at a small scale (issue 42's "Kills"): a streamed generate command SIGKILLed twice with
+    most of its requests in flight, then run to the end: every prompt exactly once, ids exact, and on endpoints with
+    stream cancellation at most 10 % of their spend paid for tokens no record holds."""
+    import kill_bench
+
+    r = kill_bench.kills_run(prompts=200, concurrency=160, kill_at=120, kills=2, stream=True, scale=4.0, speed=0.2,
+                             seed=3, quiet=True)
+    ex, w = r["exact"], r["waste"]
+    assert ex["ok"] and ex["records"] + ex["failures"] == 200 and ex["wrong"] == 0, ex
+    assert r["books_usd"] == pytest.approx(r["charged_usd"], rel=1e-6)  # every billed generation in the books
+    cancelling = w[kill_bench.CANCELLING]
+    assert cancelling["spend"] > 0 and cancelling["kills"] > 0  # the kills cost something, and it is counted
+    assert cancelling["share"] <= 0.10, w
