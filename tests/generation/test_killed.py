@@ -97,3 +97,26 @@ def test_the_report_says_what_the_killed_run_wasted():
                            "output_tokens": 10, "target_output_tokens": None, "wall_s": 1.0, "run": run})
     assert table.loc["wasted by the killed run before (streams)", "value"] == \
         "$0.0123 over 18 of 20 streams (12 cancelled at the kill, 2 not known yet)"
+
+
+def test_what_a_run_read_and_could_not_show_is_carried_to_the_next_summary(tmp_path):
+    """Killed runs in a row: each reads what its predecessor's streams cost and is killed in turn before its summary.
+    The journal carries what was read (never read twice), so the run that lives to write a summary shows them all."""
+    path = tmp_path / "streams.jsonl"
+    first = StreamJournal(path)
+    for gid in ("gen-1", "gen-2", "gen-3"):
+        first.started(gid, "t")  # killed with three streams open
+    second = StreamJournal(path)
+    assert second.before == ["gen-1", "gen-2", "gen-3"] and second.carried is None
+    read = KilledBefore(streams=3, read=2, cancelled=1, usd=0.25, unread=["gen-3"])  # gen-3 not known yet
+    second.rewrite(read.unread, carry=read)
+    second.started("gen-4", "t")  # killed too, before its summary
+    third = StreamJournal(path)
+    assert third.before == ["gen-3", "gen-4"]
+    assert third.carried.figures() == {"streams": 2, "read": 2, "cancelled": 1, "usd": 0.25, "unread": 0}
+    shown = KilledBefore(streams=2, read=2, cancelled=2, usd=0.5).add(third.carried)  # gen-3 and gen-4 read now
+    assert shown.figures() == {"streams": 4, "read": 4, "cancelled": 3, "usd": 0.75, "unread": 0}
+    third.rewrite([], carry=shown)
+    assert StreamJournal(path).carried.usd == 0.75  # killed again before its summary: still carried
+    third.rewrite([])  # its summary shows them: carried no more
+    assert StreamJournal(path).carried is None and leftovers(path) == []

@@ -27,7 +27,7 @@ from ..text import load_tokenizer
 from .batch_route import run_batch_route
 from .config import GenerateConfig
 from .datasets import select_datasets
-from .killed import StreamJournal, read_killed
+from .killed import KilledBefore, StreamJournal, read_killed
 from .lanes import DatasetRun, open_lanes
 from .panel import make_progress
 from .parts import Seams, build_parts
@@ -97,11 +97,23 @@ class Run:
         run's end); the journal is left with what is still unknown."""
         for lane in self.dispatcher.lanes.values():
             journal = self.journals.get(lane.name)
-            if journal is None or not (journal.before if not again else lane.killed_before and
-                                       lane.killed_before.unread):
+            if journal is None or not again and not journal.before and journal.carried is None:
                 continue
-            lane.killed_before = await read_killed(client, journal.before, lane.killed_before if again else None)
-            journal.rewrite(lane.killed_before.unread)  # read once: never counted again by a later run
+            if again and not (lane.killed_before and lane.killed_before.unread):
+                continue
+            if again or journal.before:
+                lane.killed_before = await read_killed(client, journal.before, lane.killed_before if again else None)
+            if not again:  # what earlier killed runs read and could not show: shown with this run's
+                lane.killed_before = (lane.killed_before or KilledBefore()).add(journal.carried)
+            assert lane.killed_before is not None
+            # read once: never counted again by a later run, but carried until this run's summary shows it
+            journal.rewrite(lane.killed_before.unread, carry=lane.killed_before)
+
+    def _summarized(self) -> None:
+        """Every summary is written: what the journals carried is shown, and goes."""
+        for lane in self.dispatcher.lanes.values():
+            if (journal := self.journals.get(lane.name)) is not None and lane.killed_before is not None:
+                journal.rewrite(lane.killed_before.unread)
 
     def _journal_streams(self) -> None:
         """The streams whose generation id came since the last tick go into their dataset's journal."""
@@ -163,6 +175,7 @@ class Run:
             per, summary = self.reporter.summaries(self.clock.now())
             for lane in self.dispatcher.lanes.values():
                 lane.store.write_summary(per[lane.name])
+            self._summarized()
         finally:
             if self.progress is not None:  # the last frame: the report's figure, drawn from the summary
                 self.progress.close(self.reporter.snapshot(self.clock.now(), final=True), summary)

@@ -23,6 +23,23 @@ import httpx
 from ..openrouter.client import APIError, read_generation
 
 READ_CONCURRENCY = 16  # generation-endpoint reads at once (a killed pool can leave 2,000)
+CARRIED = ("streams", "read", "cancelled", "usd")  # a `carried` line's figures
+
+
+def carried(path: Path) -> KilledBefore | None:
+    """What earlier runs read of the streams killed runs left and no summary has shown yet (a run that read them and
+    was killed in turn before its summary carries them on), None when nothing is."""
+    if not path.exists():
+        return None
+    out = None
+    for raw in path.read_bytes().splitlines():
+        try:
+            d = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(d.get("carried"), dict):
+            out = (out or KilledBefore()).add(KilledBefore(**{k: d["carried"][k] for k in CARRIED}))
+    return out
 
 
 def leftovers(path: Path) -> list[str]:
@@ -49,6 +66,7 @@ class StreamJournal:
     def __init__(self, path: Path):
         self.path = path
         self.before = leftovers(path)  # what an earlier run left
+        self.carried = carried(path)   # what earlier runs read of such streams, not shown by a summary yet
         self.open: set[str] = set()
         if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):  # a torn last line
             with path.open("r+b") as f:
@@ -71,11 +89,15 @@ class StreamJournal:
             self.open.discard(generation_id)
             self._append({"end": generation_id})
 
-    def rewrite(self, unread: Iterable[str]) -> None:
-        """Keep only `unread` (an earlier run's ids the service could not tell yet) and this run's open ones."""
+    def rewrite(self, unread: Iterable[str], carry: KilledBefore | None = None) -> None:
+        """Keep only `unread` (an earlier run's ids the service could not tell yet), what was read of the others until
+        a summary shows it (`carry`: this run may be killed before writing one), and this run's open ones."""
         keep = [*unread, *sorted(self.open)]
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps({"start": gid}) + "\n" for gid in keep))
+        lines = [json.dumps({"start": gid}) + "\n" for gid in keep]
+        if carry is not None and (read := carry.streams - len(carry.unread)):  # the unread ones: `start` lines above
+            lines.append(json.dumps({"carried": {**{k: getattr(carry, k) for k in CARRIED}, "streams": read}}) + "\n")
+        tmp.write_text("".join(lines))
         os.replace(tmp, self.path)
 
 
@@ -88,6 +110,15 @@ class KilledBefore:
     cancelled: int = 0        # stopped when the dead process's connection closed (billed until then)
     usd: float = 0.0
     unread: list[str] = field(default_factory=list)  # not known to the service (yet)
+
+    def add(self, other: KilledBefore | None) -> KilledBefore:
+        """Both readings together (the unread ids are this one's)."""
+        if other is not None:
+            self.streams += other.streams
+            self.read += other.read
+            self.cancelled += other.cancelled
+            self.usd += other.usd
+        return self
 
     def figures(self) -> dict:
         return {"streams": self.streams, "read": self.read, "cancelled": self.cancelled, "usd": round(self.usd, 8),
