@@ -96,16 +96,17 @@ class Run:
         """What the streams an earlier, killed run left cost (`again`: those the service did not know yet, at the
         run's end); the journal is left with what is still unknown."""
         for lane in self.dispatcher.lanes.values():
-            journal = self.journals.get(lane.name)
-            if journal is None or not again and not journal.before and journal.carried is None:
+            if (journal := self.journals.get(lane.name)) is None:
                 continue
-            if again and not (lane.killed_before and lane.killed_before.unread):
+            if again:  # the ids the service did not know at the start, read again
+                if not (lane.killed_before and lane.killed_before.unread):
+                    continue
+                lane.killed_before = await read_killed(client, [], lane.killed_before)
+            elif journal.before or journal.carried:  # with what earlier killed runs read and could not show
+                read = await read_killed(client, journal.before) if journal.before else KilledBefore()
+                lane.killed_before = read.add(journal.carried)
+            else:
                 continue
-            if again or journal.before:
-                lane.killed_before = await read_killed(client, journal.before, lane.killed_before if again else None)
-            if not again:  # what earlier killed runs read and could not show: shown with this run's
-                lane.killed_before = (lane.killed_before or KilledBefore()).add(journal.carried)
-            assert lane.killed_before is not None
             # read once: never counted again by a later run, but carried until this run's summary shows it
             journal.rewrite(lane.killed_before.unread, carry=lane.killed_before)
 

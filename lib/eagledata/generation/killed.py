@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,17 +26,24 @@ READ_CONCURRENCY = 16  # generation-endpoint reads at once (a killed pool can le
 CARRIED = ("streams", "read", "cancelled", "usd")  # a `carried` line's figures
 
 
-def carried(path: Path) -> KilledBefore | None:
-    """What earlier runs read of the streams killed runs left and no summary has shown yet (a run that read them and
-    was killed in turn before its summary carries them on), None when nothing is."""
+def _events(path: Path) -> Iterator[dict]:
+    """The journal's lines, read (a torn or unreadable line is skipped)."""
     if not path.exists():
-        return None
-    out = None
+        return
     for raw in path.read_bytes().splitlines():
         try:
             d = json.loads(raw)
         except ValueError:
             continue
+        if isinstance(d, dict):
+            yield d
+
+
+def carried(path: Path) -> KilledBefore | None:
+    """What earlier runs read of the streams killed runs left and no summary has shown yet (a run that read them and
+    was killed in turn before its summary carries them on), None when nothing is."""
+    out = None
+    for d in _events(path):
         if isinstance(d.get("carried"), dict):
             out = (out or KilledBefore()).add(KilledBefore(**{k: d["carried"][k] for k in CARRIED}))
     return out
@@ -44,14 +51,8 @@ def carried(path: Path) -> KilledBefore | None:
 
 def leftovers(path: Path) -> list[str]:
     """The ids a journal holds without an end, in the order they started (a torn last line is ignored)."""
-    if not path.exists():
-        return []
     started: dict[str, None] = {}
-    for raw in path.read_bytes().splitlines():
-        try:
-            d = json.loads(raw)
-        except ValueError:
-            continue
+    for d in _events(path):
         if "start" in d:
             started[d["start"]] = None
         elif "end" in d:
