@@ -82,14 +82,20 @@ def _runs(code: str, kc) -> str:
     return status
 
 
+def _interrupt_once_running(code: str, km, kc) -> str:
+    """Run `code` as a cell and interrupt the kernel half a second after it starts (Lab's stop button); its msg id."""
+    msg_id = kc.execute(code)
+    while kc.get_iopub_msg(timeout=30)["msg_type"] != "execute_input":
+        pass
+    time.sleep(0.5)
+    km.interrupt_kernel()
+    return msg_id
+
+
 def test_a_running_cell_is_still_interrupted(tmp_path):
     km, kc = _start("eagledata", tmp_path, tmp_path / "kernel.log")
     try:
-        msg_id = kc.execute("import time; time.sleep(60)")
-        while kc.get_iopub_msg(timeout=30)["msg_type"] != "execute_input":
-            pass
-        time.sleep(0.5)
-        km.interrupt_kernel()
+        msg_id = _interrupt_once_running("import time; time.sleep(60)", km, kc)
         reply = kc.get_shell_msg(timeout=30)  # well before the cell would end
         assert reply["parent_header"]["msg_id"] == msg_id
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
@@ -169,21 +175,13 @@ def test_an_async_cell_is_interrupted_at_once(tmp_path):
     (the stock kernel still does)."""
     km, kc = _start("eagledata", tmp_path, tmp_path / "kernel.log")
     try:
-        msg_id = kc.execute("import asyncio\nawait asyncio.sleep(60)")
-        while kc.get_iopub_msg(timeout=30)["msg_type"] != "execute_input":
-            pass
-        time.sleep(0.5)
-        km.interrupt_kernel()
+        msg_id = _interrupt_once_running("import asyncio\nawait asyncio.sleep(60)", km, kc)
         reply, took = _reply_to(kc, msg_id, within_s=20)
         # measured 0.01 s (the stock kernel: 60 s, at the sleep's end)
         assert reply is not None and took < INTERRUPTED_WITHIN_S, f"no reply {took:.1f} s after the interrupt"
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "CancelledError"
         assert _runs("1 + 1", kc) == "ok"  # and the kernel lives on
-        msg_id = kc.execute("await asyncio.sleep(60)")  # and the next async cell is interrupted alike
-        while kc.get_iopub_msg(timeout=30)["msg_type"] != "execute_input":
-            pass
-        time.sleep(0.5)
-        km.interrupt_kernel()
+        msg_id = _interrupt_once_running("await asyncio.sleep(60)", km, kc)  # the next async cell alike
         reply, took = _reply_to(kc, msg_id, within_s=20)
         assert reply is not None and took < INTERRUPTED_WITHIN_S and reply["content"]["ename"] == "CancelledError"
     finally:
