@@ -50,7 +50,9 @@ def config(tmp_path, base_url, out):
     return GenerateConfig(dataset="all", datasets_file=str(datasets(tmp_path)), base_url=base_url,
                           output_dir=str(tmp_path / out), params_dir=str(tmp_path / "params"), concurrency=1,
                           max_tokens=400, progress=False, retry_base_s=0.0, retry_cap_s=0.0, reserve_usd=0.0,
-                          provider_cooldown_s=0.0, max_attempts=4, turns="all")
+                          provider_cooldown_s=0.0, max_attempts=4, turns="all",
+                          stream=False)  # a tape holds answers, not how fast each streamed: pacing on streams and
+    # the routing near a cut depend on that timing, so the replayed run asks for JSON bodies
 
 
 def records(tmp_path, out):
