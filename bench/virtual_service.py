@@ -8,7 +8,8 @@ answers take seconds and the same draw decides the same way every time. pacing_r
 A request that asks for a stream (`stream: true`) is answered as one: the first token after `TTFT_SHARE` of its
 latency, then its text in `CHUNKS` pieces at an even pace, from an endpoint drawn among `endpoints` (weights, the
 request's `provider.ignore` respected); a stream closed early is billed as far as it got on an endpoint with stream
-cancellation, else whole (`wasted`: what was billed beyond what the run kept).
+cancellation, else whole (`wasted`: what was billed beyond what the run kept), and what it cost is told by its
+generation id (`generation`, the generation endpoint's seam) at once.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from eagledata.generation import GenerateConfig, Seams
 from eagledata.generation.clock import InlineExecutor, run_virtual
 from eagledata.generation.engine import Run
 from eagledata.openrouter import Account, Completion, Endpoint, Kind, Outcome, RoutingDecision
+from eagledata.openrouter.client import GenerationStats
 from eagledata.records import Answer, Usage
 
 MODEL = "moonshotai/kimi-k2.5"
@@ -54,6 +56,7 @@ class Drawn:
         self.wasted, self.cut_tokens, self.streams = 0.0, 0, 0
         self.price_in, self.price_out, self.prompt_tokens = price_in, price_out, prompt_tokens
         self.billed, self.balance = 0.0, balance_usd
+        self.closed: dict[str, GenerationStats] = {}  # the streams closed early, by generation id
         self.sent_at: list[float] = []
         self.overhead = len(tok.encode_ordinary(REASONING)) + 2  # the reasoning, `</think>` and `<|im_end|>`
         assert len(tok.encode_ordinary(" ".join(["word"] * 1000))) == 1000, "the content is one token a word"
@@ -73,7 +76,9 @@ class Drawn:
             sent = await self._stream(state, gid, served, latency, words)
             if sent is not None:  # closed early
                 billed = sent if served.cancels else out
-                self.billed += (self.prompt_tokens * self.price_in + billed * self.price_out) / 1e6
+                cost = (self.prompt_tokens * self.price_in + billed * self.price_out) / 1e6
+                self.billed += cost
+                self.closed[gid] = GenerationStats(gid, cost, served.cancels, billed, provider)
                 self.wasted += max(0, billed - sent) * self.price_out / 1e6
                 raise asyncio.CancelledError
         cost = (self.prompt_tokens * self.price_in + out * self.price_out) / 1e6
@@ -112,6 +117,9 @@ class Drawn:
             return sent
         return None
 
+    async def generation(self, client: Any, generation_id: str) -> GenerationStats | None:
+        return self.closed.get(generation_id)
+
     async def account(self, client: Any) -> Account:
         return Account(self.billed, self.balance - self.billed)
 
@@ -124,7 +132,8 @@ def endpoint(provider: str, price_in: float, price_out: float, *, stream_cancell
 def run_engine(cfg: GenerateConfig, service: Drawn, eligible: list[Endpoint]) -> dict[str, Any]:
     """The run's summary, the engine against `service` in virtual time (`eligible`: the routing decision's
     endpoints, whose worst price bounds a request's cost)."""
-    seams = Seams(transport=service, account=service.account, executor=InlineExecutor(),
+    seams = Seams(transport=service, account=service.account, generations=service.generation,
+                  executor=InlineExecutor(),
                   routing=RoutingDecision(model=MODEL, provider={"sort": "price"}, eligible=eligible, source="replay"))
 
     async def main() -> dict[str, Any]:

@@ -42,17 +42,24 @@ def test_money_end_sim_stops_at_the_cap_through_the_engine(benches, tok):
 
 
 def test_pacing_replay_streamed_cuts_at_the_targets_through_the_engine(benches, tok):
-    """Streamed with `at_target: cut`: every target met, each within 2 % (the cut samples land at once), no target
-    waiting for a whole answer, and nothing billed that no record holds on an endpoint that cancels."""
+    """Streamed with `at_target: cut`: every target met, typically within 2 % (the cut samples land at once), no
+        target waiting for a whole answer, and nothing billed that no record holds on an endpoint that cancels. Five
+    draws: at this size one answer is ~3 % of a target and a dataset has ~7 streams, so the worst of six datasets
+    passes 2 % in about a third of the draws (seeds 1-10: 0.7-3.8 %, median 1.4 %); the job's scale, where the
+    issue's goal is set for every draw, is bench/README.md's."""
     pacing_replay, _ = benches
-    saved, pairs = pacing_replay.synthetic(seed=1, n=400)
-    saved["summary"]["run"]["concurrency"] = 40
-    for d in saved["summary"]["datasets"].values():
-        d["target_output_tokens"] = 60_000
-    report: dict = {}
-    last, over = pacing_replay.replay(saved, pairs, 0.4, 0, tok, stream=True, cancel_share=1.0, report=report)
-    assert -0.001 < over <= 0.02 and report["cut"] > 0 and report["wasted"] == 0
-    assert last <= 1.15 * pacing_replay.ideal_s(saved, pairs)
+    overs = []
+    for seed in range(1, 6):
+        saved, pairs = pacing_replay.synthetic(seed=seed, n=400)
+        saved["summary"]["run"]["concurrency"] = 40
+        for d in saved["summary"]["datasets"].values():
+            d["target_output_tokens"] = 60_000
+        report: dict = {}
+        last, over = pacing_replay.replay(saved, pairs, 0.4, 0, tok, stream=True, cancel_share=1.0, report=report)
+        assert -0.001 < over <= 0.04 and report["cut"] > 0 and report["wasted"] == 0
+        assert last <= 1.15 * pacing_replay.ideal_s(saved, pairs)
+        overs.append(over)
+    assert sum(overs) / len(overs) <= 0.02, overs
 
 
 def test_kill_bench_keeps_records_exact_and_cancelled_streams_cheap(benches, tokenizer_dir):

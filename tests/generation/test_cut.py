@@ -69,6 +69,16 @@ def test_a_dataset_at_its_target_cuts_its_streams_and_keeps_them(emu, tmp_path):
     assert summary["run"]["finish_reasons"].get("cut") == len(cut)
     assert all(r.finish_reason != "cut" for r in records if not r.meta.get("cut"))
     assert sum(emu.ground_truth(r.generation_id).get("cancelled", False) for r in cut) >= len(cut) // 2
+    # each closed stream was booked at its bound, then what it cost read back by its id: the emulator's own figures
+    closed = [t for t in emu.ground_truth() if t.get("cancelled")]
+    read_back = summary["run"]["read_back"]
+    assert read_back["unread"] == 0 and read_back["streams"] == read_back["read"] >= len(cut)
+    assert read_back["cancelled"] == len(closed)
+    # what they cost: the cancelled ones', and the rest's (streams that broke, or closed on an endpoint billing whole)
+    held_whole = {r.generation_id for r in records if not r.meta.get("cut")}
+    assert sum(t["cost"] for t in closed) <= read_back["usd"] + 1e-9
+    assert read_back["usd"] <= sum(t["cost"] for t in emu.ground_truth() if t["generation_id"] not in held_whole) + 1e-9
+    assert read_back["usd"] < read_back["bound_usd"] / 2
 
 
 def test_at_target_finish_keeps_only_whole_answers(emu, tmp_path):

@@ -86,17 +86,20 @@ def test_reading_costs_survives_an_unknown_id(tokenizer_dir):
     assert found.figures() == {"streams": 1, "read": 0, "cancelled": 0, "usd": 0.0, "unread": 1}
 
 
-def test_the_report_says_what_the_killed_run_wasted():
+def test_the_report_says_what_the_killed_run_wasted_and_what_closed_streams_cost():
     from eagledata.generation import summary_table
 
     run = {"recorded": 1, "failed": 0, "output_tokens": 10, "usd_per_m_output": 1.0,
            "cheapest_eligible_usd_per_m_output": 1.0, "max_spend_usd": None, "charged_usd": 0.5, "recorded_usd": 0.4,
            "wasted_usd": 0.1, "output_tokens_per_s": 1.0, "retried": 0,
-           "killed_before": {"streams": 20, "read": 18, "cancelled": 12, "usd": 0.0123, "unread": 2}}
+           "killed_before": {"streams": 20, "read": 18, "cancelled": 12, "usd": 0.0123, "unread": 2},
+           "read_back": {"streams": 30, "read": 29, "cancelled": 29, "usd": 0.019, "bound_usd": 0.126, "unread": 1}}
     table = summary_table({"stop_reason": "completed", "records": 1, "failures": 0, "remaining": 0, "prompts": 1,
                            "output_tokens": 10, "target_output_tokens": None, "wall_s": 1.0, "run": run})
     assert table.loc["wasted by the killed run before (streams)", "value"] == \
         "$0.0123 over 18 of 20 streams (12 cancelled at the kill, 2 not known yet)"
+    assert table.loc["closed streams, cost read by id", "value"] == \
+        "$0.0190 over 29 of 30 (booked at $0.1260; 1 left to the account)"
 
 
 def test_what_a_run_read_and_could_not_show_is_carried_to_the_next_summary(tmp_path):

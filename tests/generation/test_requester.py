@@ -147,6 +147,38 @@ def test_a_cancelled_attempt_stops_the_request_and_settles_as_the_cancelled_outc
     assert work.lane.stats.errors == {"cancelled": 1}
 
 
+class Named:
+    """A Transport that streams: the service names the generation (its header), then nothing comes until closed."""
+
+    async def handle_request(self, client, body, state=None):
+        state.name("gen-hdr")
+        await asyncio.get_running_loop().create_future()
+
+
+def test_a_stream_is_heard_the_moment_the_service_names_it_and_read_back_by_that_name_when_closed(parts):
+    p = parts({"A": 1}, routing=three(), transport=Named(), stream=True)
+    work = p.dispatcher.take(0.0)
+    heard = []
+    p.requester.on_stream_named = lambda a: heard.append((a.state.generation_id, a.state.chunks))
+
+    async def main():
+        await p.requester.prepare(work)
+        assert p.admit(work, 0.0) is not None
+        attempt = p.requester.start(None, work, 0.0)
+        await asyncio.sleep(0)
+        assert heard == [("gen-hdr", 0)]  # before its first chunk: a kill from now on leaves its id in the journal
+        attempt.state.chunk({"id": "gen-hdr", "choices": []})  # the first chunk names it again: heard once
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+        return attempt
+
+    attempt = asyncio.run(main())
+    assert heard == [("gen-hdr", 0)]
+    p.settle(work, cancelled_outcome(), None, None, 2.0, go_on=True, generation_id=attempt.state.generation_id)
+    assert list(p.ledger.readback.pending) == ["gen-hdr"]  # booked at its bound, its cost to read by that id
+
+
 @pytest.mark.parametrize("stopping, go_on", [(True, True), (False, False)])
 def test_a_cancelled_attempt_of_a_stopping_run_or_cut_with_its_slot_stays_to_do(parts, stopping, go_on):
     """What is in flight when the run stops (a signal), or cut with its slot at the run's end (stragglers): not

@@ -91,7 +91,8 @@ def answer(outcome, truth: dict[str, dict]):
 
 
 TIMED = {"output_tokens_per_s", "target_met_s", "provider_health",  # the clock's
-         "charged_usd", "spend_usd", "wasted_usd"}  # the account's, as of its last reading
+         "charged_usd", "spend_usd", "wasted_usd", "usd_per_m_output",  # the account's, as of its last reading
+         "read_back"}  # a broken stream's cost, read by the id its header gave (a broken JSON body names none)
 
 
 def counts(summary: dict) -> dict:

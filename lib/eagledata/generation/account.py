@@ -2,7 +2,8 @@
 
 We book `usage.cost` as answers arrive. An answer we could not read (cut body, lost connection, our own
 timeout) may or may not have been billed: it is booked provisionally at its bound, and the next account
-reading replaces it with the truth. What the run spent is then
+reading replaces it with the truth, unless what it cost is read first by its generation id (`resolve`: a stream the
+run closed, readback.py). What the run spent is then
 
     charged at the last reading + everything booked since (a reading may lag by `lag_s`),
 
@@ -27,6 +28,17 @@ class AccountReading:
     balance_usd: float | None   # credits left (account, else the key's limit); None = unknown
 
 
+@dataclass(slots=True)
+class Booking:
+    """One booking: an attempt's cost, or its bound while `provisional`; `recent` while no reading has covered it."""
+
+    at: float
+    amount: float
+    provisional: bool
+    lane: str
+    recent: bool = True
+
+
 @dataclass
 class Books:
     lag_s: float = 5.0
@@ -37,12 +49,12 @@ class Books:
     known_by_lane: dict[str, float] = field(default_factory=dict)        # known_usd, by dataset
     provisional_by_lane: dict[str, float] = field(default_factory=dict)  # provisional_usd, by dataset
     _spent_at_last: float = 0.0     # our own figure when the last reading was asked
-    _recent: deque = field(default_factory=deque)  # (time, amount, provisional, lane) booked since a reading − lag
+    _recent: deque[Booking] = field(default_factory=deque)  # booked since a reading − lag
     _recent_total: float = 0.0
     _recent_provisional: float = 0.0
     _pending_by_lane: dict[str, float] = field(default_factory=dict)  # _recent's provisional part, by dataset
 
-    def book(self, now: float, amount: float, *, provisional: bool = False, lane: str = "") -> None:
+    def book(self, now: float, amount: float, *, provisional: bool = False, lane: str = "") -> Booking:
         tally = self.provisional_by_lane if provisional else self.known_by_lane
         tally[lane] = tally.get(lane, 0.0) + amount
         if provisional:
@@ -50,9 +62,28 @@ class Books:
             self._pending_by_lane[lane] = self._pending_by_lane.get(lane, 0.0) + amount
         else:
             self.known_usd += amount
-        self._recent.append((now, amount, provisional, lane))
+        booking = Booking(now, amount, provisional, lane)
+        self._recent.append(booking)
         self._recent_total += amount
         self._recent_provisional += amount if provisional else 0.0
+        return booking
+
+    def resolve(self, booking: Booking, cost: float) -> None:
+        """A provisional booking's cost, read by its generation id: booked at what it cost from now on, as an answer
+        that reported its cost is (a reading that already covered it charged the same; the split between what the
+        answers cost and what was booked at a bound, by dataset, now says the truth)."""
+        if not booking.provisional:
+            return
+        lane, bound = booking.lane, booking.amount
+        self.provisional_usd -= bound
+        self.provisional_by_lane[lane] -= bound
+        self.known_usd += cost
+        self.known_by_lane[lane] = self.known_by_lane.get(lane, 0.0) + cost
+        if booking.recent:
+            self._recent_total += cost - bound
+            self._recent_provisional -= bound
+            self._pending_by_lane[lane] -= bound
+        booking.amount, booking.provisional = cost, False
 
     def read(self, reading: AccountReading, spent_then: float | None = None) -> None:
         """A fresh reading (the first is the baseline). `spent_then`: `spent()` when it was asked."""
@@ -61,12 +92,13 @@ class Books:
         self.last = reading
         self._spent_at_last = self.spent() if spent_then is None else spent_then
         horizon = reading.at - self.lag_s
-        while self._recent and self._recent[0][0] <= horizon:
-            _, amount, provisional, lane = self._recent.popleft()
-            self._recent_total -= amount
-            if provisional:
-                self._recent_provisional -= amount
-                self._pending_by_lane[lane] -= amount
+        while self._recent and self._recent[0].at <= horizon:
+            b = self._recent.popleft()
+            b.recent = False
+            self._recent_total -= b.amount
+            if b.provisional:
+                self._recent_provisional -= b.amount
+                self._pending_by_lane[b.lane] -= b.amount
         if not self._recent:
             self._recent_total = self._recent_provisional = 0.0  # no float drift
             self._pending_by_lane.clear()
@@ -112,7 +144,7 @@ class Books:
         one plus the lag. None when there are none, or when readings carry no usage to settle them with."""
         if self._recent_provisional <= 0 or self.last is None or self.last.usage_usd is None:
             return None
-        newest = max((at for at, _, provisional, _ in self._recent if provisional), default=None)
+        newest = max((b.at for b in self._recent if b.provisional), default=None)
         if newest is None:  # the running total kept a float residue of settled bookings
             self._recent_provisional = 0.0
             self._pending_by_lane.clear()

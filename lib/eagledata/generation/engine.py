@@ -42,6 +42,7 @@ log = logging.getLogger("eagledata.generate")
 ViewFactory = Callable[[RunSnapshot], ProgressView]  # what shows a run, from its first snapshot
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
 INTERRUPT_FINISH_S = 3.0  # after a Ctrl-C, streams billed whole anyway get this long to end before they are cut too
+READ_BACK_END_S = 3.0  # at a run's end (not a Ctrl-C's), the streams closed last get this long to be read back
 
 
 class Run:
@@ -65,7 +66,9 @@ class Run:
         # streams journaled as they start, so that the run after a kill can read what they cost (killed.py)
         self.journals = {lane.name: StreamJournal(lane.store.files.directory / "streams.jsonl")
                          for lane in lanes} if self.parts.requester.stream else {}
-        self.parts.requester.on_stream_end = self._stream_ended
+        if self.journals:
+            self.parts.requester.on_stream_named = self._stream_named
+            self.parts.requester.on_stream_end = self._stream_ended
 
     @classmethod
     async def start(cls, cfg: GenerateConfig, client: httpx.AsyncClient, *, api_key: str | None = None,
@@ -116,13 +119,12 @@ class Run:
             if (journal := self.journals.get(lane.name)) is not None and lane.killed_before is not None:
                 journal.rewrite(lane.killed_before.unread)
 
-    def _journal_streams(self) -> None:
-        """The streams whose generation id came since the last tick go into their dataset's journal."""
-        for attempt in self.parts.requester.streaming:
-            if not attempt.journaled and attempt.state is not None and attempt.state.generation_id \
-                    and attempt.work is not None:
-                self.journals[attempt.work.lane.name].started(attempt.state.generation_id, attempt.work.turn.id)
-                attempt.journaled = True
+    def _stream_named(self, attempt: Attempt) -> None:
+        """The service named a stream's generation (its response's first bytes): into its dataset's journal at once,
+        so that a kill from now on leaves its id for the next run to read."""
+        if attempt.state is not None and attempt.work is not None:
+            self.journals[attempt.work.lane.name].started(attempt.state.generation_id, attempt.work.turn.id)
+            attempt.journaled = True
 
     def _stream_ended(self, attempt: Attempt) -> None:
         if attempt.journaled and attempt.state is not None and attempt.work is not None:
@@ -145,6 +147,7 @@ class Run:
         try:
             async with asyncio.TaskGroup() as tg:
                 ticker = tg.create_task(self._ticker(clients[0]))
+                reading = tg.create_task(self._reading_back(clients[0])) if self.ledger.readback else None
                 try:
                     async with asyncio.timeout_at(self._cut_at) as self._scope:
                         async with asyncio.TaskGroup() as slots:
@@ -155,11 +158,15 @@ class Run:
                 finally:
                     self._scope = None
                     ticker.cancel()
+                    if reading is not None:
+                        reading.cancel()
         except asyncio.CancelledError as e:  # the caller cancelled us: raised once the summaries are written
             self.dispatcher.stop.set(StopReason.INTERRUPTED)
             cancelled = e
         finally:
             restore()
+            if cancelled is None and self.dispatcher.stop.reason != StopReason.INTERRUPTED:
+                await self._read_back_the_last(clients[0])
             if self.ledger.paid and not self.idle:  # the account after the last answer: what the run was charged
                 await self.ledger.read(clients[0], self.clock.now())
             await self._read_killed(clients[0], again=True)
@@ -260,7 +267,6 @@ class Run:
                     now = self.clock.now()
                     self.ledger.tick(now)
                     self.parts.tick(now)
-                    self._journal_streams()
                     self.reporter.sample(now)
                     if self.progress is not None:
                         self.progress.update(self.reporter.snapshot(now))
@@ -268,6 +274,26 @@ class Run:
                     self.slots.wake(every_payer=True)
         except Exception as e:  # the estimators, the books, the progress view: a bug stops the run cleanly
             await self._failed(e)
+
+    async def _reading_back(self, client: httpx.AsyncClient) -> None:
+        """What the streams booked at their bound cost, read by id as the service settles them (readback.py)."""
+        try:
+            while True:
+                await self.clock.sleep(TICK_S)
+                await self.ledger.read_back(client, self.clock.now())
+        except Exception as e:
+            await self._failed(e)
+
+    async def _read_back_the_last(self, client: httpx.AsyncClient) -> None:
+        """The streams closed last (at a target's cut, by the stragglers' end) are asked for until READ_BACK_END_S has
+        passed; what the service does not know by then stays at its bound for the account's reading to settle."""
+        if (readback := self.ledger.readback) is None:
+            return
+        end = self.clock.now() + READ_BACK_END_S
+        while readback.pending and self.clock.now() < end:
+            await self.ledger.read_back(client, self.clock.now(), every=True)
+            if readback.pending:
+                await self.clock.sleep(TICK_S)
 
     def _stragglers(self, now: float) -> None:
         """Issuing is over and answers are still in flight past `straggler_wait_s`: the run ends without them."""

@@ -1,13 +1,13 @@
 """The streams a killed run left in flight: journaled as they start, their cost read back by the next run.
 
-A stream's generation id arrives with its first chunk, long before its answer is whole. The engine appends it to its
-dataset's `streams.jsonl` when it first sees it, and `{"end": id}` once the attempt ends in this process (recorded,
-retried or cancelled: the run books those itself). A SIGKILL leaves ids with no end. The next run reads what each
-cost from the generation endpoint (`openrouter.read_generation`): on a provider with stream cancellation only what it
-generated before the dead process's connection closed, elsewhere the whole answer. Its summary shows them as
-`run.killed_before`: paid for, and no record holds them. An id the service does not know yet (an answer still being
-generated upstream: the endpoint lags its end) is read again when the run ends, and kept for the next run if still
-unknown then.
+A stream's generation id arrives with its response's first bytes (the `X-Generation-Id` header; else its first chunk),
+long before its answer is whole. The engine appends it to its dataset's `streams.jsonl` the moment it comes, and
+`{"end": id}` once the attempt ends in this process (recorded, retried or cancelled: the run books those itself). A
+SIGKILL leaves ids with no end. The next run reads what each cost from the generation endpoint
+(`openrouter.read_generation`): on a provider with stream cancellation only what it generated before the dead
+process's connection closed, elsewhere the whole answer. Its summary shows them as `run.killed_before`: paid for, and
+no record holds them. An id the service does not know yet (an answer still being generated upstream: the endpoint lags
+its end) is read again when the run ends, and kept for the next run if still unknown then.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ account.py), the account's readings and the spender lock (spender.py), behind th
 
 A request is admitted against the money left and opens its flight in the run's one ledger of flights (flights.py,
 which pacing reads too); whatever its attempt comes to (an answer, an error, a cancel) is booked here: at its cost,
-or provisionally at its bound until an account reading says what it cost.
+or provisionally at its bound until an account reading says what it cost, or, for a stream the service named, until
+its cost is read back by its generation id (`read_back`, readback.py).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from ..openrouter import Account, read_account
 from .account import AccountReading, Books
 from .admission import Admission
 from .policy import Rule, StopReason
+from .readback import GenerationReader, Readback
 from .spender import SpenderLock
 
 AccountReader = Callable[[httpx.AsyncClient], Awaitable[Account]]  # the account seam (`/key`, `/credits`)
@@ -33,8 +35,11 @@ class MoneyStop:
 
 class Ledger:
     def __init__(self, admission: Admission, books: Books, *, paid: bool, max_spend_usd: float | None,
-                 reserve_usd: float, concurrency: int, refresh_s: float, reader: AccountReader = read_account):
+                 reserve_usd: float, concurrency: int, refresh_s: float, reader: AccountReader = read_account,
+                 generations: GenerationReader | None = None):
         self.admission, self.books, self.paid = admission, books, paid
+        # a stream booked at its bound, its cost read back by id (None: the account's readings settle it)
+        self.readback = Readback(books, generations) if paid and generations is not None else None
         self.max_spend_usd, self.reserve_usd, self.concurrency = max_spend_usd, reserve_usd, concurrency
         self.refresh_s, self.reader = refresh_s, reader
         self.money_left: dict[str, Any] | None = None  # why and with how much money issuing stopped
@@ -80,6 +85,8 @@ class Ledger:
         if due is not None and self._read_at < due:
             self._want_reading = True
             return None
+        if self.readback is not None and self.readback.holding():  # or its cost read back by id, any moment now
+            return None
         why = self.admission.stop_rule(bound, spent, limit, self.concurrency)
         if why is None:
             return None
@@ -89,15 +96,18 @@ class Ledger:
         return MoneyStop(StopReason.MAX_SPEND_REACHED if cap is not None and limit >= cap
                          else StopReason.BALANCE_RESERVE_REACHED, why)
 
-    def settle(self, ticket: int, r: Rule, cost: float | None, bound: float, now: float) -> float:
+    def settle(self, ticket: int, r: Rule, cost: float | None, bound: float, now: float,
+               generation_id: str = "") -> float:
         """Book what the attempt cost by its rule (policy.RULES) and close its flight; returns what was booked (its
-        bound when provisional)."""
+        bound when provisional: read back later when the service named its generation, `generation_id`)."""
         lane = self.admission.flights.live[ticket].lane
         if r.cost == "known" and cost is not None:
             self.books.book(now, cost, lane=lane)
         elif r.cost == "unknown" and self.paid:
             cost = None
-            self.books.book(now, bound, provisional=True, lane=lane)
+            booking = self.books.book(now, bound, provisional=True, lane=lane)
+            if generation_id and self.readback is not None:
+                self.readback.add(generation_id, booking, now)
         else:
             cost = 0.0
         self.admission.end(ticket, now, cost)
@@ -127,6 +137,11 @@ class Ledger:
         self.books.read(AccountReading(now, account.usage_usd, account.balance_usd), spent)
         if strict:
             self.balance_start = self.books.last.balance_usd if self.books.last else None
+
+    async def read_back(self, client: httpx.AsyncClient, now: float, *, every: bool = False) -> None:
+        """Read what the closed streams that are due cost (`every`: all of them, once, at the run's end)."""
+        if self.readback is not None:
+            await self.readback.read(client, now, every=every)
 
     def close(self) -> None:
         if self.spender is not None:

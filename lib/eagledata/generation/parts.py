@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from ..errors import InputError
 from ..openrouter import Completion, Kind, Outcome, Price, RoutingDecision
+from ..openrouter.client import read_generation
 from ..openrouter.fast_stream import FastStreams
 from ..records import CUT, Record
 from ..text import KimiTokenizer
@@ -24,6 +25,7 @@ from .ledger import AccountReader, Ledger, MoneyStop, read_account
 from .pacing import Pacing
 from .policy import StopReason, rule
 from .priors import cost_prior, length_prior, prior_lengths
+from .readback import GenerationReader
 from .recorder import Recorder
 from .reporter import Reporter
 from .requester import CANCELLED, ChatCompletions, Requester, Transport, cancelled_outcome
@@ -41,6 +43,7 @@ class Seams:
     fast_streams: FastStreams | None = None  # that ChatCompletions' streams read over it (the run makes one)
     clock: Clock = field(default_factory=LoopClock)
     account: AccountReader = read_account
+    generations: GenerationReader | None = read_generation  # a closed stream's cost by id; None: the account's
     routing: RoutingDecision | None = None  # None: the routing file, else the catalog (openrouter.load_routing)
     executor: Executor | None = None        # tokenizing and records off the loop; None: two threads
 
@@ -70,10 +73,11 @@ class Parts:
         return verdict
 
     def settle(self, work: Work, outcome: Outcome, record: Record | None, cost: float | None, now: float, *,
-               go_on: bool = False) -> None:
+               go_on: bool = False, generation_id: str = "") -> None:
         """What an attempt came to: recorded (`record`), retried, failed for good, or cancelled; booked either way
-        (`cost`: what it cost when read, else its rule says what to book). `go_on`: a cancelled attempt was cut off
-        alone (its handle), not with its slot at the run's end: sent again."""
+        (`cost`: what it cost when read, else its rule says what to book; `generation_id`: the id its stream was
+        given, to read what it cost by when no answer says). `go_on`: a cancelled attempt was cut off alone (its
+        handle), not with its slot at the run's end: sent again."""
         r, stop, c = rule(outcome), None, outcome.completion
         if record is not None and c is not None and (contradicted := self.recorder.contradicted(record, c)):
             outcome, record, r = contradicted, None, rule(contradicted)  # the service's count says its ids are wrong
@@ -85,7 +89,7 @@ class Parts:
         if outcome.error_class == CANCELLED:
             if self.dispatcher.cancelled(work, now, go_on=go_on):
                 self.recorder.retried(work, cancelled=True)
-            work.lane.stats.booked_usd += self.ledger.settle(work.ticket, r, cost, work.bound, now)
+            work.lane.stats.booked_usd += self.ledger.settle(work.ticket, r, cost, work.bound, now, generation_id)
             return
         if record is not None:
             assert c is not None and cost is not None
@@ -96,7 +100,7 @@ class Parts:
             stop = self.recorder.refused(work, outcome)
             if self.dispatcher.not_ok(work, now, outcome, r) == "retry":  # failed for good: written by the dispatcher
                 self.recorder.retried(work)
-        booked = self.ledger.settle(work.ticket, r, cost, work.bound, now)
+        booked = self.ledger.settle(work.ticket, r, cost, work.bound, now, generation_id)
         self.recorder.attempt(work, outcome, r, now - work.sent_at, booked)
         self.dispatcher.congestion.observe(now, r.rate_limited)
         self.requester.observe(now, c.provider if c is not None else outcome.provider, r.rate_limited)
@@ -124,15 +128,16 @@ class Parts:
 
     def _cut(self, work: Work, record: Record, c: Completion, now: float) -> None:
         """A cut sample: recorded as any answer; its cost is unknown (a closed stream has no usage chunk), so the
-        books hold its bound until the account's reading settles it; its record carries the prefix's cost at the
-        provider's price (what the store's totals and the next run's cost prior read)."""
+        books hold its bound until it is read back by its generation id (or an account reading settles it); its
+        record carries the prefix's cost at the provider's price (what the store's totals and the next run's cost
+        prior read)."""
         assert work.ticket is not None and work.prompt_ids is not None
         price = self.requester.price_by_provider.get(c.provider, self.requester.worst)
         recorded, stop = self.recorder.record(work, record, c, price.cost(len(work.prompt_ids), len(record.output_ids)))
         self.dispatcher.answered(work, now, recorded.tokens, written=recorded.written, next_turn=recorded.next_turn,
                                  cut=True)
         cancelled = cancelled_outcome()
-        booked = self.ledger.settle(work.ticket, rule(cancelled), None, work.bound, now)
+        booked = self.ledger.settle(work.ticket, rule(cancelled), None, work.bound, now, c.generation_id)
         self.recorder.attempt(work, Outcome(Kind.OK, CUT, 200, completion=c), rule(cancelled), now - work.sent_at,
                               booked)
         if stop is not None:
@@ -167,7 +172,7 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
                             retry_base_s=cfg.retry_base_s, retry_cap_s=cfg.retry_cap_s, failed=failed)
     ledger = Ledger(admission, Books(lag_s=cfg.account_lag_s), paid=paid, max_spend_usd=cfg.max_spend_usd,
                     reserve_usd=cfg.reserve_usd, concurrency=cfg.concurrency, refresh_s=cfg.account_refresh_s,
-                    reader=seams.account)
+                    reader=seams.account, generations=seams.generations)
     # per-provider verdicts over the whole run, from the datasets' earlier books (a suspect is left out at once)
     fidelity = FidelityJudge.carried(lane.summary_before for lane in lanes if lane.summary_before)
     executor = seams.executor or ThreadPoolExecutor(2, thread_name_prefix="eagledata-tok")

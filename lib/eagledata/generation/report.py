@@ -176,6 +176,10 @@ def summary_table(summary: dict[str, Any]):
         rows.append(("wasted by the killed run before (streams)",
                      f"{_usd(killed['usd'])} over {killed['read']:,} of {killed['streams']:,} streams "
                      f"({killed['cancelled']:,} cancelled at the kill, {killed['unread']:,} not known yet)"))
+    if back := run.get("read_back"):  # streams closed without their usage: booked at a bound, then read by id
+        rows.append(("closed streams, cost read by id",
+                     f"{_usd(back['usd'])} over {back['read']:,} of {back['streams']:,} (booked at "
+                     f"{_usd(back['bound_usd'])}; {back['unread']:,} left to the account)"))
     tools = run.get("tool_calls") or {}
     if tools.get("answers") or tools.get("mismatched"):  # an agent dataset: how the tool loops went
         rows += [("tool-call turns", f"{tools['answers']:,}"), ("tool calls", f"{tools['calls']:,}"),

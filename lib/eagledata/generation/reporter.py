@@ -133,8 +133,10 @@ class Reporter:
     def _extra(self) -> dict[str, Any]:
         changes = [[round(t - self.t0, 1), round(share, 3), round(limit)]
                    for t, share, limit in self.congestion.history if limit < self.cfg.concurrency][-200:]
+        readback = self.ledger.readback
         return {"foreign_usd": round(self.ledger.books.foreign_usd, 8), "money_left": self.ledger.money_left,
-                "concurrency_changes": changes}
+                "concurrency_changes": changes,
+                **({"read_back": readback.figures()} if readback is not None and readback.counts.streams else {})}
 
     def _dataset_summary(self, lane: DatasetRun, now: float) -> dict[str, Any]:
         """summary.json of one dataset. In a run over several, its money is its part of the account's delta

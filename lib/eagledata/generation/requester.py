@@ -102,7 +102,9 @@ class Requester:
         self.model, self.max_tokens, self.temperature, self.backend = model, max_tokens, temperature, backend
         self.stream, self.at_target = stream, at_target
         self.streaming: dict[Attempt, None] = {}  # the streamed attempts in flight, in the order they went out
-        self.on_stream_end: Callable[[Attempt], None] | None = None  # a streamed attempt ended (the journal hears)
+        # the service named a streamed attempt's generation, or the attempt ended (the streams journal hears both)
+        self.on_stream_named: Callable[[Attempt], None] | None = None
+        self.on_stream_end: Callable[[Attempt], None] | None = None
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
         self._cancels = {e.provider: e.stream_cancellation for e in routing.eligible}
 
@@ -145,6 +147,9 @@ class Requester:
                           cancels=state is not None and self._all_cancel(body.get("provider")))
         if state is not None:
             self.streaming[attempt] = None
+            if self.on_stream_named is not None:
+                named = self.on_stream_named
+                state.on_named = lambda _: named(attempt)
             attempt.when_done(lambda: self._stream_ended(attempt))
         return attempt
 

@@ -108,7 +108,7 @@ class Slots:
             ending = not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling()  # type: ignore[union-attr]
             if not ending and attempt.cut_reason and await self._cut(work, attempt):
                 return  # closed through its handle to keep what it streamed: recorded as a cut sample
-            await self._settle(work, cancelled_outcome(), None, go_on=not ending)
+            await self._settle(work, cancelled_outcome(), None, go_on=not ending, generation_id=_named(attempt))
             if ending:
                 raise
             return  # cancelled through its handle (a suspect's stream): the slot goes on, the work is sent again
@@ -122,7 +122,7 @@ class Slots:
                 spoiled = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)",
                                   provider=c.provider)
                 return await self._settle(work, spoiled, None, cost=self.parts.requester.cost(c))
-        await self._settle(work, outcome, record)
+        await self._settle(work, outcome, record, generation_id=_named(attempt))
 
     async def _cut(self, work: Work, attempt: Attempt) -> bool:
         """A stream the run closed to keep its prefix (at its dataset's target, on Ctrl-C): recorded as a cut sample
@@ -139,8 +139,13 @@ class Slots:
         return True
 
     async def _settle(self, work: Work, outcome: Outcome, record: Any, cost: float | None = None, *,
-                      go_on: bool = False) -> None:
+                      go_on: bool = False, generation_id: str = "") -> None:
         """What the attempt came to (parts.settle), under the lock; the waiters hear of it."""
         async with self.lock:
-            self.parts.settle(work, outcome, record, cost, self.clock.now(), go_on=go_on)
+            self.parts.settle(work, outcome, record, cost, self.clock.now(), go_on=go_on, generation_id=generation_id)
             self.wake()
+
+
+def _named(attempt: Attempt) -> str:
+    """The generation id the service gave the attempt's stream ("" for a JSON answer, or a stream not named yet)."""
+    return attempt.state.generation_id if attempt.state is not None else ""

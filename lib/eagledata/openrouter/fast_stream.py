@@ -225,7 +225,7 @@ class _Conn(asyncio.Protocol):
         if status < 200:  # an interim answer (100 Continue): the real one follows
             ex.headers = {}
             return
-        ex.state.generation_id = ex.state.generation_id or headers.get("x-generation-id", "")
+        ex.state.name(headers.get("x-generation-id", ""))
         self.inflate = _decoder(headers.get("content-encoding", ""))
         self.mode = _SSE if status == 200 and "event-stream" in headers.get("content-type", "") else _BODY
 

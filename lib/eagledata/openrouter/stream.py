@@ -18,7 +18,7 @@ The parts, each small enough to be measured on its own (bench/README.md, issue 4
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,6 +110,15 @@ class StreamState:
     _content: list[str] = field(default_factory=list)
     _details: dict[Any, dict[str, Any]] = field(default_factory=dict)
     _calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    on_named: Callable[[str], None] | None = field(default=None, repr=False)  # hears the generation id, once
+
+    def name(self, generation_id: str) -> None:
+        """The service named the generation (the X-Generation-Id header, else the first chunk's `id`): what its cost
+        is read by, should the stream never see its usage chunk. `on_named` hears it as it comes."""
+        if generation_id and not self.generation_id:
+            self.generation_id = generation_id
+            if self.on_named is not None:
+                self.on_named(generation_id)
 
     def add(self, payload: bytes) -> bool:
         """One event's data; True once it is `[DONE]`."""
@@ -130,10 +139,10 @@ class StreamState:
     def chunk(self, obj: Mapping[str, Any]) -> None:
         """One parsed chunk: its envelope, error, usage and its first choice's delta."""
         self.chunks += 1
-        if not self.generation_id or self.chunks == 1:
+        if not self.generation_id:
             gid = obj.get("id")
-            if isinstance(gid, str) and gid:
-                self.generation_id = gid
+            if isinstance(gid, str):
+                self.name(gid)
         if not self.provider and isinstance(obj.get("provider"), str):
             self.provider = obj["provider"]
         if not self.model and isinstance(obj.get("model"), str):
@@ -297,7 +306,7 @@ async def stream_complete(client: httpx.AsyncClient, body: dict[str, Any], state
         timeout = httpx.Timeout(stall_timeout_s, connect=client.timeout.connect)
     try:
         async with client.stream("POST", "chat/completions", json={**body, "stream": True}, timeout=timeout) as resp:
-            state.generation_id = state.generation_id or resp.headers.get("x-generation-id", "")
+            state.name(resp.headers.get("x-generation-id", ""))
             if resp.status_code != 200 or "event-stream" not in resp.headers.get("content-type", ""):
                 return classify_response(resp.status_code, resp.headers, await resp.aread())
             decoder = SSEDecoder()
