@@ -194,7 +194,8 @@ def kills_run(*, prompts: int, concurrency: int, kill_at: int, kills: int, strea
             stats = emu.stats()
         truth = load_truth(d / "truth.jsonl")
         ex = exactness(folder, prompts, truth)
-        w = waste(truth, ex.pop("held"), emu_cfg)
+        held = ex.pop("held")
+        w = waste(truth, held, emu_cfg)
         summary = json.loads((folder / "summary.json").read_text())
         before = summary["run"].get("killed_before")
 
@@ -203,12 +204,19 @@ def kills_run(*, prompts: int, concurrency: int, kill_at: int, kills: int, strea
 
         last_ids = killed_streams[-1] if killed_streams else []
         every = sorted({g for ids in killed_streams for g in ids})
+        # what the kills left that no journal names: clean generations no record holds, their id never journaled
+        # (sent before the kill, named by the service only after it, or never)
+        named = set(every) | set(held)
+        unnamed = [g for g, t in truth.items() if g not in named and t.get("fault") in (None, "slow")]
         return {"stream": stream, "prompts": prompts, "kills": kills, "kill_at": kill_at, "concurrency": concurrency,
                 "wall_s": wall, "last_run_s": wall_last, "exact": ex, "waste": w, "charged_usd": stats["charged_usd"],
                 "books_usd": w["overall"]["spend"], "outcomes": stats["outcomes"], "killed_before": before,
                 "last_kill_streams": len(last_ids), "last_kill_billed_usd": billed(last_ids),
                 "every_kill_streams": len(every), "every_kill_billed_usd": billed(every),
-                "summary_wasted_usd": summary["run"].get("wasted_usd"), "stop_reason": summary["stop_reason"]}
+                "summary_wasted_usd": summary["run"].get("wasted_usd"), "stop_reason": summary["stop_reason"],
+                "unnamed_streams": len(unnamed), "unnamed_usd": billed(unnamed),
+                "foreign_usd": summary["run"].get("foreign_usd", 0.0), "read_back": summary["run"].get("read_back"),
+                "killed_wasted_usd": summary["run"].get("killed_wasted_usd")}
 
 
 def report(r: dict) -> str:
@@ -233,7 +241,14 @@ def report(r: dict) -> str:
             f"{a['share']:.1%} of ${a['spend']:.2f} (goal <= 30 %); books ${r['books_usd']:.4f} = charged "
             f"${r['charged_usd']:.4f}"
             f"\n    wasted by provider: " + ", ".join(f"{p} ${v:.2f}" for p, v in w["by_provider"].items() if v > 0)
-            + f"\n    {shown}; last run's wasted_usd ${r['summary_wasted_usd'] or 0:.4f}, stop {r['stop_reason']}")
+            + f"\n    {shown}; last run's wasted_usd ${r['summary_wasted_usd'] or 0:.4f}, stop {r['stop_reason']}"
+            + f"\n    named by no journal: {r['unnamed_streams']:,} generations, ${r['unnamed_usd']:.4f} billed; the "
+              f"last run's foreign_usd ${r['foreign_usd']:.4f} (of it killed_before.late_usd "
+              f"${(kb or {}).get('late_usd', 0.0):.4f}); read_back {r['read_back']}"
+            + f"\n    the summary's waste: run.killed_wasted_usd ${r['killed_wasted_usd'] or 0:.4f} + the last run's "
+              f"wasted_usd ${r['summary_wasted_usd'] or 0:.4f} = "
+              f"${(r['killed_wasted_usd'] or 0) + (r['summary_wasted_usd'] or 0):.4f}, against the emulator's "
+              f"${a['wasted']:.4f} no record holds")
 
 
 def main() -> int:

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from eagledata.emulator import run_emulator
-from eagledata.generation.killed import KilledBefore, StreamJournal, leftovers, read_killed
+from eagledata.generation.killed import Baseline, KilledBefore, StreamJournal, baseline, leftovers, read_killed
 from eagledata.openrouter.client import LOCAL_KEY
 
 
@@ -33,6 +33,26 @@ def test_the_journal_keeps_what_started_and_never_ended(tmp_path):
     again.started("gen-3", "c")
     again.rewrite(["gen-2"])  # gen-2 still unknown to the service; gen-3 still open in this run
     assert leftovers(path) == ["gen-2", "gen-3"]
+
+
+def test_the_first_killed_runs_baseline_is_kept_until_a_summary_is_written(tmp_path):
+    path = tmp_path / "streams.jsonl"
+    first = StreamJournal(path)
+    first.begin(Baseline(10.0, 1.0, ("A",)))
+    first.started("gen-1", "t")  # killed
+    second = StreamJournal(path)
+    assert second.killed == Baseline(10.0, 1.0, ("A",))
+    second.rewrite(["gen-1"])  # it read what was left: the baseline stays
+    second.begin(Baseline(12.0, 1.5, ("A",)))  # the chain's first is kept, not this run's
+    assert baseline(path) == Baseline(10.0, 1.0, ("A",)) and leftovers(path) == ["gen-1"]
+    third = StreamJournal(path)  # killed again: the next run measures from the first killed run's start
+    assert third.killed.wasted(13.0, {"A": 1.8, "B": 9.0}) == pytest.approx(3.0 - 0.8)
+    assert third.killed.wasted(13.0, {"B": 9.0}) is None  # its dataset is not in this run: unknown
+    third.rewrite([], summarized=True)
+    assert baseline(path) is None and StreamJournal(path).killed is None
+    fourth = StreamJournal(path)
+    fourth.begin(Baseline(20.0, 3.0, ("A",)))
+    assert baseline(path) == Baseline(20.0, 3.0, ("A",))
 
 
 def test_a_killed_runs_streams_are_read_back_and_shown(tokenizer_dir, tmp_path):
@@ -69,6 +89,14 @@ def test_a_killed_runs_streams_are_read_back_and_shown(tokenizer_dir, tmp_path):
         assert before["usd"] == pytest.approx(sum(emu_generation(emu, g)["total_cost"] for g in killed
                                                   if emu_generation(emu, g) is not None), rel=1e-6)
         assert summary["records"] == 24 and leftovers(journal) == []  # every stream of this run ended in it
+        # by the account: the killed run's charge when this one began (100 in credits less the balance then), less
+        # what its records cost (the store's total less this run's)
+        run = summary["run"]
+        charged_before = 100 - run["balance_start_usd"]
+        assert run["killed_wasted_usd"] == pytest.approx(
+            charged_before - (summary["spend_usd"] - run["recorded_usd"]), abs=1e-6)
+        assert run["killed_wasted_usd"] >= before["usd"] - before["late_usd"] - 1e-9  # the streams it named among it
+        assert baseline(journal) is None  # a summary is written: the next kill starts a chain of its own
 
 
 def emu_generation(emu, gid: str) -> dict | None:
@@ -83,7 +111,33 @@ def test_reading_costs_survives_an_unknown_id(tokenizer_dir):
                                          headers={"Authorization": f"Bearer {LOCAL_KEY}"}) as client:
                 return await read_killed(client, ["gen-unknown"])
         found = asyncio.run(main())
-    assert found.figures() == {"streams": 1, "read": 0, "cancelled": 0, "usd": 0.0, "unread": 1}
+    assert found.figures() == {"streams": 1, "read": 0, "cancelled": 0, "usd": 0.0, "unread": 1, "late_usd": 0.0}
+
+
+def test_an_id_unknown_at_the_start_and_read_at_the_end_was_billed_during_the_run():
+    """An answer a killed run left on an endpoint that bills whole ones is generated on upstream: unknown to the
+    generation endpoint at the next run's start, read at its end. Billed meanwhile, it is in that run's account delta
+    too: `late_usd` says how much of `usd` that is."""
+    asks: list[str] = []
+
+    def service(request: httpx.Request) -> httpx.Response:
+        gid = request.url.params["id"]
+        asks.append(gid)
+        if gid == "gen-whole" and asks.count(gid) == 1:  # still generating at the start
+            return httpx.Response(404, json={"error": {"code": 404, "message": "not found"}})
+        cost, cancelled = (0.2, False) if gid == "gen-whole" else (0.1, True)
+        return httpx.Response(200, json={"data": {"id": gid, "total_cost": cost, "cancelled": cancelled}})
+
+    async def main() -> KilledBefore:
+        async with httpx.AsyncClient(base_url="http://127.0.0.1:9/api/v1/",
+                                     transport=httpx.MockTransport(service)) as client:
+            start = await read_killed(client, ["gen-cut", "gen-whole"])
+            assert start.unread == ["gen-whole"] and start.late_usd == 0.0
+            return await read_killed(client, [], start)
+
+    end = asyncio.run(main())
+    assert end.figures() == {"streams": 2, "read": 2, "cancelled": 1, "usd": pytest.approx(0.3), "unread": 0,
+                             "late_usd": 0.2}
 
 
 def test_the_report_says_what_the_killed_run_wasted_and_what_closed_streams_cost():
@@ -92,12 +146,16 @@ def test_the_report_says_what_the_killed_run_wasted_and_what_closed_streams_cost
     run = {"recorded": 1, "failed": 0, "output_tokens": 10, "usd_per_m_output": 1.0,
            "cheapest_eligible_usd_per_m_output": 1.0, "max_spend_usd": None, "charged_usd": 0.5, "recorded_usd": 0.4,
            "wasted_usd": 0.1, "output_tokens_per_s": 1.0, "retried": 0,
-           "killed_before": {"streams": 20, "read": 18, "cancelled": 12, "usd": 0.0123, "unread": 2},
+           "killed_before": {"streams": 20, "read": 18, "cancelled": 12, "usd": 0.0123, "unread": 2, "late_usd": 0.01},
+           "foreign_usd": 0.0151, "killed_wasted_usd": 0.0311,
            "read_back": {"streams": 30, "read": 29, "cancelled": 29, "usd": 0.019, "bound_usd": 0.126, "unread": 1}}
     table = summary_table({"stop_reason": "completed", "records": 1, "failures": 0, "remaining": 0, "prompts": 1,
                            "output_tokens": 10, "target_output_tokens": None, "wall_s": 1.0, "run": run})
     assert table.loc["wasted by the killed run before (streams)", "value"] == \
-        "$0.0123 over 18 of 20 streams (12 cancelled at the kill, 2 not known yet)"
+        "$0.0123 over 18 of 20 streams (12 cancelled at the kill, 2 not known yet; $0.0100 of it billed during " \
+        "this run)"
+    assert table.loc["billed during this run, not booked by it", "value"] == "$0.0151"
+    assert table.loc["wasted by the killed runs before (account)", "value"] == "$0.0311"
     assert table.loc["closed streams, cost read by id", "value"] == \
         "$0.0190 over 29 of 30 (booked at $0.1260; 1 left to the account)"
 
@@ -116,9 +174,10 @@ def test_what_a_run_read_and_could_not_show_is_carried_to_the_next_summary(tmp_p
     second.started("gen-4", "t")  # killed too, before its summary
     third = StreamJournal(path)
     assert third.before == ["gen-3", "gen-4"]
-    assert third.carried.figures() == {"streams": 2, "read": 2, "cancelled": 1, "usd": 0.25, "unread": 0}
+    assert third.carried.figures() == {"streams": 2, "read": 2, "cancelled": 1, "usd": 0.25, "unread": 0,
+                                       "late_usd": 0.0}
     shown = KilledBefore(streams=2, read=2, cancelled=2, usd=0.5).add(third.carried)  # gen-3 and gen-4 read now
-    assert shown.figures() == {"streams": 4, "read": 4, "cancelled": 3, "usd": 0.75, "unread": 0}
+    assert shown.figures() == {"streams": 4, "read": 4, "cancelled": 3, "usd": 0.75, "unread": 0, "late_usd": 0.0}
     third.rewrite([], carry=shown)
     assert StreamJournal(path).carried.usd == 0.75  # killed again before its summary: still carried
     third.rewrite([])  # its summary shows them: carried no more

@@ -27,7 +27,7 @@ from ..text import load_tokenizer
 from .batch_route import run_batch_route
 from .config import GenerateConfig
 from .datasets import select_datasets
-from .killed import KilledBefore, StreamJournal, read_killed
+from .killed import Baseline, KilledBefore, StreamJournal, read_killed
 from .lanes import DatasetRun, open_lanes
 from .panel import make_progress
 from .parts import Seams, build_parts
@@ -60,6 +60,7 @@ class Run:
         self._scope: asyncio.Timeout | None = None  # the slots' deadline: the drain's end, or now to abandon them
         self._cut_at: float | None = None
         self._signals = 0
+        self._finishing = False  # the slots have ended: what is left is writing the summaries
         self._waking: asyncio.Future | None = None
         self._closing: asyncio.Future | None = None  # after a Ctrl-C: the streams billed whole, cut in a moment
         self._ended = asyncio.Event()  # every summary written (what a kernel shutting down waits for)
@@ -86,6 +87,7 @@ class Run:
                     "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve())})
                 await run.ledger.read(client, run.clock.now(), strict=True)
             await run._read_killed(client)
+            run._begin()
         except BaseException:
             if run is not None:
                 run.close()
@@ -113,11 +115,29 @@ class Run:
             # read once: never counted again by a later run, but carried until this run's summary shows it
             journal.rewrite(lane.killed_before.unread, carry=lane.killed_before)
 
+    def _begin(self) -> None:
+        """Where the account stands as the run begins goes into the journals (killed.py's `Baseline`); a killed run's
+        kept there tells what the killed runs since it were charged beyond what their records cost."""
+        first = self.ledger.books.first
+        if not self.journals or first is None or first.usage_usd is None:
+            return
+        lanes = self.dispatcher.lanes
+        recorded = {name: lane.store.spend_usd for name, lane in lanes.items()}
+        killed = {j.killed for j in self.journals.values() if j.killed is not None}
+        if len(killed) == 1:
+            self.ledger.killed_wasted_usd = killed.pop().wasted(first.usage_usd, recorded)
+        elif killed:  # killed runs over other datasets too, their spans on the account overlapping
+            log.warning("generation: %d killed runs over different datasets since the last summaries: what they "
+                        "wasted is read by stream only (run.killed_before)", len(killed))
+        here = Baseline(first.usage_usd, sum(recorded.values()), tuple(lanes))
+        for journal in self.journals.values():
+            journal.begin(here)
+
     def _summarized(self) -> None:
-        """Every summary is written: what the journals carried is shown, and goes."""
+        """Every summary is written: what the journals carried is shown, and goes (the baseline with it)."""
         for lane in self.dispatcher.lanes.values():
-            if (journal := self.journals.get(lane.name)) is not None and lane.killed_before is not None:
-                journal.rewrite(lane.killed_before.unread)
+            if (journal := self.journals.get(lane.name)) is not None:
+                journal.rewrite(lane.killed_before.unread if lane.killed_before else [], summarized=True)
 
     def _stream_named(self, attempt: Attempt) -> None:
         """The service named a stream's generation (its response's first bytes): into its dataset's journal at once,
@@ -163,8 +183,9 @@ class Run:
         except asyncio.CancelledError as e:  # the caller cancelled us: raised once the summaries are written
             self.dispatcher.stop.set(StopReason.INTERRUPTED)
             cancelled = e
-        finally:
-            restore()
+        finally:  # a signal from here on only cuts short the wait for the last closed streams' costs (the handlers
+            # stay until every summary is written: a Ctrl-C must not stop the run from writing them)
+            self._finishing = True
             if cancelled is None and self.dispatcher.stop.reason != StopReason.INTERRUPTED:
                 await self._read_back_the_last(clients[0])
             if self.ledger.paid and not self.idle:  # the account after the last answer: what the run was charged
@@ -188,6 +209,7 @@ class Run:
             if self.progress is not None:  # the last frame: the report's figure, drawn from the summary
                 self.progress.close(self.reporter.snapshot(self.clock.now(), final=True), summary)
             unhook()
+            restore()
             self._ended.set()
         if cancelled is not None:
             raise cancelled
@@ -203,8 +225,11 @@ class Run:
         """First signal: stop issuing; the streams whose endpoint stops billing when closed are closed at once (with
         `at_target: cut` kept as cut samples, else their prompts stay to do); with `at_target: cut` the other streams
         get INTERRUPT_FINISH_S, then are cut too; what else is in flight finishes, up to drain_timeout_s.
-        A second: abandon them."""
+        A second: abandon them. Once the slots have ended, a signal only cuts short the wait for the last closed
+        streams' costs: the summaries are written whatever is pressed."""
         self._signals += 1
+        if self._finishing:
+            return
         if self._signals > 1:
             return self._cut(self.clock.now())
         self.dispatcher.stop.set(StopReason.INTERRUPTED)
@@ -289,8 +314,8 @@ class Run:
         passed; what the service does not know by then stays at its bound for the account's reading to settle."""
         if (readback := self.ledger.readback) is None:
             return
-        end = self.clock.now() + READ_BACK_END_S
-        while readback.pending and self.clock.now() < end:
+        end, signals = self.clock.now() + READ_BACK_END_S, self._signals
+        while readback.pending and self.clock.now() < end and self._signals == signals:
             await self.ledger.read_back(client, self.clock.now(), every=True)
             if readback.pending:
                 await self.clock.sleep(TICK_S)

@@ -44,6 +44,8 @@ class Ledger:
         self.refresh_s, self.reader = refresh_s, reader
         self.money_left: dict[str, Any] | None = None  # why and with how much money issuing stopped
         self.balance_start: float | None = None
+        # what killed runs before this one were charged beyond their records, by the account (killed.Baseline)
+        self.killed_wasted_usd: float | None = None
         self.spender: SpenderLock | None = None
         self._want_reading = False
         self._read_at = float("-inf")  # when the last reading was asked for (it may have failed)

@@ -173,9 +173,15 @@ def summary_table(summary: dict[str, Any]):
         ("retries", f"{run['retried']:,}"),
     ]
     if killed := run.get("killed_before"):  # streams a killed run left in flight, read back from the service
+        late = killed.get("late_usd") or 0.0
         rows.append(("wasted by the killed run before (streams)",
                      f"{_usd(killed['usd'])} over {killed['read']:,} of {killed['streams']:,} streams "
-                     f"({killed['cancelled']:,} cancelled at the kill, {killed['unread']:,} not known yet)"))
+                     f"({killed['cancelled']:,} cancelled at the kill, {killed['unread']:,} not known yet"
+                     + (f"; {_usd(late)} of it billed during this run" if late else "") + ")"))
+    if run.get("killed_wasted_usd") is not None:  # the killed runs' charge beyond their records, by the account
+        rows.append(("wasted by the killed runs before (account)", _usd(run["killed_wasted_usd"])))
+    if run.get("foreign_usd"):  # a killed run's answers ending upstream (named in a journal or not), another spender
+        rows.append(("billed during this run, not booked by it", _usd(run["foreign_usd"])))
     if back := run.get("read_back"):  # streams closed without their usage: booked at a bound, then read by id
         rows.append(("closed streams, cost read by id",
                      f"{_usd(back['usd'])} over {back['read']:,} of {back['streams']:,} (booked at "

@@ -136,6 +136,8 @@ class Reporter:
         readback = self.ledger.readback
         return {"foreign_usd": round(self.ledger.books.foreign_usd, 8), "money_left": self.ledger.money_left,
                 "concurrency_changes": changes,
+                **({"killed_wasted_usd": round(self.ledger.killed_wasted_usd, 8)}
+                   if self.ledger.killed_wasted_usd is not None else {}),
                 **({"read_back": readback.figures()} if readback is not None and readback.counts.streams else {})}
 
     def _dataset_summary(self, lane: DatasetRun, now: float) -> dict[str, Any]:
