@@ -76,3 +76,5 @@ def test_kill_bench_keeps_records_exact_and_cancelled_streams_cheap(benches, tok
     cancelling = w[kill_bench.CANCELLING]
     assert cancelling["spend"] > 0 and cancelling["kills"] > 0  # the kills cost something, and it is counted
     assert cancelling["share"] <= 0.10, w
+    # the summary shows every dollar no record holds: the killed runs' (by the account) and the last run's own
+    assert (r["killed_wasted_usd"] or 0.0) + r["summary_wasted_usd"] == pytest.approx(w["overall"]["wasted"], abs=1e-6)

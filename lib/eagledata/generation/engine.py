@@ -27,13 +27,13 @@ from ..text import load_tokenizer
 from .batch_route import run_batch_route
 from .config import GenerateConfig
 from .datasets import select_datasets
-from .killed import Baseline, KilledBefore, StreamJournal, read_killed
+from .journals import Journals
 from .lanes import DatasetRun, open_lanes
 from .panel import make_progress
 from .parts import Seams, build_parts
 from .policy import REJECTED_PREFIX, StopReason, error_stop
 from .progress import ProgressView, RunSnapshot
-from .requester import Attempt, Transport
+from .requester import Transport
 from .slots import Slots
 from .spender import SpenderLock
 
@@ -65,11 +65,10 @@ class Run:
         self._closing: asyncio.Future | None = None  # after a Ctrl-C: the streams billed whole, cut in a moment
         self._ended = asyncio.Event()  # every summary written (what a kernel shutting down waits for)
         # streams journaled as they start, so that the run after a kill can read what they cost (killed.py)
-        self.journals = {lane.name: StreamJournal(lane.store.files.directory / "streams.jsonl")
-                         for lane in lanes} if self.parts.requester.stream else {}
-        if self.journals:
-            self.parts.requester.on_stream_named = self._stream_named
-            self.parts.requester.on_stream_end = self._stream_ended
+        self.journals = Journals(lanes) if self.parts.requester.stream else None
+        if self.journals is not None:
+            self.parts.requester.on_stream_named = self.journals.named
+            self.parts.requester.on_stream_end = self.journals.ended
 
     @classmethod
     async def start(cls, cfg: GenerateConfig, client: httpx.AsyncClient, *, api_key: str | None = None,
@@ -86,8 +85,10 @@ class Run:
                 run.ledger.spender = SpenderLock.acquire(cfg.base_url, api_key, describe={
                     "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve())})
                 await run.ledger.read(client, run.clock.now(), strict=True)
-            await run._read_killed(client)
-            run._begin()
+            if run.journals is not None:
+                await run.journals.read_killed(client)
+                if (first := run.ledger.books.first) is not None and first.usage_usd is not None:
+                    run.ledger.killed_wasted_usd = run.journals.begin(first.usage_usd)
         except BaseException:
             if run is not None:
                 run.close()
@@ -96,59 +97,6 @@ class Run:
                     lane.store.close()
             raise
         return run
-
-    async def _read_killed(self, client: httpx.AsyncClient, again: bool = False) -> None:
-        """What the streams an earlier, killed run left cost (`again`: those the service did not know yet, at the
-        run's end); the journal is left with what is still unknown."""
-        for lane in self.dispatcher.lanes.values():
-            if (journal := self.journals.get(lane.name)) is None:
-                continue
-            if again:  # the ids the service did not know at the start, read again
-                if not (lane.killed_before and lane.killed_before.unread):
-                    continue
-                lane.killed_before = await read_killed(client, [], lane.killed_before)
-            elif journal.before or journal.carried:  # with what earlier killed runs read and could not show
-                read = await read_killed(client, journal.before) if journal.before else KilledBefore()
-                lane.killed_before = read.add(journal.carried)
-            else:
-                continue
-            # read once: never counted again by a later run, but carried until this run's summary shows it
-            journal.rewrite(lane.killed_before.unread, carry=lane.killed_before)
-
-    def _begin(self) -> None:
-        """Where the account stands as the run begins goes into the journals (killed.py's `Baseline`); a killed run's
-        kept there tells what the killed runs since it were charged beyond what their records cost."""
-        first = self.ledger.books.first
-        if not self.journals or first is None or first.usage_usd is None:
-            return
-        lanes = self.dispatcher.lanes
-        recorded = {name: lane.store.spend_usd for name, lane in lanes.items()}
-        killed = {j.killed for j in self.journals.values() if j.killed is not None}
-        if len(killed) == 1:
-            self.ledger.killed_wasted_usd = killed.pop().wasted(first.usage_usd, recorded)
-        elif killed:  # killed runs over other datasets too, their spans on the account overlapping
-            log.warning("generation: %d killed runs over different datasets since the last summaries: what they "
-                        "wasted is read by stream only (run.killed_before)", len(killed))
-        here = Baseline(first.usage_usd, sum(recorded.values()), tuple(lanes))
-        for journal in self.journals.values():
-            journal.begin(here)
-
-    def _summarized(self) -> None:
-        """Every summary is written: what the journals carried is shown, and goes (the baseline with it)."""
-        for lane in self.dispatcher.lanes.values():
-            if (journal := self.journals.get(lane.name)) is not None:
-                journal.rewrite(lane.killed_before.unread if lane.killed_before else [], summarized=True)
-
-    def _stream_named(self, attempt: Attempt) -> None:
-        """The service named a stream's generation (its response's first bytes): into its dataset's journal at once,
-        so that a kill from now on leaves its id for the next run to read."""
-        if attempt.state is not None and attempt.work is not None:
-            self.journals[attempt.work.lane.name].started(attempt.state.generation_id, attempt.work.turn.id)
-            attempt.journaled = True
-
-    def _stream_ended(self, attempt: Attempt) -> None:
-        if attempt.journaled and attempt.state is not None and attempt.work is not None:
-            self.journals[attempt.work.lane.name].ended(attempt.state.generation_id)
 
     def close(self) -> None:
         for lane in self.dispatcher.lanes.values():
@@ -190,7 +138,8 @@ class Run:
                 await self._read_back_the_last(clients[0])
             if self.ledger.paid and not self.idle:  # the account after the last answer: what the run was charged
                 await self.ledger.read(clients[0], self.clock.now())
-            await self._read_killed(clients[0], again=True)
+            if self.journals is not None:
+                await self.journals.read_killed(clients[0], again=True)
             for lane in self.dispatcher.lanes.values():
                 if not lane.finished:
                     lane.stop_reason = self.dispatcher.stop.reason or StopReason.COMPLETED
@@ -204,7 +153,8 @@ class Run:
             per, summary = self.reporter.summaries(self.clock.now())
             for lane in self.dispatcher.lanes.values():
                 lane.store.write_summary(per[lane.name])
-            self._summarized()
+            if self.journals is not None:
+                self.journals.summarized()
         finally:
             if self.progress is not None:  # the last frame: the report's figure, drawn from the summary
                 self.progress.close(self.reporter.snapshot(self.clock.now(), final=True), summary)
