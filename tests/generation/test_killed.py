@@ -53,6 +53,9 @@ def test_the_first_killed_runs_baseline_is_kept_until_a_summary_is_written(tmp_p
     fourth = StreamJournal(path)
     fourth.begin(Baseline(20.0, 3.0, ("A",)))
     assert baseline(path) == Baseline(20.0, 3.0, ("A",))
+    fresh = StreamJournal(tmp_path / "other.jsonl")
+    fresh.rewrite([], summarized=True)  # a run that journaled nothing leaves no file behind
+    assert not (tmp_path / "other.jsonl").exists()
 
 
 def test_a_killed_runs_streams_are_read_back_and_shown(tokenizer_dir, tmp_path):

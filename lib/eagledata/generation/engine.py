@@ -65,7 +65,7 @@ class Run:
         self._closing: asyncio.Future | None = None  # after a Ctrl-C: the streams billed whole, cut in a moment
         self._ended = asyncio.Event()  # every summary written (what a kernel shutting down waits for)
         # streams journaled as they start, so that the run after a kill can read what they cost (killed.py)
-        self.journals = Journals(lanes) if self.parts.requester.stream else None
+        self.journals = Journals(lanes) if self.parts.requester.stream and self.ledger.paid else None
         if self.journals is not None:
             self.parts.requester.on_stream_named = self.journals.named
             self.parts.requester.on_stream_end = self.journals.ended

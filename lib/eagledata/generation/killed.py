@@ -151,6 +151,8 @@ class StreamJournal:
         lines += [json.dumps({"start": gid}) + "\n" for gid in keep]
         if carry is not None and (read := carry.streams - len(carry.unread)):  # the unread ones: `start` lines above
             lines.append(json.dumps({"carried": {**{k: getattr(carry, k) for k in CARRIED}, "streams": read}}) + "\n")
+        if not lines and not self.path.exists():
+            return  # nothing to keep, and no journal yet: none is made
         tmp.write_text("".join(lines))
         os.replace(tmp, self.path)
 
