@@ -18,7 +18,6 @@ are billed during this run, in its own figures).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import Iterable, Iterator
@@ -27,9 +26,9 @@ from pathlib import Path
 
 import httpx
 
-from ..openrouter.client import APIError, read_generation
+from ..openrouter.client import read_generation
+from .readback import read_generations
 
-READ_CONCURRENCY = 16  # generation-endpoint reads at once (a killed pool can leave 2,000)
 CARRIED = ("streams", "read", "cancelled", "usd")  # a `carried` line's figures
 
 
@@ -191,22 +190,13 @@ async def read_killed(client: httpx.AsyncClient, ids: list[str], found: KilledBe
     out = found or KilledBefore(streams=len(ids))
     todo = list(out.unread) if found else list(ids)
     out.unread = []
-    gate = asyncio.Semaphore(READ_CONCURRENCY)
-
-    async def one(gid: str) -> None:
-        async with gate:
-            try:
-                stats = await read_generation(client, gid)
-            except (httpx.HTTPError, APIError, ValueError):
-                stats = None
+    for gid, stats in zip(todo, await read_generations(read_generation, client, todo)):
         if stats is None:
             out.unread.append(gid)
-            return
+            continue
         out.read += 1
         out.cancelled += stats.cancelled
         out.usd += stats.total_cost
         if found is not None:
             out.late_usd += stats.total_cost
-
-    await asyncio.gather(*(one(gid) for gid in todo))
     return out

@@ -28,7 +28,7 @@ GenerationReader = Callable[[httpx.AsyncClient, str], Awaitable[GenerationStats 
 FIRST_ASK_S = 1.0   # the generation endpoint lags a stream's end (OpenRouter: about a second; the emulator 0.5 s)
 MAX_GAP_S = 15.0    # asks of one id are at most this far apart
 GIVE_UP_S = 300.0   # after this long unknown, the id is the account readings' to settle
-CONCURRENCY = 16    # generation-endpoint reads at once (a target cut closes hundreds of streams together)
+CONCURRENCY = 16    # generation-endpoint reads at once (a target cut closes hundreds of streams, a kill 2,000)
 
 
 @dataclass(slots=True)
@@ -45,19 +45,34 @@ class Closed:
 @dataclass
 class ReadbackFigures:
     """The summary's `run.read_back`: the streams booked at a bound whose cost was asked by id, how many the service
-    told, how many of those it had cancelled, what they cost, what they had been booked at, and how many are still
-    held at their bound (the account's readings settle them)."""
+    told, how many of those it had cancelled, what they cost, and what they had been booked at; the rest (`unread`)
+    are still held at their bound (the account's readings settle them)."""
 
     streams: int = 0
     read: int = 0
     cancelled: int = 0
     usd: float = 0.0
     bound_usd: float = 0.0
-    unread: int = 0
 
     def figures(self) -> dict:
         return {"streams": self.streams, "read": self.read, "cancelled": self.cancelled, "usd": round(self.usd, 8),
-                "bound_usd": round(self.bound_usd, 8), "unread": self.unread}
+                "bound_usd": round(self.bound_usd, 8), "unread": self.streams - self.read}
+
+
+async def read_generations(reader: GenerationReader, client: httpx.AsyncClient,
+                           ids: list[str]) -> list[GenerationStats | None]:
+    """Each id's stats, CONCURRENCY at a time; None where the service does not know it (yet) or the read failed
+    (an error never stops the run: the caller asks again, or leaves it)."""
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(gid: str) -> GenerationStats | None:
+        async with gate:
+            try:
+                return await reader(client, gid)
+            except (httpx.HTTPError, APIError, ValueError):
+                return None
+
+    return await asyncio.gather(*(one(gid) for gid in ids))
 
 
 class Readback:
@@ -87,16 +102,7 @@ class Readback:
         todo = list(self.pending.values()) if every else self.due(now)
         if not todo:
             return 0
-        gate = asyncio.Semaphore(CONCURRENCY)
-
-        async def one(c: Closed) -> GenerationStats | None:
-            async with gate:
-                try:
-                    return await self.reader(client, c.generation_id)
-                except (httpx.HTTPError, APIError, ValueError):
-                    return None
-
-        found = await asyncio.gather(*(one(c) for c in todo))
+        found = await read_generations(self.reader, client, [c.generation_id for c in todo])
         read = 0
         for c, stats in zip(todo, found):
             if self.pending.get(c.generation_id) is not c:
@@ -120,5 +126,4 @@ class Readback:
         self.books.resolve(c.booking, stats.total_cost)
 
     def figures(self) -> dict:
-        self.counts.unread = self.counts.streams - self.counts.read
         return self.counts.figures()
