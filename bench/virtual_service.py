@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,7 +138,9 @@ def run_engine(cfg: GenerateConfig, service: Drawn, eligible: list[Endpoint]) ->
                   routing=RoutingDecision(model=MODEL, provider={"sort": "price"}, eligible=eligible, source="replay"))
 
     async def main() -> dict[str, Any]:
-        run = await Run.start(cfg, None, api_key="replay", seams=seams)
+        # each service is its own account: a key of its own, so that replays at once (test workers) never share the
+        # spender lock of one made-up account
+        run = await Run.start(cfg, None, api_key=f"replay-{uuid.uuid4().hex}", seams=seams)
         try:
             return await run.execute([None] * cfg.concurrency)
         finally:

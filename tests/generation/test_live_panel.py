@@ -21,11 +21,6 @@ FAULTS = {"rate_limit": 0.05, "bad_gateway": 0.03, "truncated_json": 0.06, "conn
 EMULATOR = {"speed": 0.5, "content": SMALL, "generation_delay": 0.1, "balance": 1000, "faults": FAULTS, "seed": 5}
 
 
-@pytest.fixture(autouse=True)
-def own_state_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("EAGLEDATA_STATE_DIR", str(tmp_path / "state"))
-
-
 def test_rates_make_no_spike_from_a_sample_just_after_the_last():
     """Samples every 0.5 s at 1,000 tok/s, and a final one 0.01 s after the last with one more answer of 500
     tokens: over a 5 s window the last rate is ~1,100 tok/s, where sample-to-sample it would be 50,000."""

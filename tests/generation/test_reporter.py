@@ -175,7 +175,6 @@ def unreadable(tmp_path_factory, tok):
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OPENROUTER_API_KEY", "k")
-        env.setenv("EAGLEDATA_STATE_DIR", str(tmp_path / "state"))
         summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 30, "B": 30}), view=lambda snap: Lines(),
                          account_refresh_s=2.0, account_lag_s=1.0)
     assert summary["stop_reason"] == "completed" and summary["run"]["errors"] == {"connection": sim.b // 3}

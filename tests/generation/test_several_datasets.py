@@ -35,12 +35,6 @@ def emu(tokenizer_dir):
         assert "Traceback" not in handle.log(), handle.log()[-3000:]
 
 
-@pytest.fixture(autouse=True)
-def own_state_dir(tmp_path, monkeypatch):
-    """Spender locks in this test's folder: tests running side by side never share one."""
-    monkeypatch.setenv("EAGLEDATA_STATE_DIR", str(tmp_path / "state"))
-
-
 def reset(emu, **overrides):
     emu.reset({**BASE, **overrides})
     return emu
