@@ -174,10 +174,13 @@ def test_in_cut_mode_a_dataset_is_cut_when_what_is_in_hand_reaches_its_target_an
         pace.refresh(t, {k: Streamed(rate * t / 20, True) for k in tickets})
         left = 100_000 * (1 + CUT_AIM) - rate * t
         assert lane.open() == (left / rate > LEAD * median), t
+        if t >= 10.0:  # the rate is measured over what was delivered: when the aim comes at it (the engine looks then)
+            assert pace.next_cut_in() == pytest.approx(max(0.0, left / rate), abs=1e-6), t
         if pace.due_cuts():
             break
     assert rate * t >= 100_000 * (1 + CUT_AIM) > rate * (t - 0.5)  # at the first tick past the aim, not before
     assert not lane.open() and pace.due_cuts() == []  # cut once; closed until its streams are in
+    assert pace.next_cut_in() == math.inf  # no other cut coming
     for k in tickets:
         pace.end(k, t, int(rate * t / 20), finished=True, cut=True)
     assert lane.target_met and not lane.cutting

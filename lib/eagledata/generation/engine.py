@@ -41,6 +41,7 @@ log = logging.getLogger("eagledata.generate")
 
 ViewFactory = Callable[[RunSnapshot], ProgressView]  # what shows a run, from its first snapshot
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
+CUT_TICK_S = 0.05  # a cut due before the next tick is looked at when it comes, no sooner than this after the last
 INTERRUPT_FINISH_S = 3.0  # after a Ctrl-C, streams billed whole anyway get this long to end before they are cut too
 READ_BACK_END_S = 3.0  # at a run's end (not a Ctrl-C's), the streams closed last get this long to be read back
 
@@ -233,15 +234,16 @@ class Run:
         self._drain()
 
     async def _ticker(self, client: httpx.AsyncClient) -> None:
+        wait = TICK_S
         try:
             while True:
-                await self.clock.sleep(TICK_S)
+                await self.clock.sleep(wait)
                 if self.ledger.reading_due(self.clock.now()):
                     await self.ledger.read(client, self.clock.now())
                 async with self.lock:  # periodic wake-up: no waiter can sleep through a state change
                     now = self.clock.now()
                     self.ledger.tick(now)
-                    self.parts.tick(now)
+                    wait = min(TICK_S, max(CUT_TICK_S, self.parts.tick(now)))  # sooner when a cut is due
                     self.reporter.sample(now)
                     if self.progress is not None:
                         self.progress.update(self.reporter.snapshot(now))

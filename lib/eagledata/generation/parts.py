@@ -109,15 +109,16 @@ class Parts:
         if record is not None and work.lane.target_met and self.requester.at_target == "cut":
             self.requester.cut_streams_of(work.lane, StopReason.TARGET_REACHED)
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> float:
         """A few times a second: pacing re-estimates what is in flight by how far the streams have got; a dataset
         whose cut came (pacing's cut mode) has its streams cut, and one near it sends only to endpoints that stop
-        billing on a closed stream."""
+        billing on a closed stream. Returns the seconds until the next cut is due (inf: none coming)."""
         streams = self.requester.progress(self.tokens_per_char()) if self.requester.streaming else None
         for lane in self.dispatcher.tick(now, streams):
             self.requester.cut_streams_of(lane, StopReason.TARGET_REACHED)
         for lane in self.dispatcher.lanes.values():
             lane.near_target = self.dispatcher.pacing.lanes[lane.name].near()
+        return self.dispatcher.pacing.next_cut_in()
 
     def tokens_per_char(self) -> float:
         """This run's output tokens per reasoning and content character (a stream says characters; the service
