@@ -215,6 +215,11 @@ class RunSnapshot:
     streams: int = 0              # streamed answers in flight
     streamed_chars: int = 0       # the reasoning and content characters they have delivered so far
 
+    def streamed_tokens(self) -> int | None:
+        """What the streams in flight have delivered, in tokens at this run's tokens per character (the service counts
+        tokens only in a stream's last chunk); None before a record gives the ratio."""
+        return round(self.streamed_chars * self.stats.output_tokens / self.stats.chars) if self.stats.chars else None
+
 
 class ProgressView(Protocol):
     def update(self, snap: RunSnapshot) -> None: ...
@@ -283,8 +288,8 @@ def status_line(snap: RunSnapshot) -> str:
     other = f" | other spending on this key ${snap.foreign:,.4f}" if snap.foreign else ""
     charged = snap.spent if snap.charged is None else snap.charged
     streamed = ""
-    if snap.streams and snap.stats.chars:  # how far the answers in flight have got (this run's tokens per char)
-        streamed = f" (~{round(snap.streamed_chars * snap.stats.output_tokens / snap.stats.chars):,} tokens streamed)"
+    if snap.streams and (delivered := snap.streamed_tokens()) is not None:  # how far the answers in flight have got
+        streamed = f" (~{delivered:,} tokens streamed)"
     line = (f"{who}: {head} | {snap.stats.output_tokens / max(snap.t, 1e-9):,.0f} output tok/s | "
             f"charged ${charged:,.4f}{cap}{bound}{other} | in flight {snap.in_flight:,}/{snap.limit:,}{streamed} | "
             f"{when} | {snap.stats.describe_errors(top=None)}")

@@ -255,8 +255,7 @@ class RunHealth:
                    providers=providers, errors=dict(stats.errors), eta_work_s=work, eta_money_s=money,
                    stop_reason=snap.stop_reason, charged=snap.spent if snap.charged is None else snap.charged,
                    at_bound=snap.at_bound, streams=snap.streams,
-                   streamed_tokens=round(snap.streamed_chars * stats.output_tokens / stats.chars) if stats.chars
-                   else None)
+                   streamed_tokens=snap.streamed_tokens())
 
     @classmethod
     def of_summary(cls, summary: dict[str, Any]) -> RunHealth:
