@@ -69,7 +69,11 @@ class Baseline:
 
 def baseline(path: Path) -> Baseline | None:
     """The first baseline the journal holds (a killed run's, kept until a summary is written), None when none."""
-    for d in _events(path):
+    return _baseline(_events(path))
+
+
+def _baseline(events: Iterable[dict]) -> Baseline | None:
+    for d in events:
         b = d.get("baseline")
         if isinstance(b, dict):
             try:
@@ -79,11 +83,11 @@ def baseline(path: Path) -> Baseline | None:
     return None
 
 
-def carried(path: Path) -> KilledBefore | None:
+def _carried(events: Iterable[dict]) -> KilledBefore | None:
     """What earlier runs read of the streams killed runs left and no summary has shown yet (a run that read them and
     was killed in turn before its summary carries them on), None when nothing is."""
     out = None
-    for d in _events(path):
+    for d in events:
         if isinstance(d.get("carried"), dict):
             out = (out or KilledBefore()).add(KilledBefore(**{k: d["carried"][k] for k in CARRIED}))
     return out
@@ -91,8 +95,12 @@ def carried(path: Path) -> KilledBefore | None:
 
 def leftovers(path: Path) -> list[str]:
     """The ids a journal holds without an end, in the order they started (a torn last line is ignored)."""
+    return _leftovers(_events(path))
+
+
+def _leftovers(events: Iterable[dict]) -> list[str]:
     started: dict[str, None] = {}
-    for d in _events(path):
+    for d in events:
         if "start" in d:
             started[d["start"]] = None
         elif "end" in d:
@@ -106,9 +114,10 @@ class StreamJournal:
 
     def __init__(self, path: Path):
         self.path = path
-        self.before = leftovers(path)  # what an earlier run left
-        self.carried = carried(path)   # what earlier runs read of such streams, not shown by a summary yet
-        self.killed = baseline(path)   # where the account stood when the first killed run since a summary began
+        events = list(_events(path))    # the journal, read once
+        self.before = _leftovers(events)  # what an earlier run left
+        self.carried = _carried(events)   # what earlier runs read of such streams, not shown by a summary yet
+        self.killed = _baseline(events)   # where the account stood when the first killed run since a summary began
         self.baseline = self.killed    # the one kept: the killed run's, else this run's
         self.open: set[str] = set()
         if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):  # a torn last line

@@ -141,17 +141,18 @@ class Lane:
     def time_to_cut(self) -> float:
         """Cut mode: seconds until what is in hand, and the other requests in flight at their expected end (they are
         billed whole, so they finish and count), reach target × (1 + CUT_AIM), at the rate tokens are arriving."""
-        assert self.target is not None
-        left = self.target * (1 + CUT_AIM) - self.in_hand() - self._whole
-        if left <= 0:
-            return 0.0
-        return left / self._rate if self._rate > 0 else math.inf
+        return self._seconds_to_aim(self._whole)
 
     def cut_in(self) -> float:
         """Cut mode: seconds until what is in hand, with the answers billed whole expected beyond WHOLE_OVER of the
         target, reaches the target's aim, at the rate tokens are arriving (0: it has)."""
         assert self.target is not None
-        left = self.target * (1 + CUT_AIM) - self.in_hand() - max(0.0, self._whole - WHOLE_OVER * self.target)
+        return self._seconds_to_aim(max(0.0, self._whole - WHOLE_OVER * self.target))
+
+    def _seconds_to_aim(self, counted: float) -> float:
+        """Seconds until what is in hand and `counted` more reach target × (1 + CUT_AIM) at the rate tokens arrive."""
+        assert self.target is not None
+        left = self.target * (1 + CUT_AIM) - self.in_hand() - counted
         if left <= 0:
             return 0.0
         return left / self._rate if self._rate > 0 else math.inf
