@@ -216,3 +216,32 @@ def test_in_cut_mode_answers_billed_whole_pass_the_target_by_at_most_whole_over(
     assert pace.due_cuts() == []
     pace.refresh(14.5, {whole: Streamed(30_000, False), third: Streamed(aim - 900_000 - over + 500, True)})
     assert pace.due_cuts() == ["D"]
+
+
+def test_in_cut_mode_a_small_dataset_all_in_flight_is_not_cut_before_its_target_is_delivered():
+    """Issue 53: 80 prompts, every one in flight at once, most not streaming yet (their endpoint unknown, so counted
+    at their expected length among the answers billed whole): the cut must wait until the tokens actually delivered
+    (recorded and streamed) reach the target's aim. It fell due at the first streamed token and cut 46 of 80 answers
+    to ~280-token stubs, ending the dataset at 86 % of its target."""
+    from eagledata.generation.pacing import CUT_AIM, Streamed
+
+    target = 150_000
+    pace = Pacing([Pacing.lane("D", target=target, prompts=80, recorded=0, finished=0, prior_tokens=prior())],
+                  cut=True)
+    answered(pace, "D", random.Random(5))
+    lane = pace.lanes["D"]
+    lane.recorded = lane.finished = 0
+    tickets = [pace.start("D", 0.0) for _ in range(80) if pace.hold("D") is None]
+    aim, rate = target * (1 + CUT_AIM), 2_000.0  # tokens/s over the streams that report
+    t, cut_at = 0.0, None
+    while cut_at is None and t < 200:
+        t += 0.5
+        reporting = tickets[:10] if t < 5 else tickets  # the first seconds: 10 streaming, 70 not yet heard from
+        pace.refresh(t, {k: Streamed(rate * t / len(reporting), True) for k in reporting})
+        if t == 0.5:
+            assert lane._whole > target  # the unheard ones, at their expected length, pass the target by themselves
+        if pace.due_cuts():
+            cut_at = t
+        else:
+            assert lane.delivered() < aim or pace.next_cut_in() > 0, t
+    assert cut_at is not None and lane.delivered() >= aim > rate * (cut_at - 0.5)  # at the first tick past it

@@ -127,3 +127,24 @@ def test_tool_call_records_pass_and_a_planted_wrong_section_fails(tok):
     assert "output ids differ from recipe" in res["section-dropped"].classes
     assert res["index-off"].classes == ["tool-call index off the count"]  # exact as served: explained, not fatal
     assert report.verdict().startswith("FAIL: 3 of 8")
+
+
+def test_a_cut_sample_is_judged_as_the_prefix_it_is(tok):
+    """A stream the run closed (`finish_reason: cut`) holds a prefix of what the model generated: against the whole
+    answer's true ids it agrees exactly on its length (make demo failed on every cut sample); a prefix that is not
+    the model's (a wrong word in it) still fails."""
+    messages = [{"role": "user", "content": "Count to five."}]
+    whole = output_ids(tok, "Counting up from one, in words, to five.", "one two three four five", "stop")
+    cut = Case("cut", messages, "Counting up from one, in words, to five.", "one two three", "cut",
+               true_output_ids=whole)
+    res = validate(tok, [cut]).results[0]
+    assert res.classes == [] and res.agreement == 1.0
+    assert res.output_tokens < len(whole)
+    wrong = Case("wrong", messages, "Counting up from one, in words, to five.", "one two four", "cut",
+                 true_output_ids=whole)
+    res = validate(tok, [wrong]).results[0]
+    assert res.classes == ["text differs from true ids"] and res.agreement < 1.0
+    # a finished answer is still judged against the whole of the true ids
+    short = Case("short", messages, "Counting up from one, in words, to five.", "one two three", "stop",
+                 true_output_ids=whole)
+    assert validate(tok, [short]).results[0].agreement < 1.0

@@ -30,7 +30,8 @@ streams in flight censored at what they delivered), not on its age alone: a 43 s
 from its age ended at 23,635; its stream would have shown it was long. **Cut mode** (`cut`: streaming with
 `at_target: cut`): a stream whose endpoint stops billing when closed (`cuttable`) is cut at its dataset's target and
 kept as far as it got, so what is *in hand* is the recorded tokens and what the cuttable streams delivered. The dataset
-is cut once that reaches `target × (1 + CUT_AIM)` (`due_cuts`; the engine looks again when `next_cut_in` says that
+is cut once that reaches `target × (1 + CUT_AIM)`, and never before the tokens actually delivered (recorded, and what
+every stream sent so far) reach it (`due_cuts`; the engine looks again when `next_cut_in` says that
 comes, not at its next tick: the last dataset at its target receives the whole pool's tokens, ~2 % of a target in half
 a tick at 2,000 streams): its target is met at once, and its other requests
 (billed whole whatever the client does) finish and count on top, up to `WHOLE_OVER` of the target in expectation
@@ -143,11 +144,23 @@ class Lane:
         billed whole, so they finish and count), reach target × (1 + CUT_AIM), at the rate tokens are arriving."""
         return self._seconds_to_aim(self._whole)
 
+    def delivered(self) -> float:
+        """The tokens recorded and those every stream in flight delivered so far (what the data holds if it ended
+        now, the streams billed whole included)."""
+        return self.recorded + sum(f.streamed for f in self.flights.values() if f.paced)
+
     def cut_in(self) -> float:
         """Cut mode: seconds until what is in hand, with the answers billed whole expected beyond WHOLE_OVER of the
-        target, reaches the target's aim, at the rate tokens are arriving (0: it has)."""
+        target, reaches the target's aim, at the rate tokens are arriving (0: it has); and never before what was
+        delivered reaches it. Requests not yet streaming count at their expected length among those billed whole
+        (their endpoint is not known), so on a small dataset, all of it in flight at once, the first rule alone fell
+        due at the first streamed token and cut every answer to a stub short of the target (issue 53)."""
         assert self.target is not None
-        return self._seconds_to_aim(max(0.0, self._whole - WHOLE_OVER * self.target))
+        by_expected = self._seconds_to_aim(max(0.0, self._whole - WHOLE_OVER * self.target))
+        left = self.target * (1 + CUT_AIM) - self.delivered()
+        if left <= 0:
+            return by_expected
+        return max(by_expected, left / self._rate if self._rate > 0 else math.inf)
 
     def _seconds_to_aim(self, counted: float) -> float:
         """Seconds until what is in hand and `counted` more reach target × (1 + CUT_AIM) at the rate tokens arrive."""

@@ -3,7 +3,8 @@
 Checks per record, each failure a named mismatch class so a report can count and show them:
 text round-trip (ids → text equals the answer), prompt ids equal the template render, prompt ids
 are a prefix of the full conversation rendered with `preserve_thinking`, special tokens only where
-the structure puts them, and, where the true ids are known, agreement with them.
+the structure puts them, and, where the true ids are known, agreement with them (a cut sample, `finish_reason: cut`,
+with the prefix of its length: the run closed the stream there, so the model had produced no more of it).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..records import CUT_FINISHES, THINK_CLOSE, Answer, Record, ToolCall, calls_before, native_call_id
+from ..records import CUT, CUT_FINISHES, THINK_CLOSE, Answer, Record, ToolCall, calls_before, native_call_id
 from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
 from .tokenizer import (
     ARGUMENT_BEGIN,
@@ -169,6 +170,8 @@ def check_case(tok: KimiTokenizer, case: Case) -> Result:
 
     if case.true_output_ids is not None:
         true = list(case.true_output_ids)
+        if case.finish_reason == CUT:  # the run closed the stream: the sample is the prefix the model had produced
+            true = true[:len(o_ids)]
         res.agreement = agreement(o_ids, true)
         if res.agreement < 1.0:
             true_bytes = tok.decode_bytes(true)
