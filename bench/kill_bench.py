@@ -43,7 +43,7 @@ from throughput_bench import USUAL_FAULTS, config, scaled_emulator, write_datase
 
 from eagledata.emulator import parse_config, run_emulator
 from eagledata.generation import GenerateConfig
-from eagledata.generation.killed import leftovers
+from eagledata.generation.money.killed import leftovers
 from eagledata.records import load_records
 
 CANCELLING, WHOLE = "stream cancellation", "no stream cancellation"

@@ -40,7 +40,7 @@ from throughput_bench import CONVERSATION_STREAM, ORACLE_DRAWS, SEED_MAX_TOKENS,
 from virtual_service import Drawn, Served, config, endpoint, run_engine  # noqa: E402
 
 from eagledata.generation import pacing  # noqa: E402
-from eagledata.generation.pacing import MAX_OVERSHOOT  # noqa: E402
+from eagledata.generation.realtime.pacing import MAX_OVERSHOOT  # noqa: E402
 from eagledata.text import load_tokenizer  # noqa: E402
 
 PRICE_IN, PRICE_OUT = 0.45, 2.2  # $/M: the cheapest eligible endpoint's order of price (the money never binds)

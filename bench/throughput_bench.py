@@ -49,7 +49,7 @@ import httpx
 from eagledata.emulator import run_emulator
 from eagledata.emulator.catalog import default_endpoints
 from eagledata.generation import GenerateConfig, run_generation
-from eagledata.generation.requester import ChatCompletions
+from eagledata.generation.realtime.attempt import ChatCompletions
 from eagledata.openrouter import ClientPool, Kind, build_request, complete, load_routing
 from eagledata.openrouter.client import LOCAL_KEY
 from eagledata.openrouter.fast_stream import FastStreams
@@ -263,7 +263,7 @@ def seed(a: argparse.Namespace) -> None:
 
 
 def panel(a: argparse.Namespace) -> None:
-    from eagledata.generation.panel import LivePanel
+    from eagledata.generation.report.panel import LivePanel
 
     usable = a.panel_balance
     max_tokens = int(SEED_MAX_TOKENS / a.scale)

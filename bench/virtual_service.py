@@ -22,7 +22,7 @@ from typing import Any
 
 from eagledata.generation import GenerateConfig, Seams
 from eagledata.generation.clock import InlineExecutor, run_virtual
-from eagledata.generation.engine import Run
+from eagledata.generation.realtime.engine import Run
 from eagledata.openrouter import Account, Completion, Endpoint, Kind, Outcome, RoutingDecision
 from eagledata.openrouter.client import GenerationStats
 from eagledata.records import Answer, Usage

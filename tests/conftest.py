@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(autouse=True)
 def _own_spender_locks(tmp_path_factory, monkeypatch):
-    """Each test its own spender locks (generation/spender.py): tests on two workers that make up the same account
+    """Each test its own spender locks (generation/money/spender.py): tests on two workers that make up the same account
     (a made-up key on 127.0.0.1:9) would otherwise refuse each other's runs as another spender on it."""
     monkeypatch.setenv("EAGLEDATA_STATE_DIR", str(tmp_path_factory.mktemp("locks")))
 

@@ -61,3 +61,56 @@ def test_stages_import_one_way():
     assert not stage_deps("moonshot") & {"text", "openrouter", "generation", "training", "emulator"}
     assert "eagledata.retry" in graph["eagledata.training.vllm_backend"]
     assert "eagledata.retry" in graph["eagledata.generation.policy"]
+
+
+# generation/'s rooms, lowest first: a room imports only from those before it (a module at generation/'s top level
+# is a room of its own): the rules and records, the money, the report, the settings, the plan, the run's datasets,
+# then the two routes side by side, and the entry that chooses between them.
+GENERATION_ROOMS = ["policy", "conversations", "money", "report", "config", "clock", "plan", "lanes",
+                    "realtime", "batch", "run"]
+
+
+def upward_imports(graph: dict[str, set[str]], rooms: list[str] = GENERATION_ROOMS) -> list[str]:
+    """Imports from a generation room to a later one (or to one not in `rooms`), and from a room to the package
+    above it (`eagledata.generation` itself: its public names are for notebooks, not for its rooms)."""
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        return parts[2] if len(parts) > 2 and parts[:2] == ["eagledata", "generation"] else None
+
+    found = []
+    for module, deps in sorted(graph.items()):
+        here = room(module)
+        if here is None:
+            continue
+        for dep in sorted(deps):
+            there = room(dep)
+            if dep == "eagledata.generation" or (there is not None and there != here and (
+                    here not in rooms or there not in rooms or rooms.index(there) > rooms.index(here))):
+                found.append(f"{module} -> {dep}")
+    return found
+
+
+def test_generation_rooms_import_downward_only():
+    graph = import_graph()
+    assert {"eagledata.generation.realtime.engine", "eagledata.generation.batch.route"} <= set(graph)
+    assert upward_imports(graph) == []
+    # the two routes are siblings: neither imports the other
+    assert not {d for m, deps in graph.items() if m.startswith("eagledata.generation.batch") for d in deps
+                if d.startswith("eagledata.generation.realtime")}
+
+
+def test_a_planted_upward_import_is_found():
+    graph = {"eagledata.generation.money.ledger": {"eagledata.generation.realtime.pacing"},
+             "eagledata.generation.realtime.pacing": {"eagledata.generation.money.flights"},
+             "eagledata.generation.plan.budget": {"eagledata.generation"}}
+    assert upward_imports(graph) == ["eagledata.generation.money.ledger -> eagledata.generation.realtime.pacing",
+                                     "eagledata.generation.plan.budget -> eagledata.generation"]
+
+
+def test_no_module_outside_text_names_the_kimi_tokenizer():
+    """Stages take the text stage's `Tokenizer` interface: a second target family is a tokenizer, not a rewrite."""
+    from tests.helpers import ROOT
+
+    named = [str(p.relative_to(ROOT)) for p in (ROOT / "lib" / "eagledata").rglob("*.py")
+             if "KimiTokenizer" in p.read_text(encoding="utf-8") and "text" not in p.relative_to(ROOT).parts[2:3]]
+    assert named == []

@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 
-from eagledata.generation.panel import make_progress
-from eagledata.generation.progress import DatasetSnapshot, RunSnapshot, RunStats, StatusLines, status_line
+from eagledata.generation.report.panel import make_progress
+from eagledata.generation.report.progress import DatasetSnapshot, RunSnapshot, RunStats, StatusLines, status_line
 from eagledata.status import StatusLog, duration, ensure_log_handler, eta_s, widget_frontend
 
 

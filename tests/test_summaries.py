@@ -8,7 +8,7 @@ import json
 import pytest
 
 from eagledata.errors import InputError
-from eagledata.generation.fidelity import FidelityJudge, suspects_in
+from eagledata.generation.conversations.fidelity import FidelityJudge, suspects_in
 from eagledata.summaries import VERDICTS, fidelity_suspects, read_summary
 from eagledata.training.assembly import read_generation_suspects
 from tests.helpers.imports import import_graph

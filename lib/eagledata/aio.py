@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import signal
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -23,6 +24,11 @@ def run_sync(coro: Coroutine[Any, Any, T], async_name: str) -> T:
         coro.close()
         raise RuntimeError(f"an event loop is running (Jupyter?): use `await {async_name}(...)` instead")
     return asyncio.run(coro)
+
+
+async def in_executor(executor: concurrent.futures.Executor, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` on `executor`, awaited (tokenizing off the loop)."""
+    return await asyncio.get_running_loop().run_in_executor(executor, functools.partial(fn, *args, **kwargs))
 
 
 def on_signals(callback: Callable[[], None]) -> Callable[[], None]:

@@ -16,7 +16,7 @@ import pytest
 from eagledata.emulator import create_app, parse_config
 from eagledata.emulator.toolcalls import DatasetCalls, planned_calls
 from eagledata.errors import InputError
-from eagledata.generation.turns import Conversation
+from eagledata.generation.conversations.turns import Conversation
 from eagledata.prompts import load_prompts
 from eagledata.records import Answer, ToolCall, native_call_id
 

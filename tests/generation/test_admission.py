@@ -6,10 +6,10 @@ import random
 import numpy as np
 import pytest
 
-from eagledata.generation.account import AccountReading, Books
-from eagledata.generation.admission import Admission, AgeModel, bernstein_margin
-from eagledata.generation.congestion import Congestion, ProviderCooldown
+from eagledata.generation.money.account import AccountReading, Books
+from eagledata.generation.money.admission import Admission, AgeModel, bernstein_margin
 from eagledata.generation.policy import retry_delay, rule
+from eagledata.generation.realtime.congestion import Congestion, ProviderCooldown
 from eagledata.openrouter import Kind, Outcome
 
 BOUND = 1.0  # a request's worst case; answers cost ~1/19 of it on average, heavy-tailed
@@ -298,7 +298,7 @@ def test_hours_of_starts_and_finishes_never_break_the_running_sums(seed=0):
     """Three simulated hours of 2,000-token answers, a sixth of attempts failing at once, 60 slots over two datasets:
     pacing's and admission's running sums (added at start, taken off at finish, recomputed each refresh) stay
     non-negative and equal to what the flights add up to, and the bounds they feed never raise."""
-    from eagledata.generation.pacing import Pacing
+    from eagledata.generation.realtime.pacing import Pacing
 
     rng = random.Random(seed)
     tokens_prior = list(np.minimum(np.random.default_rng(seed).lognormal(math.log(3000), 0.9, 5000), 32768))

@@ -6,8 +6,8 @@ import pytest
 
 from eagledata.errors import InputError
 from eagledata.generation import GenerateConfig
-from eagledata.generation.batch_journal import BatchJournal, JournalLine
-from eagledata.generation.batch_plan import OVER_LIMIT, TOP_UP_AIM, Need, TurnLengths, fits, new_conversations
+from eagledata.generation.batch.journal import BatchJournal, JournalLine
+from eagledata.generation.batch.plan import OVER_LIMIT, TOP_UP_AIM, Need, TurnLengths, fits, new_conversations
 from eagledata.moonshot.batch_api import batch_body, batch_line, moonshot_message
 from eagledata.moonshot.facts import BATCH_MODELS, FIXED_SAMPLING, batch_model, window_hours
 
@@ -144,7 +144,7 @@ def test_generates_contract_names_come_first_with_their_defaults():
 
 
 def test_the_batch_panel_shows_each_rounds_batch():
-    from eagledata.generation.panel import BatchPanel
+    from eagledata.generation.report.panel import BatchPanel
 
     shown = []
     panel = BatchPanel(show=shown.append)

@@ -228,7 +228,7 @@ def batch_cfg(tmp_path: Path, emu, datasets: Path, **kw):
 def test_an_upload_or_a_batch_the_journal_never_saw_is_adopted_not_made_again(emu, tmp_path, monkeypatch, dies_after):
     import asyncio
 
-    from eagledata.generation.batch_route import run_batch_route
+    from eagledata.generation.batch.route import run_batch_route
 
     monkeypatch.setenv("MOONSHOT_API_KEY", "sk-test-batch")
     emu.reset({**BATCH, "batch": {"balance": 50.0}})

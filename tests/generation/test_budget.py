@@ -5,7 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eagledata.errors import InputError
-from eagledata.generation.budget import (
+from eagledata.generation.conversations.datasets import load_datasets, write_targets
+from eagledata.generation.plan.budget import (
     DatasetStats,
     OutputLengths,
     Prices,
@@ -14,7 +15,6 @@ from eagledata.generation.budget import (
     planned_vs_actual,
     scenario_table,
 )
-from eagledata.generation.datasets import load_datasets, write_targets
 
 # The real run's picture: six datasets, ~4k output tokens per request, ~350-token prompts, $0.45/$2.20 per M.
 LENGTHS = OutputLengths(mean=4000, sd=3000, p50=3000, p90=8000, source="test")
@@ -181,7 +181,7 @@ ANSWERS = ["Paris.", "東京です。\n\n```python\nprint('hi')\n```", "  leadin
 
 def _rendered(tok, path, answers):
     """Each request's prompt tokens, rendering the real chains with these answers (what generation sends)."""
-    from eagledata.generation.turns import Conversation
+    from eagledata.generation.conversations.turns import Conversation
     from eagledata.prompts import iter_prompts
     from eagledata.records import Answer
     from eagledata.text import prompt_ids
@@ -197,7 +197,7 @@ def _rendered(tok, path, answers):
 def test_each_turns_prompt_is_its_asks_plus_the_earlier_answers_content_exactly(tok, tmp_path):
     """Turn j's prompt = the measured asks (template included) + the content tokens of answers 1..j−1, exactly:
     the answers sit between special tokens, so nothing merges across them."""
-    from eagledata.generation.budget import measure_prompts
+    from eagledata.generation.plan.budget import measure_prompts
 
     path = _conversations(tmp_path)
     m = measure_prompts(tok, "conv", path)
@@ -208,7 +208,7 @@ def test_each_turns_prompt_is_its_asks_plus_the_earlier_answers_content_exactly(
 
 
 def test_dataset_stats_with_answers_of_the_modelled_length_equal_the_rendered_chains(tok, tmp_path):
-    from eagledata.generation.budget import ContentLengths, measure_prompts
+    from eagledata.generation.plan.budget import ContentLengths, measure_prompts
 
     answers = ["ok" + " hello" * 40] * 2
     n = len(tok.encode_ordinary(answers[0]))
@@ -230,8 +230,8 @@ def test_dataset_stats_with_answers_of_the_modelled_length_equal_the_rendered_ch
 def test_one_render_per_conversation_equals_rendering_every_turn(tok, tmp_path):
     """The fast path cuts the last request at the empty answers; where it cannot find them exactly once each (the
     scaffold typed in a user turn) it renders turn by turn. Both give what rendering every turn gives."""
-    from eagledata.generation.budget import _Scaffold, turn_prompt_tokens
-    from eagledata.generation.turns import Conversation
+    from eagledata.generation.conversations.turns import Conversation
+    from eagledata.generation.plan.budget import _Scaffold, turn_prompt_tokens
     from eagledata.prompts import iter_prompts
     from eagledata.text import prompt_ids
 
@@ -253,7 +253,7 @@ def test_one_render_per_conversation_equals_rendering_every_turn(tok, tmp_path):
 def test_turns_last_reproduces_todays_plan_exactly(tok, tmp_path):
     """`last`: one request per prompt, the prompt as written (the dataset's answers as history) — the figures
     budget.ipynb gave before conversations, down to the plan."""
-    from eagledata.generation.budget import ContentLengths, measure_prompts
+    from eagledata.generation.plan.budget import ContentLengths, measure_prompts
     from eagledata.prompts import iter_prompts
     from eagledata.text import prompt_ids
 
@@ -283,7 +283,7 @@ def test_the_prompt_cap_counts_turns_not_prompts():
 
 
 def test_content_lengths_from_finished_records_else_a_share_of_the_output_guess(tmp_path):
-    from eagledata.generation.budget import ContentLengths
+    from eagledata.generation.plan.budget import ContentLengths
 
     path = tmp_path / "B1" / "records.jsonl"
     path.parent.mkdir()

@@ -1,6 +1,6 @@
 """Conversations on-policy: every assistant turn is the target's answer to its own earlier answers (issue 31).
 
-The chain logic alone (generation/turns.py), the store's open conversations, pacing's promised turns, and the whole
+The chain logic alone (generation/conversations/turns.py), the store's open conversations, pacing's promised turns, and the whole
 job against the emulator: 300 conversations of 1–3 turns at 200 in flight with faults on, one SIGKILL and a resume.
 """
 import json
@@ -14,9 +14,9 @@ import pytest
 from eagledata.emulator import run_emulator
 from eagledata.errors import InputError
 from eagledata.generation import GenerateConfig, generate
-from eagledata.generation.pacing import Pacing
-from eagledata.generation.store import Store
-from eagledata.generation.turns import Conversation, later_turn_ids, split_asks
+from eagledata.generation.conversations.store import Store
+from eagledata.generation.conversations.turns import Conversation, later_turn_ids, split_asks
+from eagledata.generation.realtime.pacing import Pacing
 from eagledata.prompts import normalize_prompt, scan_prompts
 from eagledata.records import Answer, Record, load_records
 from eagledata.text import parse_output_ids, prompt_ids

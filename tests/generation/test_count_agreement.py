@@ -10,8 +10,8 @@ import pytest
 
 from eagledata.emulator import run_emulator
 from eagledata.generation import GenerateConfig, generate
-from eagledata.generation.fidelity import FidelityJudge
-from eagledata.generation.recording import COUNT_DISAGREES, COUNT_TOLERANCE, build_record, count_refusal
+from eagledata.generation.conversations.fidelity import FidelityJudge
+from eagledata.generation.conversations.recording import COUNT_DISAGREES, COUNT_TOLERANCE, build_record, count_refusal
 from eagledata.openrouter import Kind, PrecisionPolicy, classify_response, decide, fetch_catalog
 from eagledata.openrouter.answers import BARE_CLOSE
 from eagledata.records import load_records

@@ -2,7 +2,7 @@
 import pytest
 
 from eagledata.errors import InputError
-from eagledata.generation.datasets import load_datasets, select_datasets
+from eagledata.generation.conversations.datasets import load_datasets, select_datasets
 
 PROMPT = '{"id": "1", "messages": [{"role": "user", "content": "q"}]}\n'
 

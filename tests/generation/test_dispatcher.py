@@ -2,10 +2,10 @@
 (the `parts` fixture: tests/generation/conftest.py)."""
 import pytest
 
-from eagledata.generation.dispatcher import Stopped, Wait
-from eagledata.generation.ledger import MoneyStop
+from eagledata.generation.conversations.work import State
+from eagledata.generation.money.ledger import MoneyStop
 from eagledata.generation.policy import RULES, rule
-from eagledata.generation.work import State
+from eagledata.generation.realtime.dispatcher import Stopped, Wait
 from eagledata.openrouter import Kind, Outcome
 
 

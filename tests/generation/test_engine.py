@@ -9,7 +9,7 @@ import pytest
 
 from eagledata.generation import GenerateConfig, Seams
 from eagledata.generation.clock import InlineExecutor, run_virtual
-from eagledata.generation.engine import Run
+from eagledata.generation.realtime.engine import Run
 from eagledata.openrouter import Account, Completion, Kind, Outcome
 from eagledata.records import Answer, Usage
 from eagledata.text import prompt_ids
@@ -165,7 +165,7 @@ def test_a_signal_closes_at_once_the_streams_whose_endpoints_stop_billing_and_th
     INTERRUPT_FINISH_S to end, then closes them too: the run ends seconds after the signal, not at their end (200 s)
     or the drain's (50 + 600 s). Each closed stream keeps what it delivered as a cut sample; these delivered nothing,
     so their prompts stay to do."""
-    from eagledata.generation.engine import INTERRUPT_FINISH_S
+    from eagledata.generation.realtime.engine import INTERRUPT_FINISH_S
 
     monkeypatch.setenv("OPENROUTER_API_KEY", "k")
     sim = Streamed(tok, tokens=(2000,), rate=10.0)  # 200 s answers

@@ -1,4 +1,4 @@
-"""Every kept token is the model's: providers judged while generating (generation/fidelity.py), against the
+"""Every kept token is the model's: providers judged while generating (generation/conversations/fidelity.py), against the
 emulator's bad shapes (no reasoning parser, reasoning dropped, spaces beside special tokens)."""
 import dataclasses
 import json
@@ -11,8 +11,8 @@ import yaml
 from eagledata.emulator import run_emulator
 from eagledata.emulator.config import FAULT_CLASSES
 from eagledata.generation import GenerateConfig, generate, ignore_suspects
-from eagledata.generation.fidelity import ALPHA, FAITHFUL_RATE, MIN_ANSWERS, FidelityJudge, binomial_tail
-from eagledata.generation.progress import RunSnapshot, RunStats, status_line
+from eagledata.generation.conversations.fidelity import ALPHA, FAITHFUL_RATE, MIN_ANSWERS, FidelityJudge, binomial_tail
+from eagledata.generation.report.progress import RunSnapshot, RunStats, status_line
 from eagledata.openrouter import PrecisionPolicy, RoutingDecision, decide, fetch_catalog
 from eagledata.records import load_records
 from eagledata.text import parse_output_ids, prompt_ids
@@ -88,7 +88,7 @@ def test_the_rule_holds_its_false_alarm_rate():
 def test_the_status_line_names_the_suspects():
     snap = RunSnapshot(t=10, in_flight=3, limit=10, spent=0.1, stats=RunStats(), datasets=[],
                        suspects=("Leaky: 19 of 20 answers bad",))
-    snap.datasets.append(__import__("eagledata.generation.progress", fromlist=["x"]).DatasetSnapshot(
+    snap.datasets.append(__import__("eagledata.generation.report.progress", fromlist=["x"]).DatasetSnapshot(
         name="D", done=1, total_prompts=2, tokens=5, target=None, in_flight=1, stats=RunStats()))
     assert status_line(snap).endswith("| left out as fidelity suspects: Leaky: 19 of 20 answers bad")
 

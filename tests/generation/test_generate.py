@@ -297,7 +297,7 @@ def test_bad_input_fails_before_any_request(emu, tmp_path, monkeypatch):
 
 
 def test_second_run_on_same_dataset_is_refused(emu, tmp_path):
-    from eagledata.generation.store import Store, StoreLocked
+    from eagledata.generation.conversations.store import Store, StoreLocked
 
     reset(emu)
     datasets = make_dataset(tmp_path, 5)
@@ -374,7 +374,7 @@ def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tok, tmp_path):
     the next run finishes every prompt exactly once."""
     import asyncio
 
-    from eagledata.generation.store import Store
+    from eagledata.generation.conversations.store import Store
 
     reset(emu, seed=16)
     calls = []

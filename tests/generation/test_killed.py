@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from eagledata.emulator import run_emulator
-from eagledata.generation.killed import Baseline, KilledBefore, StreamJournal, baseline, leftovers, read_killed
+from eagledata.generation.money.killed import Baseline, KilledBefore, StreamJournal, baseline, leftovers, read_killed
 from eagledata.openrouter.client import LOCAL_KEY
 
 

@@ -8,10 +8,10 @@ import pytest
 from eagledata.aio import run_sync
 from eagledata.emulator import run_emulator
 from eagledata.generation import GenerateConfig, RunHealth, generate, provider_table
-from eagledata.generation.engine import run_generation
-from eagledata.generation.panel import LivePanel
-from eagledata.generation.progress import TIMELINE_COLUMNS, thin
-from eagledata.generation.report import plot_health, rates
+from eagledata.generation.report.panel import LivePanel
+from eagledata.generation.report.progress import TIMELINE_COLUMNS, thin
+from eagledata.generation.report.run_report import plot_health, rates
+from eagledata.generation.run import run_generation
 from eagledata.openrouter import PrecisionPolicy, decide, fetch_catalog
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.6, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
@@ -138,7 +138,7 @@ def test_a_finished_run_run_again_shows_its_final_panel_without_a_request(tokeni
 def test_the_headline_says_how_far_the_streams_in_flight_have_got():
     """Issue 42: the panel shows the tokens the answers in flight have streamed so far (characters, at this run's
     tokens per character: the service counts tokens only in a stream's last chunk)."""
-    from eagledata.generation.progress import RunSnapshot, RunStats
+    from eagledata.generation.report.progress import RunSnapshot, RunStats
 
     stats = RunStats(output_tokens=1_000, chars=4_000)  # 4 characters a token in this run's records
     snap = RunSnapshot(t=65.0, in_flight=1200, limit=2000, spent=0.5, stats=stats, datasets=[], streams=1200,
@@ -151,5 +151,5 @@ def test_the_headline_says_how_far_the_streams_in_flight_have_got():
     assert "streaming by 3 in flight" in before_any_record.headline()
     quiet = RunHealth.of_snapshot(RunSnapshot(t=5.0, in_flight=3, limit=2000, spent=0.0, stats=stats, datasets=[]))
     assert "streamed" not in quiet.headline()  # JSON answers: nothing to say
-    from eagledata.generation.progress import status_line
+    from eagledata.generation.report.progress import status_line
     assert "in flight 1,200/2,000 (~345,678 tokens streamed) |" in status_line(snap)  # papermill's log, the same

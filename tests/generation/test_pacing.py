@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-from eagledata.generation.pacing import MAX_OVERSHOOT, Pacing
+from eagledata.generation.realtime.pacing import MAX_OVERSHOOT, Pacing
 
 
 def lengths(rng: random.Random) -> tuple[int, float]:
@@ -141,7 +141,7 @@ def answered(pace: Pacing, name: str, rng: random.Random, n: int = 400) -> None:
 def test_a_stream_counts_for_what_it_has_delivered_not_only_its_age():
     """A young request whose stream has already delivered 12,000 tokens is a long one: E[L | L > 12,000], far above
     what its age alone says; a stream that has delivered nothing yet counts at its age."""
-    from eagledata.generation.pacing import Streamed
+    from eagledata.generation.realtime.pacing import Streamed
 
     pace = Pacing([Pacing.lane("D", target=10 ** 8, prompts=10 ** 6, recorded=0, finished=0, prior_tokens=prior())])
     answered(pace, "D", random.Random(3))
@@ -157,7 +157,7 @@ def test_in_cut_mode_a_dataset_is_cut_when_what_is_in_hand_reaches_its_target_an
     """Cut mode: the cuttable streams' tokens so far count as in hand; the cut comes once recorded + those reach the
     target (just over: CUT_AIM), the dataset stops taking requests LEAD median answer times before (at the rate
     tokens arrive), and an answer billed whole counts at its expected end."""
-    from eagledata.generation.pacing import CUT_AIM, LEAD, Streamed
+    from eagledata.generation.realtime.pacing import CUT_AIM, LEAD, Streamed
 
     pace = Pacing([Pacing.lane("D", target=100_000, prompts=10 ** 6, recorded=0, finished=0, prior_tokens=prior())],
                   cut=True)
@@ -191,7 +191,7 @@ def test_in_cut_mode_answers_billed_whole_pass_the_target_by_at_most_whole_over(
     """An answer billed whole finishes after the cut and counts on top: the cut comes when what is in hand reaches the
     target's aim while such answers are expected to add at most WHOLE_OVER of the target; beyond it, that much
     earlier. `open` counts them at their expected end."""
-    from eagledata.generation.pacing import CUT_AIM, WHOLE_OVER, Streamed
+    from eagledata.generation.realtime.pacing import CUT_AIM, WHOLE_OVER, Streamed
 
     pace = Pacing([Pacing.lane("D", target=1_000_000, prompts=10 ** 6, recorded=0, finished=0, prior_tokens=prior())],
                   cut=True)
@@ -223,7 +223,7 @@ def test_in_cut_mode_a_small_dataset_all_in_flight_is_not_cut_before_its_target_
     at their expected length among the answers billed whole): the cut must wait until the tokens actually delivered
     (recorded and streamed) reach the target's aim. It fell due at the first streamed token and cut 46 of 80 answers
     to ~280-token stubs, ending the dataset at 86 % of its target."""
-    from eagledata.generation.pacing import CUT_AIM, Streamed
+    from eagledata.generation.realtime.pacing import CUT_AIM, Streamed
 
     target = 150_000
     pace = Pacing([Pacing.lane("D", target=target, prompts=80, recorded=0, finished=0, prior_tokens=prior())],

@@ -1,13 +1,13 @@
-"""A closed stream's cost read back by its generation id (generation/readback.py): booked at its bound, then at what
+"""A closed stream's cost read back by its generation id (generation/money/readback.py): booked at its bound, then at what
 it cost once the service tells, so the money held at the bound frees up before any account reading settles it."""
 import asyncio
 
 import httpx
 import pytest
 
-from eagledata.generation.account import AccountReading, Books
+from eagledata.generation.money.account import AccountReading, Books
+from eagledata.generation.money.readback import FIRST_ASK_S, GIVE_UP_S, MAX_GAP_S, Readback
 from eagledata.generation.policy import RULES
-from eagledata.generation.readback import FIRST_ASK_S, GIVE_UP_S, MAX_GAP_S, Readback
 from eagledata.openrouter.client import GenerationStats
 
 

@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
+from eagledata.generation.conversations.recorder import Recorded
+from eagledata.generation.conversations.work import Work
 from eagledata.generation.policy import rule
-from eagledata.generation.recorder import Recorded
-from eagledata.generation.work import Work
 from eagledata.openrouter import Kind, Outcome
 from eagledata.openrouter.answers import REASONING_MISSING
 from eagledata.summaries import CONSISTENT, SUSPECT

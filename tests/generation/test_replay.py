@@ -10,9 +10,9 @@ import pytest
 from eagledata.emulator import run_emulator
 from eagledata.generation import GenerateConfig, Seams
 from eagledata.generation.clock import InlineExecutor, run_virtual
-from eagledata.generation.engine import run_generation
-from eagledata.generation.replay import Replayed, Taped, request_key, taken_order
-from eagledata.generation.requester import ChatCompletions
+from eagledata.generation.realtime.attempt import ChatCompletions
+from eagledata.generation.realtime.replay import Replayed, Taped, request_key, taken_order
+from eagledata.generation.run import run_generation
 from eagledata.openrouter import Kind, Outcome, load_routing
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.6, "content_median": 25, "content_sigma": 0.6, "max_total": 400}
@@ -125,7 +125,7 @@ def test_a_replay_that_decides_otherwise_is_caught(tmp_path, taped_run):
 
 def test_an_answer_is_replayed_after_its_latency(tmp_path):
     """Virtual time: the tape's latencies, not the wall clock's."""
-    from eagledata.generation.replay import Taken
+    from eagledata.generation.realtime.replay import Taken
 
     body = {"messages": [{"role": "user", "content": "hi"}]}
     served = Replayed([Taken(body, 0.0, 12.5, Outcome(Kind.RETRY, "bad_gateway", 502))])

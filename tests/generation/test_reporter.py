@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from eagledata.generation.progress import TIMELINE_COLUMNS, RunStats, run_figures, status_line
-from eagledata.generation.report import RunHealth, plot_datasets, provider_table, summary_table
+from eagledata.generation.report.progress import TIMELINE_COLUMNS, RunStats, run_figures, status_line
+from eagledata.generation.report.run_report import RunHealth, plot_datasets, provider_table, summary_table
 from eagledata.openrouter import Kind, Outcome
 from eagledata.summaries import CONSISTENT
 from tests.generation.test_engine import Simulated, run

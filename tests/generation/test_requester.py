@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
-from eagledata.generation.policy import RULES, StopReason, rule
-from eagledata.generation.requester import Attempt, cancelled_outcome
-from eagledata.generation.turns import Conversation
-from eagledata.generation.work import State, Work
+from eagledata.generation.conversations.turns import Conversation
+from eagledata.generation.conversations.work import State, Work
+from eagledata.generation.policy import RULES, StopReason, cancelled_outcome, rule
+from eagledata.generation.realtime.attempt import Attempt
 from eagledata.openrouter import Kind, Outcome
 from eagledata.prompts import normalize_prompt
 from eagledata.text import prompt_ids
@@ -159,7 +159,7 @@ def test_a_stream_is_heard_the_moment_the_service_names_it_and_read_back_by_that
     p = parts({"A": 1}, routing=three(), transport=Named(), stream=True)
     work = p.dispatcher.take(0.0)
     heard = []
-    p.requester.on_stream_named = lambda a: heard.append((a.state.generation_id, a.state.chunks))
+    p.requester.streams.on_named = lambda a: heard.append((a.state.generation_id, a.state.chunks))
 
     async def main():
         await p.requester.prepare(work)
@@ -226,9 +226,9 @@ def test_near_its_cut_a_dataset_sends_only_to_endpoints_that_stop_billing_and_it
         work.lane.near_target = False
         anywhere = req.start(object(), work, 0.0)
         await asyncio.sleep(0)
-        assert req.stops_billing(near) and not req.stops_billing(anywhere)
+        assert req.streams.stops_billing(near) and not req.streams.stops_billing(anywhere)
         anywhere.state.provider = "Also"  # the first chunk named it
-        assert req.stops_billing(anywhere)
+        assert req.streams.stops_billing(anywhere)
         near.cancel()
         anywhere.cancel()
 

@@ -3,9 +3,9 @@ conversations' turns, and the deadline's choice, in exact arithmetic."""
 import pytest
 
 from eagledata.errors import InputError
-from eagledata.generation.budget import DatasetStats, OutputLengths, PriceBasis, Prices, plan_budget
 from eagledata.generation.config import BudgetConfig
-from eagledata.generation.route_plan import (
+from eagledata.generation.plan.budget import DatasetStats, OutputLengths, PriceBasis, Prices, plan_budget
+from eagledata.generation.plan.route_plan import (
     BatchTiming,
     DatasetWork,
     Throughput,
@@ -163,7 +163,7 @@ def test_budget_settings_refuse_out_of_range_values_naming_the_field(field, valu
 
 
 def test_durations_read_in_seconds_minutes_hours_or_days():
-    from eagledata.generation.route_plan import hours_text
+    from eagledata.generation.plan.route_plan import hours_text
 
     assert [hours_text(h) for h in (3 / 3600, 0.5, 30, 72)] == ["3 s", "30 min", "30.0 h", "3.0 d"]
 

@@ -180,7 +180,7 @@ def test_a_run_whose_prompts_all_failed_is_not_completed_and_retry_failed_sends_
 
 def test_the_report_of_an_all_failed_run_does_not_say_100_percent(emu, tmp_path):
     from eagledata.emulator.catalog import default_endpoints
-    from eagledata.generation.report import RunHealth
+    from eagledata.generation.report.run_report import RunHealth
 
     reset(emu, endpoints=[{"provider": e.provider, "context_length": 1000} for e in default_endpoints()])
     datasets = make_dataset(tmp_path, 4, long_every=1)

@@ -14,10 +14,10 @@ import pytest
 from eagledata.aio import run_sync
 from eagledata.emulator import run_emulator
 from eagledata.generation import GenerateConfig, generate, run_generation
-from eagledata.generation.pacing import MAX_OVERSHOOT
+from eagledata.generation.money.spender import AccountBusy, SpenderLock
 from eagledata.generation.policy import StopReason
-from eagledata.generation.progress import TIMELINE_COLUMNS
-from eagledata.generation.spender import AccountBusy, SpenderLock
+from eagledata.generation.realtime.pacing import MAX_OVERSHOOT
+from eagledata.generation.report.progress import TIMELINE_COLUMNS
 from eagledata.notebooks import read_results
 from eagledata.openrouter import Kind, Outcome, PrecisionPolicy, complete, decide, fetch_catalog, resolve_api_key
 from eagledata.records import load_records

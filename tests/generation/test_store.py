@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from eagledata.generation.store import Store, StoreLocked
+from eagledata.generation.conversations.store import Store, StoreLocked
 from eagledata.paths import DatasetFiles
 from eagledata.records import Record, load_records
 
@@ -67,7 +67,7 @@ def test_second_writer_is_refused(tmp_path):
 # or, with SIGXFSZ ignored (Python's own default), its write fails with EFBIG (an error mid-write).
 WRITE_CUT_SHORT = """
 import resource, signal, sys
-from eagledata.generation.store import Store
+from eagledata.generation.conversations.store import Store
 if sys.argv[2] == "killed":
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
 with Store.open(sys.argv[1]) as s:

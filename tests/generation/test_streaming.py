@@ -14,9 +14,9 @@ import pytest
 
 from eagledata.emulator import run_emulator
 from eagledata.generation import GenerateConfig, Seams
-from eagledata.generation.engine import run_generation
-from eagledata.generation.replay import Taped
-from eagledata.generation.requester import ChatCompletions
+from eagledata.generation.realtime.attempt import ChatCompletions
+from eagledata.generation.realtime.replay import Taped
+from eagledata.generation.run import run_generation
 from eagledata.openrouter import Kind, load_routing
 from eagledata.openrouter.client import LOCAL_KEY
 from eagledata.openrouter.stream import StreamState

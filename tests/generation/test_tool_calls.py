@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from eagledata.generation.recording import build_record
-from eagledata.generation.store import Store
-from eagledata.generation.turns import TOOL_MISMATCH, Conversation, model_call_ids
+from eagledata.generation.conversations.recording import build_record
+from eagledata.generation.conversations.store import Store
+from eagledata.generation.conversations.turns import TOOL_MISMATCH, Conversation, model_call_ids
 from eagledata.openrouter import Completion, Kind, classify_response
 from eagledata.prompts import normalize_prompt
 from eagledata.records import Answer, Record, ToolCall, Usage

@@ -196,7 +196,7 @@ def test_a_local_server_returns_the_true_ids_and_the_recipe_agrees(tok, tmp_path
         assert r.meta["prompt_ids_match"] is True and "served_tool_call_ids" not in r.meta
     assert all(r.meta["retokenized_agreement"] == 1.0 for r in calls)
     assert summary["run"]["retokenized_agreement_mean"] > 0.99
-    from eagledata.generation.report import summary_table
+    from eagledata.generation.report.run_report import summary_table
     assert summary_table(summary)["value"]["tool-call turns"] == f"{len(calls):,}"  # a row of its own (8bdc9ad)
 
 
@@ -206,7 +206,7 @@ def test_arguments_a_provider_reserializes_show_in_the_count_agreement(tok, tmp_
     retried elsewhere) and the fidelity judge sees the provider as it sees any that alters the text. What is kept is
     what was served, never "repaired" into the model's spacing, and its count agrees."""
     from eagledata.generation import GenerateConfig, generate
-    from eagledata.generation.recording import COUNT_TOLERANCE
+    from eagledata.generation.conversations.recording import COUNT_TOLERANCE
 
     objs_list, _ = build(60, seed=9)
     prompts = tmp_path / "T.jsonl"

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from eagledata.errors import InputError
-from eagledata.generation.datasets import load_datasets
+from eagledata.generation.conversations.datasets import load_datasets
 from eagledata.prompts import load_prompts, normalize_prompt, normalize_tools, scan_prompts
 from tests.helpers import ROOT
 

@@ -12,9 +12,9 @@ from typing import Any
 
 from eagledata.generation import GenerateConfig
 from eagledata.generation.clock import InlineExecutor
+from eagledata.generation.conversations.work import Work
 from eagledata.generation.lanes import DatasetRun, open_lanes
-from eagledata.generation.parts import Parts, Seams, build_parts
-from eagledata.generation.work import Work
+from eagledata.generation.realtime.parts import Parts, Seams, build_parts
 from eagledata.openrouter import Completion, Endpoint, Kind, Outcome, RoutingDecision
 from eagledata.records import Answer, Usage
 from eagledata.text import output_ids

@@ -163,7 +163,7 @@ def records(dataset: str) -> int:
 
 
 # -- driving Lab ------------------------------------------------------------------------------------------
-PANEL = ".jp-OutputArea-output .eagledata-live-panel"  # the run's live panel (generation/panel.py)
+PANEL = ".jp-OutputArea-output .eagledata-live-panel"  # the run's live panel (generation/report/panel.py)
 WATCH = """els => els.map(p => ({
     frame: (p.querySelector('img') || {}).src || '',
     head: (p.querySelector('.widget-html') || p).innerText,

@@ -141,7 +141,7 @@ def test_generate_notebook_through_the_batch_route(tokenizer_dir, execute_notebo
 def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_path):
     from tests.helpers.catalogs import catalog, decision_for
 
-    from eagledata.generation.datasets import load_datasets
+    from eagledata.generation.conversations.datasets import load_datasets
 
     datasets = _budget_inputs(tmp_path)
     routing = decision_for(catalog()).save(tmp_path / "params")

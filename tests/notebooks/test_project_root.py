@@ -139,7 +139,7 @@ def run_from(project: Path, location: str, name: str, **parameters) -> Path:
 def test_every_notebook_runs_wherever_it_lies(location, emu, tiny_model, tmp_path):
     """The whole chain with relative parameters only: each notebook reads and writes the project's params/ and
     outputs/, whichever folder it runs from, and leaves no params/ or outputs/ of its own beside itself."""
-    from eagledata.generation.datasets import load_datasets
+    from eagledata.generation.conversations.datasets import load_datasets
     from eagledata.notebooks import cell_outputs_text
 
     project = user_project(tmp_path / "proj")

@@ -16,7 +16,7 @@ import pytest
 from eagledata.emulator import run_emulator
 from eagledata.emulator.faults import FAULTS
 from eagledata.generation import GenerateConfig
-from eagledata.generation.engine import run_generation
+from eagledata.generation.run import run_generation
 from eagledata.openrouter import Kind, build_request, classify_response
 from eagledata.openrouter.client import LOCAL_KEY, make_client
 from eagledata.openrouter.fast_stream import FastStreams

@@ -547,8 +547,8 @@ def test_each_turn_is_one_sample_in_every_layout(layout, tok, models, conversati
 def agent_turns(tok) -> list[Record]:
     """An agent conversation regenerated as generation does it: two tool-call turns (served with `call_…` ids,
     rebuilt to the model's) with the dataset's results spliced after them, then the plain answer."""
-    from eagledata.generation.recording import build_record
-    from eagledata.generation.turns import Conversation
+    from eagledata.generation.conversations.recording import build_record
+    from eagledata.generation.conversations.turns import Conversation
     from eagledata.openrouter import Completion
     from eagledata.prompts import normalize_prompt
     from eagledata.records import Answer, ToolCall, Usage

@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 from itertools import accumulate
 
 from ..records import ToolCall
-from ..text import END_THINK, IM_END, KimiTokenizer, output_ids, parse_output_ids
+from ..text import END_THINK, IM_END, Tokenizer, output_ids, parse_output_ids
 from ..text.tokenizer import SECTION_BEGIN
 from .catalog import QUIRKS, Quirks
 from .config import ContentDist
@@ -113,7 +113,7 @@ class Generation:
         return d
 
 
-def generate(tok: KimiTokenizer, rng: random.Random, dist: ContentDist, quirks: Quirks,
+def generate(tok: Tokenizer, rng: random.Random, dist: ContentDist, quirks: Quirks,
              max_tokens: int | None, *, thinking: bool = True, reasoning_scale: float = 1.0,
              reasoning_cap: int | None = None, calls: CallPlan | None = None) -> Generation:
     """Draw lengths, build text, encode, cut at `max_tokens` and decode: ground truth first.

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import InputError
-from ..text import KimiTokenizer
+from ..text import Tokenizer
 from .batch import BatchService
 from .batch_routes import ROUTES as BATCH_ROUTES
 from .bodies import JobStream, answer_response, error_response, fault_error_response
@@ -251,7 +251,7 @@ class _ExposeTransport:
         await self.app(scope, receive, send)
 
 
-def create_app(cfg: EmulatorConfig, tok: KimiTokenizer, *, clock: Callable[[], float] = time.monotonic) -> Any:
+def create_app(cfg: EmulatorConfig, tok: Tokenizer, *, clock: Callable[[], float] = time.monotonic) -> Any:
     """The ASGI app for uvicorn (or an in-process ASGI client); `clock` drives the Batch API (a test's own)."""
     app = Starlette(routes=[
         Route("/api/v1/chat/completions", chat_completions, methods=["POST"]),

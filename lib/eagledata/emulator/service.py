@@ -18,7 +18,7 @@ from jinja2 import TemplateError
 from starlette.requests import Request
 
 from ..errors import InputError
-from ..text import IM_END, KimiTokenizer, prompt_ids
+from ..text import IM_END, Tokenizer, prompt_ids
 from .catalog import Endpoint, route
 from .config import EmulatorConfig
 from .content import Generation, content_rng, generate, prompt_hash
@@ -71,7 +71,7 @@ class Stats:
 class Emulator:
     """Service state: config, credits, routing load, attempts per prompt, generations, stats."""
 
-    def __init__(self, cfg: EmulatorConfig, tok: KimiTokenizer):
+    def __init__(self, cfg: EmulatorConfig, tok: Tokenizer):
         self.tok = tok
         self.initial_cfg = cfg  # what /admin/reset without a body returns to
         self.reset(cfg)

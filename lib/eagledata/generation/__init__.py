@@ -1,8 +1,12 @@
 """Generation: a dataset's prompts → token-exact records, 2,000 requests in flight, crash-safe resume and a
 hard budget stop; the budget model that sets each dataset's token target; the run report."""
 from ..prompts import Prompt, load_prompts, scan_prompts
-from .admission import Admission, AgeModel
-from .budget import (
+from .config import GenerateConfig
+from .conversations.datasets import DatasetSpec, get_dataset, load_datasets, write_targets
+from .conversations.fidelity import FidelityJudge, ignore_suspects
+from .conversations.store import Store, StoreLocked
+from .money.admission import Admission, AgeModel
+from .plan.budget import (
                      BudgetConfig,
                      ContentLengths,
                      DatasetStats,
@@ -18,13 +22,10 @@ from .budget import (
                      plot_plan,
                      scenario_table,
 )
-from .config import GenerateConfig
-from .datasets import DatasetSpec, get_dataset, load_datasets, write_targets
-from .engine import generate, run_generation
-from .fidelity import FidelityJudge, ignore_suspects
-from .pacing import Pacing
-from .parts import Seams
-from .report import (
+from .plan.route_plan import RouteChoice, RoutePlan, plan_routes, plot_routes
+from .realtime.pacing import Pacing
+from .realtime.parts import Seams
+from .report.run_report import (
                      RunHealth,
                      batches_table,
                      dataset_rows,
@@ -39,8 +40,7 @@ from .report import (
                      tool_loop_note,
                      without_timelines,
 )
-from .route_plan import RouteChoice, RoutePlan, plan_routes, plot_routes
-from .store import Store, StoreLocked
+from .run import generate, run_generation
 
 __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats", "FidelityJudge", "GenerateConfig",
            "Seams", "OutputLengths", "Plan", "Prices", "Prompt", "ContentLengths", "PromptTurns",

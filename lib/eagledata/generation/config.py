@@ -15,8 +15,8 @@ from ..errors import InputError
 from ..moonshot.facts import BATCH_BASE_URL, BATCH_KEY_ENV, batch_model, window_hours
 from ..paths import emulator_dirs, routing_file
 from ..settings import Settings, setting
-from .admission import BudgetMode
-from .turns import TurnsMode
+from .conversations.turns import TurnsMode
+from .money.admission import BudgetMode
 
 Policy = Literal["equal", "proportional", "weights"]
 PriceMode = Literal["cheapest", "worst", "mix"]

@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 from ..errors import InputError
 from ..paths import dataset_files
 from ..prompts import Prompt, PromptScan, scan_prompts
-from .datasets import select_datasets
-from .fidelity import FidelityJudge
-from .killed import KilledBefore
+from .conversations.datasets import select_datasets
+from .conversations.fidelity import FidelityJudge
+from .conversations.store import Store
+from .conversations.turns import Conversation, Turn, TurnsMode, later_turn_ids
+from .conversations.work import Work
+from .money.killed import KilledBefore
 from .policy import StopReason
-from .progress import RunStats
-from .store import Store
-from .turns import Conversation, Turn, TurnsMode, later_turn_ids
-from .work import Work
+from .report.progress import RunStats
 
 if TYPE_CHECKING:
     from .config import GenerateConfig

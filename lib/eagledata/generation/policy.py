@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
-from ..openrouter import Outcome
+from ..openrouter import Kind, Outcome
 from ..retry import retry_delay_s
 
 
@@ -135,7 +135,13 @@ RULES: dict[str, Rule] = {
     "client_timeout": Rule("unknown"),         # the server goes on generating (and billing)
     "cancelled": Rule("unknown", counts=False),  # cut off by the run: booked at its bound until the account says
 }
+CANCELLED = "cancelled"  # the error class of an attempt cut off by the run (its cost is unknown)
 DEFAULT = Rule("none")  # error answers: OpenRouter bills only completions
+
+
+def cancelled_outcome() -> Outcome:
+    """What an attempt the run cut off came to (the ledger books it at its bound until its cost is read)."""
+    return Outcome(Kind.RETRY, CANCELLED, None, "cancelled by the run")
 
 
 def rule(outcome: Outcome) -> Rule:

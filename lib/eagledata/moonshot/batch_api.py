@@ -1,7 +1,7 @@
 """Moonshot's Batch API over one httpx client: upload a JSONL file, create a batch, poll it, download its results,
 cancel it, read the account's balance (platform.kimi.ai "Batch API", OpenAI-compatible shapes).
 
-`MoonshotBatches` is the batch route's dialect (generation/batch_route.py's `BatchService`): a second batch service
+`MoonshotBatches` is the batch route's dialect (generation/batch/service.py's `BatchService`): a second batch service
 (OpenRouter's, when it serves Kimi) is another class with the same methods. It takes its client, as everything here
 that talks to a server does: the key lives in that client's headers only. Control calls that meet a transient answer
 (429, 5xx, a dropped connection) are retried with the project's one backoff rule; any other error is raised as a

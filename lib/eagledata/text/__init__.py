@@ -11,8 +11,8 @@ from .sequences import (
                         prompt_ids,
                         render_chat,
 )
-from .tokenizer import END_THINK, IM_END, KimiTokenizer, load_tokenizer
+from .tokenizer import END_THINK, IM_END, KimiTokenizer, Tokenizer, load_tokenizer
 
-__all__ = ["END_THINK", "IM_END", "Case", "KimiTokenizer", "Report", "agreement", "conversation_ids",
+__all__ = ["END_THINK", "IM_END", "Case", "KimiTokenizer", "Report", "Tokenizer", "agreement", "conversation_ids",
            "load_tokenizer", "load_truth", "output_ids", "output_ids_batch", "parse_output_ids", "plot_token_lengths",
            "prompt_ids", "render_chat", "sample_cases", "TokenizerReportConfig", "validate"]

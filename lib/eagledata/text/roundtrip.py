@@ -27,7 +27,7 @@ from .tokenizer import (
     NUM_RANKS,
     SECTION_BEGIN,
     SECTION_END,
-    KimiTokenizer,
+    Tokenizer,
 )
 
 SECTION_TOKENS = {SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END}
@@ -104,7 +104,7 @@ def _show(s: str, limit: int = 60) -> str:
     return repr(s if len(s) <= limit else s[:limit] + "…")
 
 
-def check_case(tok: KimiTokenizer, case: Case) -> Result:
+def check_case(tok: Tokenizer, case: Case) -> Result:
     res = Result(case.id)
     answer = Answer.from_api(case.reasoning, case.content, case.finish_reason, case.tool_calls)
     reasoning, content, calls = answer.reasoning, answer.content, answer.tool_calls
@@ -252,7 +252,7 @@ class Report:
         return f"PASS: {n} records round-trip exactly (text, prompt prefix, structural specials){tail}"
 
 
-def validate(tok: KimiTokenizer, cases: Iterable[Case]) -> Report:
+def validate(tok: Tokenizer, cases: Iterable[Case]) -> Report:
     return Report([check_case(tok, c) for c in cases])
 
 
@@ -273,7 +273,7 @@ def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
-def sample_cases(tok: KimiTokenizer) -> list[Case]:
+def sample_cases(tok: Tokenizer) -> list[Case]:
     """The hard cases a real run meets; some carry true ids built the way a model would emit them."""
     cases = [
         Case("newlines-around-think", _user("Why is the sky blue?"), "\nRayleigh scattering.\n\n",

@@ -22,7 +22,7 @@ from .tokenizer import (
     IM_END,
     SECTION_BEGIN,
     SECTION_END,
-    KimiTokenizer,
+    Tokenizer,
 )
 
 # What a tokenizer's `apply_chat_template` passes for its special tokens; K2.5's template uses none of them.
@@ -47,7 +47,7 @@ def _renderer():
     return render_jinja_template
 
 
-def render_chat(tok: KimiTokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True,
+def render_chat(tok: Tokenizer, messages: Sequence[dict], *, add_generation_prompt: bool = True,
                 thinking: bool = True, preserve_thinking: bool = False, tools: Sequence[dict] | None = None) -> str:
     """The chat template rendered by transformers' own renderer, as the serving stacks (vLLM, SGLang) do:
     the same sandbox, filters, globals (`raise_exception`, `strftime_now`) and reasoning-field aliases."""
@@ -62,13 +62,13 @@ def render_chat(tok: KimiTokenizer, messages: Sequence[dict], *, add_generation_
     return rendered[0]
 
 
-def prompt_ids(tok: KimiTokenizer, messages: Sequence[dict], *, thinking: bool = True,
+def prompt_ids(tok: Tokenizer, messages: Sequence[dict], *, thinking: bool = True,
                tools: Sequence[dict] | None = None) -> list[int]:
     """Ids the server feeds the model: the rendered prompt encoded with special tokens recognized."""
     return tok.encode(render_chat(tok, messages, thinking=thinking, tools=tools), allow_special=True)
 
 
-def conversation_ids(tok: KimiTokenizer, messages: Sequence[dict], reasoning: str, content: str,
+def conversation_ids(tok: Tokenizer, messages: Sequence[dict], reasoning: str, content: str,
                      tool_calls: Sequence[ToolCall] = (), tools: list | None = None) -> list[int]:
     """The finished conversation rendered with `preserve_thinking`: a check that prompt ids are its prefix."""
     answer: dict[str, Any] = {"role": "assistant", "content": content, "reasoning_content": reasoning}
@@ -79,7 +79,7 @@ def conversation_ids(tok: KimiTokenizer, messages: Sequence[dict], reasoning: st
 
 
 # -- answers ------------------------------------------------------------------------------------
-def output_ids(tok: KimiTokenizer, reasoning: str | None, content: str | None, finish_reason: str | None,
+def output_ids(tok: Tokenizer, reasoning: str | None, content: str | None, finish_reason: str | None,
                *, thinking: bool = True, tool_calls: Sequence[ToolCall] = ()) -> list[int]:
     """The recipe: encode(reasoning) + [</think>] + encode(content) [+ the tool-call section] + [<|im_end|>].
 
@@ -96,7 +96,7 @@ def output_ids(tok: KimiTokenizer, reasoning: str | None, content: str | None, f
                      finish_reason, thinking, a.reasoning, _section(tok, tool_calls, finish_reason))
 
 
-def _section(tok: KimiTokenizer, calls: Sequence[ToolCall], finish_reason: str | None) -> list[int]:
+def _section(tok: Tokenizer, calls: Sequence[ToolCall], finish_reason: str | None) -> list[int]:
     """`<|tool_calls_section_begin|>` + per call `<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS
     <|tool_call_end|>` + `<|tool_calls_section_end|>` (not after a cut); [] without calls."""
     if not calls:
@@ -129,7 +129,7 @@ def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thi
     return ids
 
 
-def output_ids_batch(tok: KimiTokenizer, answers: Sequence[Answer], *, thinking: bool = True,
+def output_ids_batch(tok: Tokenizer, answers: Sequence[Answer], *, thinking: bool = True,
                      threads: int = 2) -> list[list[int]]:
     """`output_ids` for many answers, BPE spread over `threads` cores."""
     split = [Answer.from_api(a.reasoning, a.content, a.finish_reason, a.tool_calls) for a in answers]
@@ -140,7 +140,7 @@ def output_ids_batch(tok: KimiTokenizer, answers: Sequence[Answer], *, thinking:
             for i, a in enumerate(split)]
 
 
-def _parse_section(tok: KimiTokenizer, ids: list[int]) -> tuple[ToolCall, ...]:
+def _parse_section(tok: Tokenizer, ids: list[int]) -> tuple[ToolCall, ...]:
     """The whole calls of a tool-call section's ids (after `<|tool_calls_section_begin|>`); a call cut before its
     `<|tool_call_end|>` is not one."""
     calls = []
@@ -155,7 +155,7 @@ def _parse_section(tok: KimiTokenizer, ids: list[int]) -> tuple[ToolCall, ...]:
     return tuple(calls)
 
 
-def parse_output_ids(tok: KimiTokenizer, ids: Sequence[int], *, thinking: bool = True) -> Answer:
+def parse_output_ids(tok: Tokenizer, ids: Sequence[int], *, thinking: bool = True) -> Answer:
     """The inverse of `output_ids`: split at the first `</think>`, the tool-call section off the content, drop a
     final `<|im_end|>` (an answer with calls finishes as `tool_calls`)."""
     ids = list(ids)

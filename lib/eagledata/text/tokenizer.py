@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import Protocol
 
 import tiktoken
 
@@ -141,6 +142,27 @@ def resolve_tokenizer_dir(name_or_path: str | Path) -> Path:
         return Path(snapshot_download(name, allow_patterns=HUB_FILES))
     except Exception as e:  # hub errors are many classes; the message is what matters
         raise InputError(f"could not fetch tokenizer files from the hub: {e}", name) from None
+
+
+class Tokenizer(Protocol):
+    """What every stage asks of a target model's tokenizer: ids for text with special tokens disallowed (or allowed,
+    as a server tokenizes), text for ids, its chat template and a fingerprint records are checked against.
+    `KimiTokenizer` is one; another model family is another class with these members (text/README.md)."""
+
+    directory: Path
+    chat_template: str | None
+    fingerprint: str
+
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def special_strings_re(self) -> re.Pattern[str]: ...
+    def encode_ordinary(self, text: str) -> list[int]: ...
+    def encode(self, text: str, allow_special: bool = False) -> list[int]: ...
+    def encode_ordinary_batch(self, texts: Sequence[str], threads: int = 2) -> list[list[int]]: ...
+    def decode_bytes(self, ids: Iterable[int]) -> bytes: ...
+    def decode(self, ids: Iterable[int], errors: str = "replace") -> str: ...
+    def token_strings(self, ids: Iterable[int]) -> list[str]: ...
 
 
 @dataclass(eq=False)

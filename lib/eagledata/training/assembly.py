@@ -37,7 +37,7 @@ from ..paths import OUTPUT_DIR, DatasetFiles, records_file
 from ..records import CUT_FINISHES, Record, iter_records
 from ..settings import Settings, setting
 from ..summaries import fidelity_suspects, read_summary
-from ..text import KimiTokenizer, prompt_ids
+from ..text import Tokenizer, prompt_ids
 from ..text.tokenizer import VOCAB_SIZE
 
 Overlong = Literal["drop", "truncate"]
@@ -243,7 +243,7 @@ def check_ids(located: Located, vocab_size: int = VOCAB_SIZE) -> None:
                              located.path, located.line, name)
 
 
-def check_tokenizer(located: Sequence[Located], tok: KimiTokenizer, sample: int = 64) -> None:
+def check_tokenizer(located: Sequence[Located], tok: Tokenizer, sample: int = 64) -> None:
     """Records made with another tokenizer or template are refused before any compute.
 
     A fingerprint in `meta.tokenizer_fingerprint` must match; and for an evenly spread sample of
@@ -300,7 +300,7 @@ def apply_length_policy(sample: Sample, policy: AssemblyPolicy) -> tuple[Sample 
 
 
 def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_DIR,
-             policy: AssemblyPolicy | None = None, tok: KimiTokenizer | None = None,
+             policy: AssemblyPolicy | None = None, tok: Tokenizer | None = None,
              vocab_size: int = VOCAB_SIZE, tokenizer_sample: int = 64) -> Assembly:
     """Merge records files (dataset names or paths) into samples, in source then line order.
 

@@ -18,11 +18,11 @@ from typing import Any
 from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, make_dir, write_jsonl
 from ..records import Record
-from ..text import KimiTokenizer
+from ..text import Tokenizer
 from .assembly import Assembly, Sample
 
 
-def specforge_row(record: Record, sample: Sample, tok: KimiTokenizer | None = None) -> dict[str, Any]:
+def specforge_row(record: Record, sample: Sample, tok: Tokenizer | None = None) -> dict[str, Any]:
     """SpecForge's conversation row (the messages sent: for a later turn its history, with the model's own earlier
     answers as `assistant` turns, tool calls and results kept, and the tools; then this turn's answer, its reasoning
     as `reasoning_content`, as are the reasoning of the tool loop's earlier turns), plus the exact ids
@@ -46,7 +46,7 @@ def specforge_row(record: Record, sample: Sample, tok: KimiTokenizer | None = No
     return row
 
 
-def export_specforge(assembly: Assembly, path: str | Path, tok: KimiTokenizer | None = None) -> Path:
+def export_specforge(assembly: Assembly, path: str | Path, tok: Tokenizer | None = None) -> Path:
     """Text export. `conversations` holds the full text even for a cut sample; `input_ids`/`text` are exact."""
     return write_jsonl(path, (specforge_row(r, s, tok) for r, s in zip(assembly.records, assembly.samples)))
 

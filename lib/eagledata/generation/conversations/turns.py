@@ -1,0 +1,248 @@
+"""Conversations as chains of requests (pure): what the pool schedules is a `Turn`, one request of one conversation.
+
+A prompt's conversation is cut into *asks*: the messages up to each of the dataset's assistant answers (system and
+user turns, or the tool results that answer the dataset's calls), and the messages after the last one. With `turns:
+all` every ask is answered by the target in order, on its own history: turn j's request is asks 1..j with the
+target's recorded answers to turns 1..j−1 between them, and none of the dataset's answers (both trainers' data
+tools regenerate every turn so; see docs/FORMATS.md#conversations). With `turns: last` the dataset's earlier
+answers stay as history and only the last ask is answered (one request per prompt, as before conversations).
+
+Tool conversations are regenerated semi-on-policy (speculators PR #750; docs/FORMATS.md#tool-calls): the target
+writes the calls; when they match the dataset's next calls by name and count, the dataset's tool results follow
+them with the target's ids, and the next ask is answered. A mismatch ends the conversation after the tool-call turn
+(still a sample): tool results are never invented.
+
+An earlier plain answer is sent as `{role: assistant, content}`: K2.5's chat template renders every assistant
+message up to the last plain answer as `<think></think>` + content (+ its calls), dropping its reasoning, so sending
+that reasoning would only make the request longer (and a server that kept it would render other ids than our
+`prompt_ids`). A tool-call answer after the last plain answer (the tool loop in flight) is sent with its
+`reasoning`, which the template keeps.
+
+A conversation ends at its last ask, at an unfinished answer (`finish_reason` other than `stop` or `tool_calls`: the
+model never ended that turn), at a tool-call mismatch, or at a turn that fails for good (the engine stops the chain
+there).
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from ...prompts import Prompt
+from ...records import Answer, ToolCall, calls_before, native_call_id
+
+TurnsMode = Literal["all", "last"]
+TURN_ID_SEP = "#"  # turn j ≥ 2 of conversation c has record id "c#j"; turn 1 keeps the prompt's id
+FINISHED = ("stop", "tool_calls")  # finish reasons of an answer the model ended itself
+TOOL_MISMATCH = "tool_mismatch"  # `meta.ended`: the target's calls were not the dataset's, so no results follow
+# How a tool-call turn missed the dataset's next calls (`mismatch_kind`), as the report says it.
+MISMATCHES = {"plain": "answered plainly where the dataset called a tool",
+              "called": "called a tool where the dataset answered plainly",
+              "other": "called other tools (or other counts of them) than the dataset"}
+
+
+def turn_id(conversation_id: str, turn: int, *, first: bool) -> str:
+    """A record's id: the prompt's id for a conversation's first request, else `<conversation>#<turn>`."""
+    return conversation_id if first else f"{conversation_id}{TURN_ID_SEP}{turn}"
+
+
+def conversation_ends(turn: int, last: int | None, finish_reason: str | None, ended: str | None = None) -> bool:
+    """Recording `turn` with `finish_reason` finishes its conversation: it has no later turn (`last`: its last
+    turn's number, None for a conversation of one request), the answer did not finish (a cut turn ends it), or it
+    ended otherwise (`ended`, the record's `meta.ended`: a tool-call mismatch)."""
+    return last is None or turn >= last or finish_reason not in FINISHED or bool(ended)
+
+
+def _calls(message: dict) -> tuple[ToolCall, ...]:
+    return tuple(ToolCall.from_api(c) for c in message.get("tool_calls") or ())
+
+
+def model_call_ids(served: Sequence[ToolCall], messages: Sequence[dict]) -> tuple[tuple[ToolCall, ...], bool]:
+    """The calls with the ids the model wrote, and whether any was rebuilt. A served `functions.NAME:IDX` is the
+    model's own (vLLM's kimi_k2 parser keeps it); any other id (`call_…`) was the provider's: the model still wrote
+    `functions.NAME:IDX`, IDX the conversation's running count of calls (`calls_before` + its position)."""
+    base = calls_before(messages)
+    out = tuple(c if c.native else ToolCall(native_call_id(c.name, base + i), c.name, c.arguments)
+                for i, c in enumerate(served))
+    return out, out != tuple(served)
+
+
+def matches(ours: Sequence[ToolCall], dataset: Sequence[ToolCall]) -> bool:
+    """The target's calls match the dataset's next calls: the same names, as many times each (a plain answer
+    matches a plain one)."""
+    return Counter(c.name for c in ours) == Counter(c.name for c in dataset)
+
+
+def mismatch_kind(ours: Sequence[str], dataset: Sequence[str]) -> str:
+    """Which of `MISMATCHES` a turn whose call names `ours` did not match the dataset's `dataset` is."""
+    if not ours:
+        return "plain"
+    return "called" if not dataset else "other"
+
+
+def result_ids(ours: Sequence[ToolCall], dataset: Sequence[ToolCall]) -> dict[str, str]:
+    """Dataset call id -> the target's id for the call of the same name and rank (calls may come in any order)."""
+    by_name: dict[str, list[str]] = defaultdict(list)
+    for c in ours:
+        by_name[c.name].append(c.id)
+    taken: Counter = Counter()
+    out = {}
+    for c in dataset:
+        out[c.id] = by_name[c.name][taken[c.name]]
+        taken[c.name] += 1
+    return out
+
+
+def split_asks(messages: Sequence[dict]) -> tuple[list[list[dict]], list[tuple[ToolCall, ...]]] | None:
+    """The asks of a conversation and, between them, the calls of the dataset's answers (`()` for a plain one); None
+    when it cannot be regenerated turn by turn (its last ask asks nothing, or a tool conversation with two assistant
+    messages in a row)."""
+    asks: list[list[dict]] = []
+    between: list[tuple[ToolCall, ...]] = []
+    block: list[dict] = []
+    tools = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
+    for m in messages:
+        asking = any(b["role"] in ("user", "tool") for b in block)
+        if m["role"] == "assistant" and (asks or asking):
+            if asking:  # the dataset's answer to this ask: dropped (its calls kept, to match the target's against)
+                asks.append(block)
+                between.append(_calls(m))
+                block = []
+            elif tools:
+                return None
+            continue  # any other assistant message after the first user turn is the dataset's too
+        block.append(m)  # leading assistant messages (before any user turn) stay as context
+    if not any(b["role"] in ("user", "tool") for b in block):
+        return None
+    asks.append(block)
+    return asks, between
+
+
+def _assistant(answer: Answer, in_loop: bool) -> dict:
+    """An earlier answer as sent: its content, and for a tool-call answer its calls (the model's ids) and, while the
+    tool loop is in flight (no plain answer after it), its reasoning: the template keeps it there and drops it
+    before, where a `preserve_thinking` render (the prefix check) would otherwise see it. The reasoning goes as
+    `reasoning` (what vLLM, SGLang and transformers' renderer read as `reasoning_content`) and as
+    `reasoning_details`, the way OpenRouter documents passing reasoning back for a tool loop."""
+    if not answer.tool_calls:
+        return {"role": "assistant", "content": answer.content}
+    kept = {"reasoning": answer.reasoning, "reasoning_details": [{"type": "reasoning.text", "text": answer.reasoning}]}
+    return {"role": "assistant", "content": answer.content, **(kept if in_loop and answer.reasoning else {}),
+            "tool_calls": [c.to_api() for c in answer.tool_calls]}
+
+
+@dataclass(frozen=True)
+class Conversation:
+    """One prompt as a chain of requests. `first` is the turn number of its first request: 1, or with `turns:
+    last` the number of asks (the record's `turn` is the ask it answers). `dataset_calls[k]`: the calls of the
+    dataset's answer to ask k (what the target's answer must match for ask k+1's tool results to follow)."""
+
+    id: str
+    asks: tuple[tuple[dict, ...], ...]
+    first: int = 1
+    dataset_calls: tuple[tuple[ToolCall, ...], ...] = ()
+    tools: tuple[dict, ...] | None = None
+
+    @classmethod
+    def of(cls, prompt: Prompt, turns: TurnsMode = "all") -> Conversation:
+        split = split_asks(prompt.messages)
+        tools = tuple(prompt.tools) if prompt.tools else None
+        if turns == "last" or split is None or len(split[0]) == 1:
+            return cls(prompt.id, (tuple(prompt.messages),), first=len(split[0]) if split else 1, tools=tools)
+        asks, between = split
+        return cls(prompt.id, tuple(tuple(a) for a in asks), dataset_calls=tuple(between), tools=tools)
+
+    @property
+    def last(self) -> int:
+        """The turn number of its last request."""
+        return self.first + len(self.asks) - 1
+
+    @property
+    def chained(self) -> bool:
+        """More than one request: its records carry `meta.turns` so that a resume knows when it ended."""
+        return len(self.asks) > 1
+
+    @property
+    def parallel_tool_calls(self) -> bool:
+        """What the request says of parallel calls: as the dataset does (an answer of several calls in its
+        messages), so the target calls as the agent that made the data let it."""
+        return any(len(c) > 1 for c in self.dataset_calls) or any(
+            len(m.get("tool_calls") or ()) > 1 for ask in self.asks for m in ask)
+
+    def stand_in(self, k: int) -> Answer:
+        """An empty answer to ask k shaped as the dataset's (its calls): budget's prompt lengths."""
+        calls = self.dataset_calls[k] if k < len(self.dataset_calls) else ()
+        return Answer("", "", "tool_calls" if calls else "stop", calls)
+
+    def _ask(self, k: int, answers: Sequence[Answer]) -> list[dict]:
+        """Ask k as sent: tool results carry the ids of the target's calls they answer."""
+        ask = list(self.asks[k])
+        if k == 0 or not self.dataset_calls[k - 1]:
+            return ask
+        ids = result_ids(answers[k - 1].tool_calls, self.dataset_calls[k - 1])
+        return [{**m, "tool_call_id": ids[m["tool_call_id"]]} if m["role"] == "tool" and m.get("tool_call_id") in ids
+                else m for m in ask]
+
+    def turn(self, answers: Sequence[Answer] = ()) -> Turn:
+        """The request after the recorded `answers` (turns first..first+k−1, in order; each matched the dataset)."""
+        k = len(answers)
+        if k >= len(self.asks):
+            raise ValueError(f"conversation {self.id!r} has {len(self.asks)} turns, {k} already answered")
+        last_plain = max((j for j, a in enumerate(answers) if not a.tool_calls), default=-1)
+        messages: list[dict] = []
+        for j, answer in enumerate(answers):
+            messages += [*self._ask(j, answers), _assistant(answer, in_loop=j > last_plain)]
+        messages += self._ask(k, answers)
+        return Turn(self, self.first + k, messages, tuple(answers))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """What the pool schedules: one request of a conversation (a one-turn prompt is a conversation of one)."""
+
+    conversation: Conversation
+    number: int            # the record's `turn`
+    messages: list[dict]   # exactly what is sent (with `conversation.tools`)
+    answers: tuple[Answer, ...] = ()  # the recorded answers of this conversation's earlier turns
+
+    @property
+    def id(self) -> str:
+        return turn_id(self.conversation.id, self.number, first=self.number == self.conversation.first)
+
+    @property
+    def later(self) -> int:
+        """Requests of this conversation still to come after this one, if every answer finishes."""
+        return self.conversation.last - self.number
+
+    @property
+    def dataset_calls(self) -> tuple[ToolCall, ...] | None:
+        """The calls of the dataset's answer to this turn's ask (`()`: a plain answer), None where the dataset has no
+        answer (the conversation's last ask): what the target's answer must match for the loop to go on."""
+        k = self.number - self.conversation.first
+        return self.conversation.dataset_calls[k] if k < len(self.conversation.dataset_calls) else None
+
+    def mismatch(self, answer: Answer) -> bool:
+        """The answer finished but its calls are not the dataset's next ones (by name and count): no tool results
+        can follow, so the conversation ends here."""
+        k = self.number - self.conversation.first
+        return (answer.finish_reason in FINISHED and k < len(self.conversation.dataset_calls)
+                and not matches(answer.tool_calls, self.conversation.dataset_calls[k]))
+
+    def ends(self, answer: Answer) -> bool:
+        """Recording this answer finishes the conversation."""
+        return conversation_ends(self.number, self.conversation.last, answer.finish_reason,
+                                 TOOL_MISMATCH if self.mismatch(answer) else None)
+
+    def next(self, answer: Answer) -> Turn | None:
+        """The conversation's next request once this answer is recorded (calls with the model's ids), or None."""
+        if self.ends(answer):
+            return None
+        return self.conversation.turn([*self.answers, answer])
+
+
+def later_turn_ids(prompt: Prompt, turns: TurnsMode) -> list[str]:
+    """The record ids a prompt's turns after the first will have (the prompt scan refuses a clash with another
+    prompt's id)."""
+    c = Conversation.of(prompt, turns)
+    return [turn_id(c.id, n, first=False) for n in range(c.first + 1, c.last + 1)]

@@ -1,0 +1,1 @@
+"""generation/plan/: the time–money plan: targets that fit the budget, by route (README.md beside it)."""

@@ -1,0 +1,152 @@
+"""A concurrency slot: one request at a time along its path through the parts (parts.py), under the run's lock:
+
+    take (dispatcher) → prepare (requester) → admit (ledger) → send (requester) → build the record (recorder,
+    off the loop) → settle (ledger, dispatcher, recorder) → release (dispatcher)
+
+The two awaits outside the lock are the tokenizer's thread and the service. Every decision is the parts'; this module
+only waits: for work, for money, for the answer.
+
+Slots waiting for work wait on their own condition and are woken one at a time: `take` asks the same question
+whichever slot asks it, so when one finds nothing the others would too, and when one takes work it wakes the next
+(a baton). Woken all at once, every tick cost a take per idle slot (in a 500-slot replay, 200 takes per request
+sent). Slots waiting for money wait apart, and are woken alike (all of them at each tick: each asks for its own
+bound).
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ...openrouter import Kind, Outcome
+from ...openrouter.stream import cut_completion
+from ...records import CUT
+from ..clock import Clock
+from ..conversations.work import Work
+from ..policy import cancelled_outcome
+from .attempt import Attempt
+from .dispatcher import Stopped, Wait
+from .parts import Parts
+
+
+@dataclass
+class Slots:
+    parts: Parts
+    lock: asyncio.Lock  # the run's one lock: every call into the parts holds it
+    clock: Clock
+    failed: Callable[[Exception], Awaitable[None]]  # a bug in a slot stops the run cleanly (engine.Run._failed)
+
+    def __post_init__(self) -> None:
+        self.takers = asyncio.Condition(self.lock)  # slots waiting for work
+        self.payers = asyncio.Condition(self.lock)  # slots holding work, waiting for money
+
+    def wake(self, *, every_payer: bool = False) -> None:
+        """Something changed (the caller holds the lock): one slot waiting for work asks again, and one waiting for
+        money (each passes it on when it goes); `every_payer`: all of those (the ticker: readings change what fits
+        for each bound); when the run is stopping, every slot."""
+        if self.parts.dispatcher.stop.stopping:
+            self.takers.notify_all()
+            self.payers.notify_all()
+            return
+        self.takers.notify(1)
+        self.payers.notify_all() if every_payer else self.payers.notify(1)
+
+    async def worker(self, client: httpx.AsyncClient) -> None:
+        """One concurrency slot, its own connection from `client`. A bug here stops the run cleanly (`failed`)."""
+        try:
+            while (work := await self._take()) is not None:
+                try:
+                    await self._attempt(client, work)
+                finally:
+                    async with self.lock:
+                        self.parts.dispatcher.release(work, self.clock.now())
+                        self.wake()
+        except Exception as e:
+            await self.failed(e)
+
+    async def _take(self) -> Work | None:
+        async with self.lock:
+            while not isinstance(taken := self.parts.dispatcher.take(self.clock.now()), Work):
+                if isinstance(taken, Stopped):
+                    self.wake()
+                    return None
+                assert isinstance(taken, Wait)
+                try:
+                    async with asyncio.timeout_at(taken.until):
+                        await self.takers.wait()
+                except TimeoutError:
+                    pass
+            self.takers.notify(1)  # the baton: there may be more to take
+            return taken
+
+    async def _admit(self, work: Work) -> int | None:
+        """Wait until the request's cost fits the budget (ledger.py): its ticket, or None when the money is gone or
+        the run is stopping."""
+        async with self.lock:
+            while not self.parts.dispatcher.stop.stopping:
+                if (ticket := self.parts.admit(work, self.clock.now())) is not None:
+                    self.payers.notify(1)  # the baton: another may fit too
+                    return ticket
+                if self.parts.dispatcher.stop.stopping:
+                    self.wake()
+                    return None
+                await self.payers.wait()
+        return None
+
+    async def _attempt(self, client: httpx.AsyncClient, work: Work) -> None:
+        await self.parts.requester.prepare(work)
+        if await self._admit(work) is None:
+            return  # still to do: the next run issues it
+        attempt: Attempt = self.parts.requester.start(client, work, self.clock.now())
+        work.lane.stats.in_flight += 1
+        try:
+            outcome = await attempt
+        except BaseException as e:  # cut off, or a bug in the transport: nothing recorded, booked as any attempt
+            # (in a coroutine the current task is never None)
+            ending = not isinstance(e, asyncio.CancelledError) or asyncio.current_task().cancelling()  # type: ignore[union-attr]
+            if not ending and attempt.cut_reason and await self._cut(work, attempt):
+                return  # closed through its handle to keep what it streamed: recorded as a cut sample
+            await self._settle(work, cancelled_outcome(), None, go_on=not ending, generation_id=_named(attempt))
+            if ending:
+                raise
+            return  # cancelled through its handle (a suspect's stream): the slot goes on, the work is sent again
+        finally:
+            work.lane.stats.in_flight -= 1
+        record, c = None, outcome.completion
+        if outcome.kind is Kind.OK and c is not None:
+            try:
+                record = await self.parts.recorder.build(work, c)
+            except UnicodeEncodeError:  # read and paid for, but its text has no exact ids
+                spoiled = Outcome(Kind.RETRY, "untokenizable", 200, "answer text is not valid Unicode (lone surrogate)",
+                                  provider=c.provider)
+                return await self._settle(work, spoiled, None, cost=self.parts.requester.cost(c))
+        await self._settle(work, outcome, record, generation_id=_named(attempt))
+
+    async def _cut(self, work: Work, attempt: Attempt) -> bool:
+        """A stream the run closed to keep its prefix (at its dataset's target, on Ctrl-C): recorded as a cut sample
+        when what it delivered is one for sure (`openrouter.stream.cut_completion`); False: settle it as cancelled."""
+        c = cut_completion(attempt.state) if attempt.state is not None else None
+        if c is None:
+            return False
+        try:
+            record = await self.parts.recorder.build(work, c)
+        except UnicodeEncodeError:
+            return False
+        record.meta["cut"] = attempt.cut_reason
+        await self._settle(work, Outcome(Kind.OK, CUT, 200, completion=c), record)
+        return True
+
+    async def _settle(self, work: Work, outcome: Outcome, record: Any, cost: float | None = None, *,
+                      go_on: bool = False, generation_id: str = "") -> None:
+        """What the attempt came to (parts.settle), under the lock; the waiters hear of it."""
+        async with self.lock:
+            self.parts.settle(work, outcome, record, cost, self.clock.now(), go_on=go_on, generation_id=generation_id)
+            self.wake()
+
+
+def _named(attempt: Attempt) -> str:
+    """The generation id the service gave the attempt's stream ("" for a JSON answer, or a stream not named yet)."""
+    return attempt.state.generation_id if attempt.state is not None else ""
