@@ -1,7 +1,7 @@
 """The money's end in virtual time: how fast does admission spend the last of the money, and what bounds the
 run's end?
 
-The engine itself (`generation.engine.Run`: its slots, ledger, admission, books and stop rules) in virtual time
+The engine itself (`generation.realtime.engine.Run`: its slots, ledger, admission, books and stop rules) in virtual time
 against a service of drawn answers (virtual_service.py), on the six-dataset job's answers at ×¼ scale
 (`throughput_bench.py job`: answers ~2,480 tokens, log-normal, generation time proportional to length, ~25 s each;
 500 in flight; $23.75 usable as `max_spend_usd`; max_tokens 32768 at the worst eligible price, so one request's bound

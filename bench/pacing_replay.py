@@ -2,7 +2,7 @@
 
 One real job run is one draw of its tail (a few long answers decide when the last target is met: ±10 % from run
 to run), so comparing the single-turn and the multi-turn job on one run of each says little. This runs the engine —
-`generation.engine.Run`, its dispatcher, pacing, ledger, recorder and slots, every line of it — in virtual time
+`generation.realtime.engine.Run`, its dispatcher, pacing, ledger, recorder and slots, every line of it — in virtual time
 (`clock.run_virtual`) against a service that answers from draws of a run's (latency, tokens) answers saved by
 `throughput_bench.py job --save`: the run's slots (`concurrency`), targets, max_tokens, account and straggler
 settings; the money never binds (pacing is what is measured). Minutes of answers replay in tens of seconds.
@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from throughput_bench import CONVERSATION_STREAM, ORACLE_DRAWS, SEED_MAX_TOKENS, oracle_time, write_datasets  # noqa: E402
 from virtual_service import Drawn, Served, config, endpoint, run_engine  # noqa: E402
 
-from eagledata.generation import pacing  # noqa: E402
+from eagledata.generation.realtime import pacing  # noqa: E402
 from eagledata.generation.realtime.pacing import MAX_OVERSHOOT  # noqa: E402
 from eagledata.text import load_tokenizer  # noqa: E402
 
