@@ -4,7 +4,8 @@ notebooks/, then as a papermill report in outputs/runs/ (which must continue its
 
 Each time: the live panel shows while the run goes (with both datasets over a minute, it changes at least ten
 times), the stop reason and the report's plots render, no traceback; screenshots go to outputs/lab-test/. Without playwright or a Chromium they fail and say how to get
-them (`make test-lab` installs both): a browser test that skips would pass unseen. `make test` leaves them out
+them (`make test-lab` installs both): a browser test that skips would pass unseen. And the notebooks' Markdown as
+Lab renders it: a `$` shows as a dollar, never as math. `make test` leaves them out
 (marker `lab`).
 """
 from __future__ import annotations
@@ -310,3 +311,59 @@ def test_live_panel_changes_while_two_datasets_run_in_lab(browser, lab, emu, wor
     finally:
         copy.unlink(missing_ok=True)
         (NOTEBOOK_DIR / ".ipynb_checkpoints" / f"{copy.stem}-checkpoint.ipynb").unlink(missing_ok=True)
+
+
+# -- Markdown as Lab renders it ---------------------------------------------------------------------------
+MATH = "mjx-container, .MathJax, .katex, math"  # what MathJax (Lab's default) or KaTeX leave where they typeset
+PLANTED = {  # appended to the copy: the check must see math where Lab typesets it
+    "bare": ("Planted: costs $ and $ more.", True),
+    "escaped_one_run": ("Planted: costs \\$ and \\$ more.", True),  # why test_markdown.py refuses two in one run
+    "escaped_split": ("Planted: costs \\$ and `x` then \\$ more.", False),
+}
+RENDERED = "(els, math) => els.map(e => ({text: e.innerText, math: e.querySelectorAll(math).length}))"
+
+
+def test_dollars_in_markdown_render_as_text_in_lab(browser, lab, work):
+    """generate.ipynb as committed, opened in Lab (a copy with three planted Markdown cells at the end): no Markdown
+    cell of it renders a math element, and the Run and Conclusion cells read "in flight, $", "share of its target, $
+    and stop reason" and "failed, $ and the wait" with no backslash showing (issue 53 item 16: the Conclusion was
+    one italic run of LaTeX). The planted cells show the check sees math: a bare pair is typeset; so is a pair
+    written `\\$` with only text between them (Lab's Markdown drops the backslash and MathJax typesets the pair,
+    hence test_markdown.py's rule of one `$` per run; should a Lab update stop that, this fails and the rule can
+    go); a code span between them ends the run."""
+    url, token = lab
+    committed = json.loads(notebook_path("generate").read_text())
+    copy = NOTEBOOK_DIR / "lab-test-markdown.ipynb"
+    planted = [{"cell_type": "markdown", "metadata": {}, "source": text} for text, _ in PLANTED.values()]
+    copy.write_text(json.dumps({**committed, "cells": committed["cells"] + planted}, indent=1))
+    expected = [c for c in committed["cells"] if c["cell_type"] == "markdown"]
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    try:
+        page.goto(f"{url}/lab/tree/notebooks/{copy.name}?reset&token={token}", wait_until="domcontentloaded")
+        page.wait_for_selector(".jp-NotebookPanel .jp-MarkdownCell .jp-RenderedMarkdown", timeout=120_000)
+        cells = ".jp-NotebookPanel .jp-MarkdownCell .jp-RenderedMarkdown"
+        deadline = time.monotonic() + 60  # MathJax loads on first use: wait for the planted bare pair's math
+        while (shown := page.eval_on_selector_all(cells, RENDERED, MATH)) and not shown[-len(PLANTED)]["math"]:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        time.sleep(1.0)  # the other cells were typeset before it; let any late one land
+        shown = page.eval_on_selector_all(cells, RENDERED, MATH)
+        conclusion = page.locator(".jp-MarkdownCell", has_text="share of its target").last
+        conclusion.scroll_into_view_if_needed()
+        conclusion.screenshot(path=str(work / "screenshots" / "markdown-dollars.png"))
+    finally:
+        page.close()
+        copy.unlink(missing_ok=True)
+        (NOTEBOOK_DIR / ".ipynb_checkpoints" / f"{copy.stem}-checkpoint.ipynb").unlink(missing_ok=True)
+
+    assert len(shown) == len(expected) + len(PLANTED), [s["text"][:60] for s in shown]
+    for (name, (_, typeset)), cell in zip(PLANTED.items(), shown[len(expected):]):
+        assert bool(cell["math"]) == typeset, (name, cell)
+    assert shown[-1]["text"].strip() == "Planted: costs $ and x then $ more."
+    notebook = shown[:len(expected)]
+    assert [c["text"][:40] for c in notebook if c["math"]] == [], "math in generate.ipynb's Markdown"
+    text = "\n".join(c["text"] for c in notebook)
+    for phrase in ("requests in flight, $", "share of its target, $ and stop reason", "failed, $ and the wait"):
+        assert phrase in " ".join(text.split()), phrase
+    assert "\\$" not in text

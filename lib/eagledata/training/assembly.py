@@ -14,6 +14,12 @@ dataset's prompts. `AssemblyPolicy.keep_suspect_providers` keeps them. Either wa
 providers, how many records and why, and the hidden-states manifest records it under `assembly`. A summary
 without `fidelity` (an older run), or no summary at all, leaves nothing out.
 
+Several records may answer one prompt (two datasets from one prompt file, a prompt asked again): dedupe keeps one,
+the first, except that an answer the model finished always wins over one it never ended (`finish_reason` "cut": the
+run closed the stream at a target or on Ctrl-C and kept the prefix; "length": max_tokens), whichever came first
+(`supersedes`; issue 53: nine ~280-token cut stubs of an earlier dataset had kept finished answers out). The stats
+count the unfinished ones so left out as `replaced_by_finished` and `Assembly.replaced` lists them.
+
 A record is one generated assistant turn, so a sample is one turn: a multi-turn conversation gives a sample per
 turn, turn j's history (its own earlier answers, reasoning dropped by the chat template) as context with loss 0
 and turn j's answer with loss 1. Later turns re-read their history, so extraction reads more tokens than it
@@ -34,7 +40,7 @@ from typing import Any, Literal
 
 from ..errors import InputError
 from ..paths import OUTPUT_DIR, DatasetFiles, records_file
-from ..records import CUT_FINISHES, Record, iter_records
+from ..records import CUT, CUT_FINISHES, Record, iter_records
 from ..settings import Settings, setting
 from ..summaries import fidelity_suspects, read_summary
 from ..text import Tokenizer, prompt_ids
@@ -99,14 +105,23 @@ def samples_hash(samples: Iterable[Sample], digests: Sequence[str] | None = None
 
 @dataclass(frozen=True, kw_only=True)
 class AssemblyPolicy(Settings):
-    keep_truncated: bool = setting(True, "keep generations cut by max_tokens (still the model's tokens)")
+    keep_truncated: bool = setting(True, "keep answers the model never ended (still its tokens): length (cut by "
+                                         "max_tokens) and cut (the run closed the stream at a target or on Ctrl-C)")
+    min_cut_tokens: int = setting(0, "leave out cut answers (the run closed the stream) of fewer output tokens; "
+                                     "0 keeps them all")
     max_length: int | None = setting(None, "longest sample in tokens; None -> no limit")
     overlong: Overlong = setting("drop", "samples longer than max_length: drop or truncate")
-    dedupe_prompts: bool = setting(True, "keep only the first record of an identical prompt (turns of one "
-                                         "conversation are never merged)")
+    dedupe_prompts: bool = setting(True, "keep one record of an identical prompt: the first, but a finished answer "
+                                         "replaces an earlier unfinished one (turns of one conversation are never "
+                                         "merged)")
     keep_suspect_providers: bool = setting(False, "keep the records of providers that generation's summary.json "
                                                   "calls suspect (fidelity); False: leave them out, the manifest "
                                                   "says which, how many and why")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.min_cut_tokens < 0:
+            raise InputError(f"must be 0 or more, got {self.min_cut_tokens}", field="min_cut_tokens")
 
 
 @dataclass(frozen=True)
@@ -169,6 +184,18 @@ class Located:
     line: int
 
 
+@dataclass(frozen=True)
+class Replacement:
+    """An unfinished answer left out because a later record answers the same prompt to its end (`supersedes`)."""
+
+    left_out: str  # the unfinished record's id
+    dataset: str
+    finish_reason: str  # "cut" or "length"
+    output_tokens: int  # its output ids
+    kept: str  # the finished record's id
+    kept_dataset: str
+
+
 @dataclass
 class Assembly:
     samples: list[Sample]
@@ -178,6 +205,13 @@ class Assembly:
     read: int = 0
     suspects: dict[str, SuspectProvider] = field(default_factory=dict)  # generation's suspects, by provider
     kept_suspects: bool = False  # their records were kept (AssemblyPolicy.keep_suspect_providers)
+    replaced: list[Replacement] = field(default_factory=list)  # counted in `dropped` as replaced_by_finished
+
+    def replacements_table(self) -> list[dict[str, Any]]:
+        """One row per unfinished answer a later finished one replaced (the notebook shows them)."""
+        return [{"left_out": r.left_out, "dataset": r.dataset, "finish_reason": r.finish_reason,
+                 "output_tokens": r.output_tokens, "kept": r.kept, "kept_dataset": r.kept_dataset}
+                for r in self.replaced]
 
     def provenance(self) -> dict[str, Any]:
         """What the hidden-states manifest records under `assembly` and the notebook publishes: the providers
@@ -287,6 +321,27 @@ def is_duplicate_prompt(record: Record, first_seen: dict[bytes, ConversationKey]
     return first is not None and first != conversation_key(record)
 
 
+def supersedes(record: Record, earlier: Record) -> bool:
+    """The finished-over-unfinished rule (pure): `record` takes the place of `earlier`, a kept record it would
+    duplicate, when both answer exactly the same prompt and only `record` was ended by the model. An unfinished
+    answer (cut by the run, or by max_tokens) is a prefix; whichever dataset came first, the whole answer is the
+    better sample (issue 53: cut stubs of an earlier dataset had kept finished answers out)."""
+    return (record.finish_reason not in CUT_FINISHES and earlier.finish_reason in CUT_FINISHES
+            and record.prompt_ids == earlier.prompt_ids)
+
+
+def unfinished_reason(record: Record, policy: AssemblyPolicy) -> str | None:
+    """Why the policy leaves an answer the model never ended out (pure): any, without `keep_truncated`; a `cut`
+    one shorter than `min_cut_tokens`. None for a finished answer or one kept."""
+    if record.finish_reason not in CUT_FINISHES:
+        return None
+    if not policy.keep_truncated:
+        return "truncated"
+    if record.finish_reason == CUT and len(record.output_ids) < policy.min_cut_tokens:
+        return "cut_too_short"
+    return None
+
+
 def apply_length_policy(sample: Sample, policy: AssemblyPolicy) -> tuple[Sample | None, str | None]:
     """(sample or None, drop reason): the max-length rule alone, pure."""
     if policy.max_length is None or len(sample) <= policy.max_length:
@@ -305,9 +360,11 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
     """Merge records files (dataset names or paths) into samples, in source then line order.
 
     Every record's ids are checked against `vocab_size` and, with `tok`, a sample of prompts is
-    re-rendered: bad input raises before anything is kept. The records of a provider that any source's
-    summary.json calls suspect are left out (`suspect_provider` in the stats) unless
-    `policy.keep_suspect_providers`; `Assembly.suspects` says which, how many and why.
+    re-rendered: bad input raises before anything is kept. Of records that duplicate each other
+    (`is_duplicate_prompt`, or the same id) the first is kept, but a finished answer takes the place of the
+    unfinished ones it duplicates (`supersedes`), at its own position, when it is kept itself (not too long, say).
+    The records of a provider that any source's summary.json calls suspect are left out (`suspect_provider` in the
+    stats) unless `policy.keep_suspect_providers`; `Assembly.suspects` says which, how many and why.
     """
     policy = policy or AssemblyPolicy()
     if isinstance(sources, (str, Path)):
@@ -331,42 +388,54 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
         check_tokenizer(located, tok, tokenizer_sample)
 
     dropped: Counter = Counter()
-    seen_ids: set[str] = set()
+    kept_at: dict[str, int] = {}  # record id -> its slot in `slots`
     seen_prompts: dict[bytes, ConversationKey] = {}  # prompt key -> conversation of its first kept record
-    samples: list[Sample] = []
-    kept: list[Record] = []
+    prompt_at: dict[bytes, int] = {}  # prompt key -> the slot of that record
+    slots: list[tuple[Sample, Record] | None] = []  # kept so far, in order; None: replaced by a later record
+    replaced: list[Replacement] = []
     served: dict[str, Counter] = {p: Counter() for p in evidence}  # suspect -> dataset -> records
     for loc in located:
         r = loc.record
-        reason = None
         if r.provider in served:  # before dedupe: its prompts must not keep another provider's answer out
             served[r.provider][r.dataset] += 1
         if r.provider in served and not policy.keep_suspect_providers:
-            reason = "suspect_provider"
-        elif r.id in seen_ids:
-            reason = "duplicate_id"
-        elif policy.dedupe_prompts and is_duplicate_prompt(r, seen_prompts):
-            reason = "duplicate_prompt"
-        elif not r.prompt_ids or not r.output_ids:
-            reason = "no_ids"
-        elif r.finish_reason in CUT_FINISHES and not policy.keep_truncated:
-            reason = "truncated"
-        sample = None
+            dropped["suspect_provider"] += 1
+            continue
+        key = prompt_key(r)
+        clashes: dict[int, str] = {}  # slot of a kept record this one duplicates -> the duplicate reason
+        if r.id in kept_at:
+            clashes[kept_at[r.id]] = "duplicate_id"
+        if policy.dedupe_prompts and is_duplicate_prompt(r, seen_prompts):
+            clashes.setdefault(prompt_at[key], "duplicate_prompt")
+        sample, reason = None, "no_ids" if not r.prompt_ids or not r.output_ids else unfinished_reason(r, policy)
         if reason is None:
             sample, reason = apply_length_policy(
                 Sample(r.id, r.dataset, r.input_ids, r.loss_mask, r.finish_reason in CUT_FINISHES, provider=r.provider,
                        sampling=sampling_key(r), conversation_id=r.conversation_id, turn=r.turn), policy)
+        earlier = {i: slots[i] for i in clashes}
+        if clashes and (sample is None or not all(k is not None and supersedes(r, k[1]) for k in earlier.values())):
+            reason = next(iter(clashes.values()))  # a duplicate, as it always was (its own faults are not counted)
         if reason is not None:
             dropped[reason] += 1
             continue
         assert sample is not None  # apply_length_policy gives a sample or a reason
-        seen_ids.add(r.id)
-        seen_prompts.setdefault(prompt_key(r), conversation_key(r))
-        samples.append(sample)
-        kept.append(r)
+        for i, k in earlier.items():  # a finished answer in the place of the unfinished ones it duplicates
+            assert k is not None
+            old = k[1]
+            slots[i] = None
+            kept_at.pop(old.id)
+            if prompt_at.get(key) == i:  # `old` was the first kept record of this prompt: now r is
+                del prompt_at[key], seen_prompts[key]
+            dropped["replaced_by_finished"] += 1
+            replaced.append(Replacement(old.id, old.dataset, old.finish_reason, len(old.output_ids), r.id, r.dataset))
+        kept_at[r.id] = len(slots)
+        if key not in seen_prompts:
+            seen_prompts[key], prompt_at[key] = conversation_key(r), len(slots)
+        slots.append((sample, r))
+    kept = [k for k in slots if k is not None]
     suspects = {p: SuspectProvider(p, evidence[p], sum(served[p].values()), dict(served[p])) for p in evidence}
-    return Assembly(samples, kept, dropped, hashes, read=len(located), suspects=suspects,
-                    kept_suspects=policy.keep_suspect_providers)
+    return Assembly([k[0] for k in kept], [k[1] for k in kept], dropped, hashes, read=len(located),
+                    suspects=suspects, kept_suspects=policy.keep_suspect_providers, replaced=replaced)
 
 
 def plot_sequence_lengths(assembly: Assembly, ax: Any = None) -> Any:
