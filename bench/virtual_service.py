@@ -1,4 +1,5 @@
-"""A service the benches replay the engine against, in virtual time: the engine's own code (`generation.realtime.engine.Run`:
+"""A service the benches replay the engine against, in virtual time: the engine's own code
+(`generation.realtime.engine.Run`:
 its slots, dispatcher, pacing, ledger and recorder), a service that answers from draws instead of a server.
 
 `Drawn` answers each request, in the order requests are sent, with the next draw of (latency, output tokens) from

@@ -117,7 +117,8 @@ class Usage:
 class Record:
     """One generated assistant turn: what was sent, the answer as text, and its exact token ids.
 
-    `conversation_id` is the prompt's id and `turn` the 1-based ask it answers (generation/conversations/turns.py); a one-turn
+    `conversation_id` is the prompt's id and `turn` the 1-based ask it answers (generation/conversations/
+    turns.py); a one-turn
     prompt's record has `id == conversation_id` and `turn == 1`. Records written before conversations had
     neither field: they read as exactly that."""
 

@@ -1,7 +1,8 @@
 """Generation's `summary.json` as the other stages read it: the one parser of its schema (docs/FORMATS.md,
 `summary.json`), pure but for `read_summary`.
 
-Generation writes the file (a dataset's and the run's; the `fidelity` section by `generation/conversations/fidelity.py`);
+Generation writes the file (a dataset's and the run's; the `fidelity` section by
+`generation/conversations/fidelity.py`);
 generation reads its suspects back (`fidelity.suspects_in`, for the routing file) and training's assembly reads
 them to leave the suspects' records out. Kept free of every stage (json and `InputError` only), as `records.py` is
 for records, so that either can import it cheaply.

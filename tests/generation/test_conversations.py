@@ -1,6 +1,7 @@
 """Conversations on-policy: every assistant turn is the target's answer to its own earlier answers (issue 31).
 
-The chain logic alone (generation/conversations/turns.py), the store's open conversations, pacing's promised turns, and the whole
+The chain logic alone (generation/conversations/turns.py), the
+store's open conversations, pacing's promised turns, and the whole
 job against the emulator: 300 conversations of 1–3 turns at 200 in flight with faults on, one SIGKILL and a resume.
 """
 import json

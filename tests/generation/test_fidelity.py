@@ -1,5 +1,5 @@
-"""Every kept token is the model's: providers judged while generating (generation/conversations/fidelity.py), against the
-emulator's bad shapes (no reasoning parser, reasoning dropped, spaces beside special tokens)."""
+"""Every kept token is the model's: providers judged while generating (generation/conversations/fidelity.py),
+against the emulator's bad shapes (no reasoning parser, reasoning dropped, spaces beside special tokens)."""
 import dataclasses
 import json
 import random

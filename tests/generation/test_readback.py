@@ -1,5 +1,6 @@
-"""A closed stream's cost read back by its generation id (generation/money/readback.py): booked at its bound, then at what
-it cost once the service tells, so the money held at the bound frees up before any account reading settles it."""
+"""A closed stream's cost read back by its generation id (generation/money/readback.py): booked at its bound,
+then at what it cost once the service tells, so the money held at the bound frees up before any account reading
+settles it."""
 import asyncio
 
 import httpx

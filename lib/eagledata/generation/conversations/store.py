@@ -6,7 +6,7 @@ leaves whole lines plus at most one torn tail, which the next open cuts off (kep
 independent of record size; it is only a cache: lines past its last offset are re-read from the file.
 Paths come from `eagledata.paths.DatasetFiles`.
 
-Conversations (generation/conversations/turns.py): a record that does not finish its conversation (a turn with more to come, its
+Conversations (conversations/turns.py): a record that does not finish its conversation (a turn with more to come, its
 record's `meta.turns` saying how many) leaves the conversation open; `finished` says which conversations are
 done (their last turn recorded, a cut turn, or a failure), which is what a resume skips, and `chains` where the
 recorded turns of each open one are, so that a resume continues it at the next turn from its recorded answers.

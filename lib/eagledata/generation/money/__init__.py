@@ -1,1 +1,1 @@
-"""generation/money/: the money: what may start, what was spent, and what a killed run left (README.md beside it)."""
+"""generation/money/: see README.md beside it."""

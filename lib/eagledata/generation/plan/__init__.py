@@ -1,1 +1,1 @@
-"""generation/plan/: the time–money plan: targets that fit the budget, by route (README.md beside it)."""
+"""generation/plan/: see README.md beside it."""

@@ -1,1 +1,1 @@
-"""generation/realtime/: the realtime route: the engine and its loop parts (README.md beside it)."""
+"""generation/realtime/: see README.md beside it."""
