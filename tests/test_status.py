@@ -169,3 +169,16 @@ def test_extraction_progress_says_memory_per_device_and_the_scoring_share():
     unscored = ExtractionProgress("set", "rank 0/1", "x", 1000, 10, show=False, interval_s=1.0, memory=lambda: gpus[:1])
     unscored.advance(100, 1)
     assert unscored.line().endswith(" | no scoring")
+
+
+def test_status_line_shows_the_real_share_past_the_target():
+    """Issue 53: `at_target: finish` ended at 184,024 of 150,000 while the line read "(100.0%)": the share is the
+    real one, past 100 %, in the head and in each dataset's share."""
+    snap = one("B1", t=60.0, done=80, total_prompts=80, tokens=184_024, in_flight=0, limit=2000, spent=1.0,
+               run_stats=stats(184_024), target=150_000)
+    assert status_line(snap).startswith("B1: 184,024/150,000 output tokens (122.7%), 80/80 prompts")
+    run_stats = stats(300_000)
+    ds = [DatasetSnapshot("B3", 10, 10, 160_990, 150_000, 0, run_stats),
+          DatasetSnapshot("B4", 5, 10, 75_000, 150_000, 3, run_stats)]
+    line = status_line(RunSnapshot(t=60.0, in_flight=3, limit=500, spent=2.0, stats=run_stats, datasets=ds))
+    assert line.endswith("| B3 107.3%, B4 50.0%")

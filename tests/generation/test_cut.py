@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from eagledata.emulator import run_emulator
@@ -114,3 +115,33 @@ def test_ctrl_c_keeps_what_the_closed_streams_delivered(emu, tmp_path):
     check_prefixes(emu, cut)
     assert time.monotonic() - started < 30  # the cancelling endpoints' streams did not run to their end
     assert os.path.exists(out / "datasets" / "C" / "summary.json")
+
+
+def test_a_small_dataset_is_not_cut_to_stubs_and_meets_its_target(tmp_path):
+    """Issue 53: the newcomer's first file — the demo's 80 prompts (demo-a + demo-b) with a 150,000-token target,
+    every setting at its default, `base_url emulator` — all of it in flight at once. Every answer was cut at the first
+    streamed token (46 of 80 ~280-token stubs, 86 % of the target), or its answers ran 20-26 % past it; now the cut
+    waits until what was delivered reaches the target: it ends within 2 % over, the cut samples are prefixes of long
+    answers, not stubs, and the summary says how many there are and how long."""
+    from tests.helpers import ROOT
+
+    prompts = tmp_path / "p80.jsonl"
+    prompts.write_text("".join((ROOT / "examples" / "prompts" / f"demo-{x}.jsonl").read_text() for x in "ab"))
+    assert len(prompts.read_text().splitlines()) == 80
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"n80:\n  prompts: {prompts}\n  target_output_tokens: 150000\n")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, "-m", "eagledata.generate", "--dataset", "n80", "--datasets-file", str(datasets),
+                    "--base-url", "emulator", "--emulator-speed", "0.2", "--output-dir", str(out), "--progress",
+                    "false"], check=True, capture_output=True, text=True, timeout=300)
+    summary = json.loads((out / "datasets" / "n80" / "summary.json").read_text())
+    assert summary["stop_reason"] == "target_reached"
+    assert 150_000 <= summary["output_tokens"] <= 1.02 * 150_000, summary["output_tokens"]
+    records = load_records(out / "datasets" / "n80" / "records.jsonl")
+    cut = sorted(r.output_tokens for r in records if r.finish_reason == "cut")
+    whole = sorted(r.output_tokens for r in records if r.finish_reason != "cut")
+    shown = summary["run"]["cut_samples"]
+    assert shown["records"] == len(cut) and shown["share"] == round(len(cut) / len(records), 4)
+    if cut:
+        assert shown["tokens_p10_p50_p90"][1] == int(np.quantile(cut, 0.5))
+        assert np.median(cut) >= 0.5 * np.median(whole), (np.median(cut), np.median(whole))  # not stubs

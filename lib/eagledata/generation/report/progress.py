@@ -10,7 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...records import Record, Usage
+import numpy as np
+
+from ...records import CUT, Record, Usage
 from ...status import StatusLog, duration, ensure_log_handler, eta_s
 from ..conversations.turns import MISMATCHES, TOOL_MISMATCH, mismatch_kind
 
@@ -107,6 +109,7 @@ class RunStats:
     in_flight: int = 0            # requests under way now
     booked_usd: float = 0.0       # what its attempts were booked at (known costs, unreadable ones at their bound)
     abandoned: int = 0            # requests left in flight when the run ended after every target was met
+    lengths: dict[bool, list[int]] = field(default_factory=lambda: {True: [], False: []})  # output tokens: cut or not
 
     @classmethod
     def combined(cls, parts: list[RunStats], timeline: list[list[float]] | None = None) -> RunStats:
@@ -117,6 +120,8 @@ class RunStats:
                                  (total.finish, p.finish), (total.turns, p.turns), (total.tool_calls, p.tool_calls)):
                 mine.update(theirs)
             total.agreement.extend(p.agreement)
+            for cut in (True, False):
+                total.lengths[cut].extend(p.lengths[cut])
             for name, ps in p.by_provider.items():
                 total.by_provider.setdefault(name, ProviderStats()).add(ps)
             for name in ("output_tokens", "prompt_tokens", "reasoning_tokens", "chars", "recorded_usd", "in_flight",
@@ -133,6 +138,7 @@ class RunStats:
         self.recorded_usd += cost
         self.providers[record.provider or "?"] += 1
         self.finish[record.finish_reason] += 1
+        self.lengths[record.finish_reason == CUT].append(record.output_tokens)
         self.turns[record.turn] += 1
         if record.tool_calls:
             self.tool_calls["answers"] += 1
@@ -186,9 +192,10 @@ class DatasetSnapshot:
 
     @property
     def share(self) -> float:
-        """How far along: tokens ÷ target, else prompts answered (finished, less those failed) ÷ prompts."""
+        """How far along: tokens ÷ target (past 1 once answers pass it: `at_target: finish` ends wherever the last
+        answer does), else prompts answered (finished, less those failed) ÷ prompts."""
         if self.target is not None:
-            return min(self.tokens / self.target, 1.0) if self.target else 1.0
+            return self.tokens / self.target if self.target else 1.0
         return max(self.done - self.failed, 0) / self.total_prompts if self.total_prompts else 1.0
 
 
@@ -343,7 +350,20 @@ def _run_tail(s: RunStats) -> dict[str, Any]:
             "by_turn": {str(t): n for t, n in sorted(s.turns.items())},
             "tool_calls": {**{k: s.tool_calls[k] for k in ("answers", "calls", "ids_rebuilt", "mismatched")},
                            "mismatches": {kind: s.tool_calls[f"mismatched_{kind}"] for kind in MISMATCHES}},
-            "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None}
+            "retokenized_agreement_mean": (sum(s.agreement) / len(s.agreement)) if s.agreement else None,
+            "cut_samples": cut_samples(s)}
+
+
+def cut_samples(s: RunStats) -> dict[str, Any]:
+    """The cut samples among this run's records (streams the run closed at a target or on Ctrl-C, kept as the
+    prefix they delivered): how many, their share, and their lengths beside the finished answers'."""
+    cut, whole = s.lengths[True], s.lengths[False]
+
+    def quantiles(xs: list[int]) -> list[int] | None:
+        return [int(q) for q in np.quantile(xs, [0.1, 0.5, 0.9])] if xs else None
+
+    return {"records": len(cut), "share": round(len(cut) / (len(cut) + len(whole)), 4) if cut or whole else None,
+            "tokens_p10_p50_p90": quantiles(cut), "finished_tokens_p10_p50_p90": quantiles(whole)}
 
 
 def dataset_summary(name: str, store: Any, stats: RunStats, *, common: dict[str, Any], stop_reason: str,

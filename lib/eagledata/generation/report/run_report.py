@@ -14,7 +14,7 @@ from typing import Any
 
 from ...files import iter_jsonl
 from ...paths import DatasetFiles
-from ...records import output_tokens
+from ...records import CUT, output_tokens
 from ...status import duration
 from ..conversations.turns import MISMATCHES
 from .progress import NO_PROVIDER, TIMELINE_COLUMNS, RunSnapshot, run_etas, sooner, thin
@@ -183,9 +183,14 @@ def summary_table(summary: dict[str, Any]):
     if run.get("foreign_usd"):  # a killed run's answers ending upstream (named in a journal or not), another spender
         rows.append(("billed during this run, not booked by it", _usd(run["foreign_usd"])))
     if back := run.get("read_back"):  # streams closed without their usage: booked at a bound, then read by id
-        rows.append(("closed streams, cost read by id",
-                     f"{_usd(back['usd'])} over {back['read']:,} of {back['streams']:,} (booked at "
-                     f"{_usd(back['bound_usd'])}; {back['unread']:,} left to the account)"))
+        rows += [("closed streams, cost read by id",
+                  f"{_usd(back['usd'])} over {back['read']:,} of {back['streams']:,}"),
+                 ("closed streams, booked at / left to the account",
+                  f"{_usd(back['bound_usd'])} / {back['unread']:,} streams")]
+    if (cut := run.get("cut_samples")) and cut["records"]:  # streams closed at a target or a Ctrl-C, kept as prefixes
+        rows.append(("cut samples (share; median tokens, finished)",
+                     f"{cut['records']:,} ({cut['share']:.1%}); {cut['tokens_p10_p50_p90'][1]:,}, "
+                     + (f"{cut['finished_tokens_p10_p50_p90'][1]:,}" if cut["finished_tokens_p10_p50_p90"] else "-")))
     tools = run.get("tool_calls") or {}
     if tools.get("answers") or tools.get("mismatched"):  # an agent dataset: how the tool loops went
         rows += [("tool-call turns", f"{tools['answers']:,}"), ("tool calls", f"{tools['calls']:,}"),
@@ -205,7 +210,11 @@ def plot_records(stats):
     finish = stats["finish_reason"].value_counts() if len(stats) else None
     if finish is not None:
         finish_ax.bar([str(k) for k in finish.index], list(finish.values), color="tab:orange")
-        length_ax.hist(stats["output_tokens"], bins=40, color="tab:blue")
+        cut = stats["finish_reason"] == CUT  # cut samples stacked apart: how long the prefixes kept are
+        length_ax.hist([stats["output_tokens"][~cut], stats["output_tokens"][cut]], bins=40, stacked=True,
+                       color=["tab:blue", "tab:orange"], label=["finished", "cut samples"])
+        if cut.any():
+            length_ax.legend()
     finish_ax.set(title="finish reasons (dataset)", ylabel="records")
     length_ax.set(title="output length (dataset)", xlabel="tokens", ylabel="records")
     fig.tight_layout()
