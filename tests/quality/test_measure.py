@@ -3,10 +3,11 @@ with its chat template; the command writes tau.json from checkpoint folders."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from eagledata.quality.measure import HFChat, decode_question, main, make_drafter, measure
+from eagledata.quality.measure import HFChat, decode_question, main, make_drafter, measure, measure_command
 from eagledata.quality.speculative import ModelDrafter, Target, greedy_decode
 from eagledata.quality.tau import TAU_FIELDS, read_tau
 from tests.helpers.quality import sharp_llama, word_tokenizer
@@ -109,3 +110,22 @@ def test_the_command_writes_tau_json_from_checkpoint_folders(tmp_path, model, ca
     lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
     assert [t["id"] for t in lines] == [1, 2] and all(len(t["answers"]) == 2 for t in lines)
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["tau_mean"] == 6.0
+
+
+def test_the_command_for_another_environment_puts_only_this_package_on_its_path(tmp_path, monkeypatch):
+    import eagledata.quality.measure as measure_module
+
+    cmd, env = measure_command("/other/python", "--k", "3")
+    assert cmd == ["/other/python", "-m", "eagledata.quality.measure", "--k", "3"]
+    assert (Path(env["PYTHONPATH"]) / "eagledata" / "quality" / "measure.py").is_file()
+    # installed as a wheel: a folder holding a link to the package, not the site-packages it lies in
+    site = tmp_path / "site-packages" / "eagledata" / "quality"
+    site.mkdir(parents=True)
+    (site / "measure.py").write_text("")
+    monkeypatch.setattr(measure_module, "__file__", str(site / "measure.py"))
+    monkeypatch.setattr(measure_module.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    _, env = measure_command("/other/python")
+    home = Path(env["PYTHONPATH"])
+    assert home.parent == tmp_path / "tmp" and sorted(p.name for p in home.iterdir()) == ["eagledata"]
+    assert (home / "eagledata").resolve() == site.parent

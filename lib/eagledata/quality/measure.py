@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -210,10 +212,19 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
 
 
 def measure_command(python: str, *args: str) -> tuple[list[str], dict[str, str]]:
-    """The command line and the PYTHONPATH entry that run `main` under another interpreter (the speculators
-    environment for an eagle3 drafter): this package's `lib/` goes first on its path."""
-    lib = str(Path(__file__).resolve().parents[2])
-    return [python, "-m", "eagledata.quality.measure", *args], {"PYTHONPATH": lib}
+    """The command line and the PYTHONPATH that run `main` under another interpreter (the speculators environment,
+    for an eagle3 drafter): a folder holding only this package goes first on its path. From a checkout (an editable
+    install) that is lib/; from an installed wheel, a folder with a link to the package, so that the other
+    environment never sees this one's site-packages (another transformers)."""
+    package = Path(__file__).resolve().parents[1]
+    home = package.parent
+    if home.name in ("site-packages", "dist-packages"):
+        home = Path(tempfile.gettempdir()) / f"eagledata-path-{os.getuid()}"
+        home.mkdir(exist_ok=True)
+        link = home / package.name
+        if not link.exists():
+            link.symlink_to(package, target_is_directory=True)
+    return [python, "-m", "eagledata.quality.measure", *args], {"PYTHONPATH": str(home)}
 
 
 if __name__ == "__main__":
