@@ -129,3 +129,21 @@ def test_the_command_for_another_environment_puts_only_this_package_on_its_path(
     home = Path(env["PYTHONPATH"])
     assert home.parent == tmp_path / "tmp" and sorted(p.name for p in home.iterdir()) == ["eagledata"]
     assert (home / "eagledata").resolve() == site.parent
+
+
+def test_what_runs_in_the_speculators_environment_imports_no_other_stage():
+    """measure.py runs in .venv-interop (torch, numpy, transformers, speculators; none of the project's other
+    dependencies): everything it reaches in the library, lazy imports included, stays within the quality stage and
+    the stdlib-only top-level modules."""
+    from tests.helpers.imports import import_graph
+
+    graph = import_graph()
+    reached, todo = set(), ["eagledata.quality.measure"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(graph[module])
+    assert {"eagledata.quality.eagle3", "eagledata.quality.sources", "eagledata.prompts"} <= reached
+    assert reached - {m for m in reached if m.startswith("eagledata.quality")} <= {
+        "eagledata", "eagledata.errors", "eagledata.prompts", "eagledata.records", "eagledata.files"}
