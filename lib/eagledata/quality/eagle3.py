@@ -1,0 +1,149 @@
+"""An EAGLE-3 drafter as speculators 0.9.0 trains and saves it, drafting chains for `speculative.py`.
+
+speculators pins transformers<=5.19, so its classes load in its own environment (`.venv-interop`): `load_eagle3`
+imports it there, and `measure.py` runs the whole τ measurement in that environment for this drafter. The drafting
+itself is written here, from the trainer's forward (`speculators/models/eagle3/core.py` and `data.py`):
+
+- row j of the drafter reads the target's aux states at position j (the checkpoint's
+  `eagle_aux_hidden_state_layer_ids`, HF `hidden_states` indices, concatenated, through `input_norm`/`fc_norm` when
+  configured, then `fc`) and the embedding of token j + 1, at position id j + 1, and predicts token j + 2 in the
+  draft vocabulary (target id = index + `d2t[index]`);
+- step s of the chain reads the previous step's output (pre-norm, or normed when `norm_output`) in place of
+  `fc(aux)`, the embedding of the token drafted last, one position further, and attends to the rows of the verified
+  positions and to the chain's earlier steps: the trainer's mask (causal over step 0, plus the diagonal of each
+  later step) is exactly that, so a KV cache over verified rows plus the chain is the same computation;
+- a sliding-window layer (speculators' default: every draft layer, window 2,048) sees the verified rows within the
+  window of the chain's anchor, the last verified row (`attention_mask`), as the trainer's mask counts it.
+
+Verified rows are computed once from the target's real states and kept; the chain's rows are cut off after each
+verification. `tests/quality/test_eagle3_interop.py` holds every step's logits to speculators' own forward (the
+window binding or not) on a checkpoint its trainer saved.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .speculative import cut_cache, new_cache
+
+
+def load_eagle3(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> Any:
+    """speculators' `Eagle3DraftModel` from a checkpoint folder (needs the speculators environment; the verifier
+    the checkpoint's config names must be readable, for its embeddings), its attention set to SDPA before it is
+    built, as speculators' trainer does for `--draft-attn-impl sdpa` (HF configs never save the attention
+    implementation; speculators' default, flex attention, wants an accelerator), in `dtype` (float32: its trainer
+    saves bf16 weights, which widen exactly, and the target runs in float32 on CPU)."""
+    from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
+
+    config = Eagle3SpeculatorConfig.from_pretrained(str(checkpoint))
+    config.transformer_layer_config._attn_implementation = "sdpa"
+    return Eagle3DraftModel.from_pretrained(str(checkpoint), config=config, dtype=dtype).eval()
+
+
+def attention_mask(queries: Sequence[int], anchors: Sequence[int], keys: int, window: int | None,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """The trainer's mask for rows at cache indices `queries` over `keys` cached rows, additive [1, 1, n, keys].
+
+    A row sees the verified rows up to its anchor (itself for a verified row, the last verified row for a chain
+    step: the trainer's q_idx), within `window` of the anchor for a sliding-window layer, and the chain's rows after
+    the anchor up to itself (the trainer's diagonal blocks)."""
+    q = torch.tensor(list(queries))[:, None]
+    anchor = torch.tensor(list(anchors))[:, None]
+    kv = torch.arange(keys)[None, :]
+    seen = kv <= anchor
+    if window is not None:
+        seen &= kv > anchor - window
+    allowed = seen | ((kv > anchor) & (kv <= q))
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+class Eagle3Drafter:
+    """speculators' EAGLE-3 drafter (a loaded `Eagle3DraftModel`, or any module with its parts) behind the
+    `Drafter` seam. Its attention runs as SDPA with an explicit mask (the trainer's flex attention computes the same
+    scores; the model's config is set to "sdpa" for that)."""
+
+    def __init__(self, model: Any):
+        self.model = model.eval()
+        config = model.config
+        self.aux_layers: tuple[int, ...] = tuple(int(i) for i in config.eagle_aux_hidden_state_layer_ids)
+        layer_config = config.transformer_layer_config
+        layer_config._attn_implementation = "sdpa"
+        types = getattr(layer_config, "layer_types", None) or ["full_attention"] * len(model.layers)
+        # speculators' default: every draft layer a sliding-window one (2,048), the window applied by the mask
+        self.windows = [layer_config.sliding_window if t == "sliding_attention" else None for t in types]
+        self.norm_output = bool(getattr(config, "norm_output", False))
+        self.dtype = next(model.parameters()).dtype
+        d2t = getattr(model, "d2t", None)
+        self.d2t = d2t if d2t is not None and getattr(model, "use_draft_vocab", True) else None
+        self.cache: Any = None
+        self.rows = 0  # verified rows in the cache
+
+    def start(self) -> None:
+        self.cache, self.rows = new_cache(), 0
+
+    def features(self, states: torch.Tensor) -> torch.Tensor:
+        """The target's aux states → the drafter's step-0 hidden input (`fc` after the configured norms)."""
+        m = self.model
+        x = states.to(self.dtype)
+        if getattr(m, "input_norm", None) is not None:
+            x = m.input_norm(x)
+        if getattr(m, "fc_norm", None) is not None:
+            x = torch.cat([norm(c) for norm, c in zip(m.fc_norm, x.chunk(len(m.fc_norm), dim=-1))], dim=-1)
+        return m.fc(x)
+
+    def rows_forward(self, tokens: Sequence[int], hidden: torch.Tensor, first_row: int, anchor: int | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows first_row … first_row + n − 1 appended to the cache: (their hidden outputs [n, H], logits [n, D]).
+        `anchor`: the last verified row, for chain steps (verified rows are their own anchors)."""
+        m, n = self.model, len(tokens)
+        embeds = m.embed_tokens(torch.tensor([list(tokens)]))
+        x = torch.cat([embeds.to(self.dtype), hidden[None].to(self.dtype)], dim=-1)
+        positions = torch.arange(first_row + 1, first_row + 1 + n)[None]
+        position_embeddings = m.rotary_emb(x, positions)
+        rows = range(first_row, first_row + n)
+        anchors = list(rows) if anchor is None else [anchor] * n
+        masks = {w: attention_mask(rows, anchors, first_row + n, w, self.dtype) for w in set(self.windows)}
+        cache_position = torch.arange(first_row, first_row + n)
+        for layer, window in zip(m.layers, self.windows):
+            x = layer(x, attention_mask=masks[window], position_ids=positions, past_key_values=self.cache,
+                      cache_position=cache_position, position_embeddings=position_embeddings)
+        if self.norm_output:
+            x = m.norm(x)
+            logits = m.lm_head(x)
+        else:
+            logits = m.lm_head(m.norm(x))
+        return x[0], logits[0]
+
+    def to_target(self, draft_index: int) -> int:
+        return draft_index + int(self.d2t[draft_index]) if self.d2t is not None else draft_index
+
+    @torch.no_grad()
+    def chain(self, ids: Sequence[int], states: torch.Tensor, k: int,
+              forced: Sequence[int] | None = None) -> list[int]:
+        """Verified rows for the new `states`, then k draft tokens (target ids). `forced` (tests): the tokens each
+        later step reads instead of the one just drafted, as the trainer's teacher forcing does."""
+        n = states.shape[0]
+        first = len(ids) - 1 - n  # the position of the first new state
+        if first != self.rows:
+            raise ValueError(f"states for positions {first}…: the drafter holds rows up to {self.rows}")
+        cut_cache(self.cache, self.rows)
+        # row j reads the state at position j and the token at j + 1
+        hidden, logits = self.rows_forward(ids[first + 1:], self.features(states), first) if n else (None, None)
+        if hidden is None or logits is None:
+            raise ValueError("no new verified position to draft from")
+        self.rows += n
+        drafts = [self.to_target(int(logits[-1].argmax()))]
+        last = hidden[-1:]
+        for s in range(1, k):
+            token = drafts[-1] if forced is None else forced[s - 1]
+            last, logits = self.rows_forward([token], last, self.rows - 1 + s, anchor=self.rows - 1)
+            drafts.append(self.to_target(int(logits[-1].argmax())))
+        return drafts
+
+    def propose(self, ids: Sequence[int], states: torch.Tensor | None, k: int) -> list[int]:
+        if states is None:
+            raise ValueError("an EAGLE-3 drafter needs the target's aux states")
+        return self.chain(ids, states, k)

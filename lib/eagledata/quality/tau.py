@@ -1,0 +1,121 @@
+"""τ over an evaluation set, and `tau.json` (pure: no torch, no model).
+
+A question's τ pools its turns (tokens the verifying forwards yielded ÷ those forwards); `tau_mean` is the mean over
+questions, and `tau_ci95` a percentile bootstrap over questions, the independent units (turns of one question and
+tokens of one answer are not). Per-position acceptance pools every verifying forward, as vLLM's per-position
+counters do: position i's share of forwards that accepted at least i drafts; 1 + their sum is the pooled τ
+(`tau_pooled`), which weighs questions by their forwards and so differs a little from `tau_mean`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# The fields of tau.json that DESIGN.md's canonical-experiment contract names (other fields may follow them).
+TAU_FIELDS = ("target", "eval_set", "questions", "turns", "k", "greedy", "tau_mean", "tau_ci95",
+              "per_position_acceptance", "supervised_tokens", "samples", "train_seconds")
+
+
+@dataclass(frozen=True)
+class QuestionRun:
+    """One question decoded: per turn, the drafts each verifying forward accepted (0..k)."""
+
+    id: int | str
+    accepted: list[list[int]]  # [turn][verifying forward]
+    output_tokens: int = 0  # tokens emitted over its turns (the prefill's first token of each included)
+
+    @property
+    def steps(self) -> int:
+        return sum(len(t) for t in self.accepted)
+
+    @property
+    def tau(self) -> float | None:
+        steps = self.steps
+        return (steps + sum(sum(t) for t in self.accepted)) / steps if steps else None
+
+
+def bootstrap_ci(values: Sequence[float], *, level: float = 0.95, resamples: int = 10_000,
+                 seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean (resampling the values with replacement)."""
+    x = np.asarray(values, dtype=float)
+    if x.size == 0:
+        raise ValueError("no values to resample")
+    rng = np.random.default_rng(seed)
+    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    return float(lo), float(hi)
+
+
+def per_position_acceptance(runs: Sequence[QuestionRun], k: int) -> list[float]:
+    """Share of all verifying forwards that accepted at least i drafts, for i = 1..k."""
+    accepted = np.asarray([a for r in runs for t in r.accepted for a in t], dtype=int)
+    if accepted.size and (accepted.min() < 0 or accepted.max() > k):
+        raise ValueError(f"an accepted count outside 0..{k}")
+    if not accepted.size:
+        return [0.0] * k
+    return [float((accepted >= i).mean()) for i in range(1, k + 1)]
+
+
+def summarize(runs: Sequence[QuestionRun], *, k: int, target: str, eval_set: str, samples: int | None = None,
+              supervised_tokens: int | None = None, train_seconds: float | None = None, resamples: int = 10_000,
+              seed: int = 0, **extra: Any) -> dict[str, Any]:
+    """The tau.json document: the contract's fields in its order, then `tau_pooled`, counts and `extra`.
+
+    Questions whose every turn ended at its first token (no verifying forward) have no τ: they are counted in
+    `questions_without_steps` and left out of the mean."""
+    taus = [t for r in runs if (t := r.tau) is not None]
+    if not taus:
+        raise ValueError("no question had a verifying forward: nothing to measure")
+    lo, hi = bootstrap_ci(taus, resamples=resamples, seed=seed)
+    steps = sum(r.steps for r in runs)
+    pooled = (steps + sum(a for r in runs for t in r.accepted for a in t)) / steps
+    doc: dict[str, Any] = dict(
+        target=target, eval_set=eval_set, questions=len(runs), turns=sum(len(r.accepted) for r in runs), k=k,
+        greedy=True, tau_mean=float(np.mean(taus)), tau_ci95=[lo, hi],
+        per_position_acceptance=per_position_acceptance(runs, k), supervised_tokens=supervised_tokens,
+        samples=samples, train_seconds=train_seconds, tau_pooled=pooled, verify_forwards=steps,
+        output_tokens=sum(r.output_tokens for r in runs), questions_without_steps=len(runs) - len(taus),
+        bootstrap={"resamples": resamples, "seed": seed, "level": 0.95})
+    doc.update(extra)
+    return doc
+
+
+def check_tau(doc: dict[str, Any]) -> None:
+    """Refuse a document that breaks the contract (a missing field, greedy false, an interval not around the
+    mean, acceptance not falling with position)."""
+    missing = [f for f in TAU_FIELDS if f not in doc]
+    if missing:
+        raise ValueError(f"tau.json lacks {missing}")
+    lo, hi = doc["tau_ci95"]
+    acc = doc["per_position_acceptance"]
+    if doc["greedy"] is not True or len(acc) != doc["k"]:
+        raise ValueError("tau.json must be greedy with one acceptance per draft position")
+    if not (1 <= lo <= doc["tau_mean"] <= hi <= doc["k"] + 1) or not all(math.isfinite(x) for x in (lo, hi)):
+        raise ValueError(f"tau_mean {doc['tau_mean']} and its interval {doc['tau_ci95']} are not within 1..k+1")
+    if any(b > a for a, b in zip(acc, acc[1:])) or not all(0 <= a <= 1 for a in acc):
+        raise ValueError(f"per-position acceptance must fall with position, within 0..1: {acc}")
+
+
+def write_tau(path: str | Path, doc: dict[str, Any]) -> Path:
+    """Write tau.json (checked, then atomically: a reader never sees half a file)."""
+    check_tau(doc)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def read_tau(path: str | Path) -> dict[str, Any]:
+    doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    check_tau(doc)
+    return doc

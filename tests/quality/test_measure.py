@@ -1,0 +1,149 @@
+"""τ on an evaluation set (quality/measure.py): both turns, the second on the target's own first answer rendered
+with its chat template; the command writes tau.json from checkpoint folders."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagledata.quality.measure import HFChat, decode_question, main, make_drafter, measure, measure_command
+from eagledata.quality.speculative import ModelDrafter, Target, greedy_decode
+from eagledata.quality.tau import TAU_FIELDS, read_tau
+from tests.helpers.quality import sharp_llama, word_tokenizer
+
+QUESTIONS = [{"question_id": 1, "category": "writing", "turns": ["w10 w11 w12", "w13 w14"]},
+             {"question_id": 2, "category": "math", "turns": ["w20 w21 w22 w23 w24", "w25"]},
+             {"question_id": 3, "category": "coding", "turns": ["w30", "w31 w32 w33"]}]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return sharp_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return HFChat(word_tokenizer())
+
+
+class Recording:
+    """A Chat that keeps every conversation it rendered."""
+
+    def __init__(self, chat):
+        self.chat, self.rendered = chat, []
+
+    def render(self, messages):
+        self.rendered.append([dict(m) for m in messages])
+        return self.chat.render(messages)
+
+    def answer(self, output_ids):
+        return self.chat.answer(output_ids)
+
+    def stop_ids(self, model=None):
+        return self.chat.stop_ids(model)
+
+
+def test_the_chat_template_and_the_stop_ids(chat, model):
+    ids = chat.render([{"role": "user", "content": "w10 w11"}])
+    assert chat.tokenizer.convert_ids_to_tokens(ids) == ["<|im_start|>", "user", "w10", "w11", "<|im_end|>",
+                                                         "<|im_start|>", "assistant"]
+    assert chat.answer([10, 11, 2]) == "w10 w11"  # the end of turn left out of the text carried on
+    model.generation_config.eos_token_id = [2, 7]
+    try:
+        assert chat.stop_ids(model) == {2, 7}
+    finally:
+        model.generation_config.eos_token_id = None
+
+
+def test_the_second_turn_is_asked_on_the_targets_own_first_answer(chat, model):
+    rec = Recording(chat)
+    stop = chat.stop_ids(model)
+    done = decode_question(Target(model), ModelDrafter(model), rec, ["w10 w11 w12", "w13 w14"], k=4,
+                           max_new_tokens=24, stop_ids=stop, qid=1)
+    first = greedy_decode(Target(model), chat.render([{"role": "user", "content": "w10 w11 w12"}]),
+                          max_new_tokens=24, stop_ids=stop)
+    assert done.turns[0].output_ids == first and done.answers[0] == chat.answer(first)
+    assert rec.rendered[1] == [{"role": "user", "content": "w10 w11 w12"},
+                               {"role": "assistant", "content": chat.answer(first)},
+                               {"role": "user", "content": "w13 w14"}]
+    second_prompt = chat.render(rec.rendered[1])
+    assert done.turns[1].output_ids == greedy_decode(Target(model), second_prompt, max_new_tokens=24,
+                                                     stop_ids=stop)
+    assert done.turns[1].prompt_length == len(second_prompt)
+    assert done.run().tau == 5.0 and done.run().output_tokens == sum(len(t.output_ids) for t in done.turns)
+
+
+def test_every_drafter_decodes_what_the_target_decodes_alone(chat, model):
+    class Q:
+        def __init__(self, d):
+            self.id, self.turns = d["question_id"], d["turns"]
+
+    questions = [Q(d) for d in QUESTIONS]
+    runs = {spec: measure(Target(model), make_drafter(spec, model, seed=1), chat, questions, k=3,
+                          max_new_tokens=20, stop_ids={2})
+            for spec in ("self", "random")}
+    outputs = {spec: [[t.output_ids for t in q.turns] for q in r] for spec, r in runs.items()}
+    assert outputs["self"] == outputs["random"]
+    assert {q.run().tau for q in runs["self"]} == {4.0}
+    assert all(q.run().tau < 1.3 for q in runs["random"])
+    with pytest.raises(ValueError, match="unknown drafter 'medusa'"):
+        make_drafter("medusa", model)
+
+
+def test_the_command_writes_tau_json_from_checkpoint_folders(tmp_path, model, capsys):
+    folder = tmp_path / "target"
+    model.save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS) + '{"question_id": 4, "tur')
+    out = tmp_path / "quality" / "tiny" / "on_policy" / "tau.json"
+    assert main(["--target", str(folder), "--drafter", "self", "--questions", str(questions), "--out", str(out),
+                 "--k", "5", "--max-new-tokens", "16", "--samples", "12", "--supervised-tokens", "3400",
+                 "--train-seconds", "2.5", "--transcripts", str(tmp_path / "t.jsonl"), "--limit", "2"]) == 0
+    doc = read_tau(out)
+    assert list(doc)[:len(TAU_FIELDS)] == list(TAU_FIELDS)
+    assert (doc["target"], doc["eval_set"], doc["questions"], doc["turns"], doc["k"], doc["greedy"]) == (
+        str(folder), "mt_bench", 2, 4, 5, True)
+    assert doc["tau_mean"] == 6.0 and doc["tau_ci95"] == [6.0, 6.0] and doc["per_position_acceptance"] == [1.0] * 5
+    assert (doc["samples"], doc["supervised_tokens"], doc["train_seconds"], doc["drafter"]) == (12, 3400, 2.5, "self")
+    lines = [json.loads(line) for line in (tmp_path / "t.jsonl").read_text().splitlines()]
+    assert [t["id"] for t in lines] == [1, 2] and all(len(t["answers"]) == 2 for t in lines)
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["tau_mean"] == 6.0
+
+
+def test_the_command_for_another_environment_puts_only_this_package_on_its_path(tmp_path, monkeypatch):
+    import eagledata.quality.measure as measure_module
+
+    cmd, env = measure_command("/other/python", "--k", "3")
+    assert cmd == ["/other/python", "-m", "eagledata.quality.measure", "--k", "3"]
+    assert (Path(env["PYTHONPATH"]) / "eagledata" / "quality" / "measure.py").is_file()
+    # installed as a wheel: a folder holding a link to the package, not the site-packages it lies in
+    site = tmp_path / "site-packages" / "eagledata" / "quality"
+    site.mkdir(parents=True)
+    (site / "measure.py").write_text("")
+    monkeypatch.setattr(measure_module, "__file__", str(site / "measure.py"))
+    monkeypatch.setattr(measure_module.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    _, env = measure_command("/other/python")
+    home = Path(env["PYTHONPATH"])
+    assert home.parent == tmp_path / "tmp" and sorted(p.name for p in home.iterdir()) == ["eagledata"]
+    assert (home / "eagledata").resolve() == site.parent
+
+
+def test_what_runs_in_the_speculators_environment_imports_no_other_stage():
+    """measure.py runs in .venv-interop (torch, numpy, transformers, speculators; none of the project's other
+    dependencies): everything it reaches in the library, lazy imports included, stays within the quality stage and
+    the stdlib-only top-level modules."""
+    from tests.helpers.imports import import_graph
+
+    graph = import_graph()
+    reached, todo = set(), ["eagledata.quality.measure"]
+    while todo:
+        module = todo.pop()
+        if module not in reached:
+            reached.add(module)
+            todo.extend(graph[module])
+    assert {"eagledata.quality.eagle3", "eagledata.quality.sources", "eagledata.prompts"} <= reached
+    assert reached - {m for m in reached if m.startswith("eagledata.quality")} <= {
+        "eagledata", "eagledata.errors", "eagledata.prompts", "eagledata.records", "eagledata.files"}

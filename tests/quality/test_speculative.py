@@ -1,0 +1,156 @@
+"""Greedy speculative decoding (quality/speculative.py) on tiny Llamas: the output is plain greedy decoding's,
+whatever the drafter; the target drafting for itself gives τ = k + 1; random weights give τ ≈ 1; each verifying
+forward's accepted count is exact."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from eagledata.quality.speculative import ModelDrafter, Target, greedy_decode, speculative_decode
+from tests.helpers.quality import prompts, sharp_llama
+
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def target_model():
+    return sharp_llama(seed=0)
+
+
+@pytest.fixture(scope="module")
+def random_model():
+    return sharp_llama(seed=1)
+
+
+def hf_greedy(model, prompt, max_new_tokens, eos=None):
+    """transformers' own greedy `generate`: the reference no code of ours computes."""
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+class Oracle:
+    """Knows the greedy continuation and proposes it with the draft at `wrong_at` (1-based) replaced: every
+    verifying forward must accept exactly wrong_at − 1 drafts (or k when wrong_at > k)."""
+
+    aux_layers = None
+
+    def __init__(self, prompt_len, continuation, wrong_at):
+        self.prompt_len, self.continuation, self.wrong_at = prompt_len, continuation, wrong_at
+
+    def start(self):
+        pass
+
+    def propose(self, ids, states, k):
+        done = len(ids) - self.prompt_len
+        drafts = list(self.continuation[done:done + k])
+        if self.wrong_at <= k:
+            drafts[self.wrong_at - 1] = (drafts[self.wrong_at - 1] + 1) % 256
+        return drafts
+
+
+class Junk:
+    """Proposes ids the target never chooses here (all rejected) — or, with `lengths`, chains of other lengths."""
+
+    aux_layers = None
+
+    def __init__(self, length=None):
+        self.length = length
+
+    def start(self):
+        pass
+
+    def propose(self, ids, states, k):
+        return [1] * (self.length if self.length is not None else k)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_speculative_output_is_greedy_output_whatever_the_drafter(target_model, random_model, k):
+    target = Target(target_model)
+    for prompt in prompts(6):
+        expected = hf_greedy(target_model, prompt, MAX_NEW)
+        assert greedy_decode(target, prompt, max_new_tokens=MAX_NEW) == expected
+        for drafter in (ModelDrafter(target_model), ModelDrafter(random_model), Junk(),
+                        Oracle(len(prompt), expected + [7] * 8, wrong_at=2)):
+            got = speculative_decode(target, drafter, prompt, k=k, max_new_tokens=MAX_NEW)
+            assert got.output_ids == expected, type(drafter).__name__
+            # every token after the prefill's first came from a verifying forward
+            assert got.tokens >= len(expected) - 1 and got.tokens - (len(expected) - 1) <= k
+
+
+def test_a_stop_id_ends_the_turn_where_greedy_ends_it(target_model):
+    """The stop id is emitted and nothing after it, even when it is accepted mid-chain."""
+    target = Target(target_model)
+    for prompt in prompts(6, seed=3):
+        free = hf_greedy(target_model, prompt, MAX_NEW)
+        stop = free[len(free) // 2]
+        expected = hf_greedy(target_model, prompt, MAX_NEW, eos=stop)
+        assert expected == free[:free.index(stop) + 1]
+        got = speculative_decode(target, ModelDrafter(target_model), prompt, k=5, max_new_tokens=MAX_NEW,
+                                 stop_ids={stop})
+        assert got.output_ids == expected
+
+
+@pytest.mark.parametrize("k", [1, 4, 7])
+def test_the_target_drafting_for_itself_gives_tau_k_plus_one(target_model, k):
+    target = Target(target_model)
+    for prompt in prompts(4, seed=5):
+        got = speculative_decode(target, ModelDrafter(target_model), prompt, k=k, max_new_tokens=MAX_NEW)
+        assert got.accepted == [k] * got.steps and got.tau == k + 1
+        assert got.steps == -(-(MAX_NEW - 1) // (k + 1))  # ceil: each forward yields k + 1, the cap cuts the last
+        assert target.forwards > 0
+
+
+def test_random_weights_give_tau_near_one(target_model, random_model):
+    target = Target(target_model)
+    steps = accepted = 0
+    for prompt in prompts(8, seed=7):
+        got = speculative_decode(target, ModelDrafter(random_model), prompt, k=5, max_new_tokens=MAX_NEW)
+        steps, accepted = steps + got.steps, accepted + sum(got.accepted)
+    assert steps > 8 * 30
+    assert 1 + accepted / steps < 1.05
+
+
+@pytest.mark.parametrize("wrong_at", [1, 2, 4, 6])
+def test_each_forward_accepts_exactly_the_matching_prefix(target_model, wrong_at):
+    target, k = Target(target_model), 5
+    prompt = prompts(1, seed=11)[0]
+    continuation = hf_greedy(target_model, prompt, MAX_NEW + k + 1)
+    got = speculative_decode(target, Oracle(len(prompt), continuation, wrong_at), prompt, k=k,
+                             max_new_tokens=MAX_NEW)
+    accepted = min(wrong_at - 1, k)
+    assert got.output_ids == continuation[:MAX_NEW]
+    assert got.accepted == [accepted] * got.steps and got.tau == accepted + 1
+
+
+def test_a_decoder_that_keeps_rejected_drafts_in_the_cache_is_caught(target_model, random_model):
+    """The equality with greedy decoding has teeth: leave the rejected drafts' positions in the target's cache
+    (a planted bug) and the output drifts from greedy."""
+
+    class Forgetful(Target):
+        def cut(self, length):
+            pass
+
+    drifted = 0
+    for prompt in prompts(4, seed=13):
+        expected = hf_greedy(target_model, prompt, MAX_NEW)
+        got = speculative_decode(Forgetful(target_model), ModelDrafter(random_model), prompt, k=3,
+                                 max_new_tokens=MAX_NEW)
+        drifted += got.output_ids != expected
+    assert drifted == 4
+
+
+def test_bad_arguments_are_refused(target_model):
+    target = Target(target_model)
+    with pytest.raises(ValueError, match="k must be at least 1"):
+        speculative_decode(target, Junk(), [5, 6], k=0, max_new_tokens=4)
+    with pytest.raises(ValueError, match="proposed 2 tokens, not k = 3"):
+        speculative_decode(target, Junk(length=2), [5, 6], k=3, max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs a prompt"):
+        speculative_decode(target, Junk(), [], k=3, max_new_tokens=4)
+
+    class WantsStates(Junk):
+        aux_layers = (1, 2, 3)
+
+    with pytest.raises(ValueError, match=r"reads the target's layers \(1, 2, 3\)"):
+        speculative_decode(target, WantsStates(), [5, 6], k=3, max_new_tokens=4)
