@@ -5,6 +5,8 @@ papermill's last request is `kernel_info`; jupyter_client then sends SIGINT and 
 arms SIGINT for the whole `kernel_info` handler, so an interrupt that lands after its reply went out is logged as
 an error (1 run in 10-25). The tests widen that window on purpose: `kernel_info` sleeps 1 s after replying."""
 import json
+import signal
+import subprocess
 import queue
 import sys
 import time
@@ -246,3 +248,40 @@ def test_ctrl_c_stops_a_run_in_a_cell_within_5_s(tmp_path, tokenizer_dir):
     assert "stop reason: interrupted" in "".join(printed)
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and 0 < summary["remaining"] == n - summary["records"]
+
+
+def test_sigterm_to_papermill_stops_the_run_with_its_summary(tmp_path, tokenizer_dir):
+    """Issue 53: Slurm, Kubernetes and `timeout` stop a job with SIGTERM. papermill dies of it at once, and
+    ipykernel's poller then ended the kernel with `os._exit`: the run in generate.ipynb left no summary.json. The
+    eagledata kernel's poller stops the run as papermill's Ctrl-C does first: summary.json says `interrupted` and
+    every prompt not recorded is still to do."""
+    from eagledata.emulator import run_emulator
+    from tests.helpers import ROOT
+
+    prompts = tmp_path / "C.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
+                               for i in range(200)))
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"C:\n  prompts: {prompts}\n")
+    out = tmp_path / "out"
+    with run_emulator({"speed": 0.5, "balance": 100}) as emu:  # an answer takes ~20 s: mid-answer at the SIGTERM
+        command = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "generate.ipynb"),
+                   str(tmp_path / "run.ipynb"), "-p", "dataset", "C", "-p", "datasets_file", str(datasets),
+                   "-p", "base_url", emu.base_url, "-p", "output_dir", str(out), "-p", "params_dir",
+                   str(tmp_path / "params"), "-p", "concurrency", "16", "-p", "reserve_usd", "0.0"]
+        papermill = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and emu.stats()["in_flight"] < 16:
+                time.sleep(0.1)
+            assert emu.stats()["in_flight"] == 16, emu.stats()
+            papermill.send_signal(signal.SIGTERM)
+            papermill.wait(timeout=30)
+            summary_file = out / "datasets" / "C" / "summary.json"
+            deadline = time.monotonic() + 20  # the kernel sees its parent gone within a second, then stops the run
+            while time.monotonic() < deadline and not summary_file.exists():
+                time.sleep(0.2)
+        finally:
+            papermill.kill()
+    summary = json.loads(summary_file.read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["remaining"] == 200 - summary["records"]
