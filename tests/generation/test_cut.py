@@ -107,12 +107,20 @@ def test_ctrl_c_keeps_what_the_closed_streams_delivered(emu, tmp_path):
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr[-3000:]
-    assert "kept as cut samples" in stderr
+    assert "kept as a cut sample where what it streamed is one" in stderr
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted"
     cut = [r for r in load_records(records) if r.meta.get("cut")]
     assert cut and {r.meta["cut"] for r in cut} == {"interrupted"}
     check_prefixes(emu, cut)
+    # issue 53: the message said N closed "kept as cut samples" and fewer were: now the summary and the last line
+    # count those kept and why not the rest, and every stream the service saw cancelled is one or the other
+    shown = summary["run"]["cut_samples"]
+    not_kept = sum(shown["closed_not_kept"].values())
+    assert shown["records"] == len(cut)
+    assert f"{len(cut)} cut sample(s) kept this run" in stderr
+    cancelled = sum(1 for g in emu.ground_truth() if g.get("cancelled"))
+    assert cancelled <= len(cut) + not_kept, (cancelled, len(cut), shown["closed_not_kept"])
     assert time.monotonic() - started < 30  # the cancelling endpoints' streams did not run to their end
     assert os.path.exists(out / "datasets" / "C" / "summary.json")
 

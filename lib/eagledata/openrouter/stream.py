@@ -328,29 +328,35 @@ async def stream_complete(client: httpx.AsyncClient, body: dict[str, Any], state
     return classify_stream(state, headers)
 
 
-def cut_completion(state: StreamState) -> Completion | None:
+def cut_completion(state: StreamState) -> tuple[Completion | None, str]:
     """What a stream the run closed itself had delivered, as an answer cut there (`finish_reason` "cut"): its
     reasoning and content so far, a prefix of the model's output. Tool calls that had begun are left out (their
-    arguments may be partial; the ids then stop before the section, still a prefix). None when it is no such prefix
-    for sure: nothing served, an error chunk, a shape repaired from content (`bare_close`: without the count a
-    stream's last chunk brings, the split cannot be confirmed), or no reasoning served in a reasoning field (a
-    provider without a reasoning parser serves reasoning as content: its cut could not be told apart)."""
-    if state.error is not None or not state.chunks:
-        return None
+    arguments may be partial; the ids then stop before the section, still a prefix). (None, why) when it is no such
+    prefix for sure: nothing served, an error chunk, a shape repaired from content (`bare_close`: without the count a
+    stream's last chunk brings, the split cannot be confirmed), no reasoning served in a reasoning field (a provider
+    without a reasoning parser serves reasoning as content: its cut could not be told apart), or no whole word yet."""
+    if state.error is not None:
+        return None, "an error chunk"
+    if not state.chunks:
+        return None, "nothing streamed yet"
     body = state.body()
     choice = body["choices"][0]
     choice["message"].pop("tool_calls", None)
     choice["finish_reason"], choice["native_finish_reason"] = CUT, None
     body.pop("usage", None)
     parsed = parse_completion(body)
-    if not isinstance(parsed, Completion) or parsed.repaired or not parsed.answer.reasoning:
-        return None
+    if not isinstance(parsed, Completion):
+        return None, "not an answer"
+    if parsed.repaired or (not parsed.answer.reasoning and parsed.answer.content):
+        return None, "reasoning served as content"
+    if not parsed.answer.reasoning:
+        return None, "nothing streamed yet"
     a = parsed.answer
     if a.content:  # the last text ends at a word boundary: its last word may be a token the stream had only begun
         parsed.answer = Answer(a.reasoning, word_boundary(a.content), CUT)
     else:
         parsed.answer = Answer(word_boundary(a.reasoning), "", CUT)
-    return parsed if parsed.answer.reasoning else None
+    return (parsed, "") if parsed.answer.reasoning else (None, "no whole word yet")
 
 
 def word_boundary(text: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import httpx
 from ...aio import on_kernel_shutdown, on_signals
 from ...openrouter import ClientPool, RoutingDecision, load_routing
 from ...openrouter.fast_stream import FastStreams
+from ...records import CUT
 from ...text import load_tokenizer
 from ..config import GenerateConfig
 from ..lanes import DatasetRun, open_lanes
@@ -139,6 +141,8 @@ class Run:
             for lane in self.dispatcher.lanes.values():
                 if not lane.finished:
                     lane.stop_reason = self.dispatcher.stop.reason or StopReason.COMPLETED
+            if self._signals:
+                self._say_what_was_kept()
             self.reporter.sample(self.clock.now(), final=True)
             if self.seams.executor is None:
                 self.parts.executor.shutdown(wait=True)
@@ -183,12 +187,25 @@ class Run:
         if closed := self.parts.requester.streams.cancel_streams_that_stop_billing(cut=cut):
             log.warning("generation: interrupted: %d stream(s) closed at once (their endpoints stop billing when a "
                         "stream is closed; %s); %s", closed,
-                        "what they streamed kept as cut samples" if cut else "the prompts stay to do",
+                        "each kept as a cut sample where what it streamed is one" if cut else "the prompts stay to do",
                         f"the rest get {INTERRUPT_FINISH_S:g} s to end, then are cut too" if cut else
                         "the rest finish, up to drain_timeout_s")
         if cut and self.parts.requester.streams:
             self._closing = asyncio.ensure_future(self._cut_the_rest())
         self._drain()
+
+    def _say_what_was_kept(self) -> None:
+        """After a Ctrl-C: how many of the streams the run closed were kept as cut samples, and why not the others
+        (nothing streamed yet, an error, reasoning served as content): the run's summary has the same counts."""
+        kept = sum(lane.stats.finish[CUT] for lane in self.dispatcher.lanes.values())
+        lost: Counter[str] = Counter()
+        for lane in self.dispatcher.lanes.values():
+            lost.update(lane.stats.not_kept)
+        if kept or lost:
+            why = ", ".join(f"{n} {reason}" for reason, n in lost.most_common())
+            log.warning("generation: interrupted: %d cut sample(s) kept this run%s", kept,
+                        f"; {sum(lost.values())} closed stream(s) not kept, their prompts still to do ({why})"
+                        if lost else "")
 
     async def _cut_the_rest(self) -> None:
         """After a Ctrl-C, the streams on endpoints that bill whole answers get INTERRUPT_FINISH_S to end, then are
@@ -197,7 +214,7 @@ class Run:
         await self.clock.sleep(INTERRUPT_FINISH_S)
         if closed := self.parts.requester.streams.cut_every_stream(StopReason.INTERRUPTED):
             log.warning("generation: interrupted: %d stream(s) on endpoints that bill whole answers cut after %g s, "
-                        "what they streamed kept as cut samples", closed, INTERRUPT_FINISH_S)
+                        "each kept as a cut sample where what it streamed is one", closed, INTERRUPT_FINISH_S)
 
     async def _kernel_shutdown(self) -> None:
         """The kernel is shutting down (papermill's Ctrl-C): stop as a second Ctrl-C does, and return once every

@@ -128,8 +128,9 @@ class Slots:
     async def _cut(self, work: Work, attempt: Attempt) -> bool:
         """A stream the run closed to keep its prefix (at its dataset's target, on Ctrl-C): recorded as a cut sample
         when what it delivered is one for sure (`openrouter.stream.cut_completion`); False: settle it as cancelled."""
-        c = cut_completion(attempt.state) if attempt.state is not None else None
+        c, why = cut_completion(attempt.state) if attempt.state is not None else (None, "nothing streamed yet")
         if c is None:
+            work.lane.stats.not_kept[why] += 1  # said in the summary (run.cut_samples): closed, not kept, and why
             return False
         try:
             record = await self.parts.recorder.build(work, c)

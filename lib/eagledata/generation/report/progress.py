@@ -110,6 +110,7 @@ class RunStats:
     booked_usd: float = 0.0       # what its attempts were booked at (known costs, unreadable ones at their bound)
     abandoned: int = 0            # requests left in flight when the run ended after every target was met
     lengths: dict[bool, list[int]] = field(default_factory=lambda: {True: [], False: []})  # output tokens: cut or not
+    not_kept: Counter = field(default_factory=Counter)  # streams the run closed to keep, kept as no cut sample: why
 
     @classmethod
     def combined(cls, parts: list[RunStats], timeline: list[list[float]] | None = None) -> RunStats:
@@ -117,7 +118,8 @@ class RunStats:
         total = cls(timeline=[] if timeline is None else timeline)
         for p in parts:
             for mine, theirs in ((total.counts, p.counts), (total.errors, p.errors), (total.providers, p.providers),
-                                 (total.finish, p.finish), (total.turns, p.turns), (total.tool_calls, p.tool_calls)):
+                                 (total.finish, p.finish), (total.turns, p.turns), (total.tool_calls, p.tool_calls),
+                                 (total.not_kept, p.not_kept)):
                 mine.update(theirs)
             total.agreement.extend(p.agreement)
             for cut in (True, False):
@@ -356,14 +358,16 @@ def _run_tail(s: RunStats) -> dict[str, Any]:
 
 def cut_samples(s: RunStats) -> dict[str, Any]:
     """The cut samples among this run's records (streams the run closed at a target or on Ctrl-C, kept as the
-    prefix they delivered): how many, their share, and their lengths beside the finished answers'."""
+    prefix they delivered): how many, their share, their lengths beside the finished answers', and the streams closed
+    to keep that were no cut sample, by why (their prompts stay to do)."""
     cut, whole = s.lengths[True], s.lengths[False]
 
     def quantiles(xs: list[int]) -> list[int] | None:
         return [int(q) for q in np.quantile(xs, [0.1, 0.5, 0.9])] if xs else None
 
     return {"records": len(cut), "share": round(len(cut) / (len(cut) + len(whole)), 4) if cut or whole else None,
-            "tokens_p10_p50_p90": quantiles(cut), "finished_tokens_p10_p50_p90": quantiles(whole)}
+            "tokens_p10_p50_p90": quantiles(cut), "finished_tokens_p10_p50_p90": quantiles(whole),
+            "closed_not_kept": dict(s.not_kept)}
 
 
 def dataset_summary(name: str, store: Any, stats: RunStats, *, common: dict[str, Any], stop_reason: str,
