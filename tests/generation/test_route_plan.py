@@ -174,3 +174,25 @@ def test_many_datasets_are_split_by_depth():
     c = choose_route(many, REF, DAY, deadline_h=72)
     assert len(c.splits) == 3  # depth 0 (all realtime), 1, 3 (all batch)
     assert c.chosen.datasets("realtime") == ["D"] and c.chosen.worst_h == 48
+
+
+def test_commands_of_an_emulator_study_and_of_targets_not_written():
+    """Issue 53: after a budget run against the emulator the printed commands dropped `-p base_url emulator` but kept
+    its output folder (as printed: a missing key, or with one a paid run writing into the emulator's folder); with
+    `write: False` they assumed targets nobody wrote. Both now travel in the commands."""
+    four = [work("A", 1), work("B", 1), work("C", 2), work("D", 3)]
+    c = choose_route(four, REF, DAY, deadline_h=72)
+    emu = BudgetConfig(base_url="emulator")
+    cmds = route_commands(c.chosen, ["A", "B", "C", "D"], emu, {"A": 100, "B": 200, "C": 300, "D": 400})
+    assert cmds == ["papermill notebooks/generate.ipynb outputs/generate-realtime.ipynb -p dataset D -p route realtime "
+                    "-y 'target_output_tokens: {D: 400}' -p base_url emulator",
+                    "papermill notebooks/generate.ipynb outputs/generate-batch.ipynb -y 'dataset: [A, B, C]' "
+                    "-p route batch -p batch_window 24h -y 'target_output_tokens: {A: 100, B: 200, C: 300}' "
+                    "-p base_url emulator"]
+    from eagledata.generation import GenerateConfig
+
+    assert GenerateConfig(base_url="emulator").output_dir == emu.output_dir  # the emulator's folder, by default
+    run = GenerateConfig(dataset=["A", "B"], target_output_tokens={"A": 100, "B": 200})
+    assert (run.target_for("A"), run.target_for("B"), run.target_for("Z")) == (100, 200, None)
+    with pytest.raises(InputError, match="target_output_tokens.B"):
+        GenerateConfig(target_output_tokens={"A": 100, "B": 0})

@@ -41,7 +41,8 @@ class GenerateConfig(Settings):
     concurrency: int = shared("concurrency")
     max_tokens: int = shared("max_tokens")
     temperature: float | None = setting(1.0, "None -> the server's default")
-    target_output_tokens: int | None = setting(None, "None -> the datasets file")
+    target_output_tokens: int | dict[str, int] | None = setting(
+        None, "None -> the datasets file; a number for every dataset, or {dataset: tokens} (budget.ipynb's commands)")
     max_spend_usd: float | None = setting(None, "per-run cap; None -> no cap")
     reserve_usd: float = shared("reserve_usd")
     output_dir: str = shared("output_dir", "records go to <output_dir>/datasets/<dataset>/")
@@ -103,10 +104,15 @@ class GenerateConfig(Settings):
             self.output_dir, self.params_dir = emulator_dirs(self.output_dir, self.params_dir)
         if not self.emulator_speed >= 0:
             raise InputError(f"must be >= 0, got {self.emulator_speed!r}", field="emulator_speed")
-        for name in ("concurrency", "max_tokens", "max_attempts", "target_output_tokens", "limit"):
+        for name in ("concurrency", "max_tokens", "max_attempts", "limit"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"must be a positive integer, got {value!r}", field=name)
+        targets = self.target_output_tokens
+        for key, value in (targets.items() if isinstance(targets, dict) else [(None, targets)]):
+            if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise InputError(f"must be a positive integer, got {value!r}",
+                                 field="target_output_tokens" + (f".{key}" if key is not None else ""))
         if self.temperature is not None and not 0 <= self.temperature <= 2:  # OpenRouter's range: a 400 otherwise
             raise InputError(f"must be within [0, 2] or None, got {self.temperature!r}", field="temperature")
         if self.max_spend_usd is not None and not self.max_spend_usd > 0:
@@ -136,6 +142,12 @@ class GenerateConfig(Settings):
         for name in ("prior_output_median_tokens", "account_refresh_s", "status_interval_s", "batch_poll_s"):
             if not getattr(self, name) > 0:
                 raise InputError(f"must be > 0, got {getattr(self, name)!r}", field=name)
+
+
+    def target_for(self, dataset: str) -> int | None:
+        """This run's output-token target for `dataset`, where the setting gives one (else the datasets file's)."""
+        targets = self.target_output_tokens
+        return targets.get(dataset) if isinstance(targets, dict) else targets
 
 
 @dataclass(kw_only=True)

@@ -135,8 +135,9 @@ def open_lanes(cfg: GenerateConfig) -> list[DatasetRun]:
             try:
                 scan = scan_prompts(spec.prompts, store.finished, cfg.limit,
                                     turn_ids=functools.partial(later_turn_ids, turns=cfg.turns), tools=spec.tools)
-                lanes.append(DatasetRun(spec.name, store, scan, cfg.target_output_tokens or spec.target_output_tokens,
-                                        cfg.turns, None if cfg.target_output_tokens else spec.planned_usd))
+                target = cfg.target_for(spec.name)
+                lanes.append(DatasetRun(spec.name, store, scan, target or spec.target_output_tokens, cfg.turns,
+                                        None if target else spec.planned_usd))
             except BaseException:
                 store.close()
                 raise

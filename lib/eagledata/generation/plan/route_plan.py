@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+from ...defaults import is_emulator
 from ...errors import InputError
 from ...moonshot import facts
 from ..config import BudgetConfig, GenerateConfig, Route
@@ -281,7 +282,7 @@ def realtime_throughput(concurrency: int, *, measured_tps: float | None = None,
         return Throughput(measured_tps, f"realtime_output_tps = {measured_tps:,.0f} tok/s (the setting)")
     scaled = REFERENCE_OUTPUT_TPS * concurrency / REFERENCE_CONCURRENCY
     source = (f"the reference run's {REFERENCE_OUTPUT_TPS:,.0f} output tok/s at {REFERENCE_CONCURRENCY:,} in flight "
-              f"(DESIGN.md), x {concurrency:,}/{REFERENCE_CONCURRENCY:,}")
+              f"(a comparable real run: ~42M output tokens in 33 min), x {concurrency:,}/{REFERENCE_CONCURRENCY:,}")
     if endpoint_tps:
         bound = endpoint_tps * concurrency
         if bound < scaled:
@@ -291,10 +292,15 @@ def realtime_throughput(concurrency: int, *, measured_tps: float | None = None,
     return Throughput(scaled, source)
 
 
-def route_commands(plan: RoutePlan, names: Sequence[str], cfg: BudgetConfig) -> list[str]:
-    """The generate command(s) of a plan: one per route it uses, with the datasets that go there."""
-    common = []
-    defaults = GenerateConfig()
+def route_commands(plan: RoutePlan, names: Sequence[str], cfg: BudgetConfig,
+                   targets: dict[str, int] | None = None) -> list[str]:
+    """The generate command(s) of a plan: one per route it uses, with the datasets that go there. A study against
+    the emulator keeps `-p base_url emulator` (without it the command is a paid run, or fails for the key, writing
+    into the emulator's folder); `targets`, when the plan did not write them into the datasets file (`write: False`),
+    go into the commands (`-y 'target_output_tokens: {…}'`)."""
+    emulator = is_emulator(cfg.base_url)
+    defaults = GenerateConfig(base_url=cfg.base_url) if emulator else GenerateConfig()
+    common = ["-p", "base_url", "emulator"] if emulator else []
     for key in ("datasets_file", "model", "output_dir"):
         if getattr(cfg, key) != getattr(defaults, key):
             common += ["-p", key, shlex.quote(str(getattr(cfg, key)))]
@@ -313,6 +319,9 @@ def route_commands(plan: RoutePlan, names: Sequence[str], cfg: BudgetConfig) -> 
         slug = cfg.model.rsplit("/", 1)[-1]
         if route == "batch" and slug != defaults.batch_model:
             extra += ["-p", "batch_model", shlex.quote(slug)]
+        if targets is not None:
+            extra += ["-y", shlex.quote("target_output_tokens: {" + ", ".join(f"{n}: {targets[n]}" for n in chosen)
+                                        + "}")]
         out.append(" ".join(["papermill", "notebooks/generate.ipynb", f"outputs/generate-{route}.ipynb", *which,
                              "-p", "route", route, *extra, *common]))
     return out
@@ -330,7 +339,8 @@ def plan_routes(plan: Plan, stats: Sequence[DatasetStats], lengths: OutputLength
                           basis=cfg.deadline_basis, batch=batch is not None)
     if choice.chosen is None:
         return choice
-    return replace(choice, commands=route_commands(choice.chosen, [d.name for d in plan.datasets], cfg))
+    targets = None if cfg.write else {d.name: d.target_output_tokens for d in plan.datasets}
+    return replace(choice, commands=route_commands(choice.chosen, [d.name for d in plan.datasets], cfg, targets))
 
 
 def plot_routes(choice: RouteChoice):
