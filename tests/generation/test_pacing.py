@@ -245,3 +245,25 @@ def test_in_cut_mode_a_small_dataset_all_in_flight_is_not_cut_before_its_target_
         else:
             assert lane.delivered() < aim or pace.next_cut_in() > 0, t
     assert cut_at is not None and lane.delivered() >= aim > rate * (cut_at - 0.5)  # at the first tick past it
+
+
+def test_in_cut_mode_a_dataset_is_near_its_cut_before_any_answer_once_what_it_took_will_reach_its_target():
+    """Cut mode, no answer yet (no answer times to judge `near` by): a small dataset taken whole in the first
+    seconds is near its cut once what it has taken is expected to reach the target, so the rest of it goes only to
+    endpoints that stop billing on a closed stream; a big dataset's first requests are not held to them."""
+    pace = Pacing([Pacing.lane("S", target=20_000, prompts=40, recorded=0, finished=0, prior_tokens=prior()),
+                   Pacing.lane("B", target=10 ** 8, prompts=10 ** 6, recorded=0, finished=0, prior_tokens=prior())],
+                  cut=True)
+    small, big = pace.lanes["S"], pace.lanes["B"]
+    near = []
+    for _ in range(40):
+        pace.hold("S")
+        pace.hold("B")
+        near.append(small.near())
+        assert not big.near()
+    first = near.index(True)
+    assert 0 < first < 40 and all(near[first:])  # near from the request that takes it past its target on
+    assert first + 1 == math.ceil(20_000 / small.new_moments()[0])  # each taken request at its expected length
+    plain = Pacing([Pacing.lane("S", target=20_000, prompts=40, recorded=0, finished=0, prior_tokens=prior())])
+    plain.hold("S")
+    assert not plain.lanes["S"].near()  # not cut mode: never near

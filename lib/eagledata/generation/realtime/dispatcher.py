@@ -119,6 +119,7 @@ class Dispatcher:
                     lane.holding += 1
                     self.pacing.hold(name, later=work.turn.later if work.source == "new" else 0,
                                      promised=work.source == "next")
+                    lane.near_target = paced.near()  # this request counted: where it may go (requester.py)
                     return work
                 if lane.retries and lane.retries[0].due > now:  # one due already waits for pacing:
                     due = lane.retries[0].due                   # a change, which notifies

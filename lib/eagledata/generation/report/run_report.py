@@ -382,8 +382,11 @@ def plot_health(health: RunHealth):
         ax.text(v, y, f" {100 * v:.1f}%", va="center", fontsize="small")
     ax.set(title="datasets: share of target (or of prompts)", xlabel="share")
     ax.invert_yaxis()
-    errors = health.errors or {"none": 0}
-    axes[1, 1].barh(list(errors), list(errors.values()), color="tab:red")
+    if health.errors:
+        axes[1, 1].barh(list(health.errors), list(health.errors.values()), color="tab:red")
+    else:  # an empty bar on a -0.04..0.04 axis said nothing: say it
+        axes[1, 1].text(0.5, 0.5, "no errors", ha="center", va="center", transform=axes[1, 1].transAxes)
+        axes[1, 1].set(xticks=[], yticks=[])
     axes[1, 1].set(title="errors by kind (retried or failed)", xlabel="responses")
     fig.suptitle(health.headline())
     fig.subplots_adjust(left=0.06, right=0.95, bottom=0.08, top=0.9, wspace=0.38, hspace=0.4)  # not tight_layout:
