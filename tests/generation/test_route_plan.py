@@ -196,3 +196,30 @@ def test_commands_of_an_emulator_study_and_of_targets_not_written():
     assert (run.target_for("A"), run.target_for("B"), run.target_for("Z")) == (100, 200, None)
     with pytest.raises(InputError, match="target_output_tokens.B"):
         GenerateConfig(target_output_tokens={"A": 100, "B": 0})
+
+
+def test_realtime_time_is_its_answers_time_not_its_tokens_over_the_pools_rate():
+    """Issue 53: 225 requests for 1M tokens were planned at 48 s (1M / 21k tok/s) and 5 requests at 1 s, worst case
+    equal to expected. A realtime run's time is at least what its answers take: one wave waits for its longest, a
+    full pool delivers at its slots' speed, a conversation's turns come one after another; the slow case at the slow
+    endpoints' speed."""
+    from eagledata.generation.plan.route_plan import AnswerTimes, realtime_seconds
+
+    one = [1000] * 10  # every answer 1,000 tokens
+    few = [DatasetWork("A", 5_000, 5, 1, 0.0, 0.0, available=5)]
+    assert realtime_seconds(few, one, 2000, 100.0, 2.0) == pytest.approx(2.0 + 10.0)  # one wave: latency + 10 s
+    pool = [DatasetWork("A", 100_000, 100, 1, 0.0, 0.0, available=100)]
+    assert realtime_seconds(pool, one, 10, 100.0, 0.0) == pytest.approx(100.0)  # 10 waves of 10 s on 10 slots
+    chained = [DatasetWork("A", 30_000, 30, 3, 0.0, 0.0, available=30, turns=((3, 10),))]
+    assert realtime_seconds(chained, one, 2000, 100.0, 0.0) == pytest.approx(30.0)  # 3 turns, one after another
+    spare = [DatasetWork("A", 5_000, 5, 1, 0.0, 0.0, available=50)]  # cut mode fills the pool: the target comes sooner
+    assert realtime_seconds(spare, one, 2000, 100.0, 0.0) == pytest.approx(1.0)
+
+    answers = AnswerTimes(100.0, 2.0, 50.0, 4.0, "test")
+    rate = Throughput(21_000.0, "test", answers=answers, concurrency=2000, samples=tuple(one))
+    expected_h, worst_h = rate.hours(few)
+    assert expected_h * 3600 == pytest.approx(12.0) and worst_h * 3600 == pytest.approx(4.0 + 20.0)
+    big = [DatasetWork("A", 42_000_000, 42_000, 1, 0.0, 0.0, available=42_000)]
+    assert rate.hours(big)[0] == pytest.approx(2000 / 3600)  # a big job: its tokens over the pool's rate, as before
+    plan = price_split(few, {"A": "realtime"}, rate, DAY)
+    assert plan.expected_h * 3600 == pytest.approx(12.0) and plan.worst_h * 3600 == pytest.approx(24.0)

@@ -51,7 +51,8 @@ def config(tmp_path: Path, base_url: str, out: str, stream: bool) -> GenerateCon
     return GenerateConfig(dataset="all", datasets_file=str(datasets(tmp_path)), base_url=base_url,
                           output_dir=str(tmp_path / out), params_dir=str(tmp_path / "params"), concurrency=1,
                           max_tokens=400, progress=False, retry_base_s=0.0, retry_cap_s=0.0, reserve_usd=0.0,
-                          provider_cooldown_s=0.0, max_attempts=4, turns="all", limit=20, stream=stream)
+                          provider_cooldown_s=0.0, max_attempts=4, turns="all", limit=20, stream=stream,
+                          at_target="finish")  # near its cut a streamed dataset would send only to endpoints that cancel
 
 
 def written(tmp_path: Path, out: str, truth: dict[str, dict]) -> dict[str, tuple[str, list[dict]]]:

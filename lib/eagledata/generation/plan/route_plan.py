@@ -26,15 +26,20 @@ documented bound, so its estimate stands for both), or `expected`.
 """
 from __future__ import annotations
 
+import heapq
 import itertools
 import shlex
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
+import numpy as np
+
 from ...defaults import is_emulator
 from ...errors import InputError
 from ...moonshot import facts
+from ...openrouter import Endpoint
+from ...openrouter import cheapest as pick_cheapest
 from ..config import BudgetConfig, GenerateConfig, Route
 from .budget import DatasetStats, OutputLengths, Plan, PriceBasis, Prices, cost_usd
 
@@ -58,17 +63,114 @@ class DatasetWork:
     max_turns: int
     realtime_usd: float
     batch_usd: float
+    available: int = 0                                   # requests its prompts can make (0: `requests`)
+    turns: tuple[tuple[int, int], ...] = ()              # (turns, conversations) of its prompts (): one turn each
 
     def usd(self, route: Route) -> float:
         return self.batch_usd if route == "batch" else self.realtime_usd
 
 
 @dataclass(frozen=True)
+class AnswerTimes:
+    """How long one realtime answer takes: its first token after `latency_s`, then `speed_tps` output tokens/s (the
+    routed endpoint's figures, else the pool's rate shared by its requests); `worst_*`: the slow case's."""
+
+    speed_tps: float
+    latency_s: float
+    worst_speed_tps: float
+    worst_latency_s: float
+    source: str
+
+
+@dataclass(frozen=True)
 class Throughput:
-    """Output tokens/s a realtime run makes, and on what grounds."""
+    """Output tokens/s a realtime run makes, and on what grounds; with `answers` (and `concurrency`, the lengths'
+    `samples`), how long its answers take, so a small job's time is its answers' (`realtime_hours`), not its tokens
+    over the pool's rate."""
 
     output_tps: float
     source: str
+    answers: AnswerTimes | None = None
+    concurrency: int = REFERENCE_CONCURRENCY
+    samples: tuple[int, ...] = field(default=(), repr=False)
+
+    def hours(self, work: Sequence[DatasetWork]) -> tuple[float, float]:
+        """(expected, worst) hours for `work`'s targets in one pool: at least their tokens over the pool's rate, and
+        with an answer-time model at least the time a simulated pool takes to deliver them (`realtime_seconds`)."""
+        tokens = sum(w.output_tokens for w in work)
+        pooled = tokens / self.output_tps / 3600
+        if self.answers is None or not work or not self.samples:
+            return pooled, pooled
+        a = self.answers
+        expected = realtime_seconds(work, self.samples, self.concurrency, a.speed_tps, a.latency_s) / 3600
+        worst = realtime_seconds(work, self.samples, self.concurrency, a.worst_speed_tps, a.worst_latency_s) / 3600
+        return max(pooled, expected), max(pooled, expected, worst)
+
+
+SIMULATED = 2000  # requests a realtime run is simulated with at most (a bigger one at scale: its pool and targets too)
+
+
+def realtime_seconds(work: Sequence[DatasetWork], samples: Sequence[int], concurrency: int, speed_tps: float,
+                     latency_s: float, *, seed: int = 0) -> float:
+    """Seconds until a realtime run's streams have delivered `work`'s targets together (cut mode: the run ends when
+    the tokens delivered reach them). A pool of `concurrency` slots, each answer `latency_s` then `speed_tps` tokens/s
+    of a length drawn from `samples`; a conversation's next turn asked when its answer before is in (first in line);
+    new conversations while the prompts last (cut mode keeps the pool full until the cut). Bigger jobs are simulated at
+    scale (`SIMULATED` requests, the pool and targets alike): its time is in its waves, not its count."""
+    rng = np.random.default_rng(seed)
+    requests = sum(w.requests for w in work)
+    if requests <= 0:
+        return 0.0
+    scale = min(1.0, SIMULATED / requests)
+    slots = max(1, round(concurrency * scale))
+    target = sum(w.output_tokens for w in work) * scale
+    chains: list[int] = []  # turns of each conversation the run may start, in the order it starts them
+    for w in work:
+        depths = [(t, n) for t, n in w.turns] or [(1, max(w.available, w.requests))]
+        per = sum(t * n for t, n in depths)
+        room = max(w.available, w.requests) * scale
+        for t, n in depths:
+            chains += [t] * max(1 if n else 0, round(n * room / per))
+    rng.shuffle(chains)
+    lengths = rng.choice(np.asarray(samples, dtype=float), size=sum(chains))
+    free = [0.0] * slots
+    heapq.heapify(free)
+    starts: list[float] = []
+    sizes: list[float] = []
+    ready: list[tuple[float, int]] = []  # (time, turns left) of next turns waiting for a slot
+    delivered = 0.0
+    nxt = 0
+    while True:
+        at = heapq.heappop(free)
+        if ready and ready[0][0] <= at:
+            _, left = heapq.heappop(ready)
+        elif nxt < len(chains):
+            left, nxt = chains[nxt], nxt + 1
+        elif ready:
+            when, left = heapq.heappop(ready)
+            at = max(at, when)
+        else:
+            break
+        size = lengths[len(sizes)]
+        starts.append(at)
+        sizes.append(size)
+        end = at + latency_s + size / speed_tps
+        heapq.heappush(free, end)
+        if left > 1:
+            heapq.heappush(ready, (end, left - 1))
+        delivered = max(delivered, end)
+    start, size = np.asarray(starts), np.asarray(sizes)
+
+    def got(t: float) -> float:
+        return float(np.clip((t - start - latency_s) * speed_tps, 0.0, size).sum())
+
+    if got(delivered) < target:
+        return delivered
+    lo, hi = 0.0, delivered
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if got(mid) < target else (lo, mid)
+    return hi
 
 
 @dataclass(frozen=True)
@@ -95,10 +197,11 @@ class RoutePlan:
     realtime_usd: float
     batch_usd: float
     realtime_output_tokens: int
-    realtime_h: float         # the realtime part: its tokens over the realtime rate
+    realtime_h: float         # the realtime part, expected (Throughput.hours)
     batch_rounds: int         # the batch part: its deepest dataset's rounds
     batch_expected_h: float
     batch_worst_h: float
+    realtime_worst_h: float = 0.0  # the realtime part in the slow case (its answers at the slow endpoints' speed)
 
     @property
     def expected_h(self) -> float:
@@ -106,7 +209,7 @@ class RoutePlan:
 
     @property
     def worst_h(self) -> float:
-        return max(self.realtime_h, self.batch_worst_h)
+        return max(self.realtime_h, self.realtime_worst_h, self.batch_worst_h)
 
     def time_h(self, basis: Basis) -> float:
         return self.worst_h if basis == "worst" else self.expected_h
@@ -123,13 +226,14 @@ def price_split(work: Sequence[DatasetWork], routes: dict[str, Route], throughpu
     realtime = [w for w in work if routes[w.name] == "realtime"]
     batch = [w for w in work if routes[w.name] == "batch"]
     tokens = sum(w.output_tokens for w in realtime)
+    realtime_h, realtime_worst_h = throughput.hours(realtime)
     rounds = max((timing.rounds(w.max_turns) for w in batch), default=0)
     kinds = {routes[w.name] for w in work}
     return RoutePlan(
         name=name or (kinds.pop() if len(kinds) == 1 else "mixed"), routes=dict(routes),
         usd=sum(w.usd(routes[w.name]) for w in work), realtime_usd=sum(w.realtime_usd for w in realtime),
         batch_usd=sum(w.batch_usd for w in batch), realtime_output_tokens=tokens,
-        realtime_h=tokens / throughput.output_tps / 3600, batch_rounds=rounds,
+        realtime_h=realtime_h, batch_rounds=rounds, realtime_worst_h=realtime_worst_h,
         batch_expected_h=rounds * min(timing.round_expected_h, timing.window_h), batch_worst_h=rounds * timing.window_h)
 
 
@@ -270,8 +374,27 @@ def dataset_work(plan: Plan, stats: Sequence[DatasetStats], lengths: OutputLengt
         s = by_name[d.name]
         turns = max(s.turns_per_conversation or {1: s.prompts})
         batch_usd = sum(cost_usd(d.target_output_tokens, s, lengths, batch)) if batch is not None else float("inf")
-        out.append(DatasetWork(d.name, d.target_output_tokens, d.requests, turns, d.total_usd, batch_usd))
+        out.append(DatasetWork(d.name, d.target_output_tokens, d.requests, turns, d.total_usd, batch_usd,
+                               available=d.requests_available,
+                               turns=tuple(sorted((s.turns_per_conversation or {}).items()))))
     return out
+
+
+def answer_times(throughput: Throughput, endpoints: Sequence[Endpoint], concurrency: int) -> AnswerTimes:
+    """How long a realtime answer takes, from the routed endpoints' figures (the cheapest, where sort=price sends
+    them; the slow case: the slowest eligible one's speed and latency): else each request at the pool's rate shared
+    by `concurrency`, no latency (and half that speed in the slow case)."""
+    shared = throughput.output_tps / concurrency
+    cheapest = pick_cheapest(list(endpoints)) if endpoints else None
+    speeds = [e.throughput_tps for e in endpoints if e.throughput_tps]
+    latencies = [e.latency_s for e in endpoints if e.latency_s is not None]
+    if cheapest is not None and cheapest.throughput_tps:
+        latency = cheapest.latency_s or 0.0
+        return AnswerTimes(cheapest.throughput_tps, latency, min(speeds), max([latency, *latencies]),
+                           f"{cheapest.provider}'s {cheapest.throughput_tps:g} tok/s per request after {latency:g} s "
+                           f"(slow case: {min(speeds):g} tok/s after {max([latency, *latencies]):g} s)")
+    return AnswerTimes(shared, 0.0, shared / 2, 0.0,
+                       f"the pool's rate shared by {concurrency:,} requests: {shared:.1f} tok/s each (slow case: half)")
 
 
 def realtime_throughput(concurrency: int, *, measured_tps: float | None = None,
@@ -334,6 +457,9 @@ def plan_routes(plan: Plan, stats: Sequence[DatasetStats], lengths: OutputLength
     cheapest = basis.decision.cheapest()
     throughput = realtime_throughput(cfg.concurrency, measured_tps=cfg.realtime_output_tps,
                                      endpoint_tps=cheapest.throughput_tps if cheapest is not None else None)
+    answers = answer_times(throughput, basis.decision.eligible, cfg.concurrency)
+    throughput = replace(throughput, answers=answers, concurrency=cfg.concurrency, samples=lengths.samples,
+                         source=f"{throughput.source}; answers: {answers.source}")
     timing = BatchTiming(facts.window_hours(cfg.batch_window), cfg.batch_round_expected_h, cfg.batch_topups)
     choice = choose_route(dataset_work(plan, stats, lengths, batch), throughput, timing, deadline_h=cfg.deadline_h,
                           basis=cfg.deadline_basis, batch=batch is not None)
