@@ -323,3 +323,85 @@ def test_ctrl_c_with_batch_cancel_on_stop_cancels_them_and_keeps_what_they_answe
     lines = batch_lines(emu)
     assert {ln["status"] for ln in lines} == {"cancelled"}  # cancelled in the queue: nothing answered, nothing billed
     assert summary["remaining"] == 30 and [e["event"] for e in journal(out)][-1] == "settled"
+
+
+# -- issue 53 ---------------------------------------------------------------------------------------------------------
+def test_a_batch_the_service_no_longer_knows_is_settled_as_vanished_and_its_lines_go_again(emu, tmp_path):
+    """Item 6: a journaled batch that 404s (expired from the service's records, deleted, another account) must not
+    block the dataset: its unanswered lines go again, journaled as such, and the run goes on."""
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # a round takes ~1.3 s
+    datasets, objs = write_conversations(tmp_path, 30, seed=3)
+    out = tmp_path / "out"
+    cmd = command(tmp_path, emu, datasets, "--turns", "last")
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "rerun the same command" in stderr, stderr[-3000:]
+    left = json.loads((out / "datasets" / "C" / "summary.json").read_text())["run"]["batches_running"]
+    assert len(left) == 1
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # the service forgets every batch and file
+    again = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"does not know batch {left[0]}" in again.stderr
+    settled = [e for e in journal(out) if e["event"] == "settled"]
+    assert settled[0]["batch_status"] == "vanished" and set(settled[0]["outcomes"].values()) == {"resend"}
+    records = load_records(out / "datasets" / "C" / "records.jsonl")
+    assert sorted(r.id for r in records) == sorted(objs)  # every prompt once, the vanished batch's lines sent again
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and summary["run"]["batches_vanished"] == left
+    assert [b["status"] for b in summary["run"]["batches"]][0] == "vanished"
+    # each round's row names its own batch (the rows once took the next round's id)
+    assert [b["batch_id"] for b in summary["run"]["batches"]] == [e["batch_id"] for e in journal(out)
+                                                                  if e["event"] == "created"]
+
+
+def test_with_base_url_emulator_a_ctrl_c_leaves_no_batch_behind_and_a_rerun_resumes(tmp_path):
+    """Item 6: the embedded emulator stops with the run, so a batch left running there could never be adopted: a
+    stop cancels it (its answered lines recorded), and a rerun of the same command goes on to the end."""
+    datasets, objs = write_conversations(tmp_path, 12, seed=8)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "eagledata.generate", "--dataset", "C", "--datasets-file", str(datasets),
+           "--route", "batch", "--base-url", "emulator", "--emulator-speed", "0.01", "--batch-poll-s", "5",
+           "--output-dir", str(out), "--params-dir", str(tmp_path / "params"), "--max-tokens", "130",
+           "--progress", "false", "--turns", "last"]
+    no_key = {k: v for k, v in os.environ.items() if k != "MOONSHOT_API_KEY"}
+    proc = subprocess.Popen(cmd, env=no_key, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["run"]["batches_running"] == []
+    again = subprocess.run(cmd, env=no_key, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    records = load_records(out / "datasets" / "C" / "records.jsonl")
+    assert sorted(r.id for r in records) == sorted(objs)
+    assert json.loads((out / "datasets" / "C" / "summary.json").read_text())["stop_reason"] == "completed"
+
+
+def test_an_upload_the_service_no_longer_knows_is_made_again_from_batch_inputs(emu, tmp_path, monkeypatch):
+    """Item 6: a run killed between the upload and the batch (journal: uploaded), its upload then gone at the
+    service (deleted, an emulator that stopped): the rerun uploads the kept input file again and goes on."""
+    import asyncio
+
+    from eagledata.generation.batch.route import run_batch_route
+
+    monkeypatch.setenv("MOONSHOT_API_KEY", "sk-test-batch")
+    emu.reset({**BATCH, "batch": {"balance": 50.0}})
+    datasets, objs = write_conversations(tmp_path, 10, seed=6)
+    cfg = batch_cfg(tmp_path, emu, datasets, turns="last")
+    with pytest.raises(Died):
+        asyncio.run(run_batch_route(cfg, transport=DiesAfter("POST", "batches")))
+    assert [e["event"] for e in journal(tmp_path / "out")] == ["prepared", "uploaded"]
+    emu.reset({**BATCH, "batch": {"balance": 50.0}})  # the upload (and the batch the dead run made) forgotten
+    again = DiesAfter("", None)
+    summary = asyncio.run(run_batch_route(cfg, transport=again))
+    assert summary["stop_reason"] == "completed" and summary["records"] == 10
+    assert again.calls["POST files"] == 1 and again.calls["POST batches"] == 2  # the stale id refused, then anew
+    uploads = [e["file_id"] for e in journal(tmp_path / "out") if e["event"] == "uploaded"]
+    assert len(uploads) == 2 and uploads[0] != uploads[1]

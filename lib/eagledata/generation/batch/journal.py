@@ -6,8 +6,9 @@ to the service, so a kill at any instant leaves a state a rerun can adopt (route
   each line holds (its custom_id, tries, cost bound and a hash of its messages); the lines themselves are written to
   `batch_inputs/<name>.jsonl` first;
 - `uploaded`: the input file's id; `created`: the batch's id;
-- `settled`: the batch's end, and each line's outcome (`recorded`, `failed` for good, `retry` counted against
-  `max_attempts`, `resend` not counted: expired, cancelled).
+- `settled`: the batch's end (`batch_status`: the service's, or `vanished` when it answered 404 for a journaled batch),
+  and each line's outcome (`recorded`, `failed` for good, `retry` counted against `max_attempts`, `resend` not
+  counted: expired, cancelled, vanished).
 A rerun reads the journal: an entry prepared but not uploaded is matched to the account's files by name, one
 uploaded but not created to its batches by metadata, so no line is sent twice. A torn last line (a kill mid-write)
 is dropped, as the store drops a torn record.

@@ -12,7 +12,7 @@ from ..conversations.fidelity import FidelityJudge
 from ..policy import StopReason
 from ..report.panel import BatchPanel
 from ..report.progress import RunStats, dataset_summary, run_figures, run_summary
-from .service import BatchService
+from .service import VANISHED, BatchService
 from .state import LaneBatches
 
 log = logging.getLogger("eagledata.generate")
@@ -75,8 +75,9 @@ def _common(run: BatchRun) -> dict[str, Any]:
 def _extra(lanes: list[LaneBatches]) -> dict[str, Any]:
     rounds = [i.row() for lb in lanes for i in lb.rounds]
     left = [lb.entry.batch_id for lb in lanes if lb.entry is not None]
+    vanished = [i.batch_id for lb in lanes for i in lb.rounds if i.status == VANISHED]
     return {"foreign_usd": 0.0, "money_left": None, "concurrency_changes": [], "batches": rounds,
-            "batches_running": left,
+            "batches_running": left, "batches_vanished": vanished,
             "waited_s": round(max((i.waited_s + i.started for lb in lanes for i in lb.rounds), default=0.0), 1)}
 
 

@@ -13,8 +13,11 @@ when it comes. So the account is never charged past either, whatever the answers
 
 Resume: the journal (journal.py, kept by service.py) is written before each call that creates something, so a rerun
 adopts every batch a killed run left (matching an upload or a batch it never journaled by name), records their
-answers and goes on; a line is sent again only when its earlier line failed, expired or was cancelled. Ctrl-C leaves
-the batches running (a rerun of the same command picks them up), or cancels them with `batch_cancel_on_stop`.
+answers and goes on; a line is sent again only when its earlier line failed, expired or was cancelled. A journaled
+batch the service answers 404 for (expired from its records, deleted, another account) is settled as `vanished` and
+its lines not recorded go again: it never blocks a dataset. Ctrl-C leaves the batches running (a rerun of the same
+command picks them up), or cancels them with `batch_cancel_on_stop` (always with `base_url: emulator`, whose
+emulator stops with the run).
 """
 from __future__ import annotations
 
@@ -33,7 +36,15 @@ import httpx
 from ...aio import on_kernel_shutdown, on_signals
 from ...defaults import is_emulator
 from ...errors import InputError
-from ...moonshot.batch_api import BatchInfo, MoonshotBatches, batch_line, jsonl, make_batch_client, resolve_batch_key
+from ...moonshot.batch_api import (
+    BatchApiError,
+    BatchInfo,
+    MoonshotBatches,
+    batch_line,
+    jsonl,
+    make_batch_client,
+    resolve_batch_key,
+)
 from ...openrouter import RoutingDecision
 from ...openrouter.client import LOCAL_KEY
 from ...status import ensure_log_handler
@@ -53,7 +64,7 @@ from .journal import Outcome as LineOutcome
 from .plan import TurnLengths, fits
 from .report import show_status, write_summaries
 from .rounds import Rounds
-from .service import BatchCalls, BatchService
+from .service import VANISHED, BatchCalls, BatchService
 from .settle import Settler
 from .state import LaneBatches, RoundInfo, messages_sha
 
@@ -159,10 +170,11 @@ class BatchRun:
             lines.append(JournalLine(w.turn.id, w.turn.conversation.id, w.turn.number, w.tries, w.bound,
                                      len(w.prompt_ids or ()), messages_sha(w.turn.messages)))
         lb.in_flight = {w.turn.id: w for w in sent}
-        entry = await self.calls.submit(lb, name, round_, jsonl(bodies[:n]), lines, time.time())
-        lb.info = RoundInfo(lb.lane.name, round_, name, len(sent), entry.batch_id, booked_usd=entry.bound_usd,
+        # this round's row before the calls: adopt() writes the batch id into lb.info (the last round's otherwise)
+        lb.info = RoundInfo(lb.lane.name, round_, name, len(sent), booked_usd=sum(w.bound for w in sent),
                             started=self.clock() - self.t0)
         lb.rounds.append(lb.info)
+        entry = await self.calls.submit(lb, name, round_, jsonl(bodies[:n]), lines, time.time())
         log.info("batch route: %s round %d: %d lines submitted (%d new conversations), $%.4f booked (batch %s)",
                  lb.lane.name, round_, len(sent), sum(w.source == "new" for w in sent), entry.bound_usd,
                  entry.batch_id)
@@ -171,11 +183,27 @@ class BatchRun:
     # -- answers -----------------------------------------------------------------------------------------------
     async def _poll(self, lb: LaneBatches) -> None:
         assert lb.info is not None
-        info = await self.calls.status(lb)
-        lb.info.status, lb.info.answered, lb.info.failed = info.status, info.completed, info.failed
-        lb.info.waited_s = self.clock() - self.t0 - lb.info.started
-        if info.terminal:
-            await self._settle(lb, info)
+        try:
+            info = await self.calls.status(lb)
+            lb.info.status, lb.info.answered, lb.info.failed = info.status, info.completed, info.failed
+            lb.info.waited_s = self.clock() - self.t0 - lb.info.started
+            if info.terminal:
+                await self._settle(lb, info)
+        except BatchApiError as e:
+            if e.status != 404:
+                raise
+            await self._vanished(lb, e)
+
+    async def _vanished(self, lb: LaneBatches, error: BatchApiError) -> None:
+        """The service no longer knows the batch (or its results): expired from its records, deleted, another
+        account's key, an emulator that stopped with its run. It must not block the dataset: its lines not recorded
+        go again in the next round, journaled as settled with the batch status `vanished` (outcome `resend`)."""
+        assert lb.entry is not None
+        lines = len(lb.entry.lines) - sum(cid in lb.lane.store.done for cid in lb.entry.lines)
+        log.warning("batch route: %s round %d: the service does not know batch %s any more (%s); its %d line(s) not "
+                    "recorded go again in the next round", lb.lane.name, lb.entry.round, lb.entry.batch_id,
+                    error.message, lines)
+        await self._settle(lb, BatchInfo(str(lb.entry.batch_id or ""), VANISHED))
 
     async def _settle(self, lb: LaneBatches, info: BatchInfo) -> None:
         """Record a finished batch's answers; its failed lines go into the next round (up to max_attempts)."""
@@ -299,7 +327,11 @@ class BatchRun:
         waiting = [lb for lb in self.lanes if lb.entry is not None and lb.entry.batch_id]
         if waiting and self.cfg.batch_cancel_on_stop:
             for lb in waiting:
-                await self.calls.cancel(lb)
+                try:
+                    await self.calls.cancel(lb)
+                except BatchApiError as e:  # gone (404), or ended meanwhile: the next poll settles what it is
+                    log.warning("batch route: %s: cancelling batch %s: %s", lb.lane.name,
+                                lb.entry.batch_id if lb.entry else None, e)
             while any(lb.entry is not None for lb in waiting):
                 for lb in waiting:
                     if lb.entry is not None:
@@ -324,7 +356,8 @@ async def run_batch_route(cfg: GenerateConfig, *, transport: httpx.AsyncBaseTran
                           sleep: Any = asyncio.sleep) -> dict[str, Any]:
     """`route: batch`: every input checked (the key, the model and the window, every prompt) before anything is
     uploaded; returns the summary as `run_generation` does. `base_url: emulator`: the emulator's Batch API, started
-    for the run (`batch_poll_s` × `emulator_speed`). `transport`: the HTTP transport to the service (tests)."""
+    for the run (`batch_poll_s` × `emulator_speed`; a stop cancels its batches, as the emulator stops with the run).
+    `transport`: the HTTP transport to the service (tests)."""
     if is_emulator(cfg.base_url):
         from ...emulator_process import serving
 
@@ -333,10 +366,12 @@ async def run_batch_route(cfg: GenerateConfig, *, transport: httpx.AsyncBaseTran
             ensure_log_handler()
             url = url.removesuffix("/api/v1") + "/moonshot/v1"
             log.info(f"base_url emulator: the emulator's Batch API at {url} for this run (speed "
-                     f"{cfg.emulator_speed:g}, no key); records under {Path(cfg.output_dir) / 'datasets'}")
+                     f"{cfg.emulator_speed:g}, no key; it stops with the run, so a stop cancels its batches); "
+                     f"records under {Path(cfg.output_dir) / 'datasets'}")
             poll = max(0.05, cfg.batch_poll_s * cfg.emulator_speed)
-            return await _run_batches(dataclasses.replace(cfg, batch_base_url=url, batch_poll_s=poll), LOCAL_KEY,
-                                      transport, sleep)
+            # nothing is left running in an emulator that stops with the run: a rerun would find no batch to adopt
+            return await _run_batches(dataclasses.replace(cfg, batch_base_url=url, batch_poll_s=poll,
+                                                          batch_cancel_on_stop=True), LOCAL_KEY, transport, sleep)
     return await _run_batches(cfg, resolve_batch_key(cfg.batch_api_key_env), transport, sleep)
 
 
