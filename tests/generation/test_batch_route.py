@@ -405,3 +405,53 @@ def test_an_upload_the_service_no_longer_knows_is_made_again_from_batch_inputs(e
     assert again.calls["POST files"] == 1 and again.calls["POST batches"] == 2  # the stale id refused, then anew
     uploads = [e["file_id"] for e in journal(tmp_path / "out") if e["event"] == "uploaded"]
     assert len(uploads) == 2 and uploads[0] != uploads[1]
+
+
+def test_a_run_outside_the_emulator_shows_its_rounds_and_a_status_line_every_status_interval(emu, tmp_path):
+    """Item 7: against a standalone service (as against the real API) the log shows each round, and a status line
+    (tokens of the target, the batch's lines answered of its total, the window's end, an ETA, the money) every
+    `status_interval_s`, between polls too."""
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # a round takes ~1.3 s
+    datasets, _ = write_conversations(tmp_path, 20, seed=12)
+    poll, interval = 1.0, 0.2
+    done = subprocess.run([*command(tmp_path, emu, datasets, "--turns", "last"), "--batch-poll-s", str(poll),
+                           "--status-interval-s", str(interval)], env=env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
+    rounds = summary["run"]["batches"]
+    assert "round 1: 20 lines submitted" in done.stderr
+    status = [ln for ln in done.stderr.splitlines() if "lines answered" in ln]
+    assert status and all("window ends" in ln and "ETA" in ln and "booked" in ln for ln in status), status[:3]
+    assert any("/20 lines answered" in ln for ln in status)
+    polls = summary["wall_s"] / poll + 2 * len(rounds)  # at most one poll a second, and one at each round's ends
+    assert len(status) > 1.5 * polls, (len(status), summary["wall_s"])  # not only at the polls
+
+
+def test_the_live_panel_is_redrawn_every_status_interval_with_the_status_line(emu, tmp_path, monkeypatch):
+    """Item 7: in JupyterLab the panel (its headline: the status line; its table: the rounds) is redrawn every
+    `status_interval_s`, not only at the polls."""
+    import asyncio
+    import dataclasses
+
+    from eagledata.generation.batch import route
+    from eagledata.generation.report.panel import BatchPanel
+
+    class Counting(BatchPanel):
+        updates: list[str] = []
+
+        def update(self, headline, rounds):
+            super().update(headline, rounds)
+            self.updates.append(headline)
+
+    monkeypatch.setenv("MOONSHOT_API_KEY", "sk-test-batch")
+    monkeypatch.setattr(route, "make_batch_panel", lambda: Counting(show=lambda w: None))
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})
+    datasets, _ = write_conversations(tmp_path, 10, seed=13)
+    cfg = dataclasses.replace(batch_cfg(tmp_path, emu, datasets, turns="last"), progress=True, batch_poll_s=1.0,
+                              status_interval_s=0.2)
+    summary = asyncio.run(route.run_batch_route(cfg))
+    assert summary["records"] == 10
+    live = [h for h in Counting.updates if "lines answered" in h]
+    assert live and all("window ends" in h and "ETA" in h for h in live)
+    assert len(Counting.updates) > 1.5 * (summary["wall_s"] / 1.0 + 2 * len(summary["run"]["batches"]))

@@ -1,19 +1,21 @@
-"""What a batch run shows: the status line and the live panel's table of rounds, and the summaries (summary.json per
-dataset, the run's), read from the run's state only."""
+"""What a batch run shows: the status line and the live panel's table of rounds (every `status_interval_s`, between
+polls too), and the summaries (summary.json per dataset, the run's), read from the run's state only."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from ...status import StatusLog, duration
 from ..config import GenerateConfig
 from ..conversations.fidelity import FidelityJudge
 from ..policy import StopReason
 from ..report.panel import BatchPanel
 from ..report.progress import RunStats, dataset_summary, run_figures, run_summary
 from .service import VANISHED, BatchService
-from .state import LaneBatches
+from .state import LaneBatches, RoundInfo
 
 log = logging.getLogger("eagledata.generate")
 
@@ -40,20 +42,74 @@ class BatchRun(Protocol):
     def booked(self) -> float: ...
 
 
-def show_status(run: BatchRun) -> None:
-    """A status line (logging) every poll, and the live panel's table of rounds in JupyterLab."""
+def _clock_time(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%m-%d %H:%M UTC")
+
+
+def batch_eta_s(info: RoundInfo, now: float, since_poll_s: float = 0.0) -> float | None:
+    """Seconds until a batch in progress is done: at the rate its lines were answered by the last poll (since it was
+    submitted, validation and the queue included: an upper estimate), less the time since that poll, never past its
+    window's end; before any answer only the window bounds it (None without one). `now`: the wall clock."""
+    to_window = None if info.window_end is None else max(0.0, info.window_end - now)
+    if info.answered <= 0 or info.waited_s <= 0:
+        return to_window
+    left = info.lines - info.answered - info.failed
+    eta = max(0.0, left * info.waited_s / info.answered - since_poll_s)
+    return eta if to_window is None else min(eta, to_window)
+
+
+def status_line(run: BatchRun, now: float | None = None) -> str:
+    """What a batch run is doing, in one line: per dataset its tokens of the target, its round and that batch's
+    lines answered of its total, the window's end and an ETA; then the money (answered, booked, the cap) and the
+    time so far. `now`: the wall clock (time.time)."""
+    now = time.time() if now is None else now
+    elapsed = run.clock() - run.t0
     parts = []
     for lb in run.lanes:
         i, lane = lb.info, lb.lane
-        head = f"{lane.name} {lane.store.output_tokens:,}" + (f"/{lane.target:,}" if lane.target else "") + " tok"
+        head = f"{lane.name} {lane.store.output_tokens:,}" + (
+            f"/{lane.target:,} tok ({100 * lane.store.output_tokens / lane.target:.1f} %)" if lane.target else " tok")
         if lb.entry is not None and i is not None:
-            head += (f", round {i.round} {i.status} {i.answered}/{i.lines} answered, {i.failed} failed, "
-                     f"waiting {i.waited_s / 60:.1f} min")
+            waited = elapsed - i.started
+            head += (f", round {i.round}: {i.status} {i.answered:,}/{i.lines:,} lines answered"
+                     + (f", {i.failed:,} failed" if i.failed else "") + f", waiting {duration(waited)}")
+            if i.window_end is not None:
+                head += f", window ends {_clock_time(i.window_end)} (in {duration(i.window_end - now)})"
+            eta = batch_eta_s(i, now, since_poll_s=max(0.0, waited - i.waited_s))
+            head += (f", ETA at most {duration(eta)} (the window's end)" if i.answered <= 0 and eta is not None
+                     else f", ETA {duration(eta)}")
+        elif lane.stop_reason:
+            head += f", {lane.stop_reason}"
         parts.append(head)
-    line = f"{' | '.join(parts)} | ${run.spent:.4f} answered, ${run.booked:.4f} booked"
-    log.info("batch route: %s", line)
-    if run.panel is not None:
-        run.panel.update(line, [i.row() for lb in run.lanes for i in lb.rounds])
+    cap = f" of ${run.cfg.max_spend_usd:,.2f} cap" if run.cfg.max_spend_usd is not None else ""
+    money = f"${run.spent:.4f} answered, ${run.booked:.4f} booked{cap}"
+    return f"{' | '.join(parts)} | {money} | {duration(elapsed)} so far"
+
+
+class BatchProgress:
+    """What a batch run shows while it runs: the live panel in JupyterLab (`panel`), else a status line through
+    logging, every `interval_s` (`status_interval_s`: between polls too, which may be minutes apart) and at each
+    round's submission and end (`show`). The round events themselves are logged by the route."""
+
+    def __init__(self, panel: BatchPanel | None, interval_s: float, clock: Callable[[], float]):
+        self.panel, self.clock = panel, clock
+        self.log = StatusLog(interval_s, "eagledata.generate", clock=clock)
+
+    def next_in(self) -> float:
+        """Seconds until the next status is due."""
+        return max(0.0, self.log.next_at - self.clock())
+
+    def maybe(self, run: BatchRun) -> None:
+        if self.log.due():
+            self.show(run)
+
+    def show(self, run: BatchRun) -> None:
+        self.log.next_at = self.clock() + self.log.interval_s
+        line = status_line(run)
+        if self.panel is not None:
+            self.panel.update(line, [i.row() for lb in run.lanes for i in lb.rounds])
+        else:
+            self.log.emit(f"batch route: {line}")
 
 
 def _settings(run: BatchRun) -> dict[str, Any]:

@@ -45,6 +45,7 @@ from ...moonshot.batch_api import (
     make_batch_client,
     resolve_batch_key,
 )
+from ...moonshot.facts import window_hours
 from ...openrouter import RoutingDecision
 from ...openrouter.client import LOCAL_KEY
 from ...status import ensure_log_handler
@@ -62,7 +63,7 @@ from ..report.panel import BatchPanel, make_batch_panel
 from .journal import BatchJournal, JournalLine
 from .journal import Outcome as LineOutcome
 from .plan import TurnLengths, fits
-from .report import show_status, write_summaries
+from .report import BatchProgress, write_summaries
 from .rounds import Rounds
 from .service import VANISHED, BatchCalls, BatchService
 from .settle import Settler
@@ -93,7 +94,10 @@ class BatchRun:
         self.stop_reason: str = ""
         self.fatal: dict[str, Any] | None = None
         self.panel: BatchPanel | None = None
+        self.window_s = 3600.0 * window_hours(cfg.batch_window)
+        self.progress = BatchProgress(None, cfg.status_interval_s, clock)
         self._wake = asyncio.Event()
+        self._changed = False
         self._ended = asyncio.Event()
 
     # -- money -------------------------------------------------------------------------------------------------
@@ -141,7 +145,8 @@ class BatchRun:
         if entry is not None:
             lb.entry = entry
             lb.info = RoundInfo(lb.lane.name, entry.round, entry.name, len(entry.lines), entry.batch_id,
-                                entry.status, booked_usd=entry.bound_usd, started=self.clock() - self.t0)
+                                entry.status, booked_usd=entry.bound_usd, started=self.clock() - self.t0,
+                                window_end=entry.submitted_at + self.window_s if entry.submitted_at else None)
             lb.rounds.append(lb.info)
 
     async def _submit(self, lb: LaneBatches, room: float) -> bool | None:
@@ -171,10 +176,12 @@ class BatchRun:
                                      len(w.prompt_ids or ()), messages_sha(w.turn.messages)))
         lb.in_flight = {w.turn.id: w for w in sent}
         # this round's row before the calls: adopt() writes the batch id into lb.info (the last round's otherwise)
+        at = time.time()
         lb.info = RoundInfo(lb.lane.name, round_, name, len(sent), booked_usd=sum(w.bound for w in sent),
-                            started=self.clock() - self.t0)
+                            started=self.clock() - self.t0, window_end=at + self.window_s)
         lb.rounds.append(lb.info)
-        entry = await self.calls.submit(lb, name, round_, jsonl(bodies[:n]), lines, time.time())
+        entry = await self.calls.submit(lb, name, round_, jsonl(bodies[:n]), lines, at)
+        self._changed = True
         log.info("batch route: %s round %d: %d lines submitted (%d new conversations), $%.4f booked (batch %s)",
                  lb.lane.name, round_, len(sent), sum(w.source == "new" for w in sent), entry.bound_usd,
                  entry.batch_id)
@@ -187,6 +194,8 @@ class BatchRun:
             info = await self.calls.status(lb)
             lb.info.status, lb.info.answered, lb.info.failed = info.status, info.completed, info.failed
             lb.info.waited_s = self.clock() - self.t0 - lb.info.started
+            if info.expires_at:  # the service's own end of the window (an emulator's is scaled by its speed)
+                lb.info.window_end = float(info.expires_at)
             if info.terminal:
                 await self._settle(lb, info)
         except BatchApiError as e:
@@ -232,6 +241,7 @@ class BatchRun:
             lane.target_met_s = self.clock() - self.t0
         if self.service.provider in self.judge.suspects:
             self._stop(StopReason.NO_FAITHFUL_PROVIDERS)
+        self._changed = True
         log.info("batch route: %s round %d %s: %d recorded, %d to send again, %d failed for good, $%.4f",
                  lane.name, entry.round, info.status, lb.info.answered,
                  sum(o in ("retry", "resend") for o in outcomes.values()),
@@ -265,6 +275,7 @@ class BatchRun:
         """Run to the end (every dataset finished, the money, a signal, a fatal answer); every summary.json is
         written whatever stopped it, an error included (then raised, its stop reason naming it)."""
         self.panel = make_batch_panel() if self.cfg.progress else None
+        self.progress = BatchProgress(self.panel, self.cfg.status_interval_s, self.clock)
         restore = on_signals(lambda: self._stop(StopReason.INTERRUPTED))
         unhook, ended = on_kernel_shutdown(self._kernel_shutdown), self._ended
         try:
@@ -314,12 +325,23 @@ class BatchRun:
                     if all(lb.lane.stop_reason == StopReason.TARGET_REACHED for lb in self.lanes):
                         self.stop_reason = StopReason.TARGET_REACHED
                     break
-            show_status(self)
-            self._wake.clear()
+            if self._changed:  # a round submitted or settled: shown at once
+                self.progress.show(self)
+                self._changed = False
+            else:
+                self.progress.maybe(self)
+            await self._wait(poll)
+
+    async def _wait(self, poll: float) -> None:
+        """Until the next poll (or a stop), the status shown every `status_interval_s` meanwhile."""
+        self._wake.clear()
+        next_poll = self.clock() + poll
+        while not self._wake.is_set() and (left := next_poll - self.clock()) > 0:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=poll)
+                await asyncio.wait_for(self._wake.wait(), timeout=min(left, max(self.progress.next_in(), 0.01)))
             except TimeoutError:
                 pass
+            self.progress.maybe(self)
 
     async def _end(self) -> None:
         """Ctrl-C (or a stop): the batches in progress are left running (a rerun adopts them), or cancelled and
@@ -345,7 +367,7 @@ class BatchRun:
             if not lb.lane.stop_reason:
                 lb.lane.stop_reason = self.stop_reason or StopReason.COMPLETED
             lb.lane.store.sync()
-        show_status(self)
+        self.progress.show(self)
         try:
             self.balance_end = await self.service.balance()
         except Exception as e:  # the summaries are still written
@@ -358,12 +380,12 @@ async def run_batch_route(cfg: GenerateConfig, *, transport: httpx.AsyncBaseTran
     uploaded; returns the summary as `run_generation` does. `base_url: emulator`: the emulator's Batch API, started
     for the run (`batch_poll_s` × `emulator_speed`; a stop cancels its batches, as the emulator stops with the run).
     `transport`: the HTTP transport to the service (tests)."""
+    ensure_log_handler()  # the rounds and the status lines, wherever the service is
     if is_emulator(cfg.base_url):
         from ...emulator_process import serving
 
         specs = select_datasets(cfg.datasets_file, cfg.dataset)
         async with serving(cfg.base_url, speed=cfg.emulator_speed, tool_datasets=[s.prompts for s in specs]) as url:
-            ensure_log_handler()
             url = url.removesuffix("/api/v1") + "/moonshot/v1"
             log.info(f"base_url emulator: the emulator's Batch API at {url} for this run (speed "
                      f"{cfg.emulator_speed:g}, no key; it stops with the run, so a stop cancels its batches); "

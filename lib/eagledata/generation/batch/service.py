@@ -83,6 +83,9 @@ class BatchCalls:
             found_b = [b for b in await self.service.batches() if b.metadata.get("eagledata") == entry.name]
             info = found_b[0] if found_b else await self._create(lb, entry)
             lb.journal.created(entry.name, info.id)
+            if lb.info is not None:
+                lb.info.status = info.status
+                lb.info.window_end = float(info.expires_at) if info.expires_at else lb.info.window_end
         if lb.info is not None:
             lb.info.batch_id = entry.batch_id
 
