@@ -71,7 +71,8 @@ def status_line(run: BatchRun, now: float | None = None) -> str:
             f"/{lane.target:,} tok ({100 * lane.store.output_tokens / lane.target:.1f} %)" if lane.target else " tok")
         if lb.entry is not None and i is not None:
             waited = elapsed - i.started
-            head += (f", round {i.round}: {i.status} {i.answered:,}/{i.lines:,} lines answered"
+            head += (f", round {i.round} of {lb.planned_rounds} planned: {i.status} {i.answered:,}/{i.lines:,} lines "
+                     "answered"
                      + (f", {i.failed:,} failed" if i.failed else "") + f", waiting {duration(waited)}")
             if i.window_end is not None:
                 head += f", window ends {_clock_time(i.window_end)} (in {duration(i.window_end - now)})"
@@ -79,7 +80,7 @@ def status_line(run: BatchRun, now: float | None = None) -> str:
             head += (f", ETA at most {duration(eta)} (the window's end)" if i.answered <= 0 and eta is not None
                      else f", ETA {duration(eta)}")
         elif lane.stop_reason:
-            head += f", {lane.stop_reason}"
+            head += f", {lane.stop_reason} in {lb.rounds_used} round(s) of {lb.planned_rounds} planned"
         parts.append(head)
     cap = f" of ${run.cfg.max_spend_usd:,.2f} cap" if run.cfg.max_spend_usd is not None else ""
     money = f"${run.spent:.4f} answered, ${run.booked:.4f} booked{cap}"
@@ -132,7 +133,9 @@ def _extra(lanes: list[LaneBatches]) -> dict[str, Any]:
     rounds = [i.row() for lb in lanes for i in lb.rounds]
     left = [lb.entry.batch_id for lb in lanes if lb.entry is not None]
     vanished = [i.batch_id for lb in lanes for i in lb.rounds if i.status == VANISHED]
-    return {"foreign_usd": 0.0, "money_left": None, "concurrency_changes": [], "batches": rounds,
+    return {"rounds_used": max((lb.rounds_used for lb in lanes), default=0),  # side by side: the deepest's
+            "rounds_planned": max((lb.planned_rounds for lb in lanes), default=0),
+            "foreign_usd": 0.0, "money_left": None, "concurrency_changes": [], "batches": rounds,
             "batches_running": left, "batches_vanished": vanished,
             "waited_s": round(max((i.waited_s + i.started for lb in lanes for i in lb.rounds), default=0.0), 1)}
 

@@ -3,7 +3,8 @@
 Each dataset has at most one batch in progress. A round holds every turn that can be sent now: the next turns of
 conversations whose earlier answers are recorded (turn j of a conversation goes in its j-th round), the lines to
 send again, and new conversations as many as its target still needs (rounds.py and plan.py: the budget's estimate first,
-then smaller top-ups on the measured lengths). Its answers are recorded as the realtime route records them (the
+then a round that reaches the target with 90 % probability, so that a dataset takes the rounds budget.ipynb planned:
+its deepest conversation's turns plus one). Its answers are recorded as the realtime route records them (the
 same recorder: exact ids, the count check, the fidelity judge, failures.jsonl), with the batch's answer id as
 `generation_id` and the batch service as `provider`.
 
@@ -180,11 +181,15 @@ class BatchRun:
         lb.info = RoundInfo(lb.lane.name, round_, name, len(sent), booked_usd=sum(w.bound for w in sent),
                             started=self.clock() - self.t0, window_end=at + self.window_s)
         lb.rounds.append(lb.info)
-        entry = await self.calls.submit(lb, name, round_, jsonl(bodies[:n]), lines, at)
+        entry = await self.calls.submit(lb, name, round_, jsonl(bodies[:n]), lines, at,
+                                        lb.planned_rounds if lb.journal.planned_rounds is None else None)
         self._changed = True
-        log.info("batch route: %s round %d: %d lines submitted (%d new conversations), $%.4f booked (batch %s)",
-                 lb.lane.name, round_, len(sent), sum(w.source == "new" for w in sent), entry.bound_usd,
-                 entry.batch_id)
+        log.info("batch route: %s round %d of %d planned: %d lines submitted (%d new conversations), $%.4f booked "
+                 "(batch %s)", lb.lane.name, round_, lb.planned_rounds, len(sent), sum(w.source == "new" for w in sent),
+                 entry.bound_usd, entry.batch_id)
+        if round_ == lb.planned_rounds + 1:
+            log.warning("batch route: %s needs more rounds than the %d planned (the answers fell short of the "
+                        "target with the conversations sent): round %d", lb.lane.name, lb.planned_rounds, round_)
         return True
 
     # -- answers -----------------------------------------------------------------------------------------------
@@ -302,6 +307,7 @@ class BatchRun:
     async def _loop(self) -> None:
         self.balance_start = await self.service.balance()
         for lb in self.lanes:
+            lb.planned_rounds = self.rounds.planned_rounds(lb)
             self._resume(lb)
             await self.calls.adopt(lb)
         poll = self.cfg.batch_poll_s

@@ -59,11 +59,11 @@ class BatchCalls:
         work.turn = dataclasses.replace(work.turn, messages=self.body(work)["messages"])
 
     async def submit(self, lb: LaneBatches, name: str, round_: int, data: bytes, lines: list[JournalLine],
-                     at: float) -> BatchEntry:
+                     at: float, planned_rounds: int | None = None) -> BatchEntry:
         """A round's input file kept under batch_inputs/, journaled as prepared, then uploaded and created."""
         (lb.dir / INPUTS).mkdir(exist_ok=True)
         (lb.dir / INPUTS / f"{name}.jsonl").write_bytes(data)
-        lb.entry = lb.journal.prepared(name, round_, lines, at)
+        lb.entry = lb.journal.prepared(name, round_, lines, at, planned_rounds)
         await self.adopt(lb)
         return lb.entry
 

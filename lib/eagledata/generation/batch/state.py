@@ -66,6 +66,12 @@ class LaneBatches:
     went_on: int = 0
     ended: int = 0
     usd: float = 0.0   # what this run's answers of this dataset cost
+    planned_rounds: int = 0  # the rounds it is planned to take (rounds.Rounds.planned_rounds)
+
+    @property
+    def rounds_used(self) -> int:
+        """Its rounds so far, every run's (a batch sent again after a 404 or a failure counts: it took a round)."""
+        return self.journal.rounds
 
     @property
     def dir(self) -> Path:
