@@ -482,3 +482,61 @@ def test_the_demos_datasets_reach_their_targets_in_the_planned_rounds(emu, tmp_p
         assert run["rounds_used"] == len(run["batches"]) <= planned, [b["lines"] for b in run["batches"]]
         assert f"{name} round 1 of {planned} planned" in done.stderr
         assert f"{name} {summary['output_tokens']:,}/" in done.stderr and f"of {planned} planned" in done.stderr
+
+
+def test_the_batch_summary_has_a_timeline_and_money_figures_that_agree(emu, tmp_path, monkeypatch):
+    """Item 9: the report's health figure said "charged $0.0000" beside a table of $0.11 and drew empty panels: the
+    batch route wrote no timeline. Now it samples one (what the settled lines cost, tokens, lines waiting), and its
+    charged, recorded, wasted and $/M agree."""
+    import asyncio
+
+    from eagledata.generation.batch.route import run_batch_route
+    from eagledata.generation.report.progress import TIMELINE_COLUMNS
+    from eagledata.generation.report.run_report import RunHealth, summary_table
+
+    monkeypatch.setenv("MOONSHOT_API_KEY", "sk-test-batch")
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})
+    datasets, _ = write_conversations(tmp_path, 20, seed=21)
+    summary = asyncio.run(run_batch_route(batch_cfg(tmp_path, emu, datasets, turns="all")))
+    run, tl, cols = summary["run"], summary["timeline"], summary["timeline_columns"]
+    assert cols == TIMELINE_COLUMNS and len(tl) >= 3
+    col = {c: [row[i] for row in tl] for i, c in enumerate(cols)}
+    assert col["t_s"] == sorted(col["t_s"]) and col["spend_usd"] == sorted(col["spend_usd"])
+    assert col["spend_usd"][-1] == pytest.approx(run["charged_usd"], abs=1e-6) and run["charged_usd"] > 0
+    assert col["output_tokens"][-1] == run["output_tokens"] and max(col["in_flight"]) > 0
+    assert run["wasted_usd"] == pytest.approx(run["charged_usd"] - run["recorded_usd"], abs=1e-8)
+    assert run["usd_per_m_output"] >= PRICE.completion_per_m  # the batch price, and the prompts on top
+    health = RunHealth.of_summary(summary)
+    assert f"charged ${run['charged_usd']:,.4f}" in health.headline()
+    table = summary_table(summary)["value"]  # the table says the same, and where the batch route's charge comes from
+    assert table["charged this run (lines settled, batch price)"] == f"${run['charged_usd']:,.4f}"
+    assert table["the account's balance delta this run"] == f"${run['account_delta_usd']:,.4f}"
+
+
+def test_an_adopted_batchs_lines_are_charged_to_the_run_that_settles_them(emu, tmp_path):
+    """Item 9: a rerun adopting a batch the service answered meanwhile read its balance after those lines were
+    charged: its charged (the balance delta) came out below what its records cost ($/M under the batch price,
+    nothing wasted). charged is what the service charged for the lines the run settled; the delta is beside it."""
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})
+    datasets, _ = write_conversations(tmp_path, 20, seed=22)
+    out = tmp_path / "out"
+    cmd = command(tmp_path, emu, datasets, "--turns", "last")
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-3000:]
+    batch_id = json.loads((out / "datasets" / "C" / "summary.json").read_text())["run"]["batches_running"][0]
+    while time.monotonic() < deadline:  # the service answers (and charges) the lines before the rerun
+        got = httpx.get(f"{moonshot(emu)}/batches/{batch_id}", headers={"Authorization": "Bearer k"}, timeout=30)
+        if got.json()["status"] == "completed":
+            break
+        time.sleep(0.05)
+    again = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    run = json.loads((out / "datasets" / "C" / "summary.json").read_text())["run"]
+    assert run["recorded"] == 20 and run["charged_usd"] == pytest.approx(run["recorded_usd"], rel=1e-9)
+    assert run["wasted_usd"] == 0 and run["usd_per_m_output"] >= PRICE.completion_per_m
+    assert run["account_delta_usd"] < run["charged_usd"]  # the balance moved before this run read it

@@ -35,6 +35,7 @@ class BatchRun(Protocol):
     started_at: str
     t0: float
     clock: Callable[[], float]
+    timeline: list[list[float]]
 
     @property
     def spent(self) -> float: ...
@@ -129,6 +130,28 @@ def _common(run: BatchRun) -> dict[str, Any]:
             "wall_s": round(run.clock() - run.t0, 3)}
 
 
+def _answered(lb: LaneBatches) -> int:
+    """Prompts (whole conversations) answered in this run: finished, less those failed for good."""
+    lane = lb.lane
+    return max(lane.store.conversations_finished - lane.done_before - lane.stats.counts["failed"], 0)
+
+
+def sample(run: BatchRun) -> None:
+    """A point of each dataset's timeline and of the run's, at one tick (TIMELINE_COLUMNS): what the service
+    charged for the lines settled so far (`spend_usd`, at the batch price), and as the requests in flight the lines
+    of the batches in progress not answered yet against their lines (`limit`). Their bookings are worst cases for
+    the money check, not charges: `at_bound_usd` stays 0."""
+    t = run.clock() - run.t0
+    waiting = lines = 0
+    for lb in run.lanes:
+        i = lb.info if lb.entry is not None else None
+        w, n = (max(0, i.lines - i.answered - i.failed), i.lines) if i is not None else (0, 0)
+        lb.lane.stats.sample(t, lb.usd, w, n, _answered(lb))
+        waiting, lines = waiting + w, lines + n
+    RunStats.combined([lb.lane.stats for lb in run.lanes], run.timeline).sample(
+        t, run.spent, waiting, lines, sum(_answered(lb) for lb in run.lanes))
+
+
 def _extra(lanes: list[LaneBatches]) -> dict[str, Any]:
     rounds = [i.row() for lb in lanes for i in lb.rounds]
     left = [lb.entry.batch_id for lb in lanes if lb.entry is not None]
@@ -141,10 +164,16 @@ def _extra(lanes: list[LaneBatches]) -> dict[str, Any]:
 
 
 def write_summaries(run: BatchRun) -> dict[str, Any]:
-    """Every dataset's summary.json written; returns the summary (one dataset alone: its own; else the run's)."""
+    """Every dataset's summary.json written; returns the summary (one dataset alone: its own; else the run's).
+
+    The money: `charged_usd` is what the service charged for the lines this run settled (every answered line at the
+    batch price; failed, expired and cancelled lines cost nothing), `recorded_usd` what the kept ones cost, and
+    `wasted_usd` the rest (answers refused). The account's balance delta over the run is `account_delta_usd`, beside
+    them and not the same: lines of a batch adopted from an earlier run were charged before this run read the balance,
+    and lines of a batch left running are charged after it settled anything."""
     wall = run.clock() - run.t0
-    charged = None if run.balance_start is None or run.balance_end is None else \
-        max(0.0, run.balance_start - run.balance_end)
+    delta = None if run.balance_start is None or run.balance_end is None else \
+        round(max(0.0, run.balance_start - run.balance_end), 8)
     routing = {"provider": None, "source": f"{run.service.name} batch API", "route": "batch"}
     per: dict[str, dict[str, Any]] = {}
     single = len(run.lanes) == 1
@@ -153,15 +182,17 @@ def write_summaries(run: BatchRun) -> dict[str, Any]:
         per[lane.name] = {**dataset_summary(
             lane.name, lane.store, lane.stats, common=_common(run),
             stop_reason=lane.stop_reason, fatal=run.fatal, prompts=lane.scan.total, target=lane.target,
-            figures=run_figures(lane.stats, wall_s=wall, charged=charged if single else lb.usd, spent=lb.usd),
+            figures=run_figures(lane.stats, wall_s=wall, charged=lb.usd, spent=lb.usd),
             settings=_settings(run), done_before=lane.done_before, target_met_s=lane.target_met_s,
-            extra=_extra([lb]), routing=routing), "fidelity": lane.fidelity.summary(verdicts=run.judge)}
+            extra={**_extra([lb]), **({"account_delta_usd": delta} if single else {})}, routing=routing),
+            "fidelity": lane.fidelity.summary(verdicts=run.judge)}
         lane.store.write_summary(per[lane.name])
     if single:
         return per[run.lanes[0].lane.name]
-    totals = RunStats.combined([lb.lane.stats for lb in run.lanes])
+    totals = RunStats.combined([lb.lane.stats for lb in run.lanes], run.timeline)
     return {**run_summary([lb.lane.name for lb in run.lanes], per, totals, common=_common(run),
                           stop_reason=run.stop_reason or StopReason.COMPLETED, fatal=run.fatal,
-                          figures=run_figures(totals, wall_s=wall, charged=charged, spent=run.spent),
-                          settings=_settings(run), extra=_extra(run.lanes), routing=routing),
+                          figures=run_figures(totals, wall_s=wall, charged=run.spent, spent=run.spent),
+                          settings=_settings(run), extra={**_extra(run.lanes), "account_delta_usd": delta},
+                          routing=routing),
             "fidelity": run.judge.summary()}

@@ -64,7 +64,7 @@ from ..report.panel import BatchPanel, make_batch_panel
 from .journal import BatchJournal, JournalLine
 from .journal import Outcome as LineOutcome
 from .plan import TurnLengths, fits
-from .report import BatchProgress, write_summaries
+from .report import BatchProgress, sample, write_summaries
 from .rounds import Rounds
 from .service import VANISHED, BatchCalls, BatchService
 from .settle import Settler
@@ -91,6 +91,7 @@ class BatchRun:
         self.calls = BatchCalls(service, window=cfg.batch_window, max_tokens=cfg.max_tokens)
         self.settler = Settler(tok, recorder, service, self.rounds, max_attempts=cfg.max_attempts, stop=self._fail)
         self.balance_start: float | None = None
+        self.timeline: list[list[float]] = []  # the run's own samples (each dataset keeps its own: report.sample)
         self.balance_end: float | None = None
         self.stop_reason: str = ""
         self.fatal: dict[str, Any] | None = None
@@ -310,6 +311,7 @@ class BatchRun:
             lb.planned_rounds = self.rounds.planned_rounds(lb)
             self._resume(lb)
             await self.calls.adopt(lb)
+        sample(self)
         poll = self.cfg.batch_poll_s
         while not self.stop_reason:
             for lb in self.lanes:
@@ -331,6 +333,7 @@ class BatchRun:
                     if all(lb.lane.stop_reason == StopReason.TARGET_REACHED for lb in self.lanes):
                         self.stop_reason = StopReason.TARGET_REACHED
                     break
+            sample(self)
             if self._changed:  # a round submitted or settled: shown at once
                 self.progress.show(self)
                 self._changed = False
@@ -373,6 +376,7 @@ class BatchRun:
             if not lb.lane.stop_reason:
                 lb.lane.stop_reason = self.stop_reason or StopReason.COMPLETED
             lb.lane.store.sync()
+        sample(self)
         self.progress.show(self)
         try:
             self.balance_end = await self.service.balance()
