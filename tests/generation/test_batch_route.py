@@ -2,6 +2,7 @@
 SIGKILL while a batch is in progress and a resume; a target met in top-up rounds; the money never over the cap; bad
 input refused before anything is uploaded; Ctrl-C leaving the batches running for the rerun to pick up."""
 import json
+import math
 import os
 import random
 import re
@@ -263,6 +264,7 @@ def test_the_money_stops_at_the_cap_and_never_over(emu, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "max_spend_reached" and 0 < summary["records"] < 200
+    assert "does not fit the $" in done.stderr and "max_spend_reached" in done.stderr  # the money's stop, said
     charged = start - balance(emu)
     assert 0 < charged <= cap and summary["run"]["charged_usd"] == pytest.approx(charged, abs=1e-9)
     rounds = summary["run"]["batches"]
@@ -540,3 +542,22 @@ def test_an_adopted_batchs_lines_are_charged_to_the_run_that_settles_them(emu, t
     assert run["recorded"] == 20 and run["charged_usd"] == pytest.approx(run["recorded_usd"], rel=1e-9)
     assert run["wasted_usd"] == 0 and run["usd_per_m_output"] >= PRICE.completion_per_m
     assert run["account_delta_usd"] < run["charged_usd"]  # the balance moved before this run read it
+
+
+def test_a_cap_under_one_lines_worst_case_is_refused_before_anything_is_uploaded_naming_the_cap_that_works(emu,
+                                                                                                          tmp_path):
+    """Item 10: `max_spend_usd 0.05` at max_tokens 32768 (a line's worst case ~$0.059 at the batch price) stopped
+    on max_spend_reached at $0.0000 saying nothing. It is an input error, before any upload, naming the cap that
+    would send a line."""
+    emu.reset(BATCH)
+    datasets, _ = write_conversations(tmp_path, 5, seed=23)
+    done = subprocess.run(command(tmp_path, emu, datasets, "--max-tokens", "32768", "--max-spend-usd", "0.05"),
+                          env=env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    worst = PRICE.cost(0, 32768)  # $0.0590 before its prompt
+    assert "max_spend_usd" in done.stderr and f"at least ${math.ceil(worst * 100) / 100:.2f}" in done.stderr
+    assert emu.stats()["batch"]["files"] == 0 and batch_lines(emu) == []
+    # a cap that holds one line's worst case goes on
+    ok = subprocess.run(command(tmp_path, emu, datasets, "--max-tokens", "32768", "--max-spend-usd", "0.06",
+                                "--turns", "last"), env=env(), capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and batch_lines(emu), ok.stderr[-2000:]

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -46,7 +48,7 @@ from ...moonshot.batch_api import (
     make_batch_client,
     resolve_batch_key,
 )
-from ...moonshot.facts import window_hours
+from ...moonshot.facts import batch_model, window_hours
 from ...openrouter import RoutingDecision
 from ...openrouter.client import LOCAL_KEY
 from ...status import ensure_log_handler
@@ -56,6 +58,7 @@ from ..config import GenerateConfig
 from ..conversations.datasets import select_datasets
 from ..conversations.fidelity import FidelityJudge
 from ..conversations.recorder import Recorder
+from ..conversations.turns import Conversation
 from ..lanes import DatasetRun, open_lanes
 from ..money.spender import SpenderLock
 from ..plan.budget import OutputLengths
@@ -151,9 +154,9 @@ class BatchRun:
                                 window_end=entry.submitted_at + self.window_s if entry.submitted_at else None)
             lb.rounds.append(lb.info)
 
-    async def _submit(self, lb: LaneBatches, room: float) -> bool | None:
-        """Plan and submit the dataset's next round within `room` dollars: True when submitted, False when not one
-        line of it fits, None when it has nothing to send."""
+    async def _submit(self, lb: LaneBatches, room: float, why: str = "") -> bool | None:
+        """Plan and submit the dataset's next round within `room` dollars (`why`: the limit that leaves it): True
+        when submitted, False when not one line of it fits, None when it has nothing to send."""
         works = self.rounds.plan(lb)
         if not works:
             return None
@@ -165,9 +168,16 @@ class BatchRun:
         bodies = [batch_line(w.turn.id, self.calls.body(w)) for w in works]
         sizes = [len(jsonl([b])) for b in bodies]
         n = fits([w.bound for w in works], 0.0, room)
+        if n == 0:
+            log.warning("batch route: %s: its next line's worst case ($%.4f: %s output tokens, max_tokens) does not "
+                        "fit the $%.4f the money leaves (%s): the run stops there", lb.lane.name, works[0].bound,
+                        f"{self.cfg.max_tokens:,}", max(room, 0.0), why)
+            return False
         n = min(n, fits([float(x) for x in sizes], 0.0, float(self.service.max_file_bytes)))  # one file holds a round
         if n == 0:
-            return False
+            raise InputError(f"conversation {works[0].turn.conversation.id!r}: its line ({sizes[0]:,} bytes) is over "
+                             f"the Batch API's input file limit ({self.service.max_file_bytes:,} bytes)",
+                             lb.lane.scan.path)
         sent = self.rounds.take(lb, works, n)
         round_ = lb.journal.rounds + 1
         name = f"eagledata-{lb.lane.name}-r{round_:03d}-{secrets.token_hex(3)}"
@@ -189,8 +199,9 @@ class BatchRun:
                  "(batch %s)", lb.lane.name, round_, lb.planned_rounds, len(sent), sum(w.source == "new" for w in sent),
                  entry.bound_usd, entry.batch_id)
         if round_ == lb.planned_rounds + 1:
-            log.warning("batch route: %s needs more rounds than the %d planned (the answers fell short of the "
-                        "target with the conversations sent): round %d", lb.lane.name, lb.planned_rounds, round_)
+            log.warning("batch route: %s goes past the %d rounds planned (round %d): the conversations sent fell "
+                        "short of the target, or the money held part of a round back", lb.lane.name,
+                        lb.planned_rounds, round_)
         return True
 
     # -- answers -----------------------------------------------------------------------------------------------
@@ -323,7 +334,7 @@ class BatchRun:
             for lb in self.lanes:
                 if lb.entry is None and not self._lane_done(lb) and not self.stop_reason:
                     room, why = await self.room()
-                    if await self._submit(lb, room) is False:
+                    if await self._submit(lb, room, why) is False:
                         money_stop = why
             waiting = [lb for lb in self.lanes if lb.entry is not None]
             if not waiting:
@@ -412,6 +423,7 @@ async def _run_batches(cfg: GenerateConfig, key: str, transport: httpx.AsyncBase
     lanes = open_lanes(cfg)
     try:
         tok = load_tokenizer(cfg.tokenizer)
+        check_cap(cfg, lanes, tok)
         spender = SpenderLock.acquire(cfg.batch_base_url, key, describe={
             "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve()),
             "route": "batch"})
@@ -427,3 +439,31 @@ async def _run_batches(cfg: GenerateConfig, key: str, transport: httpx.AsyncBase
     if run.fatal is not None and run.stop_reason != StopReason.INTERRUPTED:
         raise RuntimeError(f"generation stopped: {run.stop_reason}: {run.fatal.get('message')}")
     return summary
+
+
+def check_cap(cfg: GenerateConfig, lanes: list[DatasetRun], tok: Tokenizer) -> None:
+    """Refuse a `max_spend_usd` under one line's worst case before anything is uploaded: every line is booked at its
+    worst case (its prompt, and `max_tokens` of output at the batch price), so such a cap could submit nothing and
+    the run would stop at once on max_spend_reached having spent $0. A round's lines fit in order, so what must fit
+    is a dataset's first line: the first turn of its first prompt still to do (a later turn's prompt holds it, so no
+    cap is refused that could send one); the cap that works is named."""
+    if cfg.max_spend_usd is None:
+        return
+    price = batch_model(cfg.batch_model)
+    firsts = []
+    for lane in lanes:
+        if lane.target is not None and lane.target_met:
+            continue
+        for p in itertools.islice(iter(lane.scan), 1):
+            conversation = Conversation.of(p, lane.turns)
+            ids = prompt_ids(tok, conversation.turn().messages, tools=conversation.tools)
+            firsts.append((price.cost(len(ids), cfg.max_tokens), len(ids), lane.name))
+    if not firsts:
+        return
+    bound, tokens, name = min(firsts)
+    if cfg.max_spend_usd < bound:
+        raise InputError(f"${cfg.max_spend_usd:g} is under one batch line's worst case: {cfg.max_tokens:,} output "
+                         f"tokens (max_tokens) and a {tokens:,}-token prompt ({name}) cost up to ${bound:.4f} at "
+                         f"{price.name}'s batch price, and every line is booked at its worst case, so nothing could "
+                         f"be submitted. Set max_spend_usd to at least ${math.ceil(bound * 100) / 100:.2f} (a few "
+                         f"lines: more), or lower max_tokens", field="max_spend_usd")
