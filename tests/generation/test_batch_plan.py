@@ -195,3 +195,15 @@ def test_the_batch_panel_shows_each_rounds_batch():
          "failed": 0, "usd": 0.0, "waited_s": 60.0}])
     value = panel.widget.value
     assert "round 2 in_progress" in value and "batch_aa" in value and "batch_bb" in value and ">85<" in value
+
+
+def test_a_tokenizer_directory_says_its_release_and_each_batch_model_names_its_own():
+    from eagledata.moonshot.facts import tokenizer_release
+    from eagledata.text.tokenizer import BUNDLED_DIR
+
+    assert {m.name: m.release_slug for m in BATCH_MODELS.values()} == {"kimi-k2.5": "kimi-k2.5",
+                                                                       "kimi-k2.6": "kimi-k2.6"}
+    assert tokenizer_release(BUNDLED_DIR) == "kimi-k2.5"
+    assert tokenizer_release("/h/hub/models--moonshotai--Kimi-K2.6/snapshots/0123abc") == "kimi-k2.6"
+    assert tokenizer_release("/models/Kimi-K2.6/tokenizer") == "kimi-k2.6"
+    assert tokenizer_release("/tmp/my-tokenizer") is None  # says none: the target model decides

@@ -561,3 +561,25 @@ def test_a_cap_under_one_lines_worst_case_is_refused_before_anything_is_uploaded
     ok = subprocess.run(command(tmp_path, emu, datasets, "--max-tokens", "32768", "--max-spend-usd", "0.06",
                                 "--turns", "last"), env=env(), capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and batch_lines(emu), ok.stderr[-2000:]
+
+
+def test_a_batch_model_of_another_release_than_the_tokenizer_is_refused(emu, tmp_path, tokenizer_dir):
+    """Item 11: `batch_model kimi-k2.6` was accepted beside K2.5's tokenizer: the records would hold another model's
+    answers. Each batch model names its release (facts.py); the tokenizer's directory says its own: they must agree,
+    before anything is uploaded. A tokenizer of that release is accepted."""
+    import shutil
+
+    emu.reset(BATCH)
+    datasets, _ = write_conversations(tmp_path, 5, seed=24)
+    done = subprocess.run(command(tmp_path, emu, datasets, "--batch-model", "kimi-k2.6"), env=env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "batch_model" in done.stderr and "moonshotai/Kimi-K2.6" in done.stderr and "kimi-k2.5" in done.stderr
+    assert emu.stats()["batch"]["files"] == 0 and batch_lines(emu) == []
+    k26 = tmp_path / "tokenizers" / "Kimi-K2.6"  # K2.6's tokenizer, as its release names it
+    shutil.copytree(tokenizer_dir, k26)
+    ok = subprocess.run(command(tmp_path, emu, datasets, "--batch-model", "kimi-k2.6", "--tokenizer", str(k26),
+                                "--turns", "last"), env=env(), capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    records = load_records(tmp_path / "out" / "datasets" / "C" / "records.jsonl")
+    assert records and {emu.ground_truth(r.generation_id)["model"] for r in records} == {"kimi-k2.6"}

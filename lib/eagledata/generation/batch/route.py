@@ -48,9 +48,10 @@ from ...moonshot.batch_api import (
     make_batch_client,
     resolve_batch_key,
 )
-from ...moonshot.facts import batch_model, window_hours
+from ...moonshot.facts import batch_model, tokenizer_release, window_hours
 from ...openrouter import RoutingDecision
 from ...openrouter.client import LOCAL_KEY
+from ...paths import model_stem
 from ...status import ensure_log_handler
 from ...text import Tokenizer, load_tokenizer, prompt_ids
 from ..clock import InlineExecutor
@@ -423,6 +424,7 @@ async def _run_batches(cfg: GenerateConfig, key: str, transport: httpx.AsyncBase
     lanes = open_lanes(cfg)
     try:
         tok = load_tokenizer(cfg.tokenizer)
+        check_batch_model(cfg, tok)
         check_cap(cfg, lanes, tok)
         spender = SpenderLock.acquire(cfg.batch_base_url, key, describe={
             "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve()),
@@ -439,6 +441,21 @@ async def _run_batches(cfg: GenerateConfig, key: str, transport: httpx.AsyncBase
     if run.fatal is not None and run.stop_reason != StopReason.INTERRUPTED:
         raise RuntimeError(f"generation stopped: {run.stop_reason}: {run.fatal.get('message')}")
     return summary
+
+
+def check_batch_model(cfg: GenerateConfig, tok: Tokenizer) -> None:
+    """Refuse a batch model of another release than the records' tokenizer (`batch_model kimi-k2.6` beside K2.5's
+    tokenizer): the records would hold another model's answers, with ids and a template that are not its own.
+    The tokenizer's release is what its directory says (facts.tokenizer_release); a directory that says none is
+    taken for the target's (`model`) tokenizer."""
+    served = batch_model(cfg.batch_model)
+    said = tokenizer_release(tok.directory)
+    ours = said or model_stem(cfg.model).lower()
+    if ours != served.release_slug:
+        source = f"the tokenizer at {tok.directory}" if said else f"the target {cfg.model!r} (model)"
+        raise InputError(f"{cfg.batch_model} answers with {served.release}'s weights, but the records are tokenized "
+                         f"as {ours} ({source}): they would hold another model's answers. Use the batch model of "
+                         f"{ours}, or a tokenizer of {served.release}", field="batch_model")
 
 
 def check_cap(cfg: GenerateConfig, lanes: list[DatasetRun], tok: Tokenizer) -> None:
