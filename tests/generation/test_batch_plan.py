@@ -1,58 +1,87 @@
 """The batch route's pure parts: how much a round sends, the money check, the journal a rerun adopts from, and the
 Batch API dialect of a line (issue 43)."""
+import dataclasses
 import json
+import math
+import random
 
 import pytest
 
 from eagledata.errors import InputError
 from eagledata.generation import GenerateConfig
 from eagledata.generation.batch.journal import BatchJournal, JournalLine
-from eagledata.generation.batch.plan import OVER_LIMIT, TOP_UP_AIM, Need, TurnLengths, fits, new_conversations
+from eagledata.generation.batch.plan import MEASURED, REACH, Need, TurnLengths, fits, round_size
 from eagledata.moonshot.batch_api import batch_body, batch_line, moonshot_message
 from eagledata.moonshot.facts import BATCH_MODELS, FIXED_SAMPLING, batch_model, window_hours
 
 
 # -- how much a round sends -------------------------------------------------------------------------------------------
-def test_the_first_round_sends_the_estimate_less_its_margin_then_top_ups_aim_just_over():
+def test_the_first_round_sends_the_estimate_share_on_the_guess_then_a_round_reaches_the_target():
     guess = TurnLengths(1000.0, 0.0)
-    first = new_conversations(Need(100_000, 0), [1] * 500, guess, first=True, first_share=0.9)
-    assert first == 90  # 90 one-turn prompts of 1,000 expected tokens: 0.9 of the target
-    measured = TurnLengths(1000.0, 0.0, measured=True)
-    top_up = new_conversations(Need(100_000, 89_000), [1] * 500, measured, first=False, first_share=0.9)
-    assert top_up == int((TOP_UP_AIM * 100_000 - 89_000) // 1000)  # 12: 101,000 expected
-    # a guess proven by measurement aims at the target even in a dataset's first round (an earlier run measured)
-    assert new_conversations(Need(100_000, 0), [1] * 500, measured, first=True, first_share=0.9) == 101
+    first = round_size(Need(100_000, 0), [], [1] * 500, guess, reach=False, first_share=0.9)
+    assert (first.ready, first.new) == (0, 90)  # 90 one-turn prompts of 1,000 expected tokens: 0.9 of the target
+    exact = TurnLengths(1000.0, 0.0, measured=50)
+    top_up = round_size(Need(100_000, 89_000), [], [1] * 500, exact, reach=True, first_share=0.9)
+    assert top_up.new == 11 and top_up.expected == 100_000  # no spread: exactly the target
 
 
-def test_conversations_count_their_turns_and_how_often_they_go_on():
-    lengths = TurnLengths(1000.0, 0.0, go_on=0.5, measured=True)
-    assert lengths.conversation(3) == (1000.0 * 1.75, 0.0)  # 1 + 0.5 + 0.25 turns expected
-    # open conversations' expected tokens count against the target before any new one starts
-    need = Need(10_000, 2_000, open_mean=7_000)
-    assert new_conversations(need, [3] * 10, lengths, first=False, first_share=0.9) == 0  # 9,000 + 1,750 > 10,150
+def test_a_reaching_round_reaches_the_target_nine_times_in_ten_where_aiming_at_the_mean_is_a_coin_toss():
+    """Issue 53 item 8: a round the plan counts on must reach the target, not approach it: drawn from the measured
+    distribution, the answers of the lines it sends reach the target ~90 % of the time."""
+    rng = random.Random(53)
+    draw = lambda: min(32768, round(rng.lognormvariate(math.log(2400), 0.6)))  # noqa: E731 (the demo's answers)
+    measured = TurnLengths.of([draw() for _ in range(12)], TurnLengths(4500.0, 5500.0))
+    need = Need(60_000, 25_000)
+    size = round_size(need, [], [1] * 200, measured, reach=True, first_share=0.9)
+    reached = sum(need.recorded + sum(draw() for _ in range(size.new)) >= need.target for _ in range(4000)) / 4000
+    at_mean = math.ceil((need.target - need.recorded) / measured.mean)
+    by_mean = sum(need.recorded + sum(draw() for _ in range(at_mean)) >= need.target for _ in range(4000)) / 4000
+    assert reached >= REACH - 0.05 and by_mean < 0.7, (size.new, at_mean, reached, by_mean)
+    # the measured mean's own error counts: fewer answers measured, more lines for the same certainty
+    many = dataclasses.replace(measured, measured=1000)
+    assert round_size(need, [], [1] * 200, many, reach=True, first_share=0.9).new < size.new
+
+
+def test_conversations_count_their_turns_how_often_they_go_on_and_the_spread_of_both():
+    lengths = TurnLengths(1000.0, 0.0, go_on=0.5, measured=20)
+    mean, var, answers = lengths.conversation(3)
+    assert (mean, answers) == (1750.0, 1.75)  # 1 + 0.5 + 0.25 turns expected
+    assert var == pytest.approx((1 + 3 * 0.5 + 5 * 0.25 - 1.75 ** 2) * 1000.0 ** 2)  # how many are answered varies
+
+
+def test_open_conversations_go_first_and_those_the_target_does_not_need_wait():
+    lengths = TurnLengths(1000.0, 0.0, measured=50)
+    size = round_size(Need(10_000, 2_000), [3] * 10, [1] * 10, lengths, reach=True, first_share=0.9)
+    assert (size.ready, size.new) == (3, 0)  # 2,000 + 3 x 3,000 >= 10,000: seven wait (dropped at the target)
+    size = round_size(Need(10_000, 2_000), [1] * 2, [1] * 10, lengths, reach=True, first_share=0.9)
+    assert (size.ready, size.new) == (2, 6)
 
 
 def test_a_target_short_by_less_than_a_conversation_still_gets_one_and_a_met_target_none():
-    measured = TurnLengths(5000.0, 0.0, measured=True)
-    assert new_conversations(Need(100_000, 99_000), [1] * 10, measured, first=False, first_share=0.9) == 1
-    assert new_conversations(Need(100_000, 100_000), [1] * 10, measured, first=False, first_share=0.9) == 0
-    assert new_conversations(Need(100_000, 99_000), [], measured, first=False, first_share=0.9) == 0  # none left
-
-
-def test_the_spread_bounds_a_round_when_answers_vary():
-    wide = TurnLengths(1000.0, 3000.0, measured=True)  # sd 3x the mean: a few prompts can overshoot a small target
-    n = new_conversations(Need(20_000, 0), [1] * 100, wide, first=False, first_share=0.9)
-    mean, var = 1000.0 * n, 3000.0 ** 2 * n
-    assert mean + 2 * var ** 0.5 <= 20_000 * OVER_LIMIT
-    assert n < 20  # the expected total alone would have allowed 20
+    guess = TurnLengths(50_000.0, 0.0)
+    assert round_size(Need(100_000, 0), [], [1] * 10, guess, reach=False, first_share=0.9).new == 1
+    measured = TurnLengths(5000.0, 0.0, measured=50)
+    assert round_size(Need(100_000, 99_000), [], [1] * 10, measured, reach=True, first_share=0.9).new == 1
+    assert round_size(Need(100_000, 100_000), [2], [1] * 10, measured, reach=True, first_share=0.9).new == 0
+    assert round_size(Need(100_000, 99_000), [], [], measured, reach=True, first_share=0.9).new == 0  # none left
 
 
 def test_turn_lengths_are_measured_once_there_are_enough_answers():
     guess = TurnLengths(3000.0, 2000.0)
-    assert TurnLengths.of([100] * 19, guess) == TurnLengths(3000.0, 2000.0, 1.0, False)
+    assert TurnLengths.of([100] * (MEASURED - 1), guess) == TurnLengths(3000.0, 2000.0, 1.0, 0)
     m = TurnLengths.of([100, 300] * 10, guess, went_on=15, ended=5)
     assert (m.mean, round(m.sd, 3), m.go_on, m.measured) == (200.0, round((20 * 100 ** 2 / 19) ** 0.5, 3),
-                                                            0.75, True)
+                                                            16 / 21, 20)
+    assert TurnLengths.of([], guess, went_on=0, ended=1).go_on == 0.5  # one ended conversation: not at once 0
+    assert m.mean_error_var == pytest.approx(m.sd ** 2 / 20) and guess.mean_error_var == 0
+
+
+def test_the_planned_rounds_are_the_budgets():
+    """The batch route reports its rounds against the plan budget.ipynb makes (route_plan.BatchTiming)."""
+    from eagledata.generation.plan.route_plan import BatchTiming, batch_rounds
+
+    assert [batch_rounds(k) for k in (1, 2, 4)] == [2, 3, 5]
+    assert BatchTiming(24, 2).rounds(4) == batch_rounds(4) == 5
 
 
 def test_lines_fit_by_their_worst_cases_in_order():
@@ -84,6 +113,15 @@ def test_the_journal_reads_back_every_step_and_drops_a_torn_last_event(tmp_path)
     assert again.rounds == 2 and again.attempts("b") == 1 and again.tries("b") == 2 and again.attempts("a") == 0
     assert path.read_bytes().endswith(b"\n")  # truncated to the last whole event
     assert again.entries["b2"].bound_usd == 0.5
+
+
+def test_the_plan_of_rounds_is_journaled_with_the_first_batch_and_kept_by_a_rerun(tmp_path):
+    path = tmp_path / "batches.jsonl"
+    j = BatchJournal(path)
+    assert j.planned_rounds is None
+    j.prepared("b1", 1, [line("a")], at=1.0, planned_rounds=3)
+    j.prepared("b2", 2, [line("b")], at=2.0)
+    assert BatchJournal(path).planned_rounds == 3 and BatchJournal(path).rounds == 2
 
 
 def test_an_edited_journal_is_refused_naming_its_line(tmp_path):
@@ -157,3 +195,15 @@ def test_the_batch_panel_shows_each_rounds_batch():
          "failed": 0, "usd": 0.0, "waited_s": 60.0}])
     value = panel.widget.value
     assert "round 2 in_progress" in value and "batch_aa" in value and "batch_bb" in value and ">85<" in value
+
+
+def test_a_tokenizer_directory_says_its_release_and_each_batch_model_names_its_own():
+    from eagledata.moonshot.facts import tokenizer_release
+    from eagledata.text.tokenizer import BUNDLED_DIR
+
+    assert {m.name: m.release_slug for m in BATCH_MODELS.values()} == {"kimi-k2.5": "kimi-k2.5",
+                                                                       "kimi-k2.6": "kimi-k2.6"}
+    assert tokenizer_release(BUNDLED_DIR) == "kimi-k2.5"
+    assert tokenizer_release("/h/hub/models--moonshotai--Kimi-K2.6/snapshots/0123abc") == "kimi-k2.6"
+    assert tokenizer_release("/models/Kimi-K2.6/tokenizer") == "kimi-k2.6"
+    assert tokenizer_release("/tmp/my-tokenizer") is None  # says none: the target model decides

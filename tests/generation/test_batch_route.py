@@ -2,8 +2,10 @@
 SIGKILL while a batch is in progress and a resume; a target met in top-up rounds; the money never over the cap; bad
 input refused before anything is uploaded; Ctrl-C leaving the batches running for the rerun to pick up."""
 import json
+import math
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -262,6 +264,7 @@ def test_the_money_stops_at_the_cap_and_never_over(emu, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "max_spend_reached" and 0 < summary["records"] < 200
+    assert "does not fit the $" in done.stderr and "max_spend_reached" in done.stderr  # the money's stop, said
     charged = start - balance(emu)
     assert 0 < charged <= cap and summary["run"]["charged_usd"] == pytest.approx(charged, abs=1e-9)
     rounds = summary["run"]["batches"]
@@ -323,3 +326,260 @@ def test_ctrl_c_with_batch_cancel_on_stop_cancels_them_and_keeps_what_they_answe
     lines = batch_lines(emu)
     assert {ln["status"] for ln in lines} == {"cancelled"}  # cancelled in the queue: nothing answered, nothing billed
     assert summary["remaining"] == 30 and [e["event"] for e in journal(out)][-1] == "settled"
+
+
+# -- issue 53 ---------------------------------------------------------------------------------------------------------
+def test_a_batch_the_service_no_longer_knows_is_settled_as_vanished_and_its_lines_go_again(emu, tmp_path):
+    """Item 6: a journaled batch that 404s (expired from the service's records, deleted, another account) must not
+    block the dataset: its unanswered lines go again, journaled as such, and the run goes on."""
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # a round takes ~1.3 s
+    datasets, objs = write_conversations(tmp_path, 30, seed=3)
+    out = tmp_path / "out"
+    cmd = command(tmp_path, emu, datasets, "--turns", "last")
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "rerun the same command" in stderr, stderr[-3000:]
+    left = json.loads((out / "datasets" / "C" / "summary.json").read_text())["run"]["batches_running"]
+    assert len(left) == 1
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # the service forgets every batch and file
+    again = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"does not know batch {left[0]}" in again.stderr
+    settled = [e for e in journal(out) if e["event"] == "settled"]
+    assert settled[0]["batch_status"] == "vanished" and set(settled[0]["outcomes"].values()) == {"resend"}
+    records = load_records(out / "datasets" / "C" / "records.jsonl")
+    assert sorted(r.id for r in records) == sorted(objs)  # every prompt once, the vanished batch's lines sent again
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and summary["run"]["batches_vanished"] == left
+    assert [b["status"] for b in summary["run"]["batches"]][0] == "vanished"
+    # each round's row names its own batch (the rows once took the next round's id)
+    assert [b["batch_id"] for b in summary["run"]["batches"]] == [e["batch_id"] for e in journal(out)
+                                                                  if e["event"] == "created"]
+
+
+def test_with_base_url_emulator_a_ctrl_c_leaves_no_batch_behind_and_a_rerun_resumes(tmp_path):
+    """Item 6: the embedded emulator stops with the run, so a batch left running there could never be adopted: a
+    stop cancels it (its answered lines recorded), and a rerun of the same command goes on to the end."""
+    datasets, objs = write_conversations(tmp_path, 12, seed=8)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "eagledata.generate", "--dataset", "C", "--datasets-file", str(datasets),
+           "--route", "batch", "--base-url", "emulator", "--emulator-speed", "0.01", "--batch-poll-s", "5",
+           "--output-dir", str(out), "--params-dir", str(tmp_path / "params"), "--max-tokens", "130",
+           "--progress", "false", "--turns", "last"]
+    no_key = {k: v for k, v in os.environ.items() if k != "MOONSHOT_API_KEY"}
+    proc = subprocess.Popen(cmd, env=no_key, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["run"]["batches_running"] == []
+    again = subprocess.run(cmd, env=no_key, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    records = load_records(out / "datasets" / "C" / "records.jsonl")
+    assert sorted(r.id for r in records) == sorted(objs)
+    assert json.loads((out / "datasets" / "C" / "summary.json").read_text())["stop_reason"] == "completed"
+
+
+def test_an_upload_the_service_no_longer_knows_is_made_again_from_batch_inputs(emu, tmp_path, monkeypatch):
+    """Item 6: a run killed between the upload and the batch (journal: uploaded), its upload then gone at the
+    service (deleted, an emulator that stopped): the rerun uploads the kept input file again and goes on."""
+    import asyncio
+
+    from eagledata.generation.batch.route import run_batch_route
+
+    monkeypatch.setenv("MOONSHOT_API_KEY", "sk-test-batch")
+    emu.reset({**BATCH, "batch": {"balance": 50.0}})
+    datasets, objs = write_conversations(tmp_path, 10, seed=6)
+    cfg = batch_cfg(tmp_path, emu, datasets, turns="last")
+    with pytest.raises(Died):
+        asyncio.run(run_batch_route(cfg, transport=DiesAfter("POST", "batches")))
+    assert [e["event"] for e in journal(tmp_path / "out")] == ["prepared", "uploaded"]
+    emu.reset({**BATCH, "batch": {"balance": 50.0}})  # the upload (and the batch the dead run made) forgotten
+    again = DiesAfter("", None)
+    summary = asyncio.run(run_batch_route(cfg, transport=again))
+    assert summary["stop_reason"] == "completed" and summary["records"] == 10
+    assert again.calls["POST files"] == 1 and again.calls["POST batches"] == 2  # the stale id refused, then anew
+    uploads = [e["file_id"] for e in journal(tmp_path / "out") if e["event"] == "uploaded"]
+    assert len(uploads) == 2 and uploads[0] != uploads[1]
+
+
+def test_a_run_outside_the_emulator_shows_its_rounds_and_a_status_line_every_status_interval(emu, tmp_path):
+    """Item 7: against a standalone service (as against the real API) the log shows each round, and a status line
+    (tokens of the target, the batch's lines answered of its total, the window's end, an ETA, the money) every
+    `status_interval_s`, between polls too."""
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # a round takes ~1.3 s
+    datasets, _ = write_conversations(tmp_path, 20, seed=12)
+    poll, interval = 1.0, 0.2
+    done = subprocess.run([*command(tmp_path, emu, datasets, "--turns", "last"), "--batch-poll-s", str(poll),
+                           "--status-interval-s", str(interval)], env=env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "datasets" / "C" / "summary.json").read_text())
+    rounds = summary["run"]["batches"]
+    assert re.search(r"C round 1\b[^:]*: 20 lines submitted", done.stderr), done.stderr[-2000:]
+    status = [ln for ln in done.stderr.splitlines() if "lines answered" in ln]
+    assert status and all("window ends" in ln and "ETA" in ln and "booked" in ln for ln in status), status[:3]
+    assert any("/20 lines answered" in ln for ln in status)
+    polls = summary["wall_s"] / poll + 2 * len(rounds)  # at most one poll a second, and one at each round's ends
+    assert len(status) > 1.5 * polls, (len(status), summary["wall_s"])  # not only at the polls
+
+
+def test_the_live_panel_is_redrawn_every_status_interval_with_the_status_line(emu, tmp_path, monkeypatch):
+    """Item 7: in JupyterLab the panel (its headline: the status line; its table: the rounds) is redrawn every
+    `status_interval_s`, not only at the polls."""
+    import asyncio
+    import dataclasses
+
+    from eagledata.generation.batch import route
+    from eagledata.generation.report.panel import BatchPanel
+
+    class Counting(BatchPanel):
+        updates: list[str] = []
+
+        def update(self, headline, rounds):
+            super().update(headline, rounds)
+            self.updates.append(headline)
+
+    monkeypatch.setenv("MOONSHOT_API_KEY", "sk-test-batch")
+    monkeypatch.setattr(route, "make_batch_panel", lambda: Counting(show=lambda w: None))
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})
+    datasets, _ = write_conversations(tmp_path, 10, seed=13)
+    cfg = dataclasses.replace(batch_cfg(tmp_path, emu, datasets, turns="last"), progress=True, batch_poll_s=1.0,
+                              status_interval_s=0.2)
+    summary = asyncio.run(route.run_batch_route(cfg))
+    assert summary["records"] == 10
+    live = [h for h in Counting.updates if "lines answered" in h]
+    assert live and all("window ends" in h and "ETA" in h for h in live)
+    assert len(Counting.updates) > 1.5 * (summary["wall_s"] / 1.0 + 2 * len(summary["run"]["batches"]))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_demos_datasets_reach_their_targets_in_the_planned_rounds(emu, tmp_path, seed):
+    """Item 8: demo-a (60k, conversations of up to 2 turns: 3 rounds planned) took 10 rounds of 7, 4, 2, ... lines and
+    demo-tools (20k, tool loops of up to 4 turns: 5 planned) 12 rounds of one line. A round the plan counts on now
+    sends what reaches the target (the length distribution's spread, the chains' turns counted); the summary and
+    the log say the rounds used against the planned."""
+    root = Path(__file__).resolve().parents[2]
+    emu.reset({"seed": seed, "speed": 0.002, "tool_datasets": [str(root / "examples/prompts/demo-tools.jsonl")],
+               "batch": {"balance": 50.0}})
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "eagledata.generate", "--dataset", "demo-a", "demo-tools",
+                           "--datasets-file", str(root / "params/datasets.yaml"), "--route", "batch",
+                           "--batch-base-url", moonshot(emu), "--output-dir", str(out), "--params-dir",
+                           str(tmp_path / "params"), "--progress", "false", "--batch-poll-s", "0.1"],
+                          env=env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name, planned in (("demo-a", 3), ("demo-tools", 5)):
+        summary = json.loads((out / "datasets" / name / "summary.json").read_text())
+        run = summary["run"]
+        assert len(run["batches"]) <= planned, [b["lines"] for b in run["batches"]]
+        assert summary["stop_reason"] == "target_reached" and run["rounds_planned"] == planned
+        assert run["rounds_used"] == len(run["batches"]) <= planned, [b["lines"] for b in run["batches"]]
+        assert f"{name} round 1 of {planned} planned" in done.stderr
+        assert f"{name} {summary['output_tokens']:,}/" in done.stderr and f"of {planned} planned" in done.stderr
+
+
+def test_the_batch_summary_has_a_timeline_and_money_figures_that_agree(emu, tmp_path, monkeypatch):
+    """Item 9: the report's health figure said "charged $0.0000" beside a table of $0.11 and drew empty panels: the
+    batch route wrote no timeline. Now it samples one (what the settled lines cost, tokens, lines waiting), and its
+    charged, recorded, wasted and $/M agree."""
+    import asyncio
+
+    from eagledata.generation.batch.route import run_batch_route
+    from eagledata.generation.report.progress import TIMELINE_COLUMNS
+    from eagledata.generation.report.run_report import RunHealth, summary_table
+
+    monkeypatch.setenv("MOONSHOT_API_KEY", "sk-test-batch")
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})
+    datasets, _ = write_conversations(tmp_path, 20, seed=21)
+    summary = asyncio.run(run_batch_route(batch_cfg(tmp_path, emu, datasets, turns="all")))
+    run, tl, cols = summary["run"], summary["timeline"], summary["timeline_columns"]
+    assert cols == TIMELINE_COLUMNS and len(tl) >= 3
+    col = {c: [row[i] for row in tl] for i, c in enumerate(cols)}
+    assert col["t_s"] == sorted(col["t_s"]) and col["spend_usd"] == sorted(col["spend_usd"])
+    assert col["spend_usd"][-1] == pytest.approx(run["charged_usd"], abs=1e-6) and run["charged_usd"] > 0
+    assert col["output_tokens"][-1] == run["output_tokens"] and max(col["in_flight"]) > 0
+    assert run["wasted_usd"] == pytest.approx(run["charged_usd"] - run["recorded_usd"], abs=1e-8)
+    assert run["usd_per_m_output"] >= PRICE.completion_per_m  # the batch price, and the prompts on top
+    health = RunHealth.of_summary(summary)
+    assert f"charged ${run['charged_usd']:,.4f}" in health.headline()
+    table = summary_table(summary)["value"]  # the table says the same, and where the batch route's charge comes from
+    assert table["charged this run (lines settled, batch price)"] == f"${run['charged_usd']:,.4f}"
+    assert table["the account's balance delta this run"] == f"${run['account_delta_usd']:,.4f}"
+
+
+def test_an_adopted_batchs_lines_are_charged_to_the_run_that_settles_them(emu, tmp_path):
+    """Item 9: a rerun adopting a batch the service answered meanwhile read its balance after those lines were
+    charged: its charged (the balance delta) came out below what its records cost ($/M under the batch price,
+    nothing wasted). charged is what the service charged for the lines the run settled; the delta is beside it."""
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})
+    datasets, _ = write_conversations(tmp_path, 20, seed=22)
+    out = tmp_path / "out"
+    cmd = command(tmp_path, emu, datasets, "--turns", "last")
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr[-3000:]
+    batch_id = json.loads((out / "datasets" / "C" / "summary.json").read_text())["run"]["batches_running"][0]
+    while time.monotonic() < deadline:  # the service answers (and charges) the lines before the rerun
+        got = httpx.get(f"{moonshot(emu)}/batches/{batch_id}", headers={"Authorization": "Bearer k"}, timeout=30)
+        if got.json()["status"] == "completed":
+            break
+        time.sleep(0.05)
+    again = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    run = json.loads((out / "datasets" / "C" / "summary.json").read_text())["run"]
+    assert run["recorded"] == 20 and run["charged_usd"] == pytest.approx(run["recorded_usd"], rel=1e-9)
+    assert run["wasted_usd"] == 0 and run["usd_per_m_output"] >= PRICE.completion_per_m
+    assert run["account_delta_usd"] < run["charged_usd"]  # the balance moved before this run read it
+
+
+def test_a_cap_under_one_lines_worst_case_is_refused_before_anything_is_uploaded_naming_the_cap_that_works(emu,
+                                                                                                          tmp_path):
+    """Item 10: `max_spend_usd 0.05` at max_tokens 32768 (a line's worst case ~$0.059 at the batch price) stopped
+    on max_spend_reached at $0.0000 saying nothing. It is an input error, before any upload, naming the cap that
+    would send a line."""
+    emu.reset(BATCH)
+    datasets, _ = write_conversations(tmp_path, 5, seed=23)
+    done = subprocess.run(command(tmp_path, emu, datasets, "--max-tokens", "32768", "--max-spend-usd", "0.05"),
+                          env=env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    worst = PRICE.cost(0, 32768)  # $0.0590 before its prompt
+    assert "max_spend_usd" in done.stderr and f"at least ${math.ceil(worst * 100) / 100:.2f}" in done.stderr
+    assert emu.stats()["batch"]["files"] == 0 and batch_lines(emu) == []
+    # a cap that holds one line's worst case goes on
+    ok = subprocess.run(command(tmp_path, emu, datasets, "--max-tokens", "32768", "--max-spend-usd", "0.06",
+                                "--turns", "last"), env=env(), capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and batch_lines(emu), ok.stderr[-2000:]
+
+
+def test_a_batch_model_of_another_release_than_the_tokenizer_is_refused(emu, tmp_path, tokenizer_dir):
+    """Item 11: `batch_model kimi-k2.6` was accepted beside K2.5's tokenizer: the records would hold another model's
+    answers. Each batch model names its release (facts.py); the tokenizer's directory says its own: they must agree,
+    before anything is uploaded. A tokenizer of that release is accepted."""
+    import shutil
+
+    emu.reset(BATCH)
+    datasets, _ = write_conversations(tmp_path, 5, seed=24)
+    done = subprocess.run(command(tmp_path, emu, datasets, "--batch-model", "kimi-k2.6"), env=env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "batch_model" in done.stderr and "moonshotai/Kimi-K2.6" in done.stderr and "kimi-k2.5" in done.stderr
+    assert emu.stats()["batch"]["files"] == 0 and batch_lines(emu) == []
+    k26 = tmp_path / "tokenizers" / "Kimi-K2.6"  # K2.6's tokenizer, as its release names it
+    shutil.copytree(tokenizer_dir, k26)
+    ok = subprocess.run(command(tmp_path, emu, datasets, "--batch-model", "kimi-k2.6", "--tokenizer", str(k26),
+                                "--turns", "last"), env=env(), capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    records = load_records(tmp_path / "out" / "datasets" / "C" / "records.jsonl")
+    assert records and {emu.ground_truth(r.generation_id)["model"] for r in records} == {"kimi-k2.6"}

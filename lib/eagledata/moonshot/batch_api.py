@@ -51,6 +51,7 @@ class BatchInfo:
     metadata: dict[str, str] = field(default_factory=dict)
     errors: list[dict[str, Any]] = field(default_factory=list)  # validation errors of a failed batch
     created_at: float | None = None
+    expires_at: float | None = None  # unix seconds: the window's end, as the service counts it
 
     @classmethod
     def from_api(cls, d: Mapping[str, Any]) -> BatchInfo:
@@ -61,7 +62,7 @@ class BatchInfo:
                    total=int(counts.get("total") or 0), completed=int(counts.get("completed") or 0),
                    failed=int(counts.get("failed") or 0), metadata=dict(d.get("metadata") or {}),
                    errors=list(errors.get("data") or []) if isinstance(errors, dict) else list(errors),
-                   created_at=d.get("created_at"))
+                   created_at=d.get("created_at"), expires_at=d.get("expires_at"))
 
     @property
     def terminal(self) -> bool:

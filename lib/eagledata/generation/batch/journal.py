@@ -4,10 +4,12 @@ A batch goes prepared → uploaded → created → settled, each step one line w
 to the service, so a kill at any instant leaves a state a rerun can adopt (route.py):
 - `prepared`: the round, the batch's name (also the uploaded file's name and the batch's metadata), and which turn
   each line holds (its custom_id, tries, cost bound and a hash of its messages); the lines themselves are written to
-  `batch_inputs/<name>.jsonl` first;
+  `batch_inputs/<name>.jsonl` first; a dataset's first batch also holds the rounds it is planned to take
+  (`planned_rounds`), so that a rerun reports its rounds against the same plan;
 - `uploaded`: the input file's id; `created`: the batch's id;
-- `settled`: the batch's end, and each line's outcome (`recorded`, `failed` for good, `retry` counted against
-  `max_attempts`, `resend` not counted: expired, cancelled).
+- `settled`: the batch's end (`batch_status`: the service's, or `vanished` when it answered 404 for a journaled batch),
+  and each line's outcome (`recorded`, `failed` for good, `retry` counted against `max_attempts`, `resend` not
+  counted: expired, cancelled, vanished).
 A rerun reads the journal: an entry prepared but not uploaded is matched to the account's files by name, one
 uploaded but not created to its batches by metadata, so no line is sent twice. A torn last line (a kill mid-write)
 is dropped, as the store drops a torn record.
@@ -53,6 +55,7 @@ class BatchEntry:
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     usd: float = 0.0          # what its answers cost (batch price), once settled
     submitted_at: float = 0.0  # wall clock (time.time) when prepared
+    planned_rounds: int | None = None  # the dataset's plan, on its first batch
 
     @property
     def settled(self) -> bool:
@@ -90,7 +93,8 @@ class BatchJournal:
         kind = ev["event"]
         if kind == "prepared":
             lines = {d["custom_id"]: JournalLine(**d) for d in ev["lines"]}
-            self.entries[ev["name"]] = BatchEntry(ev["name"], ev["round"], lines, submitted_at=ev.get("at", 0.0))
+            self.entries[ev["name"]] = BatchEntry(ev["name"], ev["round"], lines, submitted_at=ev.get("at", 0.0),
+                                                  planned_rounds=ev.get("planned_rounds"))
             return
         entry = self.entries[ev["name"]]
         if kind == "uploaded":
@@ -111,8 +115,10 @@ class BatchJournal:
             os.close(fd)
         self._apply(ev)
 
-    def prepared(self, name: str, round_: int, lines: Iterable[JournalLine], at: float) -> BatchEntry:
-        self._write({"event": "prepared", "name": name, "round": round_, "at": round(at, 3),
+    def prepared(self, name: str, round_: int, lines: Iterable[JournalLine], at: float,
+                 planned_rounds: int | None = None) -> BatchEntry:
+        plan = {} if planned_rounds is None else {"planned_rounds": planned_rounds}
+        self._write({"event": "prepared", "name": name, "round": round_, "at": round(at, 3), **plan,
                      "lines": [asdict(line) for line in lines]})
         return self.entries[name]
 
@@ -129,6 +135,12 @@ class BatchJournal:
     @property
     def pending(self) -> list[BatchEntry]:
         return [e for e in self.entries.values() if not e.settled]
+
+    @property
+    def planned_rounds(self) -> int | None:
+        """The rounds the dataset was planned to take when its first batch was prepared (None before)."""
+        return next((e.planned_rounds for e in sorted(self.entries.values(), key=lambda e: e.round)
+                     if e.planned_rounds is not None), None)
 
     @property
     def rounds(self) -> int:

@@ -1,10 +1,22 @@
 """How much the batch route sends in a round (pure): new conversations toward a target, and the money check.
 
-A batch's answers all come back hours later, so a round cannot be paced answer by answer as the realtime pool is:
-it is planned on expectations. A dataset's first round sends the conversations that are expected to bring
-`first_share` of its target (the budget model's estimate, on a length guess nobody has measured yet: the share keeps
-a wrong guess from overshooting). Each later round measures the answers so far and tops up what is still missing,
-aiming a little over the target (`TOP_UP_AIM`), so that the last round is seldom a round of one.
+A batch's answers all come back hours later (a round is up to a whole window), so rounds are what a batch run's time
+is counted in: the plan (budget.ipynb, plan/route_plan.py) gives a dataset its deepest conversation's turns plus one
+top-up round (`planned_rounds`), and every round after the first must make that plan hold. So a round is planned on
+the answers' length distribution, not on its mean alone:
+
+- the dataset's first round, before any answer is measured, sends the conversations expected to bring
+  `first_share` of its target on the length guess (nobody has measured it yet: the share keeps a wrong guess from
+  overshooting much);
+- every later round (and a first round whose lengths an earlier run measured) is one the plan counts on: it adds
+  new conversations until the target is reached with probability `REACH` (90 %): the expected total less `REACH_Z`
+  standard deviations of it is at least the target. The spread counts every answer still to come (each conversation's
+  turns, whether each goes on, the open conversations' turns) and the error of the measured mean itself (its
+  variance × the answers to come, squared). A conversation of j turns needs j rounds, so those started in round 2
+  end by round 1 + the deepest conversation, the plan's last.
+
+The price of reaching the target in the planned rounds is the overshoot the spread asks for: a few tens of answers
+(the demo's targets) overshoot by up to ~30 %; at real targets (thousands of answers) the spread is ~1 % of it.
 """
 from __future__ import annotations
 
@@ -12,72 +24,105 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-TOP_UP_AIM = 1.015   # a top-up round aims this far over the target: under it, one more round (hours) is needed
-OVER_LIMIT = 1.04    # ... and never plans an expected total plus two standard deviations past this
-MEASURED = 20        # answers before the measured lengths replace the guess
+REACH = 0.90       # a round the plan counts on reaches the target with this probability ...
+REACH_Z = 1.2816   # ... the normal quantile of REACH: the expected total less this many sd is at least the target
+MEASURED = 5       # answers before the measured lengths replace the guess (their mean's error counted from then)
 
 
 @dataclass(frozen=True)
 class TurnLengths:
-    """Output tokens per answer (reasoning included): mean and standard deviation, and how often an answered turn
-    lets its conversation go on (`go_on`: cut answers and tool mismatches end conversations early)."""
+    """Output tokens per answer (reasoning included): mean and standard deviation, how often an answered turn lets
+    its conversation go on (`go_on`: cut answers and tool mismatches end conversations early), and how many answers
+    were measured (0: the guess, whose spread is the prior's)."""
 
     mean: float
     sd: float
     go_on: float = 1.0
-    measured: bool = False
+    measured: int = 0
 
     @classmethod
     def of(cls, lengths: Sequence[int], guess: TurnLengths, went_on: int = 0, ended: int = 0) -> TurnLengths:
-        """The measured lengths once there are `MEASURED`, else the guess; `go_on` from the counts when any."""
-        go_on = went_on / (went_on + ended) if went_on + ended >= MEASURED else guess.go_on
+        """The measured lengths once there are `MEASURED`, else the guess; `go_on` from the counts, with one turn of
+        the guess's among them (no count: the guess; one conversation that ended: not at once 0)."""
+        go_on = (went_on + guess.go_on) / (went_on + ended + 1)
         if len(lengths) < MEASURED:
-            return TurnLengths(guess.mean, guess.sd, go_on, False)
+            return TurnLengths(guess.mean, guess.sd, go_on, 0)
         n = len(lengths)
         mean = sum(lengths) / n
         sd = math.sqrt(sum((x - mean) ** 2 for x in lengths) / max(1, n - 1))
-        return cls(mean, sd, go_on, True)
+        return cls(mean, sd, go_on, n)
 
-    def conversation(self, turns: int) -> tuple[float, float]:
-        """Expected tokens (mean, variance) of `turns` answers still to come, each going on with `go_on`."""
-        reach = sum(self.go_on ** k for k in range(turns))  # expected number of those turns answered
-        return self.mean * reach, self.sd ** 2 * reach
+    @property
+    def mean_error_var(self) -> float:
+        """The variance of the mean itself (measured: sd²/n; the guess: 0, its spread already the prior's)."""
+        return self.sd ** 2 / self.measured if self.measured else 0.0
+
+    def conversation(self, turns: int) -> tuple[float, float, float]:
+        """`turns` answers still to come, each after the first going on with `go_on`: their expected tokens, the
+        variance of those tokens (each answer's spread, and how many are answered), and the answers expected."""
+        reach = [self.go_on ** k for k in range(turns)]  # P(at least k+1 of them are answered)
+        answers = sum(reach)
+        answers_sq = sum((2 * k + 1) * p for k, p in enumerate(reach))  # E[answered²]
+        var = answers * self.sd ** 2 + max(0.0, answers_sq - answers ** 2) * self.mean ** 2
+        return self.mean * answers, var, answers
 
 
 @dataclass(frozen=True)
 class Need:
-    """A dataset's position before a round: recorded tokens, and what its open conversations are expected to add."""
+    """A dataset's position before a round: its target and the tokens recorded."""
 
     target: int
     recorded: int
-    open_mean: float = 0.0
-    open_var: float = 0.0
-
-    @property
-    def expected(self) -> float:
-        return self.recorded + self.open_mean
 
 
-def new_conversations(need: Need, turns: Iterable[int], lengths: TurnLengths, *, first: bool,
-                      first_share: float) -> int:
-    """How many of the next prompts (`turns[i]`: the requests prompt i asks for) a round starts.
+@dataclass(frozen=True)
+class RoundSize:
+    """What a round sends: the first `ready` of the conversations waiting for their next turn (in order: the others
+    wait, and are dropped if the target is met without them), and `new` conversations; the tokens they are expected
+    to bring (with what is recorded) and that total's standard deviation."""
 
-    Adds prompts while the expected total stays within the aim (`first_share` × target on the guess; `TOP_UP_AIM` ×
-    target once measured) and its two-sd bound within `OVER_LIMIT` × target; at least one while the expected total
-    is short of the target and the round would otherwise start nothing (a target is met, not approached)."""
+    ready: int
+    new: int
+    expected: float
+    sd: float
+
+
+def round_size(need: Need, open_turns: Sequence[int], new_turns: Iterable[int], lengths: TurnLengths, *,
+               reach: bool, first_share: float) -> RoundSize:
+    """How many of the conversations waiting for their next turn (`open_turns[i]`: the turns conversation i still
+    asks for) and of the next prompts (`new_turns[i]`: the requests prompt i asks for) a round sends.
+
+    `reach` (a round the plan counts on): conversations are added, the open ones first, until the target is
+    `reached`. Else (a dataset's first round, on the guess): every open one, and new ones while the expected total
+    stays within `first_share` × target. At least one while the target is not met and the round would otherwise
+    send nothing (a target is met, not approached)."""
+    mean, var, answers = float(need.recorded), 0.0, 0.0
+
+    def spread() -> float:  # the mean's own error grows with the answers it is multiplied by
+        return math.sqrt(var + answers ** 2 * lengths.mean_error_var)
+
     if need.recorded >= need.target:
-        return 0
-    aim = need.target * (first_share if first and not lengths.measured else TOP_UP_AIM)
-    mean, var, n, any_left = need.expected, need.open_var, 0, False
-    for k in turns:
-        any_left = True
-        m, v = lengths.conversation(k)
-        if mean + m > aim or mean + m + 2 * math.sqrt(var + v) > need.target * OVER_LIMIT:
+        return RoundSize(0, 0, mean, 0.0)
+    ready = 0
+    for k in open_turns:
+        if reach and mean - REACH_Z * spread() >= need.target:
             break
-        mean, var, n = mean + m, var + v, n + 1
-    if n == 0 and any_left and need.open_mean == 0 and need.recorded < need.target:
-        return 1
-    return n
+        m, v, a = lengths.conversation(k)
+        mean, var, answers, ready = mean + m, var + v, answers + a, ready + 1
+    new, first = 0, None
+    if ready == len(open_turns):
+        for k in new_turns:
+            first = k if first is None else first
+            if reach and mean - REACH_Z * spread() >= need.target:
+                break
+            m, v, a = lengths.conversation(k)
+            if not reach and mean + m > need.target * first_share:
+                break
+            mean, var, answers, new = mean + m, var + v, answers + a, new + 1
+    if ready == new == 0 and first is not None:  # one conversation is more than the first round's aim
+        m, v, a = lengths.conversation(first)
+        mean, var, answers, new = mean + m, var + v, answers + a, 1
+    return RoundSize(ready, new, mean, spread())
 
 
 def fits(bounds: Sequence[float], committed: float, limit: float) -> int:

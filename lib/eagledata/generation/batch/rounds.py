@@ -2,8 +2,10 @@
 
 A round holds every turn that can be sent now: the next turns of conversations whose earlier answers are recorded
 (turn j of a conversation goes in its j-th round), the lines to send again, and as many new conversations as the
-target still needs (plan.py: the budget's estimate first, then top-ups on the measured lengths). A rerun picks up
-the conversations its journal names (`resume`).
+target still needs (plan.py: the budget's estimate first, then a round that reaches the target with 90 % probability
+on the measured lengths). A dataset's rounds are planned as its deepest conversation's turns plus one top-up
+(`planned_rounds`, the budget's rule), fixed at its first round. A rerun picks up the conversations its journal names
+(`resume`).
 """
 from __future__ import annotations
 
@@ -13,8 +15,9 @@ from typing import Literal
 from ...errors import InputError
 from ..conversations.turns import Conversation, Turn
 from ..conversations.work import Work
+from ..plan.route_plan import batch_rounds
 from .journal import BatchEntry
-from .plan import Need, TurnLengths, new_conversations
+from .plan import Need, TurnLengths, round_size
 from .state import LaneBatches
 
 
@@ -73,26 +76,35 @@ class Rounds:
                 lb.ready.append(work)
         return in_batch
 
+    @staticmethod
+    def planned_rounds(lb: LaneBatches) -> int:
+        """The rounds the dataset is planned to take (budget.ipynb's rule, plan/route_plan.py): its deepest
+        conversation's turns (turn j goes in round j) and one top-up; fixed when its first round is journaled."""
+        if lb.journal.planned_rounds is not None:
+            return lb.journal.planned_rounds
+        deepest = max((len(Conversation.of(p, lb.lane.turns).asks) for p in lb.lane.scan), default=1)
+        return batch_rounds(deepest)
+
     def lengths(self, lb: LaneBatches) -> TurnLengths:
         return TurnLengths.of(lb.lane.store.lengths, self.guess, lb.went_on, lb.ended)
 
     def plan(self, lb: LaneBatches) -> list[Work]:
-        """The next round's lines: the ready turns, then new conversations as the target needs (all, without one)."""
-        lane, works = lb.lane, list(lb.ready)
+        """The next round's lines: the conversations waiting for their next turn (the lines to send again among
+        them), then new conversations, as many as the target needs (plan.round_size; all without a target)."""
+        lane = lb.lane
         if lane.target is not None and lane.target_met:
             return []
-        lengths = self.lengths(lb)
         if lane.target is None:
-            news = list(lb.prompts())
+            works, news = list(lb.ready), list(lb.prompts())
         else:
-            open_mean = open_var = 0.0
-            for w in works:
-                m, v = lengths.conversation(w.turn.conversation.last - w.turn.number + 1)
-                open_mean, open_var = open_mean + m, open_var + v
-            need = Need(lane.target, lane.store.output_tokens, open_mean, open_var)
-            turns = (len(Conversation.of(p, lane.turns).asks) for p in lb.prompts())
-            n = new_conversations(need, turns, lengths, first=not lb.journal.entries, first_share=self.first_share)
-            news = list(lb.unstarted)[:n]
+            lengths = self.lengths(lb)
+            # every round but a first one on the guess is counted on by the plan: it aims to reach the target
+            reach = bool(lb.journal.entries) or lengths.measured > 0
+            size = round_size(Need(lane.target, lane.store.output_tokens),
+                              [w.turn.conversation.last - w.turn.number + 1 for w in lb.ready],
+                              (len(Conversation.of(p, lane.turns).asks) for p in lb.prompts()), lengths,
+                              reach=reach, first_share=self.first_share)
+            works, news = lb.ready[:size.ready], list(lb.unstarted)[:size.new]
         for p in news:
             lb.conversations[p.id] = conversation = Conversation.of(p, lane.turns)
             works.append(self.work(lb, conversation))
@@ -101,10 +113,10 @@ class Rounds:
     @staticmethod
     def take(lb: LaneBatches, works: list[Work], n: int) -> list[Work]:
         """The first `n` of a planned round go (what fits the money and one input file): the ready turns left over
-        wait for the next round, the new conversations left over stay unstarted."""
+        (and those the plan left out) wait for the next round, the new conversations left over stay unstarted."""
         sent, kept = works[:n], works[n:]
-        ready_ids = {id(w) for w in lb.ready}
-        lb.ready = [w for w in kept if id(w) in ready_ids]
+        ready_ids, sent_ids = {id(w) for w in lb.ready}, {id(w) for w in sent}
+        lb.ready = [w for w in lb.ready if id(w) not in sent_ids]
         for w in kept:
             if id(w) not in ready_ids:
                 lb.conversations.pop(w.turn.conversation.id, None)

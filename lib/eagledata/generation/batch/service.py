@@ -17,6 +17,8 @@ from .state import INPUTS, LaneBatches
 
 log = logging.getLogger("eagledata.generate")
 
+VANISHED = "vanished"  # a journaled batch the service answers 404 for: settled so, its lines not recorded sent again
+
 
 class BatchService(Protocol):
     """A batch API's dialect (moonshot.batch_api.MoonshotBatches): the calls the route makes and the price."""
@@ -57,11 +59,11 @@ class BatchCalls:
         work.turn = dataclasses.replace(work.turn, messages=self.body(work)["messages"])
 
     async def submit(self, lb: LaneBatches, name: str, round_: int, data: bytes, lines: list[JournalLine],
-                     at: float) -> BatchEntry:
+                     at: float, planned_rounds: int | None = None) -> BatchEntry:
         """A round's input file kept under batch_inputs/, journaled as prepared, then uploaded and created."""
         (lb.dir / INPUTS).mkdir(exist_ok=True)
         (lb.dir / INPUTS / f"{name}.jsonl").write_bytes(data)
-        lb.entry = lb.journal.prepared(name, round_, lines, at)
+        lb.entry = lb.journal.prepared(name, round_, lines, at, planned_rounds)
         await self.adopt(lb)
         return lb.entry
 
@@ -79,12 +81,30 @@ class BatchCalls:
         if entry.batch_id is None:
             assert entry.file_id is not None
             found_b = [b for b in await self.service.batches() if b.metadata.get("eagledata") == entry.name]
-            info = found_b[0] if found_b else await self.service.create(
-                entry.file_id, self.window, {"eagledata": entry.name, "dataset": lb.lane.name,
-                                             "round": str(entry.round)})
+            info = found_b[0] if found_b else await self._create(lb, entry)
             lb.journal.created(entry.name, info.id)
+            if lb.info is not None:
+                lb.info.status = info.status
+                lb.info.window_end = float(info.expires_at) if info.expires_at else lb.info.window_end
         if lb.info is not None:
             lb.info.batch_id = entry.batch_id
+
+    async def _create(self, lb: LaneBatches, entry: BatchEntry) -> BatchInfo:
+        """The batch made from the journaled upload; an upload the service no longer knows (404: deleted, or an
+        emulator that stopped with its run) is made again from batch_inputs/ first."""
+        assert entry.file_id is not None
+        metadata = {"eagledata": entry.name, "dataset": lb.lane.name, "round": str(entry.round)}
+        try:
+            return await self.service.create(entry.file_id, self.window, metadata)
+        except BatchApiError as e:
+            if e.status != 404:
+                raise
+        log.warning("batch route: %s: the service does not know the upload %s any more: uploading %s.jsonl again",
+                    lb.lane.name, entry.file_id, entry.name)
+        data = (lb.dir / INPUTS / f"{entry.name}.jsonl").read_bytes()
+        file_id = await self.service.upload(f"{entry.name}.jsonl", data)
+        lb.journal.uploaded(entry.name, file_id)
+        return await self.service.create(file_id, self.window, metadata)
 
     async def status(self, lb: LaneBatches) -> BatchInfo:
         assert lb.entry is not None and lb.entry.batch_id is not None
@@ -104,7 +124,8 @@ class BatchCalls:
             try:
                 await self.service.delete_file(entry.file_id)
             except BatchApiError as e:
-                log.warning("batch route: input file %s not deleted at the service: %s", entry.file_id, e)
+                if e.status != 404:  # 404: already gone
+                    log.warning("batch route: input file %s not deleted at the service: %s", entry.file_id, e)
 
     async def cancel(self, lb: LaneBatches) -> None:
         assert lb.entry is not None and lb.entry.batch_id is not None

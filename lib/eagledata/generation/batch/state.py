@@ -8,6 +8,7 @@ import json
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,10 +41,13 @@ class RoundInfo:
     booked_usd: float = 0.0
     started: float = 0.0   # the run's clock
     waited_s: float = 0.0
+    window_end: float | None = None  # wall clock (time.time): the service answers its lines by then, or expires it
 
     def row(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "usd": round(self.usd, 10), "booked_usd": round(self.booked_usd, 10),
-                "waited_s": round(self.waited_s, 1), "started": round(self.started, 1)}
+                "waited_s": round(self.waited_s, 1), "started": round(self.started, 1),
+                "window_end": None if self.window_end is None else
+                datetime.fromtimestamp(self.window_end, UTC).isoformat(timespec="seconds")}
 
 
 @dataclass(eq=False)
@@ -62,6 +66,12 @@ class LaneBatches:
     went_on: int = 0
     ended: int = 0
     usd: float = 0.0   # what this run's answers of this dataset cost
+    planned_rounds: int = 0  # the rounds it is planned to take (rounds.Rounds.planned_rounds)
+
+    @property
+    def rounds_used(self) -> int:
+        """Its rounds so far, every run's (a batch sent again after a 404 or a failure counts: it took a round)."""
+        return self.journal.rounds
 
     @property
     def dir(self) -> Path:

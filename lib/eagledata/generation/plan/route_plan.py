@@ -184,7 +184,13 @@ class BatchTiming:
     def rounds(self, max_turns: int) -> int:
         """Rounds of a dataset whose longest conversation has `max_turns` turns: its turns, and each top-up starting
         (new conversations as deep) one round after the one before."""
-        return max_turns + self.topups
+        return batch_rounds(max_turns, self.topups)
+
+
+def batch_rounds(max_turns: int, topups: int = 1) -> int:
+    """The batch route's rounds for a dataset whose longest conversation has `max_turns` turns: turn j goes in round
+    j, and each top-up starts one round later (generate plans one: batch/plan.py's second round reaches the target)."""
+    return max_turns + topups
 
 
 @dataclass(frozen=True)

@@ -160,7 +160,8 @@ def summary_table(summary: dict[str, Any]):
         ("output tokens (dataset / target)", f"{summary['output_tokens']:,} / "
                                              f"{summary['target_output_tokens'] or '-'}"),
         ("output tokens this run", f"{run['output_tokens']:,}"),
-        ("charged this run (the account's usage delta)",
+        ("charged this run (lines settled, batch price)" if run.get("route") == "batch" else
+         "charged this run (the account's usage delta)",
          _usd(run.get("charged_usd")) + (f" of ${run['max_spend_usd']:g} cap" if run['max_spend_usd'] else "")),
         ("recorded (what the kept answers cost)", _usd(run.get("recorded_usd"))),
         ("wasted (charged - recorded)", _usd(run.get("wasted_usd"))),
@@ -180,6 +181,8 @@ def summary_table(summary: dict[str, Any]):
                      + (f"; {_usd(late)} of it billed during this run" if late else "") + ")"))
     if run.get("killed_wasted_usd") is not None:  # the killed runs' charge beyond their records, by the account
         rows.append(("wasted by the killed runs before (account)", _usd(run["killed_wasted_usd"])))
+    if run.get("account_delta_usd") is not None:  # route batch: the balance's own delta, beside what it charged
+        rows.append(("the account's balance delta this run", _usd(run["account_delta_usd"])))
     if run.get("foreign_usd"):  # a killed run's answers ending upstream (named in a journal or not), another spender
         rows.append(("billed during this run, not booked by it", _usd(run["foreign_usd"])))
     if back := run.get("read_back"):  # streams closed without their usage: booked at a bound, then read by id
