@@ -52,7 +52,7 @@ def config(tmp_path: Path, base_url: str, out: str, stream: bool) -> GenerateCon
                           output_dir=str(tmp_path / out), params_dir=str(tmp_path / "params"), concurrency=1,
                           max_tokens=400, progress=False, retry_base_s=0.0, retry_cap_s=0.0, reserve_usd=0.0,
                           provider_cooldown_s=0.0, max_attempts=4, turns="all", limit=20, stream=stream,
-                          at_target="finish")  # near its cut a streamed dataset would send only to endpoints that cancel
+                          at_target="finish")  # near a cut, streams go only where they cancel
 
 
 def written(tmp_path: Path, out: str, truth: dict[str, dict]) -> dict[str, tuple[str, list[dict]]]:
