@@ -4,7 +4,8 @@ emulator run at `emulator_speed 1` (real time) takes to meet the same target (su
 
   PYTHONPATH=lib .venv/bin/python bench/realtime_time_bench.py [--cases 5:12000 40:60000]
 
-Each case: the first N prompts of examples/prompts/demo-a.jsonl and a target of T output tokens. The answers'
+Each case: the first N prompts of examples/prompts/demo-a.jsonl then demo-b.jsonl (80 in all; demo-b's are
+conversations of several turns, asked one after another) and a target of T output tokens. The answers'
 lengths come from a quick run of the same prompts (at speed 0.02), as budget.ipynb takes them from earlier records.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import math
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 from eagledata.emulator import run_emulator
@@ -25,13 +27,18 @@ from eagledata.generation.plan.budget import OutputLengths
 from eagledata.generation.plan.route_plan import DatasetWork, answer_times, realtime_seconds, realtime_throughput
 from eagledata.openrouter import load_routing
 from eagledata.paths import dataset_files
+from eagledata.prompts import load_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def case(d: Path, n: int, target: int) -> Path:
     prompts = d / "P.jsonl"
-    prompts.write_text("".join((ROOT / "examples" / "prompts" / "demo-a.jsonl").read_text().splitlines(True)[:n]))
+    lines = [ln for name in ("demo-a", "demo-b") for ln in (ROOT / "examples" / "prompts" / f"{name}.jsonl").read_text()
+             .splitlines(True)]
+    if n > len(lines):
+        raise SystemExit(f"{n} prompts asked for, the demo files hold {len(lines)}")
+    prompts.write_text("".join(lines[:n]))
     (d / "datasets.yaml").write_text(f"P:\n  prompts: {prompts}\n  target_output_tokens: {target}\n")
     return d / "datasets.yaml"
 
@@ -44,7 +51,7 @@ async def run(d: Path, datasets: Path, url: str, out: str, concurrency: int) -> 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cases", nargs="+", default=["5:12000", "40:60000"], help="prompts:target pairs")
+    ap.add_argument("--cases", nargs="+", default=["5:5000", "40:60000", "80:150000"], help="prompts:target pairs")
     ap.add_argument("--concurrency", type=int, default=2000)
     args = ap.parse_args()
     for spec in args.cases:
@@ -62,7 +69,9 @@ def main() -> int:
                 rate = realtime_throughput(args.concurrency, endpoint_tps=routing.cheapest().throughput_tps)
                 answers = answer_times(rate, routing.eligible, args.concurrency)
                 requests = math.ceil(target / lengths.mean)
-                work = [DatasetWork("P", target, requests, 1, 0.0, 0.0, available=n)]
+                depths = Counter(sum(m["role"] == "user" for m in p.messages) for p in load_prompts(d / "P.jsonl"))
+                work = [DatasetWork("P", target, requests, max(depths), 0.0, 0.0, turns=tuple(sorted(depths.items())),
+                                    available=sum(t * c for t, c in depths.items()))]
                 planned = max(target / rate.output_tps, realtime_seconds(work, lengths.samples, args.concurrency,
                                                                          answers.speed_tps, answers.latency_s))
                 started = time.monotonic()

@@ -147,7 +147,7 @@ async def endpoints(request: Request) -> Response:
             "max_completion_tokens": e.max_completion_tokens, "max_prompt_tokens": e.context_length,
             "supported_parameters": list(e.supported_parameters), "status": e.status,
             "uptime_last_30m": e.uptime, "uptime_last_1d": e.uptime, "supports_implicit_caching": False,
-            "latency_last_30m": _percentiles(e.latency * 1000, rising=True),
+            "latency_last_30m": _percentiles(e.latency, rising=True),  # seconds, as the API reference shows
             "throughput_last_30m": _percentiles(e.throughput, rising=False)} for e in cfg.endpoints]
     entry = _model_entry(em)
     return JSONResponse({"data": {"id": cfg.model, "name": cfg.model_name, "created": entry["created"],

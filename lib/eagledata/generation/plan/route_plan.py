@@ -3,7 +3,11 @@ realtime, through Moonshot's Batch API (first-party weights at its batch price, 
 between them by dataset, each with its $ and its expected and worst-case time; with a deadline, the cheapest plan
 whose time meets it, and the generate command(s) that run it (pure arithmetic, apart from `plan_routes`' inputs).
 
-Realtime time: output tokens ÷ a realtime run's output tokens/s. By default the reference run's measured ~21k tok/s
+Realtime time: the longer of two. A small job is as slow as its answers (`realtime_seconds`: a pool of `concurrency`
+slots simulated at the routed endpoint's per-request speed and latency, a conversation's turns one after another, the
+run ending when the tokens delivered reach the targets: 225 requests wait for their longest answer, not 48 s); its
+worst case at the slowest eligible endpoint's speed and latency. A big job is as slow as the pool: output tokens ÷ a
+realtime run's output tokens/s. By default the reference run's measured ~21k tok/s
 at 2,000 in flight (DESIGN.md), scaled to `concurrency`: it includes what an endpoint's per-request speed ×
 concurrency leaves out (429s, queueing, prompt processing, the long answers' tail), and a routing file does not keep
 the endpoints' throughput anyway. When the endpoint sort=price routes to lists a per-request speed, speed ×
