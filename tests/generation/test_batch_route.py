@@ -328,6 +328,17 @@ def test_ctrl_c_with_batch_cancel_on_stop_cancels_them_and_keeps_what_they_answe
     assert summary["remaining"] == 30 and [e["event"] for e in journal(out)][-1] == "settled"
 
 
+def interrupted_once_created(cmd: list[str], out) -> tuple[subprocess.Popen, str]:
+    """Run `cmd`, Ctrl-C it once its first batch is created at the service; (the process, what it printed)."""
+    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    return proc, stderr
+
+
 # -- issue 53 ---------------------------------------------------------------------------------------------------------
 def test_a_batch_the_service_no_longer_knows_is_settled_as_vanished_and_its_lines_go_again(emu, tmp_path):
     """Item 6: a journaled batch that 404s (expired from the service's records, deleted, another account) must not
@@ -336,12 +347,7 @@ def test_a_batch_the_service_no_longer_knows_is_settled_as_vanished_and_its_line
     datasets, objs = write_conversations(tmp_path, 30, seed=3)
     out = tmp_path / "out"
     cmd = command(tmp_path, emu, datasets, "--turns", "last")
-    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    proc, stderr = interrupted_once_created(cmd, out)
     assert proc.returncode == 0 and "rerun the same command" in stderr, stderr[-3000:]
     left = json.loads((out / "datasets" / "C" / "summary.json").read_text())["run"]["batches_running"]
     assert len(left) == 1
@@ -523,14 +529,10 @@ def test_an_adopted_batchs_lines_are_charged_to_the_run_that_settles_them(emu, t
     datasets, _ = write_conversations(tmp_path, 20, seed=22)
     out = tmp_path / "out"
     cmd = command(tmp_path, emu, datasets, "--turns", "last")
-    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    proc, stderr = interrupted_once_created(cmd, out)
     assert proc.returncode == 0, stderr[-3000:]
     batch_id = json.loads((out / "datasets" / "C" / "summary.json").read_text())["run"]["batches_running"][0]
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # the service answers (and charges) the lines before the rerun
         got = httpx.get(f"{moonshot(emu)}/batches/{batch_id}", headers={"Authorization": "Bearer k"}, timeout=30)
         if got.json()["status"] == "completed":

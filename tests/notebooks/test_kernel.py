@@ -116,6 +116,16 @@ summary = await run_generation(cfg)
 """
 
 
+def _dataset(tmp_path: Path, n: int) -> Path:
+    """A datasets file naming C: `n` one-turn prompts."""
+    prompts = tmp_path / "C.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
+                               for i in range(n)))
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"C:\n  prompts: {prompts}\n")
+    return datasets
+
+
 def test_papermills_shutdown_stops_a_run_in_a_cell_cleanly(tmp_path, tokenizer_dir):
     """papermill's Ctrl-C shuts the kernel down (SIGINT, a shutdown request, SIGTERM at 2.5 s, SIGKILL at 5 s): the
     run awaited in the cell stops as a second Ctrl-C stops it — its requests abandoned, summary.json written — and
@@ -125,11 +135,7 @@ def test_papermills_shutdown_stops_a_run_in_a_cell_cleanly(tmp_path, tokenizer_d
 
     from eagledata.emulator import run_emulator
 
-    prompts = tmp_path / "C.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
-                               for i in range(200)))
-    datasets = tmp_path / "datasets.yaml"
-    datasets.write_text(f"C:\n  prompts: {prompts}\n")
+    datasets = _dataset(tmp_path, 200)
     out = tmp_path / "out"
     # speed 0.5: an answer takes ~20 s, so the 16 in flight are mid-answer when the shutdown comes
     with run_emulator({"speed": 0.5, "balance": 100}) as emu:
@@ -258,11 +264,7 @@ def test_sigterm_to_papermill_stops_the_run_with_its_summary(tmp_path, tokenizer
     from eagledata.emulator import run_emulator
     from tests.helpers import ROOT
 
-    prompts = tmp_path / "C.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
-                               for i in range(200)))
-    datasets = tmp_path / "datasets.yaml"
-    datasets.write_text(f"C:\n  prompts: {prompts}\n")
+    datasets = _dataset(tmp_path, 200)
     out = tmp_path / "out"
     with run_emulator({"speed": 0.5, "balance": 100}) as emu:  # an answer takes ~20 s: mid-answer at the SIGTERM
         command = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "generate.ipynb"),
