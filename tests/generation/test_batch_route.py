@@ -312,13 +312,8 @@ def test_ctrl_c_with_batch_cancel_on_stop_cancels_them_and_keeps_what_they_answe
     emu.reset({**BATCH, "speed": 0.01, "batch": {"balance": 50.0}})  # a queue of 6 s, then 5 ms a line
     datasets, objs = write_conversations(tmp_path, 30, seed=4)
     out = tmp_path / "out"
-    proc = subprocess.Popen(command(tmp_path, emu, datasets, "--turns", "last", "--batch-cancel-on-stop", "true"),
-                            env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    proc, stderr = interrupted_once_created(
+        command(tmp_path, emu, datasets, "--turns", "last", "--batch-cancel-on-stop", "true"), out)
     assert proc.returncode == 0, stderr[-3000:]
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and summary["run"]["batches_running"] == []
@@ -328,14 +323,15 @@ def test_ctrl_c_with_batch_cancel_on_stop_cancels_them_and_keeps_what_they_answe
     assert summary["remaining"] == 30 and [e["event"] for e in journal(out)][-1] == "settled"
 
 
-def interrupted_once_created(cmd: list[str], out) -> tuple[subprocess.Popen, str]:
+def interrupted_once_created(cmd: list[str], out, environ: dict[str, str] | None = None,
+                             timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
     """Run `cmd`, Ctrl-C it once its first batch is created at the service; (the process, what it printed)."""
-    proc = subprocess.Popen(cmd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
+    proc = subprocess.Popen(cmd, env=environ or env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
         time.sleep(0.01)
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = proc.communicate(timeout=timeout_s)
     return proc, stderr
 
 
@@ -377,12 +373,7 @@ def test_with_base_url_emulator_a_ctrl_c_leaves_no_batch_behind_and_a_rerun_resu
            "--output-dir", str(out), "--params-dir", str(tmp_path / "params"), "--max-tokens", "130",
            "--progress", "false", "--turns", "last"]
     no_key = {k: v for k, v in os.environ.items() if k != "MOONSHOT_API_KEY"}
-    proc = subprocess.Popen(cmd, env=no_key, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any(e["event"] == "created" for e in journal(out)):
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
+    proc, stderr = interrupted_once_created(cmd, out, no_key, timeout_s=120)
     assert proc.returncode == 0, stderr[-3000:]
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and summary["run"]["batches_running"] == []
