@@ -91,6 +91,10 @@ def test_a_target_stops_its_dataset_and_the_other_goes_on(tmp_path, tok, monkeyp
     assert a["stop_reason"] == "target_reached" and b["stop_reason"] == "completed"
     assert 3000 <= a["output_tokens"] <= 3000 * 1.05 + 400  # at most one long answer past the promise
     assert b["records"] == 40 and a["records"] < 200
+    timing = summary["run"]["timing"]  # where the wait went: A's target, then B's last answer, then the summaries
+    assert timing["last_target_s"] == pytest.approx(a["run"]["target_met_s"], abs=0.05)
+    assert timing["last_target_s"] <= timing["slots_end_s"] <= summary["wall_s"]
+    assert timing["before_start_s"] > 0 and b["run"]["timing"] == timing  # the process's age (Linux: /proc)
 
 
 def test_a_money_stop_never_spends_over_the_cap(tmp_path, tok, monkeypatch):
@@ -184,3 +188,38 @@ def test_a_signal_closes_at_once_the_streams_whose_endpoints_stop_billing_and_th
     assert seen == {"Cancels": 4, "Bills": 0} and sim.closed == {"Cancels": 4, "Bills": 4}
     assert summary["wall_s"] == pytest.approx(50 + INTERRUPT_FINISH_S, abs=1)
     assert summary["records"] == 0 and summary["remaining"] == 50 and len(r.ledger.admission.flights) == 0
+
+
+def test_work_waiting_for_money_when_its_dataset_meets_its_target_is_given_back_not_sent(tmp_path, tok, monkeypatch):
+    """Issue 53 (15): at the six-dataset job's cut, 47 slots held their datasets' work waiting for money (the cut
+    streams booked at their bounds until read back); once it freed they sent it: one dataset ended at 1.020 of its
+    target and the run 20 s after its last target, waiting for those answers. Work whose dataset met its target while
+    it waited is given back: still to do, never sent, its pacing and money books as if never taken."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok)
+    cfg = GenerateConfig(dataset="all", datasets_file=str(datasets(tmp_path, {"A": 20, "B": 20}, {"A": 3000})),
+                         base_url="http://127.0.0.1:9/api/v1", output_dir=str(tmp_path / "out"),
+                         params_dir=str(tmp_path / "params"), concurrency=8, max_tokens=1000, progress=False,
+                         reserve_usd=0.0, prior_output_median_tokens=150)
+
+    async def main():
+        r = await Run.start(cfg, None, api_key="k", seams=Seams(transport=sim, account=sim.account, routing=routing(),
+                                                                 executor=InlineExecutor()))
+        try:
+            taken = []
+            while len({w.lane.name for w in taken}) < 2:
+                taken.append(r.dispatcher.take(r.clock.now()))
+            a = next(w for w in taken if w.lane.name == "A")
+            b = next(w for w in taken if w.lane.name == "B")
+            a.lane.target_met_s = 1.0  # another slot's answer brought A to its target while these waited
+            got = [await r.slots._admit(a), await r.slots._admit(b)]
+            for w in taken:
+                r.dispatcher.release(w, r.clock.now())
+            return got, r
+        finally:
+            r.close()
+
+    (ticket_a, ticket_b), r = run_virtual(main())
+    assert ticket_a is None and ticket_b is not None  # A's work given back; B's, short of its target, goes out
+    a, b = r.dispatcher.pacing.lanes["A"], r.dispatcher.pacing.lanes["B"]
+    assert a.waiting == 0 and not a.flights and len(b.flights) == 1 and r.dispatcher.holding == 0

@@ -83,10 +83,12 @@ class Slots:
             return taken
 
     async def _admit(self, work: Work) -> int | None:
-        """Wait until the request's cost fits the budget (ledger.py): its ticket, or None when the money is gone or
-        the run is stopping."""
+        """Wait until the request's cost fits the budget (ledger.py): its ticket, or None when the money is gone, the
+        run is stopping or its dataset no longer wants it (`Dispatcher.wanted`)."""
         async with self.lock:
             while not self.parts.dispatcher.stop.stopping:
+                if not self.parts.dispatcher.wanted(work):
+                    return None  # its dataset met its target while it waited: given back, still to do
                 if (ticket := self.parts.admit(work, self.clock.now())) is not None:
                     self.payers.notify(1)  # the baton: another may fit too
                     return ticket
