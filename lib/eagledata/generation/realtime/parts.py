@@ -117,6 +117,10 @@ class Parts:
         streams = self.requester.streams.progress(self.tokens_per_char()) if self.requester.streams else None
         for lane in self.dispatcher.tick(now, streams):
             self.requester.streams.cut_streams_of(lane, StopReason.TARGET_REACHED)
+        if streams and self.requester.at_target == "cut":  # a stream that went out as its dataset met its target
+            for lane in self.dispatcher.lanes.values():      # (its cut already made) is cut too, not waited for
+                if lane.target_met:
+                    self.requester.streams.cut_streams_of(lane, StopReason.TARGET_REACHED)
         for lane in self.dispatcher.lanes.values():
             lane.near_target = self.dispatcher.pacing.lanes[lane.name].near()
         return self.dispatcher.pacing.next_cut_in()
