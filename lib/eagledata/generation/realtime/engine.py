@@ -123,6 +123,7 @@ class Run:
                     pass  # what was in flight is abandoned: cancelled, booked, still to do
                 finally:
                     self._scope = None
+                    self.reporter.slots_end = self.clock.now()
                     ticker.cancel()
                     if reading is not None:
                         reading.cancel()

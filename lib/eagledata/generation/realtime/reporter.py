@@ -3,9 +3,11 @@ what it comes to (every dataset's summary.json and the run's summary). It reads 
 their state."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from ...openrouter import RoutingDecision
@@ -40,11 +42,13 @@ class Reporter:
     idle: bool    # nothing to send: an earlier run's work is reported
     single: bool  # one dataset named alone: its summary is the run's
     streamed: Callable[[], tuple[int, int]] | None = None  # the streams in flight and the characters they delivered
+    slots_end: float | None = None  # when the slots ended (the engine says): what follows is the summaries' work
 
     def __post_init__(self) -> None:
         self.lanes = self.dispatcher.lanes
         self.timeline: list[list[float]] = []  # the run's own samples (each dataset keeps its own)
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.before_start_s = _process_age_s()  # the process's life before the run: imports, a kernel's start
 
     @property
     def in_flight(self) -> int:
@@ -138,7 +142,16 @@ class Reporter:
                 "concurrency_changes": changes,
                 **({"killed_wasted_usd": round(self.ledger.killed_wasted_usd, 8)}
                    if self.ledger.killed_wasted_usd is not None else {}),
-                **({"read_back": readback.figures()} if readback is not None and readback.counts.streams else {})}
+                **({"read_back": readback.figures()} if readback is not None and readback.counts.streams else {}),
+                "timing": self._timing()}
+
+    def _timing(self) -> dict[str, float | None]:
+        """Where the user's wait went: the process before the run, the run to its last target, to its slots' end
+        (answers still in flight, retries waiting), and `wall_s` once the summaries are written."""
+        met = [lane.target_met_s for lane in self.lanes.values() if lane.target is not None]
+        return {"before_start_s": self.before_start_s,
+                "last_target_s": round(max(met), 3) if met and None not in met else None,  # type: ignore[type-var]
+                "slots_end_s": None if self.slots_end is None else round(self.slots_end - self.t0, 3)}
 
     def _dataset_summary(self, lane: DatasetRun, now: float) -> dict[str, Any]:
         """summary.json of one dataset. In a run over several, its money is its part of the account's delta
@@ -179,3 +192,13 @@ class Reporter:
         summary["run"]["provider_health"] = merge_provider_health(
             [(b.get("run") or {}).get("provider_health") or {} for b in before])
         return summary
+
+
+def _process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc), None elsewhere. In a notebook it is the kernel's."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 3)
+    except (OSError, ValueError, IndexError):
+        return None

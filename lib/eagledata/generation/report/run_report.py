@@ -173,6 +173,10 @@ def summary_table(summary: dict[str, Any]):
          f"{run.get('budget_mode', '-')} / {len(run.get('concurrency_changes', []))}"),
         ("retries", f"{run['retried']:,}"),
     ]
+    if timing := run.get("timing"):  # where the wait went: the process before the run, the targets, the last answer
+        rows.append(("time: before / last target / last answer", " / ".join(
+            "-" if timing.get(k) is None else f"{timing[k]:,.1f} s"
+            for k in ("before_start_s", "last_target_s", "slots_end_s"))))
     if killed := run.get("killed_before"):  # streams a killed run left in flight, read back from the service
         late = killed.get("late_usd") or 0.0
         rows.append(("wasted by the killed run before (streams)",
