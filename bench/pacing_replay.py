@@ -74,7 +74,7 @@ def replay(saved: dict[str, Any], pairs: list[tuple[float, int]], multi_turn: fl
            report: dict[str, Any] | None = None) -> tuple[float, float]:
     """(time every target was recorded, worst tokens ÷ target − 1) of one draw, the engine in virtual time.
     `stream`: every answer streamed, `cancel_share` of them from an endpoint that stops billing on a closed stream;
-    `report` gets the cut samples and the money billed for tokens no record holds."""
+    `report` gets the cut samples, the money billed for tokens no record holds and the run's end (`end_s`)."""
     run, per = saved["summary"]["run"], saved["summary"]["datasets"]
     targets = {n: x["target_output_tokens"] for n, x in per.items()}
     mean = statistics.fmean(n for _, n in pairs)
@@ -94,7 +94,7 @@ def replay(saved: dict[str, Any], pairs: list[tuple[float, int]], multi_turn: fl
         if report is not None:
             report.update(cut=sum(x["run"]["finish_reasons"].get("cut", 0) for x in s["datasets"].values()),
                           records=sum(x["run"]["recorded"] for x in s["datasets"].values()), wasted=service.wasted,
-                          billed=service.billed)
+                          billed=service.billed, end_s=s["wall_s"])
     met = [x["run"]["target_met_s"] for x in s["datasets"].values()]
     if None in met:
         raise RuntimeError(f"draw {draw}: a target was not met ({s['stop_reason']})")
@@ -165,11 +165,13 @@ def streamed(a: argparse.Namespace) -> int:
                 rows.append((last / ideal, over, report))
             ratios, overs = [r[0] for r in rows], [r[1] for r in rows]
             cut = statistics.fmean(r[2]["cut"] / max(r[2]["records"], 1) for r in rows)
+            ends = [r[2]["end_s"] / ideal for r in rows]
             waste = statistics.fmean(r[2]["wasted"] / max(r[2]["billed"], 1e-12) for r in rows)
             print(f"{Path(path).name}: streamed, at_target {a.at_target}, {a.cancel_share:.0%} on cancelling "
                   f"endpoints, "
                   f"{mix:.0%} multi-turn: last target at {statistics.median(ratios):.3f}x the ideal ({ideal:.0f} s; "
-                  f"{min(ratios):.3f}-{max(ratios):.3f} over {a.draws} draws); overshoot median "
+                  f"{min(ratios):.3f}-{max(ratios):.3f} over {a.draws} draws), the run's end at "
+                  f"{statistics.median(ends):.3f}x ({min(ends):.3f}-{max(ends):.3f}); overshoot median "
                   f"{statistics.median(overs):.1%}, worst {max(overs):.1%}; cut samples {cut:.1%} of the records; "
                   f"billed for tokens no record holds {waste:.2%}", flush=True)
     return 0

@@ -25,6 +25,8 @@ the seed's (~18) and latency against client work stays realistic (tens of second
              runs one after another on the same balance.
              `--multi-turn 0.4`: 40 % of the prompts are conversations of 2–4 user turns, every turn answered on the
              target's own answers (issue 31); the oracle then runs the same chains.
+             `--whole-command`: then the same job as the user's command (papermill generate.ipynb), timed whole:
+             the run's start, its last target, its slots' end, its summaries and the process's end ÷ the ideal.
              `--repeat N --pair --multi-turn 0.4`: N seeds, each the single-turn job and then the multi-turn one; both
              medians ÷ their oracles (one run's tail varies by ±10 %).
   panel      (f) what the live panel costs (issue 33): the seed replay's engine, 2,000 in flight, `--panel-balance`
@@ -38,9 +40,11 @@ import asyncio
 import json
 import math
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,7 @@ from eagledata.openrouter.client import LOCAL_KEY
 from eagledata.openrouter.fast_stream import FastStreams
 from eagledata.openrouter.stream import StreamState, stream_complete
 
+ROOT = Path(__file__).resolve().parents[1]
 SEED_MAX_TOKENS = 32768
 MULTI_TURNS = (2, 3, 4)  # user turns of a multi-turn conversation, equally likely
 CONVERSATION_STREAM = 1_000_003  # seed offset of a draw's conversation choices (`oracle_time`, pacing_replay.py)
@@ -584,6 +589,10 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
               f"{len(timed.tokens):,} answers)")
         _job_report("one run ", s["datasets"], targets, [x["run"]["target_met_s"] for x in s["datasets"].values()],
                     wall, ideal, emu.stats()["charged_usd"], usable)
+        timing, opened = s["run"]["timing"], wall - s["wall_s"]  # before the engine's clock: stores, prompts, routing
+        print(f"    where the time went (from the call): the run began at {opened:.1f} s; every target met at "
+              f"{opened + (timing['last_target_s'] or math.nan):.1f} s; its slots ended at "
+              f"{opened + timing['slots_end_s']:.1f} s; its summaries written at {wall:.1f} s", flush=True)
         if s["stop_reason"] in ("balance_reserve_reached", "max_spend_reached"):  # the money's end came first
             money_ideal = timed.ideal_s(usable, slots)
             left = s["run"]["money_left"] or {}
@@ -610,6 +619,9 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
             per_turn = {n: x["records"] for n, x in s["datasets"].items()}
             print(f"    records (turns) per dataset: {per_turn}; conversations left open: "
                   f"{sum(x['open_conversations'] for x in s['datasets'].values())}", flush=True)
+        if a.whole_command:
+            emu.reset(emu_cfg)  # a fresh account: the same balance again
+            whole_command(d, {**kw, "dataset": names, "output_dir": str(d / "papermill")}, ideal)
         if a.baseline:
             emu.reset(emu_cfg)  # a fresh account: the same balance again
             per, met, t0, elapsed = {}, [], time.monotonic(), 0.0
@@ -623,6 +635,37 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
     if None in last:
         return math.nan, math.nan, worst
     return max(last) / bound, max(last) / ideal, worst
+
+
+def whole_command(d: Path, params: dict[str, Any], ideal: float) -> None:
+    """The same job as the user runs it: `papermill notebooks/generate.ipynb` in a process of its own (its kernel,
+    imports, run, report cells), timed from its start to its exit. The engine's moments come from the summaries:
+    its start is the summaries' `started_at` (to the second), `run.timing` gives its last target and its slots'
+    end. `ideal`: the in-process run's, on the same seed (one pool's ideal varies by ~1 % between runs)."""
+    params = {k: v for k, v in params.items() if k != "progress"}  # the user's default: status lines
+    out = d / "generate.out.ipynb"
+    cmd = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "generate.ipynb"), str(out),
+           "-y", json.dumps(params), "--cwd", str(ROOT)]
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    end = time.time() - t0
+    if proc.returncode:
+        print(f"    the whole command failed ({proc.returncode}): {proc.stderr[-2000:]}", flush=True)
+        return
+    files = [Path(params["output_dir"]) / "datasets" / n / "summary.json" for n in params["dataset"]]
+    s = json.loads(files[0].read_text())
+    start = datetime.fromisoformat(s["started_at"]).timestamp() - t0
+    timing = s["run"]["timing"]
+    marks = [("the run began", start), ("every target met", start + timing["last_target_s"]),
+             ("its slots ended", start + timing["slots_end_s"]), ("its summaries written", start + s["wall_s"]),
+             ("the process ended", end)]
+    print("    the whole command (papermill notebooks/generate.ipynb, the same job on a fresh account): "
+          + "; ".join(f"{what} at {t:.0f} s = {t / ideal:.2f}x" for what, t in marks)
+          + f" (the kernel had lived {timing['before_start_s']:.1f} s when the run began)", flush=True)
+    cells = [c for c in json.loads(out.read_text())["cells"] if c["cell_type"] == "code"]
+    print("    its code cells (papermill's durations): " + "; ".join(
+        f"{c['source'].splitlines()[0][:40] if isinstance(c['source'], str) else c['source'][0][:40].strip()!r} "
+        f"{c['metadata']['papermill']['duration']:.1f} s" for c in cells), flush=True)
 
 
 def main() -> int:
@@ -650,6 +693,8 @@ def main() -> int:
                     help="job: the targets cost this share of the usable money (0.85; >1: not enough money)")
     ap.add_argument("--faults", action=argparse.BooleanOptionalAction, default=True, help="job: the usual fault mix")
     ap.add_argument("--baseline", action="store_true", help="job: also six runs one after another")
+    ap.add_argument("--whole-command", action="store_true",
+                    help="job: then the same job as the user's command, papermill generate.ipynb, timed whole")
     ap.add_argument("--straggler-wait", type=float, default=120.0,
                     help="job: straggler_wait_s (the engine's default, 120 s, is for real answers of minutes)")
     ap.add_argument("--multi-turn", type=float, default=0.0,
