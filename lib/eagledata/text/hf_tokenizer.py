@@ -27,6 +27,8 @@ from ..errors import InputError
 from .structure import Structure
 
 REQUIRED_FILES = ("tokenizer.json", "tokenizer_config.json")
+# What transformers' `apply_chat_template` hands the template besides the messages (a template may write them).
+TEMPLATE_TOKENS = ("bos_token", "eos_token", "pad_token", "unk_token")
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -70,6 +72,7 @@ class HFTokenizer:
     fingerprint: str
     structure: Structure
     specials: dict[str, int]  # special-token string → id (the control tokens)
+    template_tokens: dict[str, str]  # bos_token, eos_token, … as tokenizer_config.json names them (the template's)
     _plain: Any = field(repr=False)  # tokenizers.Tokenizer that never matches special strings
     _server: Any = field(repr=False)  # the same file matching them, as a server encodes a rendered prompt
     _pieces: list[bytes | None] = field(repr=False)  # id → its bytes (None: not byte-level, decode through the decoder)
@@ -99,7 +102,8 @@ class HFTokenizer:
         structure = Structure(end_of_turn=_end_of_turn(directory, config, specials))
         digest = hashlib.sha256(path.read_bytes())
         digest.update(json.dumps(specials, sort_keys=True).encode())
-        return cls(directory, template, digest.hexdigest(), structure, specials, plain, server, _pieces(server))
+        named = {k: t for k in TEMPLATE_TOKENS if (t := _token_text(config.get(k))) is not None}
+        return cls(directory, template, digest.hexdigest(), structure, specials, named, plain, server, _pieces(server))
 
     @property
     def vocab_size(self) -> int:

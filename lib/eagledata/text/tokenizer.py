@@ -165,6 +165,8 @@ class Tokenizer(Protocol):
     @property
     def special_ids(self) -> frozenset[int]: ...
     @property
+    def template_tokens(self) -> dict[str, str]: ...
+    @property
     def special_strings_re(self) -> re.Pattern[str]: ...
     def encode_ordinary(self, text: str) -> list[int]: ...
     def encode(self, text: str, allow_special: bool = False) -> list[int]: ...
@@ -217,6 +219,11 @@ class KimiTokenizer:
     def special_ids(self) -> frozenset[int]:
         """The 256 ids above the BPE ranks: control tokens, never produced by encoding text."""
         return frozenset(range(NUM_RANKS, VOCAB_SIZE))
+
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        """The special-token strings a chat template may name (`bos_token`, …): K2.5's uses none."""
+        return {}
 
     # -- encoding -----------------------------------------------------------------------------
     def encode_ordinary(self, text: str) -> list[int]:
