@@ -129,6 +129,22 @@ def test_a_wrong_end_of_turn_fails_the_check(smol, greedy_records):
         assert not report.passed and "output ids differ from recipe" in report.results[0].classes
 
 
+def test_server_ids_are_the_truth_a_non_canonical_split_is_explained_other_bytes_fail(smol, greedy_records):
+    """As vLLM served SmolLM2 (measured: ':\\n\\n1.' as one `\\n\\n` token where BPE on the text gives two): a
+    record whose server ids split the same bytes otherwise passes, explained; ids that say other bytes fail."""
+    r = greedy_records[0]
+    hel, lo, hello = smol.encode_ordinary("The c"), smol.encode_ordinary("apital"), smol.encode_ordinary("The capital")
+    assert r.output_ids[:len(hello)] == hello and hel + lo != hello
+    split = Record.from_dict(r.to_dict() | {"output_ids": hel + lo + r.output_ids[len(hello):]})
+    report = validate(smol, [Case.from_record(split)])
+    assert report.passed and report.results[0].classes == ["non-canonical tokenization"], report.verdict()
+    other = Record.from_dict(r.to_dict() | {"output_ids": smol.encode_ordinary("The capital is Rome.") + [IM_END]})
+    report = validate(smol, [Case.from_record(other)])
+    assert not report.passed and report.results[0].classes == ["text differs from true ids"]
+    stored = Record.from_dict(split.to_dict() | {"meta": {}})  # ids of unknown origin: the recipe must equal them
+    assert "output ids differ from recipe" in validate(smol, [Case.from_record(stored)]).results[0].classes
+
+
 def test_tokenizer_notebook_passes_on_smollm2_records_and_fails_on_a_planted_one(smollm2_dir, greedy_records,
                                                                                   execute_notebook, tmp_path):
     samples = read_results(execute_notebook("tokenizer", tokenizer=str(smollm2_dir)))["report"]

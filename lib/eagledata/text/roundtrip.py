@@ -77,11 +77,17 @@ class Case:
 
     @classmethod
     def from_record(cls, r: Record, truth: dict[str, list[int]] | None = None) -> Case:
+        """A record as a case. Ids a local server returned (`meta.ids_source` "server") are the model's own: with no
+        other truth they are the true ids the recipe is held against (a non-canonical split is then explained, text
+        that says other bytes fails), not stored ids the recipe must equal."""
         true = None
         if truth:
             true = truth.get(r.id, truth.get(r.generation_id)) if r.generation_id else truth.get(r.id)
+        stored = r.output_ids or None
+        if true is None and stored is not None and r.meta.get("ids_source") == "server":
+            true, stored = stored, None
         return cls(r.id, r.messages, r.reasoning, r.content, r.finish_reason,
-                   r.prompt_ids or None, r.output_ids or None, true, tools=r.tools, tool_calls=r.answer.tool_calls)
+                   r.prompt_ids or None, stored, true, tools=r.tools, tool_calls=r.answer.tool_calls)
 
 
 @dataclass
