@@ -74,3 +74,33 @@ def test_kill_bench_keeps_records_exact_and_cancelled_streams_cheap(benches, tok
     assert cancelling["share"] <= 0.10, w
     # the summary shows every dollar no record holds: the killed runs' (by the account) and the last run's own
     assert (r["killed_wasted_usd"] or 0.0) + r["summary_wasted_usd"] == pytest.approx(w["overall"]["wasted"], abs=1e-6)
+
+
+def test_once_every_target_is_met_the_streams_billed_whole_get_moments_then_are_cut(benches, tok, tmp_path):
+    """Issue 53 (15): after the job's last target the run waited 20 s for three answers of 100-200 s on an endpoint
+    that bills whole answers, started long before their dataset neared its cut. Here: 4 s answers, one in thirty
+    200 s, half the traffic on an endpoint that bills whole answers. Once the target is met those streams get
+    FINISH_BEFORE_CUT_S, then are cut (kept as far as they got): the run ends seconds after its target, not at the
+    straggler wait (120 s) or their end. (Their tokens are few, as theirs were against a 1.5M target: under pacing's
+    WHOLE_OVER they count on top of the target, not toward it.)"""
+    from eagledata.generation.realtime.engine import FINISH_BEFORE_CUT_S
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        from virtual_service import Drawn, Served, config, endpoint, run_engine
+    finally:
+        sys.path.remove(str(BENCH))
+    from tests.helpers.parts import datasets
+
+    served = [Served("Cancels", 0.5, True), Served("Bills", 0.5, False)]
+    service = Drawn(lambda rng: (200.0, 100) if rng.random() < 1 / 30 else (4.0, 400), 1, tok, price_in=0.5,
+                    price_out=2.0, endpoints=served)
+    cfg = config(dataset="A", datasets_file=str(datasets(tmp_path, {"A": 400}, {"A": 40_000})),
+                 output_dir=str(tmp_path / "out"), params_dir=str(tmp_path / "params"), concurrency=16,
+                 max_tokens=4000, stream=True)
+    s = run_engine(cfg, service, [endpoint(e.provider, 0.5, 2.0, stream_cancellation=e.cancels) for e in served])
+    met, timing = s["run"]["target_met_s"], s["run"]["timing"]
+    assert s["stop_reason"] == "target_reached" and s["run"]["abandoned"] == 0
+    assert s["run"]["finish_reasons"].get("cut", 0) >= 1  # the long ones, kept as far as they got
+    assert timing["slots_end_s"] == pytest.approx(met + FINISH_BEFORE_CUT_S, abs=1)
+    assert s["wall_s"] < met + FINISH_BEFORE_CUT_S + 5

@@ -108,12 +108,13 @@ def test_a_money_stop_never_spends_over_the_cap(tmp_path, tok, monkeypatch):
 
 
 def test_stragglers_past_the_wait_are_abandoned_and_booked(tmp_path, tok, monkeypatch):
-    """Every target met with answers of 500 s still in flight: they get straggler_wait_s, then are cut off, booked
-    at their bound (provisionally) and left for the next run."""
+    """Every target met with answers of 500 s still in flight (JSON bodies: a stream would be cut, kept as far as it
+    got, FINISH_BEFORE_CUT_S later): they get straggler_wait_s, then are cut off, booked at their bound
+    (provisionally) and left for the next run."""
     monkeypatch.setenv("OPENROUTER_API_KEY", "k")
     sim = Simulated(tok, tokens=(10_000,) + (300,) * 9)
     summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 100}, {"A": 2000}), straggler_wait_s=30, concurrency=40,
-                     prior_output_median_tokens=20)
+                     prior_output_median_tokens=20, stream=False)
     assert summary["stop_reason"] == "target_reached"
     abandoned = summary["run"]["abandoned"]
     assert abandoned == 4 and summary["wall_s"] == pytest.approx(15 + 30, abs=1)  # met at 15 s, then the wait
@@ -166,10 +167,10 @@ def test_a_signal_closes_at_once_the_streams_whose_endpoints_stop_billing_and_th
         tmp_path, tok, monkeypatch):
     """Streamed, 8 in flight on two endpoints: the first signal closes at once the 4 streams on the one with stream
     cancellation (what they would still send is not paid for) and gives the 4 on the one that bills whole answers
-    INTERRUPT_FINISH_S to end, then closes them too: the run ends seconds after the signal, not at their end (200 s)
+    FINISH_BEFORE_CUT_S to end, then closes them too: the run ends seconds after the signal, not at their end (200 s)
     or the drain's (50 + 600 s). Each closed stream keeps what it delivered as a cut sample; these delivered nothing,
     so their prompts stay to do."""
-    from eagledata.generation.realtime.engine import INTERRUPT_FINISH_S
+    from eagledata.generation.realtime.engine import FINISH_BEFORE_CUT_S
 
     monkeypatch.setenv("OPENROUTER_API_KEY", "k")
     sim = Streamed(tok, tokens=(2000,), rate=10.0)  # 200 s answers
@@ -186,7 +187,7 @@ def test_a_signal_closes_at_once_the_streams_whose_endpoints_stop_billing_and_th
                      decision=routing(cancels, bills))
     assert summary["stop_reason"] == "interrupted" and sim.sent == 8
     assert seen == {"Cancels": 4, "Bills": 0} and sim.closed == {"Cancels": 4, "Bills": 4}
-    assert summary["wall_s"] == pytest.approx(50 + INTERRUPT_FINISH_S, abs=1)
+    assert summary["wall_s"] == pytest.approx(50 + FINISH_BEFORE_CUT_S, abs=1)
     assert summary["records"] == 0 and summary["remaining"] == 50 and len(r.ledger.admission.flights) == 0
 
 
@@ -223,3 +224,4 @@ def test_work_waiting_for_money_when_its_dataset_meets_its_target_is_given_back_
     assert ticket_a is None and ticket_b is not None  # A's work given back; B's, short of its target, goes out
     a, b = r.dispatcher.pacing.lanes["A"], r.dispatcher.pacing.lanes["B"]
     assert a.waiting == 0 and not a.flights and len(b.flights) == 1 and r.dispatcher.holding == 0
+

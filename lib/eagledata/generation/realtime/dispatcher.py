@@ -268,7 +268,7 @@ class Dispatcher:
     def straggler_deadline(self, now: float, wait_s: float | None) -> float | None:
         """When the run gives up on the answers still in flight: issuing is over (every target met, or the money's
         end) and they get `wait_s` (billed either way, kept when they come). None while that is not the case."""
-        over = self.stop.reason in MONEY_STOPS if self.stop.stopping else self._only_stragglers()
+        over = self.stop.reason in MONEY_STOPS if self.stop.stopping else self.only_stragglers()
         if not over or not self.holding or wait_s is None:
             self._stragglers_since = None
             return None
@@ -276,7 +276,7 @@ class Dispatcher:
             self._stragglers_since = now
         return self._stragglers_since + wait_s
 
-    def _only_stragglers(self) -> bool:
+    def only_stragglers(self) -> bool:
         """Everything still in hand is an answer to a dataset already at its target, and nothing else is left."""
         return all(lane.target_met_s is not None or lane.finished for lane in self.lanes.values())
 

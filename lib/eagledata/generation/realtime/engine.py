@@ -39,7 +39,8 @@ log = logging.getLogger("eagledata.generate")
 ViewFactory = Callable[[RunSnapshot], ProgressView]  # what shows a run, from its first snapshot
 TICK_S = 0.5  # progress, re-estimating the requests in flight, closing congestion windows
 CUT_TICK_S = 0.05  # a cut due before the next tick is looked at when it comes, no sooner than this after the last
-INTERRUPT_FINISH_S = 3.0  # after a Ctrl-C, streams billed whole anyway get this long to end before they are cut too
+FINISH_BEFORE_CUT_S = 3.0  # after a Ctrl-C, or once every target is met, streams billed whole anyway get this long
+                           # to end before they are cut too
 READ_BACK_END_S = 3.0  # at a run's end (not a Ctrl-C's), the streams closed last get this long to be read back
 
 
@@ -60,7 +61,7 @@ class Run:
         self._signals = 0
         self._finishing = False  # the slots have ended: what is left is writing the summaries
         self._waking: asyncio.Future | None = None
-        self._closing: asyncio.Future | None = None  # after a Ctrl-C: the streams billed whole, cut in a moment
+        self._closing: asyncio.Future | None = None  # after a Ctrl-C or the targets: the streams billed whole, cut soon
         self._ended = asyncio.Event()  # every summary written (what a kernel shutting down waits for)
         # streams journaled as they start, so that the run after a kill can read what they cost (killed.py)
         self.journals = Journals(lanes) if self.parts.requester.stream and self.ledger.paid else None
@@ -175,7 +176,7 @@ class Run:
     def _on_signal(self) -> None:
         """First signal: stop issuing; the streams whose endpoint stops billing when closed are closed at once (with
         `at_target: cut` kept as cut samples, else their prompts stay to do); with `at_target: cut` the other streams
-        get INTERRUPT_FINISH_S, then are cut too; what else is in flight finishes, up to drain_timeout_s.
+        get FINISH_BEFORE_CUT_S, then are cut too; what else is in flight finishes, up to drain_timeout_s.
         A second: abandon them. Once the slots have ended, a signal only cuts short the wait for the last closed
         streams' costs: the summaries are written whatever is pressed."""
         self._signals += 1
@@ -189,10 +190,10 @@ class Run:
             log.warning("generation: interrupted: %d stream(s) closed at once (their endpoints stop billing when a "
                         "stream is closed; %s); %s", closed,
                         "each kept as a cut sample where what it streamed is one" if cut else "the prompts stay to do",
-                        f"the rest get {INTERRUPT_FINISH_S:g} s to end, then are cut too" if cut else
+                        f"the rest get {FINISH_BEFORE_CUT_S:g} s to end, then are cut too" if cut else
                         "the rest finish, up to drain_timeout_s")
         if cut and self.parts.requester.streams:
-            self._closing = asyncio.ensure_future(self._cut_the_rest())
+            self._closing = asyncio.ensure_future(self._cut_the_rest(StopReason.INTERRUPTED))
         self._drain()
 
     def _say_what_was_kept(self) -> None:
@@ -208,14 +209,19 @@ class Run:
                         f"; {sum(lost.values())} closed stream(s) not kept, their prompts still to do ({why})"
                         if lost else "")
 
-    async def _cut_the_rest(self) -> None:
-        """After a Ctrl-C, the streams on endpoints that bill whole answers get INTERRUPT_FINISH_S to end, then are
-        cut too, kept as far as they got: control comes back in seconds, not an answer's time; the rest of their
-        answers is billed anyway (the drain would have abandoned them, paid for and not kept, at drain_timeout_s)."""
-        await self.clock.sleep(INTERRUPT_FINISH_S)
-        if closed := self.parts.requester.streams.cut_every_stream(StopReason.INTERRUPTED):
-            log.warning("generation: interrupted: %d stream(s) on endpoints that bill whole answers cut after %g s, "
-                        "each kept as a cut sample where what it streamed is one", closed, INTERRUPT_FINISH_S)
+    async def _cut_the_rest(self, reason: str) -> None:
+        """After a Ctrl-C (`reason` interrupted), or once every target is met (target_reached), the streams on
+        endpoints that bill whole answers get FINISH_BEFORE_CUT_S to end, then are cut too, kept as far as they got:
+        control comes back in seconds, not an answer's time. The rest of their answers is billed anyway (the drain
+        would have abandoned them, paid for and not kept, at drain_timeout_s). At the targets they are tokens past a
+        target already met: the job's stragglers were answers of 100-200 s on such an endpoint, started before their
+        datasets neared their cuts, that held the run's end ~20 s (issue 53); what they still owed was no token the
+        targets asked for."""
+        await self.clock.sleep(FINISH_BEFORE_CUT_S)
+        if closed := self.parts.requester.streams.cut_every_stream(reason):
+            log.warning("generation: %s: %d stream(s) on endpoints that bill whole answers cut after %g s, each kept "
+                        "as a cut sample where what it streamed is one", "interrupted" if reason ==
+                        StopReason.INTERRUPTED else "every target met", closed, FINISH_BEFORE_CUT_S)
 
     async def _kernel_shutdown(self) -> None:
         """The kernel is shutting down (papermill's Ctrl-C): stop as a second Ctrl-C does, and return once every
@@ -286,7 +292,12 @@ class Run:
                 await self.clock.sleep(TICK_S)
 
     def _stragglers(self, now: float) -> None:
-        """Issuing is over and answers are still in flight past `straggler_wait_s`: the run ends without them."""
+        """Every target is met: with `at_target: cut` the streams billed whole still in flight are cut after
+        FINISH_BEFORE_CUT_S (`_cut_the_rest`). Issuing is over and answers are still in flight past
+        `straggler_wait_s`: the run ends without them."""
+        if self.cfg.at_target == "cut" and self._closing is None and self.parts.requester.streams \
+                and not self.dispatcher.stop.stopping and self.dispatcher.only_stragglers():
+            self._closing = asyncio.ensure_future(self._cut_the_rest(StopReason.TARGET_REACHED))
         when = self.dispatcher.straggler_deadline(now, self.cfg.straggler_wait_s)
         if when is not None and now >= when and self._cut_at is None:
             for lane in self.dispatcher.lanes.values():
