@@ -592,7 +592,8 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
         timing, opened = s["run"]["timing"], wall - s["wall_s"]  # before the engine's clock: stores, prompts, routing
         print(f"    where the time went (from the call): the run began at {opened:.1f} s; every target met at "
               f"{opened + (timing['last_target_s'] or math.nan):.1f} s; its slots ended at "
-              f"{opened + timing['slots_end_s']:.1f} s; its summaries written at {wall:.1f} s", flush=True)
+              f"{opened + timing['slots_end_s']:.1f} s; its summaries written at {wall:.1f} s; in flight to the last "
+              f"target {held_on_average(s, timing['last_target_s']):.0f} of {slots} on average", flush=True)
         if s["stop_reason"] in ("balance_reserve_reached", "max_spend_reached"):  # the money's end came first
             money_ideal = timed.ideal_s(usable, slots)
             left = s["run"]["money_left"] or {}
@@ -635,6 +636,16 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
     if None in last:
         return math.nan, math.nan, worst
     return max(last) / bound, max(last) / ideal, worst
+
+
+def held_on_average(summary: dict[str, Any], until: float | None) -> float:
+    """Requests in flight, time-weighted over the run's timeline up to `until` (its last target)."""
+    cols, rows = summary["timeline_columns"], summary["timeline"]
+    t, n = cols.index("t_s"), cols.index("in_flight")
+    rows = [r for r in rows if until is None or r[t] <= until]
+    if len(rows) < 2:
+        return math.nan
+    return sum((b[t] - a[t]) * a[n] for a, b in zip(rows, rows[1:])) / (rows[-1][t] - rows[0][t])
 
 
 def whole_command(d: Path, params: dict[str, Any], ideal: float) -> None:
