@@ -593,7 +593,8 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
         print(f"    where the time went (from the call): the run began at {opened:.1f} s; every target met at "
               f"{opened + (timing['last_target_s'] or math.nan):.1f} s; its slots ended at "
               f"{opened + timing['slots_end_s']:.1f} s; its summaries written at {wall:.1f} s; in flight to the last "
-              f"target {held_on_average(s, timing['last_target_s']):.0f} of {slots} on average", flush=True)
+              f"target {held_on_average(s, timing['last_target_s']):.0f} of {slots} on average; wasted (charged - "
+              f"recorded) ${s['run']['wasted_usd'] or 0:.4f}", flush=True)
         if s["stop_reason"] in ("balance_reserve_reached", "max_spend_reached"):  # the money's end came first
             money_ideal = timed.ideal_s(usable, slots)
             left = s["run"]["money_left"] or {}
