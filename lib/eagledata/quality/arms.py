@@ -228,8 +228,8 @@ def transformers_generate(model: Any, stop_ids: Iterable[int], pad_id: int) -> G
 
     def generate(prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
         width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts], device=model.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
         with torch.no_grad():
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
                                  eos_token_id=sorted(stops), pad_token_id=pad_id)

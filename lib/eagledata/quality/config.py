@@ -42,6 +42,8 @@ class QualityConfig(Settings):
     bounds: list[Drafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: τ is "
                                                         "k + 1; random: ≈ 1)")
     bound_questions: int | None = setting(3, "MT-Bench questions for the reference drafters (None -> questions)")
+    device: str = setting("cpu", "where the target regenerates and its hidden states are extracted (cpu, cuda); "
+                                 "speculators trains on the accelerator when there is one; τ is measured on CPU")
     threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")
     interop_python: str = setting(".venv-interop/bin/python", "the speculators 0.9.0 environment's interpreter "
                                                               "(training and the EAGLE-3 τ)")

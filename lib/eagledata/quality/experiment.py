@@ -244,6 +244,8 @@ class Experiment:
     def model(self) -> Any:
         if self._model is None:
             self._model = self.seams.load_model(str(self.target))
+            if self.config.device != "cpu":
+                self._model = self._model.to(self.config.device)
         return self._model
 
     def chat(self) -> ArmChat:
@@ -329,7 +331,8 @@ class Experiment:
             samples = self.samples(arm)
             options = ExtractOptions(layout="speculators", score=False,
                                      max_tokens_per_batch=self.config.extract_tokens_per_batch)
-            result = extract(samples, self.files.arm(arm), "speculators", self.model(), options=options)
+            result = extract(samples, self.files.arm(arm), "speculators", self.model(), options=options,
+                             device=self.config.device)
             return {"samples": len(samples), "tokens": sum(len(s) for s in samples),
                     "supervised_tokens": supervised(samples), "directory": str(result.directory)}
 
