@@ -73,10 +73,12 @@ $(VLLM_STAMP): tests/helpers/vllm_server/requirements.txt
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 
-test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP)
+test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP) smollm2
 	EAGLEDATA_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
-		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/training/test_vllm_real.py tests/training/test_vllm_audit.py
+	EAGLEDATA_QUALITY_CACHE=$(abspath $(QUALITY_CACHE)) \
+		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/training/test_vllm_real.py tests/training/test_vllm_audit.py \
+		tests/generation/test_vllm_regenerate.py
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.

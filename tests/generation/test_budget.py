@@ -349,3 +349,14 @@ def test_the_plans_total_row_keeps_counts_whole():
     assert total["name"] == "TOTAL" and str(total["prompts"]) == "120000" and str(total["requests"]) == "10500"
     assert all(str(frame[c].dtype) == "int64" for c in ("prompts", "requests_available", "target_output_tokens",
                                                         "requests"))
+
+
+def test_content_lengths_of_a_target_without_reasoning_use_its_end_of_turn():
+    """SmolLM2's records (content then `<|im_end|>` id 2, no `</think>`): K2.5's ids would count the 2 as content."""
+    from eagledata.generation.plan.budget import content_tokens
+    from eagledata.text import Structure
+
+    smol = Structure(end_of_turn=2)
+    assert content_tokens({"finish_reason": "stop", "output_ids": [38, 7673, 13, 2]}, smol) == 3
+    assert content_tokens({"finish_reason": "stop", "output_ids": [38, 7673, 13, 2]}) == 4  # read as K2.5's
+    assert content_tokens({"finish_reason": "stop", "usage": {"completion_tokens": 10}}, smol) == 9

@@ -40,6 +40,13 @@ class Completion:
     prompt_token_ids: list[int] | None = None  # local backends (vLLM/SGLang) that return ids
     output_token_ids: list[int] | None = None
     repaired: str = ""  # the rule that rebuilt the answer's shape exactly (`repair_reasoning`), "" when served whole
+    # The answer exactly as the server's fields gave it, before K2.5's shape rules (inline `<think>` split, repairs):
+    # what a target without a reasoning section records (its text has no `</think>` to split at).
+    served: Answer | None = None
+
+    @property
+    def as_served(self) -> Answer:
+        return self.served or self.answer
 
 
 @dataclass
@@ -226,7 +233,7 @@ def parse_completion(body: Mapping[str, Any]) -> Completion | Outcome:
         return Outcome(Kind.RETRY, "malformed", 200, "finish_reason tool_calls without tool_calls")
     return Completion(answer=Answer(reasoning_split, content, finish, calls), provider=provider,
                       model=_text(body.get("model")), generation_id=_text(body.get("id")), usage=usage,
-                      reasoning_inline=inline, repaired=repaired,
+                      reasoning_inline=inline, repaired=repaired, served=Answer(reasoning, raw_content, finish, calls),
                       prompt_token_ids=body.get("prompt_token_ids") or choice.get("prompt_token_ids"),
                       output_token_ids=ids if isinstance(ids, list) else None)
 

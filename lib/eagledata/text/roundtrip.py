@@ -16,21 +16,17 @@ from typing import Any
 
 from ..errors import InputError
 from ..files import iter_jsonl
-from ..records import CUT, CUT_FINISHES, THINK_CLOSE, Answer, Record, ToolCall, calls_before, native_call_id
-from .sequences import agreement, conversation_ids, first_difference, output_ids, parse_output_ids, prompt_ids
-from .tokenizer import (
-    ARGUMENT_BEGIN,
-    CALL_BEGIN,
-    CALL_END,
-    END_THINK,
-    IM_END,
-    NUM_RANKS,
-    SECTION_BEGIN,
-    SECTION_END,
-    Tokenizer,
+from ..records import CUT, CUT_FINISHES, THINK_CLOSE, Record, ToolCall, calls_before, native_call_id
+from .sequences import (
+    agreement,
+    answer_of,
+    conversation_ids,
+    first_difference,
+    output_ids,
+    parse_output_ids,
+    prompt_ids,
 )
-
-SECTION_TOKENS = {SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END}
+from .tokenizer import Tokenizer
 
 # Classes that fail the verdict; the others explain a disagreement with true ids or flag a hazard.
 FATAL = {"text round-trip", "prompt ids differ from template", "prompt not a prefix of full render",
@@ -49,6 +45,10 @@ DEFECTS = {
 EXPLAINED = {
     "non-canonical tokenization": "same bytes, other split: the model chose a non-BPE path; text-based ids cannot know",
     "partial character at cut": "max_tokens fell inside a multi-byte character; the API text carries U+FFFD",
+    "answer merges with the prompt's end": "the generation prompt ends in text (ChatML's `assistant\\n`) and the "
+                                           "answer starts with text BPE joins to it (a newline): the finished "
+                                           "conversation tokenized whole splits the same bytes otherwise at the "
+                                           "boundary; the recorded ids are the ones the model saw and produced",
     "literal special string in text": "a special-token string typed as text; rendering the finished conversation "
                                       "would turn it into a control token, the recipe keeps it text",
     "literal special string in prompt": "user text holds a special-token string; the server tokenizes it as a "
@@ -77,11 +77,17 @@ class Case:
 
     @classmethod
     def from_record(cls, r: Record, truth: dict[str, list[int]] | None = None) -> Case:
+        """A record as a case. Ids a local server returned (`meta.ids_source` "server") are the model's own: with no
+        other truth they are the true ids the recipe is held against (a non-canonical split is then explained, text
+        that says other bytes fails), not stored ids the recipe must equal."""
         true = None
         if truth:
             true = truth.get(r.id, truth.get(r.generation_id)) if r.generation_id else truth.get(r.id)
+        stored = r.output_ids or None
+        if true is None and stored is not None and r.meta.get("ids_source") == "server":
+            true, stored = stored, None
         return cls(r.id, r.messages, r.reasoning, r.content, r.finish_reason,
-                   r.prompt_ids or None, r.output_ids or None, true, tools=r.tools, tool_calls=r.answer.tool_calls)
+                   r.prompt_ids or None, stored, true, tools=r.tools, tool_calls=r.answer.tool_calls)
 
 
 @dataclass
@@ -106,7 +112,8 @@ def _show(s: str, limit: int = 60) -> str:
 
 def check_case(tok: Tokenizer, case: Case) -> Result:
     res = Result(case.id)
-    answer = Answer.from_api(case.reasoning, case.content, case.finish_reason, case.tool_calls)
+    s = tok.structure
+    answer = answer_of(tok, case.reasoning, case.content, case.finish_reason, case.tool_calls)
     reasoning, content, calls = answer.reasoning, answer.content, answer.tool_calls
     res.reasoning_chars, res.content_chars = len(reasoning), len(content)
 
@@ -140,30 +147,36 @@ def check_case(tok: Tokenizer, case: Case) -> Result:
     elif off:
         res.flag("tool-call index off the count", f"{off[:3]}; the conversation's calls so far: {base}")
 
-    specials = [i for i, t in enumerate(o_ids) if t >= NUM_RANKS]
+    special_ids = tok.special_ids
+    specials = [i for i, t in enumerate(o_ids) if t in special_ids]
     allowed = set()
-    if END_THINK in o_ids:
-        allowed.add(o_ids.index(END_THINK))
-    if calls and SECTION_BEGIN in o_ids:  # the section's own tokens, from its start
-        start = o_ids.index(SECTION_BEGIN)
-        allowed.update(i for i in range(start, len(o_ids)) if o_ids[i] in SECTION_TOKENS)
-    if o_ids and o_ids[-1] == IM_END:
+    if s.end_of_reasoning is not None and s.end_of_reasoning in o_ids:
+        allowed.add(o_ids.index(s.end_of_reasoning))
+    if calls and s.tool_calls is not None and s.tool_calls.begin in o_ids:  # the section's own tokens, from its start
+        start, section = o_ids.index(s.tool_calls.begin), s.tool_calls.ids
+        allowed.update(i for i in range(start, len(o_ids)) if o_ids[i] in section)
+    if o_ids and o_ids[-1] == s.end_of_turn:
         allowed.add(len(o_ids) - 1)
     stray = [i for i in specials if i not in allowed]
     if stray:
         res.flag("special token outside structure",
                  f"at {stray[:5]}: {tok.token_strings([o_ids[i] for i in stray[:5]])}")
 
-    if not reasoning and THINK_CLOSE in content:
+    if s.reasons and not reasoning and THINK_CLOSE in content:
         res.flag("unrepaired bare close", f"no reasoning, `</think>` at char {content.index(THINK_CLOSE)} of content")
     literal = tok.special_strings_re.search(reasoning + "\0" + content)
     if literal:
         res.flag("literal special string in text", f"{literal.group()!r} kept as text")
     elif case.finish_reason not in CUT_FINISHES:
         full = conversation_ids(tok, case.messages, reasoning, content, calls, case.tools)
-        if full[:len(p_ids)] != p_ids:
+        # after the output ids a template may close the turn with whitespace (ChatML's newline after `<|im_end|>`)
+        tail = full[len(p_ids) + len(o_ids):]
+        if full[:len(p_ids)] != p_ids and _merged_at_boundary(tok, full, p_ids, o_ids):
+            res.flag("answer merges with the prompt's end",
+                     f"first difference at token {first_difference(full, p_ids)} of a {len(p_ids)}-token prompt")
+        elif full[:len(p_ids)] != p_ids:
             res.flag("prompt not a prefix of full render", f"first difference at token {first_difference(full, p_ids)}")
-        elif full[len(p_ids):] != o_ids:
+        elif full[len(p_ids):len(p_ids) + len(o_ids)] != o_ids or tok.decode(tail).strip():
             res.flag("output ids differ from recipe", "full render's tail is not the output ids")
     if any(tok.special_strings_re.search(m["content"]) for m in case.messages if isinstance(m.get("content"), str)):
         res.flag("literal special string in prompt", "user text holds a special-token string")
@@ -187,6 +200,16 @@ def check_case(tok: Tokenizer, case: Case) -> Result:
             res.flag(cls, f"agreement {res.agreement:.4f}; first difference at token {k}: "
                           f"{tok.token_strings(o_ids[k:k+3])} vs {tok.token_strings(true[k:k+3])}")
     return res
+
+
+def _merged_at_boundary(tok: Tokenizer, full: list[int], p_ids: list[int], o_ids: list[int]) -> bool:
+    """The whole render says the same bytes as prompt + output (+ the template's closing whitespace), and differs
+    from the prompt only in its last text token: a BPE merge across the boundary, not a wrong prompt or answer."""
+    k = first_difference(full, p_ids)
+    if k < len(p_ids) - 1 or p_ids[-1] in tok.special_ids:
+        return False
+    whole, parts = tok.decode_bytes(full), tok.decode_bytes(p_ids + o_ids)
+    return whole.startswith(parts) and not whole[len(parts):].strip()
 
 
 @dataclass
@@ -273,8 +296,15 @@ def _user(text: str) -> list[dict]:
     return [{"role": "user", "content": text}]
 
 
+# Cases about the reasoning section itself: nothing to check for a family without one.
+REASONING_CASES = {"cut-inside-reasoning", "empty-reasoning"}
+
+
 def sample_cases(tok: Tokenizer) -> list[Case]:
-    """The hard cases a real run meets; some carry true ids built the way a model would emit them."""
+    """The hard cases a real run meets; some carry true ids built the way a model would emit them. For a family
+    without a reasoning section the same cases lose their reasoning (an inline `<think>…</think>` stays text in the
+    content), and without a tool-call section the tool cases are left out."""
+    reasons = tok.structure.reasons
     cases = [
         Case("newlines-around-think", _user("Why is the sky blue?"), "\nRayleigh scattering.\n\n",
              "\n\nBecause shorter wavelengths scatter more.\n", "stop"),
@@ -305,17 +335,22 @@ def sample_cases(tok: Tokenizer) -> list[Case]:
         Case("literal-special-in-prompt", _user("What does <|im_end|> mean?"), "It is a control token.",
              "It ends a turn.", "stop"),
     ]
-    cases += tool_cases()
+    if not reasons:
+        cases = [Case(c.id, c.messages, "", c.content, c.finish_reason, note=c.note) for c in cases
+                 if c.id not in REASONING_CASES]
+    if tok.structure.tool_calls is not None:
+        cases += tool_cases()
+    why = "Greeting." if reasons else ""
     # A model may emit a non-canonical split of the same bytes (here "Hello" as "Hel" + "lo").
-    canon = output_ids(tok, "Greeting.", "Hello world", "stop")
+    canon = output_ids(tok, why, "Hello world", "stop")
     hel, lo = tok.encode_ordinary("Hel"), tok.encode_ordinary("lo")
     hello = tok.encode_ordinary("Hello")
     k = canon.index(hello[0])
     true_split = canon[:k] + hel + lo + canon[k + len(hello):]
-    cases.append(Case("non-canonical-split", _user("Greet me."), "Greeting.", "Hello world", "stop",
+    cases.append(Case("non-canonical-split", _user("Greet me."), why, "Hello world", "stop",
                       true_output_ids=true_split, note="true ids split 'Hello' differently"))
     # max_tokens inside a multi-byte character: the true ids end mid-character, the text shows U+FFFD.
-    full = output_ids(tok, "Pick a rare character.", "Here: 𓀀", "length")
+    full = output_ids(tok, "Pick a rare character." if reasons else "", "Here: 𓀀", "length")
     cut = full[:-1]
     answer = parse_output_ids(tok, cut)
     cases.append(Case("multibyte-cut-at-max-tokens", _user("Show a hieroglyph."), answer.reasoning, answer.content,

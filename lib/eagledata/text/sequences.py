@@ -4,6 +4,10 @@ The K2.5 template drops the last turn's reasoning when a finished conversation i
 never tokenize the finished conversation: the prompt is rendered with the generation prompt (ending
 `<think>`) and the answer is encoded as plain text with `</think>` and `<|im_end|>` put in by
 structure. A literal `<think>` typed inside an answer therefore stays text, as the model produced it.
+
+The structural ids are the tokenizer's (`tok.structure`, text/structure.py), so the same recipe serves every family:
+a family without a reasoning section (SmolLM2's ChatML) gets content + end of turn, and its content is taken as
+served (no `<think>` splitting: that is K2.5's shape, not text's).
 """
 from __future__ import annotations
 
@@ -14,18 +18,11 @@ from typing import Any
 
 from ..errors import InputError
 from ..records import CUT_FINISHES, Answer, ToolCall
-from .tokenizer import (
-    ARGUMENT_BEGIN,
-    CALL_BEGIN,
-    CALL_END,
-    END_THINK,
-    IM_END,
-    SECTION_BEGIN,
-    SECTION_END,
-    Tokenizer,
-)
+from .structure import Structure, ToolSection
+from .tokenizer import Tokenizer
 
-# What a tokenizer's `apply_chat_template` passes for its special tokens; K2.5's template uses none of them.
+# What a tokenizer's `apply_chat_template` passes for its special tokens when the tokenizer names none (K2.5's template
+# uses none of them); a HF family passes its own (`template_tokens`), as its tokenizer does.
 _SPECIAL_TOKEN_KWARGS = dict(bos_token="[BOS]", eos_token="[EOS]", pad_token="[PAD]", unk_token="[UNK]")
 
 
@@ -54,7 +51,7 @@ def render_chat(tok: Tokenizer, messages: Sequence[dict], *, add_generation_prom
     render_jinja_template = _renderer()
     if tok.chat_template is None:
         raise InputError("tokenizer has no chat template (chat_template.jinja)", tok.directory)
-    kwargs: dict[str, Any] = dict(_SPECIAL_TOKEN_KWARGS, preserve_thinking=preserve_thinking)
+    kwargs: dict[str, Any] = dict(_SPECIAL_TOKEN_KWARGS, **tok.template_tokens, preserve_thinking=preserve_thinking)
     if not thinking:
         kwargs["thinking"] = False
     rendered, _ = render_jinja_template([list(messages)], tools=tools, chat_template=tok.chat_template,
@@ -79,9 +76,20 @@ def conversation_ids(tok: Tokenizer, messages: Sequence[dict], reasoning: str, c
 
 
 # -- answers ------------------------------------------------------------------------------------
+def answer_of(tok: Tokenizer, reasoning: str | None, content: str | None, finish_reason: str | None,
+              tool_calls: Sequence[ToolCall] = ()) -> Answer:
+    """An answer as the family reads it: reasoning a provider inlined as `<think>…</think>` split out for a family
+    that reasons; for one that does not, the text exactly as served."""
+    if tok.structure.reasons:
+        return Answer.from_api(reasoning, content, finish_reason or "", tuple(tool_calls))
+    return Answer(reasoning or "", content or "", finish_reason or "", tuple(tool_calls))
+
+
 def output_ids(tok: Tokenizer, reasoning: str | None, content: str | None, finish_reason: str | None,
                *, thinking: bool = True, tool_calls: Sequence[ToolCall] = ()) -> list[int]:
-    """The recipe: encode(reasoning) + [</think>] + encode(content) [+ the tool-call section] + [<|im_end|>].
+    """The recipe: encode(reasoning) + [</think>] + encode(content) [+ the tool-call section] + [<|im_end|>], the
+    structural ids the tokenizer's (`tok.structure`: a family without reasoning has no `</think>`, and reasoning text
+    for it is an error).
 
     No `<|im_end|>` after a cut (`finish_reason` "length", or "cut": the run closed the stream), and no
     `</think>` when the cut fell inside the reasoning (nothing after it). With thinking off the prompt already
@@ -90,8 +98,8 @@ def output_ids(tok: Tokenizer, reasoning: str | None, content: str | None, finis
     the model wrote them, `functions.NAME:IDX`) follow the content as the template's `render_toolcalls` writes
     them; a cut answer keeps the section's start and its whole calls, no section end.
     """
-    a = Answer.from_api(reasoning, content, finish_reason or "")
-    return _assemble(tok.encode_ordinary(a.reasoning) if a.reasoning else [],
+    a = answer_of(tok, reasoning, content, finish_reason)
+    return _assemble(tok.structure, tok.encode_ordinary(a.reasoning) if a.reasoning else [],
                      tok.encode_ordinary(a.content) if a.content else [],
                      finish_reason, thinking, a.reasoning, _section(tok, tool_calls, finish_reason))
 
@@ -101,19 +109,32 @@ def _section(tok: Tokenizer, calls: Sequence[ToolCall], finish_reason: str | Non
     <|tool_call_end|>` + `<|tool_calls_section_end|>` (not after a cut); [] without calls."""
     if not calls:
         return []
-    ids = [SECTION_BEGIN]
+    t = _tool_section(tok)
+    ids = [t.begin]
     for c in calls:
-        ids += [CALL_BEGIN, *tok.encode_ordinary(c.id), ARGUMENT_BEGIN, *tok.encode_ordinary(c.arguments), CALL_END]
+        ids += [t.call_begin, *tok.encode_ordinary(c.id), t.argument_begin, *tok.encode_ordinary(c.arguments),
+                t.call_end]
     if finish_reason not in CUT_FINISHES:
-        ids.append(SECTION_END)
+        ids.append(t.end)
     return ids
 
 
-def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thinking: bool,
+def _tool_section(tok: Tokenizer) -> ToolSection:
+    if tok.structure.tool_calls is None:
+        raise InputError(f"tool calls in an answer, but the tokenizer at {tok.directory} has no tool-call section",
+                         field="tool_calls")
+    return tok.structure.tool_calls
+
+
+def _assemble(structure: Structure, r_ids: list[int], c_ids: list[int], finish_reason: str | None, thinking: bool,
               reasoning: str, section: Sequence[int] = ()) -> list[int]:
     """Join encoded parts in place (`r_ids` is ours to extend): this runs once per output token."""
     cut = finish_reason in CUT_FINISHES
-    if not thinking:
+    if structure.end_of_reasoning is None:
+        if reasoning:
+            raise InputError("reasoning present but the target has no reasoning section", field="reasoning")
+        ids = c_ids
+    elif not thinking:
         if reasoning:
             raise InputError("reasoning present but thinking is off", field="reasoning")
         ids = c_ids
@@ -121,21 +142,21 @@ def _assemble(r_ids: list[int], c_ids: list[int], finish_reason: str | None, thi
         return r_ids
     else:
         ids = r_ids
-        ids.append(END_THINK)
+        ids.append(structure.end_of_reasoning)
         ids.extend(c_ids)
     ids.extend(section)
     if not cut:
-        ids.append(IM_END)
+        ids.append(structure.end_of_turn)
     return ids
 
 
 def output_ids_batch(tok: Tokenizer, answers: Sequence[Answer], *, thinking: bool = True,
                      threads: int = 2) -> list[list[int]]:
     """`output_ids` for many answers, BPE spread over `threads` cores."""
-    split = [Answer.from_api(a.reasoning, a.content, a.finish_reason, a.tool_calls) for a in answers]
+    split = [answer_of(tok, a.reasoning, a.content, a.finish_reason, a.tool_calls) for a in answers]
     texts = [t for a in split for t in (a.reasoning, a.content)]
     encoded = tok.encode_ordinary_batch(texts, threads=threads)
-    return [_assemble(encoded[2 * i], encoded[2 * i + 1], a.finish_reason, thinking, a.reasoning,
+    return [_assemble(tok.structure, encoded[2 * i], encoded[2 * i + 1], a.finish_reason, thinking, a.reasoning,
                       _section(tok, a.tool_calls, a.finish_reason))
             for i, a in enumerate(split)]
 
@@ -143,12 +164,13 @@ def output_ids_batch(tok: Tokenizer, answers: Sequence[Answer], *, thinking: boo
 def _parse_section(tok: Tokenizer, ids: list[int]) -> tuple[ToolCall, ...]:
     """The whole calls of a tool-call section's ids (after `<|tool_calls_section_begin|>`); a call cut before its
     `<|tool_call_end|>` is not one."""
+    t = _tool_section(tok)
     calls = []
-    while CALL_BEGIN in ids:
-        ids = ids[ids.index(CALL_BEGIN) + 1:]
-        if ARGUMENT_BEGIN not in ids or CALL_END not in ids:
+    while t.call_begin in ids:
+        ids = ids[ids.index(t.call_begin) + 1:]
+        if t.argument_begin not in ids or t.call_end not in ids:
             break
-        a, e = ids.index(ARGUMENT_BEGIN), ids.index(CALL_END)
+        a, e = ids.index(t.argument_begin), ids.index(t.call_end)
         cid = tok.decode(ids[:a])
         calls.append(ToolCall(cid, cid.removeprefix("functions.").rpartition(":")[0], tok.decode(ids[a + 1:e])))
         ids = ids[e + 1:]
@@ -156,21 +178,22 @@ def _parse_section(tok: Tokenizer, ids: list[int]) -> tuple[ToolCall, ...]:
 
 
 def parse_output_ids(tok: Tokenizer, ids: Sequence[int], *, thinking: bool = True) -> Answer:
-    """The inverse of `output_ids`: split at the first `</think>`, the tool-call section off the content, drop a
-    final `<|im_end|>` (an answer with calls finishes as `tool_calls`)."""
+    """The inverse of `output_ids`: split at the first end of reasoning (`</think>`), the tool-call section off the
+    content, drop a final end of turn (`<|im_end|>`; an answer with calls finishes as `tool_calls`)."""
+    s = tok.structure
     ids = list(ids)
     finish = "length"
-    if ids and ids[-1] == IM_END:
+    if ids and ids[-1] == s.end_of_turn:
         ids, finish = ids[:-1], "stop"
     calls: tuple[ToolCall, ...] = ()
-    if SECTION_BEGIN in ids:
-        k = ids.index(SECTION_BEGIN)
+    if s.tool_calls is not None and s.tool_calls.begin in ids:
+        k = ids.index(s.tool_calls.begin)
         ids, calls = ids[:k], _parse_section(tok, ids[k + 1:])
         finish = "tool_calls" if finish == "stop" and calls else finish
-    if not thinking:
+    if not thinking or s.end_of_reasoning is None:
         return Answer("", tok.decode(ids), finish, calls)
-    if END_THINK in ids:
-        k = ids.index(END_THINK)
+    if s.end_of_reasoning in ids:
+        k = ids.index(s.end_of_reasoning)
         return Answer(tok.decode(ids[:k]), tok.decode(ids[k + 1:]), finish, calls)
     return Answer(tok.decode(ids), "", finish, calls)
 

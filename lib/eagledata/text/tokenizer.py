@@ -20,6 +20,7 @@ from typing import Protocol
 import tiktoken
 
 from ..errors import InputError
+from .structure import Structure, ToolSection
 
 # The Kimi pre-tokenizer (tiktoken `pat_str`), eight alternatives joined with `|`.
 PAT_STR = "|".join([
@@ -52,12 +53,16 @@ _LONG_RUN = _long_run_re(MAX_RUN_CHARS)
 _RUNS = re.compile(r"\s+|\S+")
 
 REQUIRED_FILES = ("tiktoken.model", "tokenizer_config.json")
-HUB_FILES = ["tiktoken.model", "tokenizer_config.json", "chat_template.jinja"]
+# A hub download takes what either family's loader reads (Kimi: tiktoken.model; a HF family: tokenizer.json).
+HUB_FILES = ["tiktoken.model", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+             "generation_config.json"]
 
 # The special ids the output-id recipe places by structure (docs/FORMATS.md#output-ids-and-loss-mask): the turn's
 # end, the reasoning's end, and the tool-call section (docs/FORMATS.md#tool-calls).
 IM_END, END_THINK = 163586, 163607
 SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END = 163595, 163596, 163597, 163598, 163599
+KIMI_STRUCTURE = Structure(end_of_turn=IM_END, end_of_reasoning=END_THINK,
+                           tool_calls=ToolSection(SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARGUMENT_BEGIN, CALL_END))
 
 
 def split_long_runs(text: str, max_run: int = MAX_RUN_CHARS, max_chunk: int = MAX_ENCODE_CHARS) -> list[str]:
@@ -146,15 +151,21 @@ def resolve_tokenizer_dir(name_or_path: str | Path) -> Path:
 
 class Tokenizer(Protocol):
     """What every stage asks of a target model's tokenizer: ids for text with special tokens disallowed (or allowed,
-    as a server tokenizes), text for ids, its chat template and a fingerprint records are checked against.
-    `KimiTokenizer` is one; another model family is another class with these members (text/README.md)."""
+    as a server tokenizes), text for ids, its chat template, its structural ids (`structure`: end of turn, end of
+    reasoning, tool-call section), which ids are control tokens, and a fingerprint records are checked against.
+    `KimiTokenizer` is one, `HFTokenizer` (a checkpoint's tokenizer.json) another (text/README.md)."""
 
     directory: Path
     chat_template: str | None
     fingerprint: str
+    structure: Structure
 
     @property
     def vocab_size(self) -> int: ...
+    @property
+    def special_ids(self) -> frozenset[int]: ...
+    @property
+    def template_tokens(self) -> dict[str, str]: ...
     @property
     def special_strings_re(self) -> re.Pattern[str]: ...
     def encode_ordinary(self, text: str) -> list[int]: ...
@@ -175,6 +186,7 @@ class KimiTokenizer:
     chat_template: str | None
     fingerprint: str
     id_to_special: dict[int, str] = field(init=False)
+    structure: Structure = KIMI_STRUCTURE
 
     def __post_init__(self) -> None:
         self.id_to_special = {i: s for s, i in self.special_tokens.items()}
@@ -202,6 +214,16 @@ class KimiTokenizer:
     @property
     def vocab_size(self) -> int:
         return VOCAB_SIZE
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """The 256 ids above the BPE ranks: control tokens, never produced by encoding text."""
+        return frozenset(range(NUM_RANKS, VOCAB_SIZE))
+
+    @property
+    def template_tokens(self) -> dict[str, str]:
+        """The special-token strings a chat template may name (`bos_token`, …): K2.5's uses none."""
+        return {}
 
     # -- encoding -----------------------------------------------------------------------------
     def encode_ordinary(self, text: str) -> list[int]:
@@ -276,7 +298,15 @@ def default_tokenizer_source() -> str | Path:
     return os.environ.get(TOKENIZER_ENV) or BUNDLED_DIR
 
 
-def load_tokenizer(name_or_path: str | Path | None = None) -> KimiTokenizer:
+def load_tokenizer(name_or_path: str | Path | None = None) -> Tokenizer:
     """The tokenizer named (a directory, or a hub id such as `moonshotai/Kimi-K2.5` for another revision),
-    else `$EAGLEDATA_TOKENIZER_DIR`, else the bundled Kimi K2.5 files (no network needed)."""
-    return KimiTokenizer.load(name_or_path or default_tokenizer_source())
+    else `$EAGLEDATA_TOKENIZER_DIR`, else the bundled Kimi K2.5 files (no network needed).
+
+    The folder's files name the family: `tiktoken.model` is Kimi's layout (`KimiTokenizer`); a Hugging Face
+    checkpoint's `tokenizer.json` is any other family's (`HFTokenizer`, its structural ids from its own files)."""
+    directory = resolve_tokenizer_dir(name_or_path or default_tokenizer_source())
+    if (directory / "tiktoken.model").is_file() or not (directory / "tokenizer.json").is_file():
+        return KimiTokenizer.load(directory)  # a folder with neither file fails there, naming tiktoken.model
+    from .hf_tokenizer import HFTokenizer
+
+    return HFTokenizer.load(directory)

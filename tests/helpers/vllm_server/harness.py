@@ -177,3 +177,27 @@ def start_vllm(checkpoint: str | Path, storage: str | Path, *, layers: Sequence[
                                                                 if k.startswith(("VLLM", "OMP", "PYTHONPATH"))}) + "\n")
     server = VllmServer(checkpoint, storage, log, port, argv, run_env).launch()
     return server.wait_ready() if wait else server
+
+
+def start_chat_vllm(checkpoint: str | Path, workdir: str | Path, *, served_name: str, max_model_len: int = 2048,
+                    dtype: str = "float32", extra: Sequence[str] = (), python: str | None = None) -> VllmServer:
+    """A real vLLM serving `checkpoint` for chat completions (the generation stage's `backend: local`): the
+    checkpoint's own tokenizer and chat template, no hidden-states connector; 127.0.0.1 on a free port, a 1 GiB CPU
+    KV cache, OpenMP threads unpinned. `dtype` float32 by default: the converted target is float32 and the τ
+    measurement decodes it in float32."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    python = python or vllm_python()
+    if not Path(python).is_file():
+        raise RuntimeError(f"no vLLM environment at {python}: run `make test-vllm`")
+    port = free_port()
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--served-model-name",
+            served_name, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
+            "--dtype", dtype, *extra]
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    run_env = {**base, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+               "OMP_NUM_THREADS": str(min(2, os.cpu_count() or 1)), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+               "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+    log = workdir / f"vllm-{port}.log"
+    log.write_text("$ " + shlex.join(argv) + "\n")
+    return VllmServer(Path(checkpoint), workdir, log, port, argv, run_env).launch().wait_ready()

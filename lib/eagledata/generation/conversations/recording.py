@@ -52,13 +52,15 @@ def count_refusal(completion: Completion, check: Mapping[str, Any], offset: int,
     return Outcome(Kind.RETRY, COUNT_DISAGREES, 200, why, provider=completion.provider, completion=completion)
 
 
-def answer_check(completion: Completion, prompt_ids: list[int], output_ids: list[int]) -> dict[str, Any]:
+def answer_check(completion: Completion, prompt_ids: list[int], output_ids: list[int], *,
+                 shaped: bool = True) -> dict[str, Any]:
     """`meta.fidelity` of a kept answer: the repair rule applied ("" when served whole) and how the service's own
     counts differ from our ids (`usage` minus ids; None when the service gave no count). A provider's differences
     are constant (it counts `<|im_end|>` or not); spread-out ones mean its text is not the model's
-    (generation/conversations/fidelity.py judges them)."""
+    (generation/conversations/fidelity.py judges them). `shaped` False: a target without a reasoning section, whose
+    answer is recorded as served (no repair applies)."""
     u = completion.usage
-    return {"repaired": completion.repaired,
+    return {"repaired": completion.repaired if shaped else "",
             "completion_diff": u.completion_tokens - len(output_ids) if u.completion_tokens else None,
             "prompt_diff": u.prompt_tokens - len(prompt_ids) if u.prompt_tokens else None}
 
@@ -70,7 +72,10 @@ def build_record(tok: Tokenizer, *, turn: Turn, dataset: str, prompt_ids: list[i
     other text. `sampling`: the request's sampling settings, kept in `meta.sampling` (the fidelity audit compares
     providers under the same settings). A turn of a chained conversation keeps `meta.turns`, its last turn's number:
     with the finish reason it tells a resume whether the conversation went on."""
-    a = completion.answer
+    # K2.5's shape rules (an inline `<think>` split off, a bare `</think>` repaired) are for a family that reasons;
+    # a target without a reasoning section records its text as served
+    shaped = tok.structure.reasons
+    a = completion.answer if shaped else completion.as_served
     a.reasoning.encode("utf-8"), a.content.encode("utf-8")
     calls, rebuilt = model_call_ids(a.tool_calls, turn.messages)
     ids = output_ids(tok, a.reasoning, a.content, a.finish_reason, tool_calls=calls)
@@ -84,7 +89,7 @@ def build_record(tok: Tokenizer, *, turn: Turn, dataset: str, prompt_ids: list[i
         meta["dataset_calls"] = [c.name for c in turn.dataset_calls or ()]
     if sampling is not None:
         meta["sampling"] = dict(sampling)
-    if completion.reasoning_inline:
+    if completion.reasoning_inline and shaped:
         meta["reasoning_inline"] = True
     p_ids = prompt_ids
     if completion.output_token_ids is not None:  # a local backend told us the true ids: store those
@@ -94,7 +99,7 @@ def build_record(tok: Tokenizer, *, turn: Turn, dataset: str, prompt_ids: list[i
         if completion.prompt_token_ids is not None:
             meta["prompt_ids_match"] = list(completion.prompt_token_ids) == p_ids
             p_ids = list(completion.prompt_token_ids)
-    meta["fidelity"] = answer_check(completion, p_ids, ids)
+    meta["fidelity"] = answer_check(completion, p_ids, ids, shaped=shaped)
     return Record(id=turn.id, dataset=dataset, conversation_id=turn.conversation.id, turn=turn.number,
                   messages=turn.messages, tools=list(turn.conversation.tools or ()) or None,
                   tool_calls=[c.to_api() for c in calls] or None,

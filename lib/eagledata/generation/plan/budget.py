@@ -29,7 +29,8 @@ from ...openrouter import Price, RoutingDecision, load_routing
 from ...paths import dataset_files
 from ...prompts import iter_prompts
 from ...records import output_tokens
-from ...text import END_THINK, IM_END, Tokenizer, prompt_ids, render_chat
+from ...text import Structure, Tokenizer, prompt_ids, render_chat
+from ...text.tokenizer import KIMI_STRUCTURE
 from ..config import BudgetConfig, Policy, PriceMode
 from ..conversations.turns import Conversation, TurnsMode
 
@@ -96,9 +97,10 @@ class ContentLengths:
     source: str
 
     @classmethod
-    def from_records(cls, paths: Iterable[str | Path]) -> ContentLengths | None:
-        """Content tokens of earlier runs' finished answers; None when there are none."""
-        lengths, used = record_lengths(paths, content_tokens)
+    def from_records(cls, paths: Iterable[str | Path], structure: Structure = KIMI_STRUCTURE) -> ContentLengths | None:
+        """Content tokens of earlier runs' finished answers (the target's structural ids: `tok.structure`); None
+        when there are none."""
+        lengths, used = record_lengths(paths, lambda r: content_tokens(r, structure))
         if not lengths:
             return None
         a = np.asarray(lengths, dtype=float)
@@ -127,21 +129,23 @@ def record_lengths(paths: Iterable[str | Path], measure: Callable[[dict], int | 
     return lengths, used
 
 
-def content_tokens(record: dict) -> int | None:
+def content_tokens(record: dict, structure: Structure = KIMI_STRUCTURE) -> int | None:
     """Content tokens of a record's answer if it finished (else None: a cut answer is never history).
 
-    From the output ids (those after `</think>`, less the closing `<|im_end|>`), else from usage: completion
-    minus reasoning minus the two closing specials (`</think>`, `<|im_end|>`)."""
+    From the output ids (those after the end of reasoning `</think>`, less the closing end of turn `<|im_end|>`),
+    else from usage: completion minus reasoning minus the closing specials (both, or the end of turn alone for a
+    target without reasoning)."""
     if record.get("finish_reason") != "stop":
         return None
     ids = record.get("output_ids")
+    close, end = structure.end_of_reasoning, structure.end_of_turn
     if ids:
-        after = ids[ids.index(END_THINK) + 1:] if END_THINK in ids else ids
-        return len(after) - (1 if after and after[-1] == IM_END else 0)
+        after = ids[ids.index(close) + 1:] if close is not None and close in ids else ids
+        return len(after) - (1 if after and after[-1] == end else 0)
     usage = record.get("usage") or {}
     if not usage.get("completion_tokens"):
         return None
-    return max(0, usage["completion_tokens"] - (usage.get("reasoning_tokens") or 0) - 2)
+    return max(0, usage["completion_tokens"] - (usage.get("reasoning_tokens") or 0) - (2 if structure.reasons else 1))
 
 
 @dataclass(frozen=True)
