@@ -46,11 +46,12 @@ class ArmChat(Protocol):
 
 @dataclass
 class TextStageChat:
-    """The text stage's interface (`text.prompt_ids`, `text.output_ids` with no reasoning, finish "stop"): the same
-    recipe generation uses for its records, so an off-policy record is built as a generated one would be."""
+    """The text stage's interface (`text.load_tokenizer`'s tokenizer: `text.prompt_ids`, `text.output_ids` with no
+    reasoning, finish "stop", `text.parse_output_ids`): the recipe generation uses for its records, so an off-policy
+    record is built as a generated one would be, and an answer's text is encoded as text (a literal `<|im_end|>` in a
+    ShareGPT answer stays text)."""
 
     tok: Tokenizer
-    end_of_turn: Sequence[int] = ()  # ids that end a turn; () -> the last id of an empty finished answer
 
     def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
         return prompt_ids(self.tok, messages)
@@ -62,33 +63,8 @@ class TextStageChat:
         return parse_output_ids(self.tok, output_ids).content
 
     def stop_ids(self) -> set[int]:
-        return set(self.end_of_turn) or {output_ids(self.tok, "", "", "stop")[-1]}
-
-
-@dataclass
-class HFTemplateChat:
-    """A transformers tokenizer's own chat template (`apply_chat_template`) and its eos as the end of turn: for a
-    checkpoint folder the text stage cannot read yet. An answer is its text encoded without special tokens, then
-    eos; a generated answer carries into the next turn decoded without special tokens and stripped (as fastchat
-    and `measure.HFChat` do)."""
-
-    tokenizer: Any
-
-    def prompt_ids(self, messages: Sequence[dict]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
-
-    def answer_ids(self, content: str) -> list[int]:
-        return [int(i) for i in self.tokenizer.encode(content, add_special_tokens=False)] + [
-            int(self.tokenizer.eos_token_id)]
-
-    def answer_text(self, output_ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(output_ids), skip_special_tokens=True)).strip()
-
-    def stop_ids(self) -> set[int]:
-        return {int(self.tokenizer.eos_token_id)}
+        """The family's end of turn (`tok.structure`), the one id a finished answer ends with."""
+        return {self.tok.structure.end_of_turn}
 
 
 # -- the asks and the data set's answers -------------------------------------------------------------------------

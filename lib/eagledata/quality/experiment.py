@@ -36,7 +36,7 @@ from .arms import (
     ArmChat,
     ArmRecords,
     Asks,
-    HFTemplateChat,
+    TextStageChat,
     conversation_asks,
     equalize,
     off_policy_records,
@@ -91,11 +91,11 @@ def run_logged(cmd: list[str], env: dict[str, str], log_file: Path, label: str, 
         raise RuntimeError(f"{label} failed (exit {code}); its log: {log_file}\n{tail}")
 
 
-def hf_chat(target: str | Path) -> ArmChat:
-    """The target folder's own tokenizer and chat template (transformers' `AutoTokenizer`)."""
-    from transformers import AutoTokenizer
+def text_chat(target: str | Path) -> ArmChat:
+    """The target folder's tokenizer and chat template through the text stage (`text.load_tokenizer`)."""
+    from ..text import load_tokenizer
 
-    return HFTemplateChat(AutoTokenizer.from_pretrained(str(target)))
+    return TextStageChat(load_tokenizer(target))
 
 
 def default_target(cache_dir: Path) -> Path:
@@ -110,7 +110,7 @@ class Seams:
     """What reaches outside: models, tokenizers, the speculators environment's commands, the target's files."""
 
     load_model: Callable[[str], Any] = load_causal_lm
-    load_chat: Callable[[str], ArmChat] = hf_chat
+    load_chat: Callable[[str], ArmChat] = text_chat
     run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
     make_target: Callable[[Path], Path] = default_target
     say: Callable[[str], None] = print_line
