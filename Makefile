@@ -78,7 +78,7 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP) smollm2
 	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
 	EAGLEDATA_QUALITY_CACHE=$(abspath $(QUALITY_CACHE)) \
 		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/training/test_vllm_real.py tests/training/test_vllm_audit.py \
-		tests/generation/test_vllm_regenerate.py
+		tests/generation/test_vllm_regenerate.py tests/quality/test_quality_vllm.py
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.

@@ -40,10 +40,11 @@ from eagledata.quality.target import smollm2_checkpoint  # noqa: E402
 
 GPU_SIZES = {"conversations": 600, "max_turns": 2, "max_tokens": 256, "max_length": 2048, "batch_size": 64,
              "extract_tokens_per_batch": 65536, "epochs": 3, "draft_vocab_size": 16384, "total_seq_len": 8192,
-             "k": 5, "questions": 16, "max_new_tokens": 128, "bound_questions": 4, "threads": 16}
+             "k": 5, "questions": 16, "max_new_tokens": 128, "bound_questions": 4, "threads": 16,
+             "regenerate": "transformers"}  # no vLLM on the GPU machine: batched transformers generate there
 DRY_RUN_SIZES = {"conversations": 4, "max_turns": 2, "max_tokens": 32, "max_length": 1024, "batch_size": 4,
                  "epochs": 1, "draft_vocab_size": 1024, "total_seq_len": 1024, "k": 3, "questions": 1,
-                 "max_new_tokens": 16, "bound_questions": 1, "threads": 2}
+                 "max_new_tokens": 16, "bound_questions": 1, "threads": 2, "regenerate": "transformers"}
 NO_DEPS = ["speculators==0.9.0", "hs-connectors==0.9.0", "transformers==5.19.0"]
 SKIP = ("torch", "transformers")  # the GPU machine's own torch; transformers at speculators' cap, above
 

@@ -72,3 +72,22 @@ def test_a_failed_command_names_its_log_and_last_lines(tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)train on_policy failed \(exit 3\).*x\.log.*the last words"):
         run_logged([sys.executable, "-c", "print('the last words'); raise SystemExit(3)"], {}, log,
                    "train on_policy", say=lambda s: None)
+
+
+def test_the_prompt_row_asks_exactly_the_chosen_turns():
+    """generate.ipynb drops the data set's answers and asks after each user turn: the row holds the chosen asks
+    with the data set's answers between them, so that it asks exactly those turns (the off-policy arm's)."""
+    from eagledata.generation.conversations.turns import split_asks
+    from eagledata.prompts import normalize_prompt
+    from eagledata.quality.arms import Asks, conversation_asks
+    from eagledata.quality.experiment import prompt_row
+
+    messages = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "a1"},
+                {"role": "user", "content": "two"}, {"role": "assistant", "content": "a2"},
+                {"role": "user", "content": "three"}, {"role": "assistant", "content": "a3"}]
+    asks = conversation_asks("c", messages, max_turns=2)
+    assert isinstance(asks, Asks)
+    row = prompt_row(asks)
+    assert row["messages"] == messages[:3]
+    split = split_asks(normalize_prompt(row).messages)
+    assert split is not None and split[0] == asks.asks

