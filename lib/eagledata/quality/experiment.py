@@ -131,7 +131,7 @@ def generate_notebook(params: dict[str, Any], output: Path) -> None:
     """generate.ipynb by papermill with `params` (hours allowed per cell: the run is one cell)."""
     from ..notebooks import run_notebook
 
-    run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600)
+    run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600, project_root=output.parent)
 
 
 @dataclass
