@@ -44,7 +44,7 @@ GPU_SIZES = {"conversations": 600, "max_turns": 2, "max_tokens": 256, "max_lengt
              "regenerate": "transformers"}  # no vLLM on the GPU machine: batched transformers generate there
 DRY_RUN_SIZES = {"conversations": 4, "max_turns": 2, "max_tokens": 32, "max_length": 1024, "batch_size": 4,
                  "epochs": 1, "draft_vocab_size": 1024, "total_seq_len": 1024, "k": 3, "questions": 1,
-                 "max_new_tokens": 16, "bound_questions": 1, "threads": 2, "regenerate": "transformers"}
+                 "max_new_tokens": 16, "bound_questions": 1, "threads": 1, "regenerate": "transformers"}
 NO_DEPS = ["speculators==0.9.0", "hs-connectors==0.9.0", "transformers==5.19.0"]
 SKIP = ("torch", "transformers")  # the GPU machine's own torch; transformers at speculators' cap, above
 
@@ -110,7 +110,7 @@ def experiment_command(python: str, bundle: Path, output_dir: Path, sizes: dict,
            "--cache-dir", str(bundle / "cache"), "--target", str(bundle / "cache" / "smollm2-135m-instruct"),
            "--device", device, "--interop-python", interop_python]
     for key, value in sizes.items():
-        cmd += [f"--{key.replace('_', '-')}", json.dumps(value)]
+        cmd += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value)]
     return cmd
 
 
