@@ -351,7 +351,12 @@ class Experiment:
         from ..records import Record
 
         made = ArmRecords([Record.from_dict(r) for r in records])
-        made.dropped["later turns after a cut answer"] = sum(len(a.asks) for a in asks) - len(made.records)
+        failures = work / "datasets" / "on_policy" / "failures.jsonl"
+        failed = sum(1 for _ in iter_jsonl(failures)) if failures.is_file() else 0
+        if failed:
+            made.dropped["failed (failures.jsonl: e.g. a prompt over the server's context)"] = failed
+        made.dropped["not asked: a later turn after a cut or failed one"] = (
+            sum(len(a.asks) for a in asks) - len(made.records) - failed)
         return made
 
     def regenerate_transformers(self, asks: list[Asks]) -> ArmRecords:
