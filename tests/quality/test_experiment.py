@@ -91,3 +91,17 @@ def test_the_prompt_row_asks_exactly_the_chosen_turns():
     assert row["messages"] == messages[:3]
     split = split_asks(normalize_prompt(row).messages)
     assert split is not None and split[0] == asks.asks
+
+
+def test_a_kept_stage_made_with_other_settings_is_refused(tmp_path):
+    """Resume keeps a finished stage; a rerun with settings that stage depends on changed must not pass its outputs
+    off as the new ones."""
+    from eagledata.errors import InputError
+
+    config = tiny_config(tmp_path)
+    Experiment(config, Seams(run=no_commands, say=lambda s: None)).prompts()
+    wider = tiny_config(tmp_path, conversations=9)
+    with pytest.raises(InputError, match=r"stage prompts was made with other settings \(conversations 8 there, 9"):
+        Experiment(wider, Seams(run=no_commands, say=lambda s: None)).prompts()
+    later = tiny_config(tmp_path, questions=1)  # a later stage's setting: the prompts are kept
+    assert len(Experiment(later, Seams(run=no_commands, say=lambda s: None)).prompts()) == 8

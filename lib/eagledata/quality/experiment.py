@@ -209,6 +209,18 @@ def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int) -
     return chosen, passed
 
 
+# The settings each stage's outputs depend on (beyond the stages before it, which check their own).
+STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns"),
+                  "records": ("max_tokens", "regenerate"), "assemble": ("max_length",), "extract": (),
+                  "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
+                  "tau": ("k", "questions", "max_new_tokens", "seed"),
+                  "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed")}
+
+
+def stage_settings(config: QualityConfig, stage: str) -> dict[str, Any]:
+    return {k: getattr(config, k) for k in STAGE_SETTINGS[stage.split("/")[0]]}
+
+
 def train_args(config: QualityConfig, verifier: Path, data: Path, out: Path) -> list[str]:
     """`speculators train`'s flags for one arm: the same for both but for the data and where it saves."""
     return [*TRAIN_FLAGS, "--draft-vocab-size", str(config.draft_vocab_size), "--total-seq-len",
@@ -252,14 +264,26 @@ class Experiment:
 
     # each stage: its result (JSON) is kept in stages/<name>.json, and a rerun returns it without running again
     def stage(self, name: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run `body` once: its result (JSON) with the settings it depends on is kept in stages/<name>.json, and a
+        rerun returns it without running again. A kept stage made with other settings is refused (its outputs would
+        silently stand for the new ones): another `name`, or delete the stage's file to make it again."""
         path = self.files.stage(name)
+        settings = stage_settings(self.config, name)
         if path.is_file():
+            kept = dict(json.loads(path.read_text()))
+            differ = {k: (kept["settings"].get(k), v) for k, v in settings.items()
+                      if "settings" in kept and kept["settings"].get(k) != v}
+            if differ:
+                said = ", ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in differ.items())
+                raise InputError(f"stage {name} was made with other settings ({said}): use another name, or delete "
+                                 "this file (and the stages after it) to make it again", path)
             self.seams.say(f"[{name}] done before: kept ({path})")
-            return dict(json.loads(path.read_text()))
+            return kept
         self.seams.say(f"[{name}] ...")
         started = time.monotonic()
         result = body()
         result["seconds"] = round(time.monotonic() - started, 1)
+        result["settings"] = settings
         atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
         self.seams.say(f"[{name}] done in {result['seconds']:.0f} s")
         return result
