@@ -59,7 +59,7 @@ QUALITY_ARGS ?=
 quality: $(STAMP) $(INTEROP_STAMP) smollm2
 	mkdir -p outputs/quality
 	$(PY) -m papermill --log-output notebooks/quality.ipynb outputs/quality/$(QUALITY_NAME).ipynb \
-		-p name $(QUALITY_NAME) -p cache_dir $(abspath $(QUALITY_CACHE)) \
+		-p experiment $(QUALITY_NAME) -p cache_dir $(abspath $(QUALITY_CACHE)) \
 		-p interop_python $(abspath $(INTEROP_VENV))/bin/python $(QUALITY_ARGS)
 
 # A real vLLM on CPU serving tiny checkpoints to the vllm backend (tests marked `vllm`, left out of `make test`):

