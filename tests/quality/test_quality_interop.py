@@ -65,7 +65,8 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path):
     params = {f: getattr(config, f) for f in ("experiment", "output_dir", "cache_dir", "target", "conversations",
                                               "max_turns", "answer_tokens", "sample_tokens", "batch_size", "epochs",
                                               "lr", "draft_vocab_size", "total_seq_len", "k", "questions",
-                                              "max_new_tokens", "bound_questions", "threads", "interop_python")}
+                                              "max_new_tokens", "bound_questions", "threads", "interop_python",
+                                              "regenerate")}
     out = run_notebook("quality", tmp_path / "quality.out.ipynb", params, cwd=tmp_path, project_root=tmp_path)
     published = read_results(out)["quality"]
     assert published["rows"] == summary["rows"] and "supervised tokens per arm" in published["conclusion"]
