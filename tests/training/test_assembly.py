@@ -151,3 +151,24 @@ def test_min_cut_tokens_is_a_notebook_parameter():
     cfg = HiddenStatesConfig.from_params({"min_cut_tokens": 300})
     assert cfg.assembly.min_cut_tokens == 300
     assert "min_cut_tokens = 0 " in HiddenStatesConfig.parameters_cell()
+
+
+def test_a_second_family_is_checked_against_its_own_vocabulary(smollm2_dir, tmp_path):
+    """SmolLM2's records (vocabulary 49,152) assembled with its tokenizer: K2.5's `<|im_end|>` id in one is refused,
+    which K2.5's vocabulary (163,840) would have let through."""
+    from eagledata.records import Record
+    from eagledata.text import load_tokenizer, output_ids, prompt_ids
+
+    smol = load_tokenizer(smollm2_dir)
+    msgs = [{"role": "user", "content": "Hi"}]
+    good = Record(id="s0", dataset="B1", messages=msgs, reasoning="", content="Hello!", finish_reason="stop",
+                  prompt_ids=prompt_ids(smol, msgs), output_ids=output_ids(smol, "", "Hello!", "stop"))
+    (tmp_path / "a").mkdir()
+    asm = assemble([write(tmp_path / "a" / "records.jsonl", [good])], tok=smol)
+    assert ids(asm) == ["s0"] and asm.samples[0].input_ids == good.prompt_ids + good.output_ids
+    bad = good.to_dict() | {"id": "s1", "output_ids": good.output_ids[:-1] + [163586]}
+    (tmp_path / "b").mkdir()
+    path = write(tmp_path / "b" / "records.jsonl", [Record.from_dict(bad)])
+    with pytest.raises(InputError, match=r"outside the vocabulary \(0\.\.49151\)"):
+        assemble([path], tok=smol)
+    assert ids(assemble([path])) == ["s1"]  # without the target's tokenizer: K2.5's vocabulary, as before

@@ -356,15 +356,16 @@ def apply_length_policy(sample: Sample, policy: AssemblyPolicy) -> tuple[Sample 
 
 def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_DIR,
              policy: AssemblyPolicy | None = None, tok: Tokenizer | None = None,
-             vocab_size: int = VOCAB_SIZE, tokenizer_sample: int = 64) -> Assembly:
+             vocab_size: int | None = None, tokenizer_sample: int = 64) -> Assembly:
     """Merge records files (dataset names or paths) into samples, in source then line order.
 
-    Every record's ids are checked against `vocab_size` and, with `tok`, a sample of prompts is
-    re-rendered: bad input raises before anything is kept. Of records that duplicate each other
-    (`is_duplicate_prompt`, or the same id) the first is kept, but a finished answer takes the place of the
-    unfinished ones it duplicates (`supersedes`), at its own position, when it is kept itself (not too long, say).
-    The records of a provider that any source's summary.json calls suspect are left out (`suspect_provider` in the
-    stats) unless `policy.keep_suspect_providers`; `Assembly.suspects` says which, how many and why.
+    Every record's ids are checked against `vocab_size` (None: the target's, `tok.vocab_size`; K2.5's without a
+    tokenizer) and, with `tok`, a sample of prompts is re-rendered: bad input raises before anything is kept. Of
+    records that duplicate each other (`is_duplicate_prompt`, or the same id) the first is kept, but a finished
+    answer takes the place of the unfinished ones it duplicates (`supersedes`), at its own position, when it is kept
+    itself (not too long, say). The records of a provider that any source's summary.json calls suspect are left out
+    (`suspect_provider` in the stats) unless `policy.keep_suspect_providers`; `Assembly.suspects` says which, how
+    many and why.
     """
     policy = policy or AssemblyPolicy()
     if isinstance(sources, (str, Path)):
@@ -382,8 +383,9 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
         for provider, why in read_generation_suspects(path).items():
             evidence.setdefault(provider, {})[str(DatasetFiles(path.parent).summary)] = why
         located.extend(Located(r, path, line) for line, r in iter_records(path))
+    vocab = vocab_size if vocab_size is not None else tok.vocab_size if tok is not None else VOCAB_SIZE
     for loc in located:
-        check_ids(loc, vocab_size)
+        check_ids(loc, vocab)
     if tok is not None:
         check_tokenizer(located, tok, tokenizer_sample)
 

@@ -185,7 +185,7 @@ def start_chat_vllm(checkpoint: str | Path, workdir: str | Path, *, served_name:
     checkpoint's own tokenizer and chat template, no hidden-states connector; 127.0.0.1 on a free port, a 1 GiB CPU
     KV cache, OpenMP threads unpinned. `dtype` float32 by default: the converted target is float32 and the τ
     measurement decodes it in float32."""
-    workdir = Path(workdir)
+    workdir, checkpoint = Path(workdir).resolve(), Path(checkpoint).resolve()  # the server runs in another folder
     workdir.mkdir(parents=True, exist_ok=True)
     python = python or vllm_python()
     if not Path(python).is_file():
