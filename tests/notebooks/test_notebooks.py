@@ -221,7 +221,7 @@ def test_providers_notebook_against_emulator(tokenizer_dir, execute_notebook, tm
     assert results["pricing"]["cheapest_eligible_completion_per_m"] == 2.2
 
 
-@pytest.mark.parametrize("name", ["providers", "budget", "tokenizer", "generate", "hidden_states"])
+@pytest.mark.parametrize("name", ["providers", "budget", "tokenizer", "generate", "hidden_states", "quality"])
 def test_parameters_cell_is_made_from_the_settings(name):
     """The defaults live in the settings class only: the committed cell is exactly what it generates
     (`python -m eagledata.notebooks` rewrites it after a change)."""

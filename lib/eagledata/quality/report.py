@@ -1,0 +1,71 @@
+"""quality.ipynb's views of the experiment's `summary.json`: the table per drafter, the plot of τ with its interval
+and per-position acceptance, and the conclusion in words, stated from the numbers whichever way they point."""
+from __future__ import annotations
+
+from typing import Any
+
+from .arms import ARMS
+
+
+def table_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per arm then per reference drafter: samples, supervised tokens, train seconds, τ and its interval."""
+    out = []
+    for r in summary["rows"]:
+        lo, hi = r["tau_ci95"]
+        out.append({"drafter": r["drafter"], "samples": r["samples"], "supervised_tokens": r["supervised_tokens"],
+                    "train_s": r["train_seconds"], "questions": r["questions"], "turns": r["turns"], "k": r["k"],
+                    "tau_mean": round(r["tau_mean"], 3), "tau_ci95": f"[{lo:.3f}, {hi:.3f}]",
+                    "tau_pooled": None if r["tau_pooled"] is None else round(r["tau_pooled"], 3),
+                    **{f"accept@{i + 1}": round(a, 3) for i, a in enumerate(r["per_position_acceptance"])}})
+    return out
+
+
+def conclusion(summary: dict[str, Any]) -> str:
+    """What was measured, in one paragraph: both arms' τ with intervals, the difference and whether the intervals
+    separate, and the bounds (the hypothesis, on-policy above off-policy, is reported, not assumed)."""
+    rows = {r["drafter"]: r for r in summary["rows"]}
+    on, off = rows["on_policy"], rows["off_policy"]
+    diff = on["tau_mean"] - off["tau_mean"]
+    (on_lo, on_hi), (off_lo, off_hi) = on["tau_ci95"], off["tau_ci95"]
+    if on_lo > off_hi:
+        verdict = "on-policy is higher and the two 95 % intervals do not overlap"
+    elif off_lo > on_hi:
+        verdict = "off-policy is higher and the two 95 % intervals do not overlap"
+    else:
+        verdict = ("the 95 % intervals overlap: at this size the measurement does not resolve a difference "
+                   "between the arms")
+    text = (f"At {summary['supervised_tokens']:,} supervised tokens per arm, τ on {on['questions']} MT-Bench questions "
+            f"({on['turns']} turns, k = {on['k']}, greedy): on-policy {on['tau_mean']:.3f} "
+            f"[{on_lo:.3f}, {on_hi:.3f}], off-policy {off['tau_mean']:.3f} [{off_lo:.3f}, {off_hi:.3f}]; "
+            f"difference {diff:+.3f}: {verdict}.")
+    bounds = [f"{d} {rows[d]['tau_mean']:.3f}" for d in ("self", "random") if d in rows]
+    if bounds:
+        text += f" Bounds on {rows[next(d for d in ('self', 'random') if d in rows)]['questions']} questions: " \
+                + ", ".join(bounds) + f" (k + 1 = {on['k'] + 1} and ≈ 1 expected)."
+    return text
+
+
+def plot_summary(summary: dict[str, Any], axes: Any = None) -> Any:
+    """Left: τ per drafter with its 95 % interval; right: acceptance at each draft position for both arms."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    rows = summary["rows"]
+    left, right = axes
+    for i, r in enumerate(rows):
+        lo, hi = r["tau_ci95"]
+        left.errorbar([i], [r["tau_mean"]], yerr=[[r["tau_mean"] - lo], [hi - r["tau_mean"]]], fmt="o", capsize=5)
+    left.set_xticks(range(len(rows)), [r["drafter"] for r in rows])
+    left.set_ylabel("τ (tokens per target forward)")
+    left.set_title("τ on MT-Bench, 95 % bootstrap interval over questions")
+    for r in rows:
+        if r["drafter"] in ARMS:
+            acc = r["per_position_acceptance"]
+            right.plot(range(1, len(acc) + 1), acc, marker="o", label=r["drafter"])
+    right.set_xlabel("draft position")
+    right.set_ylabel("share of verifying forwards accepting it")
+    right.set_ylim(0, 1)
+    right.legend()
+    right.set_title("per-position acceptance")
+    return axes

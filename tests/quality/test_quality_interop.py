@@ -1,0 +1,72 @@
+"""The canonical experiment's whole path at test size (`make test-interop`: speculators 0.9.0 in .venv-interop):
+ShareGPT-shaped prompts → both arms → equal supervised tokens → hidden states → speculators' own training loop →
+τ on MT-Bench-shaped questions, with the three checks: speculative decoding emits plain greedy decoding's tokens
+(every drafter, both turns), the target drafting for itself gives τ = k + 1, random weights τ ≈ 1."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eagledata.notebooks import read_results, run_notebook
+from eagledata.quality.arms import ARMS
+from eagledata.quality.experiment import Experiment, Seams
+from eagledata.quality.measure import HFChat, load_causal_lm, load_tokenizer
+from eagledata.quality.speculative import Target, greedy_decode
+from eagledata.quality.tau import read_tau
+from tests.helpers.quality_experiment import tiny_config
+
+pytestmark = pytest.mark.interop
+
+
+def test_the_whole_experiment_at_test_size(interop_python, tmp_path):
+    config = tiny_config(tmp_path, interop_python=interop_python)
+    said: list[str] = []
+    summary = Experiment(config, Seams(say=said.append)).run()
+    files = Experiment(config).files
+
+    # equal supervised tokens, and each arm's τ file says what it trained on
+    rows = {r["drafter"]: r for r in summary["rows"]}
+    assert set(rows) == {*ARMS, "self", "random"}
+    for arm in ARMS:
+        doc = read_tau(files.tau(arm))
+        assert doc["supervised_tokens"] == summary["supervised_tokens"] > 0 and doc["train_seconds"] > 0
+        assert doc["drafter"] == f"eagle3:{files.checkpoint(arm)}" and (files.checkpoint(arm) / "config.json").is_file()
+        assert (files.export(arm) / "token_freq.pt").is_file()
+        assert 1 <= doc["tau_mean"] <= config.k + 1 and doc["questions"] == 2 and doc["turns"] == 4
+    # the bounds: k + 1 exactly, and about 1
+    assert rows["self"]["tau_mean"] == config.k + 1 and rows["self"]["per_position_acceptance"] == [1.0] * config.k
+    assert rows["random"]["tau_mean"] < 1.3
+
+    # lossless: every drafter emitted plain greedy decoding's tokens, turn by turn
+    def outputs(path):
+        return [json.loads(line)["output_ids"] for line in path.read_text().splitlines()]
+
+    transcripts = {arm: outputs(files.tau(arm).with_name("tau.transcripts.jsonl")) for arm in ARMS}
+    transcripts.update({d: outputs(files.bound(d).with_name("tau.transcripts.jsonl")) for d in ("self", "random")})
+    assert all(t == transcripts["self"] for t in transcripts.values())
+    target_dir = summary["target"]
+    chat = HFChat(load_tokenizer(target_dir))
+    model = load_causal_lm(target_dir)
+    first = json.loads(files.tau("on_policy").with_name("tau.transcripts.jsonl").read_text().splitlines()[0])
+    from eagledata.quality.sources import read_mtbench
+
+    question = read_mtbench(next((tmp_path / "cache").glob("nvidia_mtbench*.whl"))).questions[0]
+    greedy = greedy_decode(Target(model), chat.render([{"role": "user", "content": question.turns[0]}]),
+                           max_new_tokens=config.max_new_tokens, stop_ids=chat.stop_ids(model))
+    assert first["output_ids"][0] == greedy
+
+    # a rerun keeps every stage
+    said.clear()
+    again = Experiment(config, Seams(say=said.append)).run()
+    assert again["rows"] == summary["rows"] and not any(line.endswith("...") for line in said)
+
+    # quality.ipynb on the finished experiment (every stage kept): the table, the plot and the conclusion
+    params = {f: getattr(config, f) for f in ("experiment", "output_dir", "cache_dir", "target", "conversations",
+                                              "max_turns", "answer_tokens", "sample_tokens", "batch_size", "epochs",
+                                              "lr", "draft_vocab_size", "total_seq_len", "k", "questions",
+                                              "max_new_tokens", "bound_questions", "threads", "interop_python",
+                                              "regenerate")}
+    out = run_notebook("quality", tmp_path / "quality.out.ipynb", params, cwd=tmp_path, project_root=tmp_path)
+    published = read_results(out)["quality"]
+    assert published["rows"] == summary["rows"] and "supervised tokens per arm" in published["conclusion"]

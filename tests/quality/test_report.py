@@ -1,0 +1,29 @@
+"""quality.ipynb's conclusion says what was measured, whichever way it points (quality/report.py)."""
+from __future__ import annotations
+
+from eagledata.quality.report import conclusion, table_rows
+
+
+def summary(on, on_ci, off, off_ci):
+    def row(name, tau, ci, questions=10):
+        return {"drafter": name, "samples": 100, "supervised_tokens": 5000, "train_seconds": 12.0,
+                "questions": questions, "turns": 20, "k": 5, "tau_mean": tau, "tau_ci95": ci, "tau_pooled": tau,
+                "per_position_acceptance": [0.5, 0.3, 0.2, 0.1, 0.05]}
+    return {"supervised_tokens": 5000, "rows": [row("on_policy", on, on_ci), row("off_policy", off, off_ci),
+                                                 row("self", 6.0, [6.0, 6.0], 3), row("random", 1.0, [1.0, 1.0], 3)]}
+
+
+def test_the_conclusion_follows_the_numbers():
+    said = conclusion(summary(1.9, [1.8, 2.0], 1.5, [1.4, 1.6]))
+    assert "on-policy is higher and the two 95 % intervals do not overlap" in said and "+0.400" in said
+    said = conclusion(summary(1.5, [1.4, 1.6], 1.9, [1.8, 2.0]))
+    assert "off-policy is higher" in said and "-0.400" in said
+    said = conclusion(summary(1.6, [1.4, 1.8], 1.5, [1.3, 1.7]))
+    assert "does not resolve a difference" in said
+    assert "self 6.000, random 1.000" in said and "Bounds on 3 questions" in said
+
+
+def test_the_table_has_a_row_per_drafter_with_its_interval():
+    rows = table_rows(summary(1.9, [1.8, 2.0], 1.5, [1.4, 1.6]))
+    assert [r["drafter"] for r in rows] == ["on_policy", "off_policy", "self", "random"]
+    assert rows[0]["tau_ci95"] == "[1.800, 2.000]" and rows[0]["accept@5"] == 0.05
