@@ -149,8 +149,9 @@ class Reporter:
         """Where the user's wait went: the process before the run, the run to its last target, to its slots' end
         (answers still in flight, retries waiting), and `wall_s` once the summaries are written."""
         met = [lane.target_met_s for lane in self.lanes.values() if lane.target is not None]
+        times = [t for t in met if t is not None]
         return {"before_start_s": self.before_start_s,
-                "last_target_s": round(max(met), 3) if met and None not in met else None,  # type: ignore[type-var]
+                "last_target_s": round(max(times), 3) if times and len(times) == len(met) else None,
                 "slots_end_s": None if self.slots_end is None else round(self.slots_end - self.t0, 3)}
 
     def _dataset_summary(self, lane: DatasetRun, now: float) -> dict[str, Any]:
