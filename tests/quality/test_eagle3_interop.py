@@ -1,7 +1,7 @@
 """τ with an EAGLE-3 drafter as speculators 0.9.0 trains and saves it (`make test-interop`: .venv-interop).
 
 A tiny Llama target; its own greedy answers exported in the speculators layout (extract) and trained on by
-speculators' own loop on CPU (tests/helpers/interop/train_speculators.py); then, in the speculators environment
+speculators' own loop on CPU (`python -m eagledata.quality.train`); then, in the speculators environment
 (tests/helpers/interop/eagle3_drafting.py), our drafting of the saved checkpoint is held to speculators' own
 forward chain by chain, speculative decoding with it is lossless, and the trained drafter beats the same drafter
 with random layers; finally the τ command itself runs there on a planted question file and writes tau.json.
@@ -57,7 +57,7 @@ def test_an_eagle3_drafter_trained_by_speculators_drafts_losslessly_and_beats_ra
 
     out = tmp_path / "train"
     out.mkdir()
-    done = run_interop(interop_python, [str(HELPERS / "interop" / "train_speculators.py"), str(out / "m.jsonl"),
+    done = run_interop(interop_python, ["-m", "eagledata.quality.train", str(out / "m.jsonl"),
                                         *TRAIN_FLAGS, "--verifier-name-or-path", str(verifier), "--data-path",
                                         str(data), "--save-path", str(out / "checkpoints"), "--log-dir",
                                         str(out / "logs")], out)

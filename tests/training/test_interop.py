@@ -3,7 +3,7 @@
 speculators 0.9.0 pins transformers<=5.19, so it lives in its own environment (`.venv-interop`, made by
 `make test-interop`); the notebook runs here, the trainer's reader runs there on the files, and the states it
 yields are compared here with a batch-1 transformers reference; its trainer's own loop then trains a drafter from an
-export on CPU (tests/helpers/interop/train_speculators.py). SpecForge (sglang + CUDA torch) cannot be
+export on CPU (`python -m eagledata.quality.train`). SpecForge (sglang + CUDA torch) cannot be
 installed: its reader is reproduced in tests/helpers/specforge_reader.py and covered in test_hidden_states.py.
 """
 import json
@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagledata.notebooks import run_notebook
+from eagledata.quality.measure import measure_command
 from eagledata.records import Record, load_records
 from eagledata.text.roundtrip import tool_cases
 from eagledata.text.sequences import output_ids, prompt_ids
@@ -125,13 +126,13 @@ def varied_record(tok, i, n):
 
 
 def speculators_train(interop_python, tmp_path, run, data_path, verifier, *flags):
-    """`speculators train` (tests/helpers/interop/train_speculators.py: its own CLI and loop, with the two CPU
-    stand-ins) into tmp_path/run; (the process, its metric records)."""
+    """`speculators train` (`python -m eagledata.quality.train`: its own CLI and loop, with the two CPU stand-ins)
+    into tmp_path/run; (the process, its metric records)."""
     out = tmp_path / run
     out.mkdir()
-    env = dict(os.environ, OMP_NUM_THREADS="1")  # 2.2x less CPU than two threads fighting on a 2-core machine
-    script = HELPERS / "interop" / "train_speculators.py"
-    done = subprocess.run([interop_python, str(script), str(out / "metrics.jsonl"), *TRAIN_FLAGS,
+    _, lib_path = measure_command(interop_python)  # eagledata's lib/ alone on the speculators environment's path
+    env = dict(os.environ, OMP_NUM_THREADS="1", **lib_path)  # 2.2x less CPU than two threads fighting on 2 cores
+    done = subprocess.run([interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"), *TRAIN_FLAGS,
                            "--verifier-name-or-path", str(verifier), "--data-path", str(data_path),
                            "--save-path", str(out / "checkpoints"), "--log-dir", str(out / "logs"), *flags],
                           capture_output=True, text=True, timeout=900, env=env, cwd=out)
