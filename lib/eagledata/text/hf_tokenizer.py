@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import InputError
 from .structure import Structure
+from .tokenizer import TextOfIds
 
 REQUIRED_FILES = ("tokenizer.json", "tokenizer_config.json")
 # What transformers' `apply_chat_template` hands the template besides the messages (a template may write them).
@@ -64,7 +65,7 @@ def _token_text(value: Any) -> str | None:
 
 
 @dataclass(eq=False)
-class HFTokenizer:
+class HFTokenizer(TextOfIds):
     """Encode/decode a HF checkpoint's ids. Text is encoded with special tokens disallowed unless asked."""
 
     directory: Path
@@ -76,6 +77,10 @@ class HFTokenizer:
     _plain: Any = field(repr=False)  # tokenizers.Tokenizer that never matches special strings
     _server: Any = field(repr=False)  # the same file matching them, as a server encodes a rendered prompt
     _pieces: list[bytes | None] = field(repr=False)  # id → its bytes (None: not byte-level, decode through the decoder)
+    id_to_special: dict[int, str] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.id_to_special = {i: s for s, i in self.specials.items()}
 
     @classmethod
     def load(cls, directory: str | Path) -> HFTokenizer:
@@ -113,9 +118,6 @@ class HFTokenizer:
     def special_ids(self) -> frozenset[int]:
         return frozenset(self.specials.values())
 
-    @cached_property
-    def id_to_special(self) -> dict[int, str]:
-        return {i: s for s, i in self.specials.items()}
 
     # -- encoding -----------------------------------------------------------------------------
     def encode_ordinary(self, text: str) -> list[int]:
@@ -149,24 +151,6 @@ class HFTokenizer:
         if all(p is not None for p in pieces):
             return b"".join(p for p in pieces if p is not None)
         return str(self._server.decode(ids, skip_special_tokens=False)).encode("utf-8")
-
-    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
-        """Ids to text; a character cut mid-bytes becomes U+FFFD, as the serving stack shows it."""
-        return self.decode_bytes(ids).decode("utf-8", errors=errors)
-
-    def token_strings(self, ids: Iterable[int]) -> list[str]:
-        """Readable token pieces for reports (specials by name, bytes repr when not UTF-8)."""
-        out = []
-        for i in ids:
-            if i in self.id_to_special:
-                out.append(self.id_to_special[i])
-                continue
-            b = self.decode_bytes([i])
-            try:
-                out.append(b.decode("utf-8"))
-            except UnicodeDecodeError:
-                out.append(repr(b))
-        return out
 
     @cached_property
     def special_strings_re(self) -> re.Pattern[str]:

@@ -176,8 +176,35 @@ class Tokenizer(Protocol):
     def token_strings(self, ids: Iterable[int]) -> list[str]: ...
 
 
+class TextOfIds:
+    """Text for ids, shared by every family: each has `decode_bytes` and `id_to_special` of its own."""
+
+    id_to_special: dict[int, str]
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
+        """Ids to text; a character cut mid-bytes becomes U+FFFD, as the serving stack shows it."""
+        return self.decode_bytes(ids).decode("utf-8", errors=errors)
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """Readable token pieces for reports (specials by name, bytes repr when not UTF-8)."""
+        out = []
+        for i in ids:
+            if i in self.id_to_special:
+                out.append(self.id_to_special[i])
+                continue
+            b = self.decode_bytes([i])
+            try:
+                out.append(b.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(repr(b))
+        return out
+
+
 @dataclass(eq=False)
-class KimiTokenizer:
+class KimiTokenizer(TextOfIds):
     """Encode/decode Kimi ids. Text is always encoded with specials disallowed unless asked."""
 
     directory: Path
@@ -260,23 +287,6 @@ class KimiTokenizer:
             raise InputError(f"token ids {bad[:5]} outside the Kimi vocabulary (0..{VOCAB_SIZE - 1})")
         return self.encoding.decode_bytes(ids)
 
-    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
-        """Ids to text; a character cut mid-bytes becomes U+FFFD, as the serving stack shows it."""
-        return self.decode_bytes(ids).decode("utf-8", errors=errors)
-
-    def token_strings(self, ids: Iterable[int]) -> list[str]:
-        """Readable token pieces for reports (specials by name, bytes repr when not UTF-8)."""
-        out = []
-        for i in ids:
-            if i in self.id_to_special:
-                out.append(self.id_to_special[i])
-            else:
-                b = self.encoding.decode_single_token_bytes(i)
-                try:
-                    out.append(b.decode("utf-8"))
-                except UnicodeDecodeError:
-                    out.append(repr(b))
-        return out
 
     @cached_property
     def special_strings_re(self) -> re.Pattern[str]:
