@@ -43,14 +43,16 @@ def server_env(threads: int | None = None) -> dict[str, str]:
 
 @contextmanager
 def serve_chat(python: str, checkpoint: str | Path, log_file: Path, *, served_name: str, max_model_len: int = 2048,
-               threads: int | None = None, start_timeout_s: float = 900.0,
+               threads: int | None = None, start_timeout_s: float = 900.0, extra: Sequence[str] = (),
                say: Callable[[str], None] = print) -> Iterator[str]:
     """A vLLM chat server for the block: yields its base URL (`http://127.0.0.1:PORT/v1`) once `/health` answers,
-    stops it (its process group) after. One that exits or does not come up in time raises with its log's tail."""
+    stops it (its process group) after. One that exits or does not come up in time raises with its log's tail.
+    `extra`: more flags (say `--speculative-config`)."""
     if not Path(python).is_file():
         raise RuntimeError(f"no vLLM environment at {python} (make test-vllm builds .venv-vllm)")
     port = free_port()
-    argv = chat_server_command(python, checkpoint, port, served_name=served_name, max_model_len=max_model_len)
+    argv = chat_server_command(python, checkpoint, port, served_name=served_name, max_model_len=max_model_len,
+                               extra=extra)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "w", encoding="utf-8") as log:
         log.write("$ " + shlex.join(argv) + "\n")

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .decoding import TextOfIds
 from .structure import Structure
-from .tokenizer import TextOfIds
 
 REQUIRED_FILES = ("tokenizer.json", "tokenizer_config.json")
 # What transformers' `apply_chat_template` hands the template besides the messages (a template may write them).

@@ -20,6 +20,7 @@ from typing import Protocol
 import tiktoken
 
 from ..errors import InputError
+from .decoding import TextOfIds
 from .structure import Structure, ToolSection
 
 # The Kimi pre-tokenizer (tiktoken `pat_str`), eight alternatives joined with `|`.
@@ -174,33 +175,6 @@ class Tokenizer(Protocol):
     def decode_bytes(self, ids: Iterable[int]) -> bytes: ...
     def decode(self, ids: Iterable[int], errors: str = "replace") -> str: ...
     def token_strings(self, ids: Iterable[int]) -> list[str]: ...
-
-
-class TextOfIds:
-    """Text for ids, shared by every family: each has `decode_bytes` and `id_to_special` of its own."""
-
-    id_to_special: dict[int, str]
-
-    def decode_bytes(self, ids: Iterable[int]) -> bytes:
-        raise NotImplementedError
-
-    def decode(self, ids: Iterable[int], errors: str = "replace") -> str:
-        """Ids to text; a character cut mid-bytes becomes U+FFFD, as the serving stack shows it."""
-        return self.decode_bytes(ids).decode("utf-8", errors=errors)
-
-    def token_strings(self, ids: Iterable[int]) -> list[str]:
-        """Readable token pieces for reports (specials by name, bytes repr when not UTF-8)."""
-        out = []
-        for i in ids:
-            if i in self.id_to_special:
-                out.append(self.id_to_special[i])
-                continue
-            b = self.decode_bytes([i])
-            try:
-                out.append(b.decode("utf-8"))
-            except UnicodeDecodeError:
-                out.append(repr(b))
-        return out
 
 
 @dataclass(eq=False)

@@ -1,0 +1,50 @@
+"""vLLM's speculative-decoding counters read as τ (quality/vllm_tau.py). The metrics text is the one vLLM 0.32 on CPU
+served for SmolLM2 with the make-quality off-policy EAGLE-3 checkpoint, MT-Bench's first 10 questions (k = 5, 96 new
+tokens): its counters gave exactly our tau.json's figures on the same questions."""
+import math
+
+import pytest
+
+from eagledata.quality.vllm_tau import SpecCounts, compare, spec_counts
+
+LABELS = 'engine="0",model_name="target"'
+METRICS = f"""# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts_total counter
+vllm:spec_decode_num_drafts_total{{{LABELS}}} 1740.0
+vllm:spec_decode_num_drafts_created{{{LABELS}}} 1.796432073491237e+09
+vllm:spec_decode_num_draft_tokens_total{{{LABELS}}} 8700.0
+vllm:spec_decode_num_accepted_tokens_total{{{LABELS}}} 36.0
+vllm:spec_decode_num_accepted_tokens_created{{{LABELS}}} 1.796432073491273e+09
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{{LABELS}, position="0"}} 30.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{{LABELS}, position="1"}} 5.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{{LABELS}, position="2"}} 1.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{{LABELS}, position="3"}} 0.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{{{LABELS}, position="4"}} 0.0
+vllm:spec_decode_num_accepted_tokens_per_pos_created{{{LABELS}, position="0"}} 1.7964320734912965e+09
+vllm:num_requests_running{{{LABELS}}} 0.0
+"""
+OURS = {"tau_pooled": 1.0206896551724138, "verify_forwards": 1740, "output_tokens": 1796,
+        "per_position_acceptance": [0.017241379310344827, 0.0028735632183908046, 0.0005747126436781609, 0.0, 0.0]}
+
+
+def test_vllm_counters_read_as_tau_and_acceptance_per_position():
+    c = spec_counts(METRICS)
+    assert (c.drafts, c.draft_tokens, c.accepted, c.per_position) == (1740, 8700, 36, [30, 5, 1, 0, 0])
+    assert c.tau == pytest.approx(1 + 36 / 1740) and c.draft_tokens == 5 * c.drafts  # k = 5 every step
+    assert c.acceptance() == pytest.approx([30 / 1740, 5 / 1740, 1 / 1740, 0, 0])
+    # two engines: their counters add up; the `_created` timestamps and other metrics are not counts
+    two = spec_counts(METRICS + METRICS.replace('engine="0"', 'engine="1"'))
+    assert (two.drafts, two.accepted, two.per_position) == (3480, 72, [60, 10, 2, 0, 0])
+
+
+def test_a_server_without_speculative_decoding_has_no_tau():
+    c = spec_counts('vllm:num_requests_running{engine="0"} 0.0\n')
+    assert c == SpecCounts() and math.isnan(c.tau) and c.acceptance() == []
+
+
+def test_ours_beside_vllms_on_the_same_questions():
+    row = compare(OURS, spec_counts(METRICS), 1796)
+    assert row["tau_pooled"]["ours"] == pytest.approx(row["tau_pooled"]["vllm"], abs=1e-12)
+    assert row["verifying_steps"] == {"ours": 1740, "vllm": 1740} and row["output_tokens"] == {"ours": 1796,
+                                                                                             "vllm": 1796}
+    assert row["acceptance"]["ours"] == pytest.approx(row["acceptance"]["vllm"])
