@@ -130,12 +130,13 @@ class Dispatcher:
         return Wait(until)
 
     def wanted(self, work: Work) -> bool:
-        """May `work`, taken earlier and waiting for money, still go out? Not once its dataset has met its target or
-        had its cut called: it would pass the target by a whole answer and hold the run's end for it (issue 53: at
-        the job's cut, 47 slots waited for the money the cut streams held at their bounds, then sent; one dataset
-        ended at 1.020 of its target, the run 20 s after its last target). It is given back, still to do."""
+        """May `work`, taken earlier and waiting for money, still go out? Not once its dataset has met its target: it
+        would pass the target by a whole answer and hold the run's end for it (issue 53: at the job's cut, 47 slots
+        waited for the money the cut streams held at their bounds, then sent; one dataset ended at 1.020 of its
+        target, the run 20 s after its last target). It is given back, still to do. (Not at a cut called before the
+        target is recorded: cut samples short of it reopen the dataset, which then needs what it holds.)"""
         lane = work.lane
-        return lane.target_met_s is None and not lane.target_met and not self.pacing.lanes[lane.name].cutting
+        return lane.target_met_s is None and not lane.target_met
 
     def admitted(self, work: Work, ticket: int) -> None:
         work.move(State.ADMITTED)
