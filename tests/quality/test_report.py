@@ -4,22 +4,28 @@ from __future__ import annotations
 from eagledata.quality.report import conclusion, table_rows
 
 
-def summary(on, on_ci, off, off_ci):
+def summary(on, on_ci, off, off_ci, diff_ci=(0.35, 0.45), higher=9):
     def row(name, tau, ci, questions=10):
         return {"drafter": name, "samples": 100, "supervised_tokens": 5000, "train_seconds": 12.0,
                 "questions": questions, "turns": 20, "k": 5, "tau_mean": tau, "tau_ci95": ci, "tau_pooled": tau,
                 "per_position_acceptance": [0.5, 0.3, 0.2, 0.1, 0.05]}
-    return {"supervised_tokens": 5000, "rows": [row("on_policy", on, on_ci), row("off_policy", off, off_ci),
+    difference = {"questions": 10, "mean": on - off, "ci95": list(diff_ci), "higher": higher, "lower": 10 - higher,
+                  "equal": 0}
+    return {"supervised_tokens": 5000, "difference": difference, "rows": [row("on_policy", on, on_ci), row("off_policy", off, off_ci),
                                                  row("self", 6.0, [6.0, 6.0], 3), row("random", 1.0, [1.0, 1.0], 3)]}
 
 
 def test_the_conclusion_follows_the_numbers():
     said = conclusion(summary(1.9, [1.8, 2.0], 1.5, [1.4, 1.6]))
-    assert "on-policy is higher and the two 95 % intervals do not overlap" in said and "+0.400" in said
-    said = conclusion(summary(1.5, [1.4, 1.6], 1.9, [1.8, 2.0]))
+    assert "on-policy is higher: the paired 95 % interval excludes zero" in said
+    assert "+0.400 [+0.350, +0.450] (higher on 9 of 10 questions, lower on 1)" in said
+    said = conclusion(summary(1.5, [1.4, 1.6], 1.9, [1.8, 2.0], (-0.45, -0.35), 1))
     assert "off-policy is higher" in said and "-0.400" in said
-    said = conclusion(summary(1.6, [1.4, 1.8], 1.5, [1.3, 1.7]))
-    assert "does not resolve a difference" in said
+    # the separate intervals overlap, but question by question the difference is resolved: the paired one decides
+    said = conclusion(summary(1.6, [1.4, 1.8], 1.5, [1.3, 1.7], (0.02, 0.18)))
+    assert "on-policy is higher: the paired 95 % interval excludes zero" in said
+    said = conclusion(summary(1.6, [1.4, 1.8], 1.5, [1.3, 1.7], (-0.05, 0.25), 6))
+    assert "no difference between the arms is resolved" in said
     assert "self 6.000, random 1.000" in said and "Bounds on 3 questions" in said
 
 

@@ -12,6 +12,7 @@ from eagledata.quality.tau import (
     QuestionRun,
     bootstrap_ci,
     check_tau,
+    paired_difference,
     per_position_acceptance,
     read_tau,
     summarize,
@@ -84,3 +85,20 @@ def test_nothing_to_measure_is_refused():
         summarize([QuestionRun(1, [[]])], k=3, target="t", eval_set="e")
     with pytest.raises(ValueError, match="outside 0..3"):
         per_position_acceptance([QuestionRun(1, [[4]])], 3)
+
+
+def test_two_drafters_are_compared_question_by_question():
+    # per question τ: a = 2.0, 3.0, 1.5 (and a fourth question b lacks); b = 1.9, 2.8, 1.6
+    a = summarize([QuestionRun(q, [[acc]]) for q, acc in [(1, 1), (2, 2), (3, 0), (4, 3)]], k=3, target="t",
+                  eval_set="e", resamples=200)
+    a["per_question"][2]["tau"] = 1.5
+    b = {"per_question": [{"id": 1, "tau": 1.9}, {"id": 2, "tau": 2.8}, {"id": 3, "tau": 1.6}]}
+    d = paired_difference(a, b, resamples=2000)
+    assert d["questions"] == 3 and (d["higher"], d["lower"], d["equal"]) == (2, 1, 0)
+    assert d["mean"] == pytest.approx((0.1 + 0.2 - 0.1) / 3)
+    assert -0.1 - 1e-9 <= d["ci95"][0] <= d["mean"] <= d["ci95"][1] <= 0.2 + 1e-9
+    # the pairs are resampled together: a constant shift has a zero-width interval, however much the questions vary
+    shifted = {"per_question": [{"id": q["id"], "tau": q["tau"] - 0.25} for q in a["per_question"]]}
+    assert paired_difference(a, shifted)["ci95"] == pytest.approx([0.25, 0.25])
+    with pytest.raises(ValueError, match="share no question"):
+        paired_difference(a, {"per_question": [{"id": 99, "tau": 2.0}]})

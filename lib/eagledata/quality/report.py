@@ -21,26 +21,28 @@ def table_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def conclusion(summary: dict[str, Any]) -> str:
-    """What was measured, in one paragraph: both arms' τ with intervals, the difference and whether the intervals
-    separate, and the bounds (the hypothesis, on-policy above off-policy, is reported, not assumed)."""
+    """What was measured, in one paragraph: both arms' τ with intervals, their paired difference (question by
+    question, `tau.paired_difference`) and whether its interval excludes zero, and the bounds (the hypothesis,
+    on-policy above off-policy, is reported, not assumed)."""
     rows = {r["drafter"]: r for r in summary["rows"]}
     on, off = rows["on_policy"], rows["off_policy"]
-    diff = on["tau_mean"] - off["tau_mean"]
     (on_lo, on_hi), (off_lo, off_hi) = on["tau_ci95"], off["tau_ci95"]
-    if on_lo > off_hi:
-        verdict = "on-policy is higher and the two 95 % intervals do not overlap"
-    elif off_lo > on_hi:
-        verdict = "off-policy is higher and the two 95 % intervals do not overlap"
+    d = summary["difference"]
+    lo, hi = d["ci95"]
+    if lo > 0:
+        verdict = "on-policy is higher: the paired 95 % interval excludes zero"
+    elif hi < 0:
+        verdict = "off-policy is higher: the paired 95 % interval excludes zero"
     else:
-        verdict = ("the 95 % intervals overlap: at this size the measurement does not resolve a difference "
-                   "between the arms")
+        verdict = "the paired 95 % interval includes zero: at this size no difference between the arms is resolved"
     text = (f"At {summary['supervised_tokens']:,} supervised tokens per arm, τ on {on['questions']} MT-Bench questions "
             f"({on['turns']} turns, k = {on['k']}, greedy): on-policy {on['tau_mean']:.3f} "
-            f"[{on_lo:.3f}, {on_hi:.3f}], off-policy {off['tau_mean']:.3f} [{off_lo:.3f}, {off_hi:.3f}]; "
-            f"difference {diff:+.3f}: {verdict}.")
-    bounds = [f"{d} {rows[d]['tau_mean']:.3f}" for d in ("self", "random") if d in rows]
+            f"[{on_lo:.3f}, {on_hi:.3f}], off-policy {off['tau_mean']:.3f} [{off_lo:.3f}, {off_hi:.3f}]. "
+            f"Question by question, on-policy minus off-policy is {d['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+            f"(higher on {d['higher']} of {d['questions']} questions, lower on {d['lower']}): {verdict}.")
+    bounds = [f"{b} {rows[b]['tau_mean']:.3f}" for b in ("self", "random") if b in rows]
     if bounds:
-        text += f" Bounds on {rows[next(d for d in ('self', 'random') if d in rows)]['questions']} questions: " \
+        text += f" Bounds on {rows[next(b for b in ('self', 'random') if b in rows)]['questions']} questions: " \
                 + ", ".join(bounds) + f" (k + 1 = {on['k'] + 1} and ≈ 1 expected)."
     return text
 
