@@ -105,3 +105,16 @@ def test_a_kept_stage_made_with_other_settings_is_refused(tmp_path):
         Experiment(wider, Seams(run=no_commands, say=lambda s: None)).prompts()
     later = tiny_config(tmp_path, questions=1)  # a later stage's setting: the prompts are kept
     assert len(Experiment(later, Seams(run=no_commands, say=lambda s: None)).prompts()) == 8
+
+
+def test_settings_that_cannot_work_are_refused_by_field():
+    from eagledata.errors import InputError
+    from eagledata.quality.config import QualityConfig
+
+    with pytest.raises(InputError, match="must be 1 or more, got 0") as bad:
+        QualityConfig(epochs=0)
+    assert bad.value.field == "epochs"
+    with pytest.raises(InputError, match="shorter than sample_tokens 1024") as bad:
+        QualityConfig(total_seq_len=512)
+    assert bad.value.field == "total_seq_len"
+    assert QualityConfig(total_seq_len=512, sample_tokens=512).total_seq_len == 512
