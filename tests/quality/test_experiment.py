@@ -80,7 +80,7 @@ def test_the_prompt_row_asks_exactly_the_chosen_turns():
     from eagledata.generation.conversations.turns import split_asks
     from eagledata.prompts import normalize_prompt
     from eagledata.quality.arms import Asks, conversation_asks
-    from eagledata.quality.experiment import prompt_row
+    from eagledata.quality.regenerate import prompt_row
 
     messages = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "a1"},
                 {"role": "user", "content": "two"}, {"role": "assistant", "content": "a2"},

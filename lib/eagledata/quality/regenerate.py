@@ -1,0 +1,96 @@
+"""The on-policy arm's answers: the target's own, greedy, every turn on its own history, made one of two ways.
+
+- `through_generation`: the project's own pipeline, as a user regenerates a data set: generate.ipynb
+  (`backend: local`, temperature 0) against a vLLM serving the target. Its records are any dataset's, token-exact
+  (the server's ids).
+- `in_process`: transformers' batched `generate` (`arms.regenerate_greedy`), where no vLLM can run (a GPU machine
+  without it, the tests).
+
+How the server is started and how the notebook runs are seams (`experiment.Seams.serve` / `.generate`).
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from ..files import atomic_write_text, iter_jsonl, write_jsonl
+from ..records import Record
+from .arms import ArmChat, ArmRecords, Asks, regenerate_greedy, transformers_generate
+from .config import QualityConfig
+
+SERVED_NAME = "target"  # the served model's name in the regeneration's requests and records
+Serve = Callable[[QualityConfig, Path, Path], AbstractContextManager[str]]  # (config, target, log) -> base URL
+Generate = Callable[[dict[str, Any], Path], None]  # (notebook parameters, executed notebook's path)
+
+
+def prompt_row(asks: Asks) -> dict[str, Any]:
+    """A prompt-file line asking exactly `asks.asks`: the asks with the data set's answers between them (generation
+    drops those and asks after each user turn on the target's own answers)."""
+    messages: list[dict] = []
+    for j, ask in enumerate(asks.asks):
+        if j:
+            messages.append({"role": "assistant", "content": asks.answers[j - 1] or ""})
+        messages += ask
+    return {"id": asks.id, "messages": messages}
+
+
+def serve_target(config: QualityConfig, target: Path, log_file: Path) -> AbstractContextManager[str]:
+    """A vLLM chat server for the target (quality/serve.py), from the config's vLLM environment."""
+    from .serve import serve_chat
+
+    return serve_chat(config.vllm_python, target, log_file, served_name=SERVED_NAME,
+                      max_model_len=config.sample_tokens + config.answer_tokens, threads=config.threads)
+
+
+def generate_notebook(params: dict[str, Any], output: Path) -> None:
+    """generate.ipynb by papermill with `params` (hours allowed per cell: the run is one cell)."""
+    from ..notebooks import run_notebook
+
+    run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600, project_root=output.parent)
+
+
+def through_generation(asks: list[Asks], config: QualityConfig, target: Path, work: Path, *, serve: Serve,
+                       generate: Generate, say: Callable[[str], None]) -> ArmRecords:
+    """generate.ipynb against a vLLM serving the target, in `work/`: records as any dataset's, each conversation
+    cut to its first `max_turns` asks; what was not answered is counted by why."""
+    prompts = work / "prompts.jsonl"
+    write_jsonl(prompts, (prompt_row(a) for a in asks))
+    datasets = work / "datasets.yaml"
+    atomic_write_text(datasets, json.dumps({"on_policy": {"prompts": str(prompts.resolve()),
+                                                          "target_output_tokens": 10 ** 12}}) + "\n")
+    with serve(config, target, work / "vllm.log") as base_url:
+        params = {"dataset": "on_policy", "datasets_file": str(datasets.resolve()), "base_url": base_url,
+                  "model": SERVED_NAME, "tokenizer": str(target.resolve()), "backend": "local",
+                  "temperature": 0.0, "max_tokens": config.answer_tokens, "concurrency": config.vllm_concurrency,
+                  "output_dir": str(work.resolve()), "params_dir": str((work / "params").resolve()),
+                  "progress": False}
+        say(f"  on_policy regeneration: generate.ipynb against {base_url} "
+            f"({sum(len(a.asks) for a in asks)} asks at most)")
+        generate(params, work / "generate.ipynb")
+    folder = work / "datasets" / "on_policy"
+    made = ArmRecords([Record.from_dict(r) for _, r in iter_jsonl(folder / "records.jsonl")])
+    failed = sum(1 for _ in iter_jsonl(folder / "failures.jsonl")) if (folder / "failures.jsonl").is_file() else 0
+    if failed:
+        made.dropped["failed (failures.jsonl: e.g. a prompt over the server's context)"] = failed
+    made.dropped["not asked: a later turn after a cut or failed one"] = (
+        sum(len(a.asks) for a in asks) - len(made.records) - failed)
+    return made
+
+
+def in_process(asks: list[Asks], config: QualityConfig, model: Any, chat: ArmChat, target: Path, *,
+               say: Callable[[str], None]) -> ArmRecords:
+    """The target's own greedy answers by transformers (batched), every turn on its own history."""
+    stops = chat.stop_ids()
+    pad = getattr(model.generation_config, "pad_token_id", None)
+    generate = transformers_generate(model, stops, pad if isinstance(pad, int) else min(stops))
+    started = time.monotonic()
+
+    def progress(done: int, total: int) -> None:
+        say(f"  on_policy regeneration: {done}/{total} asks, {time.monotonic() - started:.0f} s")
+
+    return regenerate_greedy(asks, chat, generate, dataset="on_policy", max_tokens=config.answer_tokens,
+                             batch_size=config.batch_size, model=str(target), progress=progress)
