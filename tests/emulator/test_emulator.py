@@ -920,3 +920,29 @@ def test_tools_are_routed_only_to_endpoints_that_take_them(em):
     r = tool_chat(em, user, provider={"only": ["AtlasCloud"]})
     assert r.status_code == 404 and "tool use" in r.json()["error"]["message"]
     assert chat(em, provider={"only": ["AtlasCloud"]}).json()["provider"] == "AtlasCloud"  # without tools
+
+
+@pytest.mark.parametrize("chunks", [1, 5, 20])
+def test_a_cancelled_stream_is_billed_at_least_what_it_delivered(em, tok, chunks):
+    """A provider with stream cancellation bills what it generated until it noticed the client gone: never fewer
+    tokens than it sent, the last chunk read included (it was billed one chunk short: the records of cut samples then
+    cost more than the account charged)."""
+    em.reset({**em.base, "speed": 1.0, "content": {"reasoning_median": 600, "content_median": 100},
+              "endpoints": [{"provider": "Fireworks", "latency": 0.05, "throughput": 300}]})
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "stream": True,
+            "provider": {"only": ["Fireworks"]}}
+    delivered, read, gid = "", 0, None
+    with httpx.stream("POST", f"{em.base_url}/chat/completions", headers=AUTH, timeout=30, json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                gid = chunk["id"]
+                delta = chunk["choices"][0]["delta"]
+                text = (delta.get("reasoning") or "") + (delta.get("content") or "")
+                delivered += text
+                read += bool(text)
+                if read == chunks:
+                    break
+    gen = _generation(em, gid)
+    assert gen["cancelled"] is True
+    assert gen["native_tokens_completion"] >= len(tok.encode_ordinary(delivered)) > 0

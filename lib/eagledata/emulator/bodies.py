@@ -172,7 +172,8 @@ class JobStream(StreamingResponse):
         far; any other generates on and bills the whole answer when it would have ended."""
         em, job = self.em, self.job
         if job.ep.stream_cancellation or job.gen is None:
-            em.settle(job, "cancelled", charged=False, partial_tokens=job.streamed if job.gen else 0)
+            em.settle(job, "cancelled", charged=False,
+                      partial_tokens=job.generated_by(time.monotonic()) if job.gen else 0)
             return
         ttft, gen_time = em.delays(job)
         left = max(0.0, job.started + ttft + gen_time - time.monotonic())
@@ -207,6 +208,7 @@ async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
     ttft, gen_time = em.delays(job)
     loop = asyncio.get_running_loop()
     first = loop.time() + ttft
+    job.first_token_at, job.gen_time = first, gen_time  # loop.time() is time.monotonic()
     yield ": OPENROUTER PROCESSING\n\n"
     while (now := loop.time()) < first:
         await asyncio.sleep(min(em.cfg.processing_interval, first - now))
@@ -240,7 +242,7 @@ async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
         due = first + gen_time * (min(i + 1, n) / n if n else 1.0)
         if (late := due - loop.time()) > 0:
             await asyncio.sleep(late)
-        job.streamed = round(n_out * i / max(1, n))
+        job.streamed = round(n_out * min(i + 1, n) / max(1, n))  # with chunk i, about to go out
         if i == cut_at:
             assert job.fault is not None  # a cut shape is a drawn fault's
             em.settle(job, job.fault, charged=fault.stream_charged)
