@@ -270,7 +270,6 @@ class Experiment:
         self._model: Any = None
         self._chat: ArmChat | None = None
         self._target: Path | None = None
-        self.timings: dict[str, float] = {}
 
     @property
     def target(self) -> Path:
