@@ -19,7 +19,8 @@ carries, so it is copied to the GPU machine by hand.
 
 Sizes (`GPU_SIZES`, every one a flag of `python -m eagledata.quality.experiment`): 600 ShareGPT conversations, two
 turns each, answers of at most 256 tokens; 6 epochs (on CPU, 3 epochs left the drafters at τ ≈ 1.02, 6 reached
-1.26–1.28); τ on 16 MT-Bench questions, both turns, 128 new tokens, k = 5; the bounds on 4 questions. Planned from the CPU figures in bench/README.md, not measured on a GPU.
+1.26–1.28); τ on 16 MT-Bench questions, both turns, 128 new tokens, k = 5; the bounds on 4
+questions. Planned from the CPU figures in bench/README.md, not measured on a GPU.
 """
 from __future__ import annotations
 
