@@ -40,8 +40,9 @@ class QualityConfig(Settings):
     epochs: int = setting(6, "speculators' training epochs (both arms)")
     lr: float = setting(1e-3, "speculators' learning rate (its default)")
     draft_vocab_size: int = setting(8192, "the drafter's vocabulary (speculators' d2t/t2d from token_freq.pt)")
-    total_seq_len: int = setting(1024, "speculators' packed sequence length per step (at least sample_tokens; on CPU "
-                                        "1,024 trains ~1.5× the tokens/s of 2,048: the dense masks grow with its square)")
+    total_seq_len: int = setting(1024, "speculators' packed sequence length per step (at least sample_tokens; "
+                                        "on CPU 1,024 trains ~1.5× the tokens/s of 2,048: the dense masks grow "
+                                        "with its square)")
     seed: int = setting(0, "the trainer's seed (both arms) and the bootstrap's")
     k: int = setting(5, "draft tokens per chain when measuring τ")
     questions: int | None = setting(24, "MT-Bench questions measured (the first N; None -> all 80), both turns")
