@@ -28,6 +28,7 @@ from eagledata.training.job import owner
 from eagledata.training.tiny import build_tiny_model
 from eagledata.training.transformers_backend import plan_batches
 from tests.helpers.records import make_conversation, make_record
+from tests.helpers.torchrun import json_objects, samples_file, torchrun
 
 H, L = 64, 8
 LAYERS = eagle3_layers(L)  # (2, 4, 5)
@@ -235,36 +236,13 @@ def test_world_size_two_equals_world_size_one(models, samples, tmp_path):
     _assert_same_set(one.directory, rest.directory, samples)
 
 
-def json_objects(text: str) -> list[dict]:
-    """Every JSON object printed, even when two processes' lines ran together on a shared pipe (seen once, under
-    load)."""
-    decoder, found, at = json.JSONDecoder(), [], text.find("{")
-    while at != -1:
-        try:
-            obj, end = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
-            end = at + 1
-        else:
-            found.append(obj)
-        at = text.find("{", end)
-    return found
-
-
 def test_torchrun_two_processes_on_cpu(models, samples, tmp_path):
     """The real data-parallel path: torchrun, gloo, a barrier, rank 0 writes index and manifest."""
-    import subprocess
-    import sys
-
-    spec = tmp_path / "samples.jsonl"
-    spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples))
+    spec = samples_file(tmp_path / "samples.jsonl", samples)
     model_dir = tmp_path / "llama"
     models["llama"].save_pretrained(str(model_dir))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-           "eagledata.hidden_states",
-           "--samples", str(spec), "--output-dir", str(tmp_path), "--name", "ws2", "--model", str(model_dir),
-           "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = torchrun(2, ["--samples", str(spec), "--output-dir", str(tmp_path), "--name", "ws2", "--model",
+                        str(model_dir), "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4"], timeout=120)
     reports = json_objects(done.stdout)
     assert sorted(r["rank"] for r in reports) == [0, 1], done.stdout
     assert sum(r["extracted"] for r in reports) == len(samples), done.stdout

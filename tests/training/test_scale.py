@@ -25,6 +25,7 @@ from eagledata.training.quantized import (
     routed_expert_bytes,
 )
 from eagledata.training.tiny import build_tiny_model, write_int4_checkpoint
+from tests.helpers.torchrun import json_objects, samples_file, torchrun
 
 H, L = 64, 8
 
@@ -210,19 +211,14 @@ def test_plan_suggests_a_layout_that_fits():
 
 
 # -- tensor parallelism and data-parallel groups under torchrun (gloo on CPU) ------------------------------
-def torchrun(nproc, tmp_path, model_dir, name, *extra):
-    import subprocess
-    import sys
-
+def run_torchrun(nproc, tmp_path, model_dir, name, *extra):
     spec = tmp_path / "samples.jsonl"
     if not spec.exists():
-        spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in make_samples()))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), "-m",
-           "eagledata.hidden_states", "--samples", str(spec), "--output-dir", str(tmp_path), "--name", name,
-           "--model", str(model_dir), "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4", *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return sorted((json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")), key=lambda r: r["rank"])
+        samples_file(spec, make_samples())
+    done = torchrun(nproc, ["--samples", str(spec), "--output-dir", str(tmp_path), "--name", name, "--model",
+                            str(model_dir), "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4", *extra],
+                    timeout=300)
+    return sorted(json_objects(done.stdout), key=lambda r: r["rank"])
 
 
 def assert_same_states(a, b, atol=2e-5):
@@ -235,7 +231,7 @@ def test_tp2_on_two_cpu_processes_equals_one_process(tmp_path):
     """kimi_k25 (bf16 weights) with tp_plan=auto over two gloo ranks: the same states, half the MLP weights each."""
     model_dir = tmp_path / "kimi"
     build_tiny_model("kimi_k25", model_dir, hidden_size=H, num_layers=L)
-    reports = torchrun(2, tmp_path, model_dir, "tp2", "--tp", "2")
+    reports = run_torchrun(2, tmp_path, model_dir, "tp2", "--tp", "2")
     assert [r["extracted"] for r in reports] == [10, 0] and reports[0]["complete"]  # one writer per copy
     one = run(make_samples(), tmp_path, model_dir, "one", storage="fp32", max_batch_size=4)
     assert reports[0]["weight_bytes"] < one.weight_bytes, "the weights were not sharded"
@@ -249,7 +245,7 @@ def test_resume_across_a_change_of_dp_and_tp(tmp_path):
     samples = make_samples()
     first = run(samples, tmp_path, model_dir, "mixed", storage="fp32", max_batch_size=4, rank=1, world_size=2)
     assert 0 < first.extracted < len(samples) and not first.complete
-    reports = torchrun(4, tmp_path, model_dir, "mixed", "--tp", "2")
+    reports = run_torchrun(4, tmp_path, model_dir, "mixed", "--tp", "2")
     assert sum(r["extracted"] for r in reports) == len(samples) - first.extracted
     assert sum(r["skipped"] for r in reports) == first.extracted and any(r["complete"] for r in reports)
     run(samples, tmp_path, model_dir, "one", storage="fp32", max_batch_size=4)
