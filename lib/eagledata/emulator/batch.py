@@ -1,65 +1,28 @@
 """Moonshot's Batch API, emulated: uploaded files, batches working through their lines, the account's balance.
 
-Nothing runs in the background: every request first brings the state up to the clock (`BatchService.now`), answering
+Nothing runs in the background: every request first brings the state up to the clock (`BatchEmulator.now`), answering
 the lines whose time has come in time order over all batches (so the balance runs out where it would). A batch's
 timeline is fixed at creation from the config (`batch:`, every duration times `speed`): validating, then a queue,
-then one line every 1/`lines_per_s` s, finalizing, completed; a stop (cancel, expiry) cuts it. The answers are the
-first-party model's, made by the realtime endpoints' content code (`content.generate`, the tool plan) with no
-provider quirk, their ids recorded in the emulator's ground truth under the completion's id. Routes: batch_routes.py.
+then one line every 1/`lines_per_s` s, finalizing, completed; a stop (cancel, expiry) cuts it. The input file's
+checks are batch_requests.py's, a line's answer batch_answers.py's; the routes batch_routes.py's.
 """
 from __future__ import annotations
 
 import json
 import math
 import random
-import re
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from .catalog import Quirks, per_token
+from .batch_answers import answer
+from .batch_requests import ENDPOINT, BatchError, Line, new_id, validate_lines, window_hours
 from .config import BatchConfig
-from .content import content_rng, generate
-from .requests import ApiError, ChatRequest, parse_chat
 from .service import Emulator
-from .toolcalls import plan
 
-ENDPOINT = "/v1/chat/completions"
-CONTEXT = 262_144  # the served models' context length (prompt + max_tokens)
-FIXED_SAMPLING = ("kimi-k2.5", "kimi-k2.6")  # models whose sampling parameters cannot be set
-FIXED_PARAMETERS = ("temperature", "top_p", "n", "presence_penalty", "frequency_penalty")
-THINKING = ("enabled", "disabled")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
-ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_authentication_error", 404: "resource_not_found_error",
-               429: "exceeded_current_quota_error", 500: "server_error"}
-_WINDOW = re.compile(r"^([1-9][0-9]*)([hd])$")
-
-
-class BatchError(Exception):
-    """An error answered in Moonshot's shape `{"error": {message, type}}` with an HTTP status."""
-
-    def __init__(self, status: int, message: str, kind: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type = status, message, kind or ERROR_TYPES.get(status, "server_error")
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type}}
-
-
-def new_id(prefix: str) -> str:
-    return prefix + uuid.uuid4().hex[:24]
-
-
-def window_hours(text: Any) -> int:
-    """`completion_window` ("12h" … "7d", "24h", "3d") in hours; a 400 outside 12 h – 7 d."""
-    m = _WINDOW.match(text) if isinstance(text, str) else None
-    hours = int(m.group(1)) * (24 if m.group(2) == "d" else 1) if m else 0
-    if not 12 <= hours <= 168:
-        raise BatchError(400, f"completion_window must be between 12h and 7d (e.g. '24h', '3d'), got {text!r}")
-    return hours
 
 
 @dataclass
@@ -73,16 +36,6 @@ class StoredFile:
     def obj(self) -> dict:
         return {"id": self.id, "object": "file", "bytes": len(self.data), "created_at": self.created_at,
                 "filename": self.filename, "purpose": self.purpose, "status": "ok", "status_details": ""}
-
-
-@dataclass
-class Line:
-    number: int  # 1-based line of the input file
-    custom_id: str | None
-    body: dict | None
-    fault: bool = False  # drawn at creation (`line_error_rate`): answered with a 500 body
-    status: str = "pending"  # pending | answered | failed | expired | cancelled
-    generation_id: str | None = None
 
 
 @dataclass
@@ -150,68 +103,7 @@ class Batch:
         return "finalizing" if now < self.finalizing + finalize_s else "completed"
 
 
-def validate_lines(data: bytes, models: list[str]) -> tuple[list[Line], list[dict]]:
-    """The input file's lines and its validation errors (`{code, message, param, line}`, the first per line)."""
-    lines: list[Line] = []
-    errors: list[dict] = []
-    seen: set[str] = set()
-    model: str | None = None
-    for number, raw in enumerate(data.split(b"\n"), 1):
-        if not raw.strip():
-            continue
-
-        def bad(code: str, message: str, param: str | None = None, line: int = number) -> None:
-            errors.append({"code": code, "message": f"line {line}: {message}", "param": param, "line": line})
-
-        try:
-            obj = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            obj = None
-        if not isinstance(obj, dict):
-            lines.append(Line(number, None, None))
-            bad("invalid_json_line", "is not a valid JSON object")
-            continue
-        cid, body = obj.get("custom_id"), obj.get("body")
-        lines.append(Line(number, cid if isinstance(cid, str) else None, body if isinstance(body, dict) else None))
-        missing = next((k for k in ("custom_id", "method", "url", "body") if obj.get(k) is None), None)
-        if missing:
-            bad("missing_required_parameter", f"'{missing}' is required", missing)
-        elif not isinstance(cid, str) or not cid:
-            bad("invalid_parameter", "'custom_id' must be a non-empty string", "custom_id")
-        elif cid in seen:
-            bad("duplicate_custom_id", f"custom_id {cid!r} is used by an earlier line", "custom_id")
-        elif obj["method"] != "POST":
-            bad("invalid_method", f"method must be 'POST', got {obj['method']!r}", "method")
-        elif obj["url"] != ENDPOINT:
-            bad("invalid_url", f"url must be '{ENDPOINT}', got {obj['url']!r}", "url")
-        elif not isinstance(body, dict):
-            bad("invalid_parameter", "'body' must be a JSON object", "body")
-        elif not isinstance(body.get("model"), str) or not body["model"]:
-            bad("missing_required_parameter", "'body.model' is required", "body.model")
-        elif body["model"] not in models:
-            bad("model_not_found", f"model {body['model']!r} is not served by the Batch API "
-                                   f"(served: {', '.join(models)})", "body.model")
-        elif model is not None and body["model"] != model:
-            bad("mismatched_model", f"all lines of a batch must name one model: {body['model']!r} after {model!r}",
-                "body.model")
-        elif body["model"] in FIXED_SAMPLING and (p := next((k for k in FIXED_PARAMETERS
-                                                              if body.get(k) is not None), None)):
-            bad("invalid_parameter", f"'{p}' cannot be set for {body['model']}", f"body.{p}")
-        elif (thinking := body.get("thinking")) is not None and not (
-                isinstance(thinking, dict) and set(thinking) == {"type"} and thinking["type"] in THINKING):
-            bad("invalid_parameter", "'thinking' must be {\"type\": \"enabled\"} or {\"type\": \"disabled\"}",
-                "body.thinking")
-        if isinstance(cid, str) and cid:
-            seen.add(cid)
-        if isinstance(body, dict) and isinstance(body.get("model"), str) and body["model"] in models:
-            model = model or body["model"]
-    if not lines:
-        errors.append({"code": "empty_file", "message": "the input file has no requests", "param": None,
-                       "line": None})
-    return lines, errors
-
-
-class BatchService:
+class BatchEmulator:
     """The Batch API's state beside the realtime service `em` (its tokenizer, content config, ground truth); reset
     with it (an admin reset starts a new epoch). `clock` is monotonic seconds, injectable for tests."""
 
@@ -401,7 +293,10 @@ class BatchService:
                 raise BatchError(429, "Your account's balance is exhausted: please recharge")
             if line.fault:
                 raise BatchError(500, "The server had an error while processing your request", "server_error")
-            body = self._answer(b, line, t)
+            assert line.body is not None  # a line without one fails validation: its batch answers nothing
+            body, cost = answer(self.em, self.cfg, line.body, batch_id=b.id, custom_id=line.custom_id,
+                                created=self.wall(t))
+            self.charged += cost
         except BatchError as e:
             line.status = "failed"
             b.failures.append(self._result_line(line, {"status_code": e.status, "request_id": new_id("req-"),
@@ -415,55 +310,6 @@ class BatchService:
     def _result_line(line: Line, response: dict | None, error: dict | None) -> str:
         return json.dumps({"id": new_id("batch_req_"), "custom_id": line.custom_id, "response": response,
                            "error": error}, ensure_ascii=False)
-
-    def _request(self, body: dict) -> ChatRequest:
-        """The line's body as a chat request (the realtime parser's checks; `thinking` is Moonshot's switch)."""
-        plain = {k: v for k, v in body.items() if k not in ("thinking", "reasoning", "stream", "provider")}
-        try:
-            req = parse_chat(plain, tuple(self.cfg.models))
-        except ApiError as e:
-            raise BatchError(400, e.message) from None
-        return replace(req, thinking=(body.get("thinking") or {}).get("type", "enabled") == "enabled")
-
-    def _answer(self, b: Batch, line: Line, t: float) -> dict:
-        em = self.em
-        assert line.body is not None
-        req = self._request(line.body)
-        try:
-            p_ids = em.prompt_ids(req)
-        except ApiError as e:
-            raise BatchError(400, e.message) from None
-        room = CONTEXT - len(p_ids)
-        if room <= 0 or (req.max_tokens or 0) > room:
-            raise BatchError(400, f"Invalid request: your request exceeded model token limit: {CONTEXT} "
-                                  f"({len(p_ids)} prompt tokens + max_tokens {req.max_tokens})")
-        phash = em.request_hash(req)
-        attempt = em.attempts[phash]
-        em.attempts[phash] += 1
-        rng = content_rng(em.cfg.seed, phash, attempt, req.seed)
-        calls = None if req.tools is None else plan(req.messages, req.tools, req.parallel_tool_calls,
-                                                    req.tool_choice, em.follow(req))
-        gen = generate(em.tok, rng, em.cfg.content, Quirks(), req.max_tokens or room, thinking=req.thinking,
-                       calls=calls)
-        n_prompt, n_out = len(p_ids), len(gen.output_ids)  # usage counts a final <|im_end|>
-        cost = n_prompt * float(per_token(self.cfg.prompt_price)) + n_out * float(per_token(self.cfg.completion_price))
-        self.charged += cost
-        gid = new_id("chatcmpl-")
-        model = line.body["model"]
-        message: dict[str, Any] = {"role": "assistant", "content": gen.content, "reasoning_content": gen.reasoning}
-        if gen.tool_calls:
-            message["tool_calls"] = [c.to_api() for c in gen.tool_calls]
-        record = {"generation_id": gid, "prompt_hash": phash, "attempt": attempt, "provider": "Moonshot AI",
-                  "model": model, "route": "batch", "batch_id": b.id, "custom_id": line.custom_id,
-                  "prompt_tokens": n_prompt, **({"prompt_ids": p_ids} if em.cfg.record_prompt_ids else {}),
-                  **gen.to_dict(), "fault": None, "cost": cost}
-        em.ground_truth[gid] = record
-        if em.cfg.ground_truth_file:
-            with open(em.cfg.ground_truth_file, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        return {"id": gid, "object": "chat.completion", "created": self.wall(t), "model": model,
-                "choices": [{"index": 0, "message": message, "finish_reason": gen.finish_reason}],
-                "usage": {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out}}
 
     def _close(self, b: Batch, now: float) -> None:
         """The terminal state: the lines left expire or are cancelled (the error file says so); the output and

@@ -1,5 +1,5 @@
 """The Batch API's routes under /moonshot/v1 (Moonshot's shapes, `{"error": {message, type}}` errors) and its admin
-routes; the state is `batch.BatchService` (`app.state.batch`)."""
+routes; the state is `batch.BatchEmulator` (`app.state.batch`)."""
 from __future__ import annotations
 
 import json
@@ -11,14 +11,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .batch import BatchError, BatchService
+from .batch import BatchEmulator
+from .batch_requests import BatchError
 
 BASE = "/moonshot/v1"
 
 
-def _service(request: Request) -> BatchService:
+def _service(request: Request) -> BatchEmulator:
     """The state, once the request's key is checked (any Bearer key, or only the config's `api_key` when set)."""
-    svc: BatchService = request.app.state.batch
+    svc: BatchEmulator = request.app.state.batch
     scheme, _, key = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise BatchError(401, "Invalid Authentication: no API key was sent (Authorization: Bearer <key>)")
@@ -27,7 +28,7 @@ def _service(request: Request) -> BatchService:
     return svc
 
 
-def _api(handler: Callable[[Request, BatchService], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+def _api(handler: Callable[[Request, BatchEmulator], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
     async def run(request: Request) -> Response:
         try:
             return await handler(request, _service(request))
@@ -37,7 +38,7 @@ def _api(handler: Callable[[Request, BatchService], Awaitable[Response]]) -> Cal
 
 
 @_api
-async def upload(request: Request, svc: BatchService) -> Response:
+async def upload(request: Request, svc: BatchEmulator) -> Response:
     try:
         async with request.form(max_files=2, max_fields=10) as form:
             part = form.get("file")
@@ -50,28 +51,28 @@ async def upload(request: Request, svc: BatchService) -> Response:
 
 
 @_api
-async def list_files(request: Request, svc: BatchService) -> Response:
+async def list_files(request: Request, svc: BatchEmulator) -> Response:
     svc.now()
     return JSONResponse({"object": "list", "data": [f.obj() for f in svc.files.values()]})
 
 
 @_api
-async def get_file(request: Request, svc: BatchService) -> Response:
+async def get_file(request: Request, svc: BatchEmulator) -> Response:
     return JSONResponse(svc.file(request.path_params["file_id"]).obj())
 
 
 @_api
-async def delete_file(request: Request, svc: BatchService) -> Response:
+async def delete_file(request: Request, svc: BatchEmulator) -> Response:
     return JSONResponse(svc.delete(request.path_params["file_id"]))
 
 
 @_api
-async def file_content(request: Request, svc: BatchService) -> Response:
+async def file_content(request: Request, svc: BatchEmulator) -> Response:
     return Response(svc.file(request.path_params["file_id"]).data, media_type="application/jsonl")
 
 
 @_api
-async def create_batch(request: Request, svc: BatchService) -> Response:
+async def create_batch(request: Request, svc: BatchEmulator) -> Response:
     try:
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError):
@@ -80,23 +81,23 @@ async def create_batch(request: Request, svc: BatchService) -> Response:
 
 
 @_api
-async def list_batches(request: Request, svc: BatchService) -> Response:
+async def list_batches(request: Request, svc: BatchEmulator) -> Response:
     return JSONResponse(svc.listing(request.query_params.get("limit"), request.query_params.get("after")))
 
 
 @_api
-async def get_batch(request: Request, svc: BatchService) -> Response:
+async def get_batch(request: Request, svc: BatchEmulator) -> Response:
     now = svc.now()
     return JSONResponse(svc.batch_obj(svc.get(request.path_params["batch_id"]), now))
 
 
 @_api
-async def cancel_batch(request: Request, svc: BatchService) -> Response:
+async def cancel_batch(request: Request, svc: BatchEmulator) -> Response:
     return JSONResponse(svc.cancel(request.path_params["batch_id"]))
 
 
 @_api
-async def balance(request: Request, svc: BatchService) -> Response:
+async def balance(request: Request, svc: BatchEmulator) -> Response:
     svc.now()
     left = svc.available
     return JSONResponse({"code": 0, "data": {"available_balance": left, "voucher_balance": 0, "cash_balance": left},
@@ -104,7 +105,7 @@ async def balance(request: Request, svc: BatchService) -> Response:
 
 
 async def admin_expire(request: Request) -> Response:
-    svc: BatchService = request.app.state.batch
+    svc: BatchEmulator = request.app.state.batch
     try:
         return JSONResponse(svc.expire(request.path_params["batch_id"]))
     except BatchError as e:

@@ -20,7 +20,7 @@ from starlette.routing import Route
 
 from ..errors import InputError
 from ..text import Tokenizer
-from .batch import BatchService
+from .batch import BatchEmulator
 from .batch_routes import ROUTES as BATCH_ROUTES
 from .bodies import JobStream, answer_response, error_response, fault_error_response
 from .catalog import Endpoint, per_token
@@ -268,5 +268,5 @@ def create_app(cfg: EmulatorConfig, tok: Tokenizer, *, clock: Callable[[], float
         *BATCH_ROUTES,  # Moonshot's Batch API under /moonshot/v1, and its admin routes
     ])
     app.state.em = Emulator(cfg, tok)
-    app.state.batch = BatchService(app.state.em, clock)  # reset with `em` (it follows em.epoch)
+    app.state.batch = BatchEmulator(app.state.em, clock)  # reset with `em` (it follows em.epoch)
     return _ExposeTransport(app)

@@ -273,7 +273,12 @@ class Emulator:
                   "provider": job.ep.provider, "model": self.cfg.model_version, "prompt_tokens": len(job.prompt_ids),
                   **({"prompt_ids": job.prompt_ids} if self.cfg.record_prompt_ids else {}),
                   **job.gen.to_dict(), "fault": job.fault, "cost": cost, **extra}
-        self.ground_truth[job.gen_id] = record
+        self.keep_truth(record)
+
+    def keep_truth(self, record: dict) -> None:
+        """Keep one billed generation's ground truth (realtime or batch) by its id, and append it to
+        `ground_truth_file` when set."""
+        self.ground_truth[record["generation_id"]] = record
         if self.cfg.ground_truth_file:
             with open(self.cfg.ground_truth_file, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
