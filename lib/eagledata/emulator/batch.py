@@ -3,8 +3,9 @@
 Nothing runs in the background: every request first brings the state up to the clock (`BatchEmulator.now`), answering
 the lines whose time has come in time order over all batches (so the balance runs out where it would). A batch's
 timeline is fixed at creation from the config (`batch:`, every duration times `speed`): validating, then a queue,
-then one line every 1/`lines_per_s` s, finalizing, completed; a stop (cancel, expiry) cuts it. The input file's
-checks are batch_requests.py's, a line's answer batch_answers.py's; the routes batch_routes.py's.
+then one line every 1/`lines_per_s` s, finalizing, completed; a stop (cancel, expiry) cuts it. The files are
+batch_files.py's, the input file's checks batch_requests.py's, a line's answer batch_answers.py's, the routes
+batch_routes.py's.
 """
 from __future__ import annotations
 
@@ -18,24 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .batch_answers import answer
+from .batch_files import Files
 from .batch_requests import ENDPOINT, BatchError, Line, new_id, validate_lines, window_hours
 from .config import BatchConfig
 from .service import Emulator
 
 TERMINAL = ("completed", "failed", "expired", "cancelled")
-
-
-@dataclass
-class StoredFile:
-    id: str
-    filename: str
-    purpose: str  # "batch" (an upload) | "batch_output" (a batch's output or error file)
-    created_at: int
-    data: bytes
-
-    def obj(self) -> dict:
-        return {"id": self.id, "object": "file", "bytes": len(self.data), "created_at": self.created_at,
-                "filename": self.filename, "purpose": self.purpose, "status": "ok", "status_details": ""}
 
 
 @dataclass
@@ -125,7 +114,7 @@ class BatchEmulator:
 
     def _reset(self) -> None:
         self.epoch = self.em.epoch
-        self.files: dict[str, StoredFile] = {}
+        self.files = Files()
         self.batches: dict[str, Batch] = {}
         self.charged = 0.0
         self.rng = random.Random(f"batch:{self.em.cfg.seed}")
@@ -149,35 +138,6 @@ class BatchEmulator:
                 self._close(b, now)
         return now
 
-    # -- files ----------------------------------------------------------------------------------
-    def upload(self, filename: str, purpose: Any, data: bytes) -> StoredFile:
-        now = self.now()
-        if purpose != "batch":
-            raise BatchError(400, f"purpose must be 'batch', got {purpose!r}")
-        if not filename.endswith(".jsonl"):
-            raise BatchError(400, f"the file must be a .jsonl file, got {filename!r}")
-        if not data:
-            raise BatchError(400, "the file is empty")
-        if len(data) > self.cfg.max_file_bytes:
-            raise BatchError(400, f"the file is {len(data)} bytes, over the limit of {self.cfg.max_file_bytes}")
-        held = sum(f.purpose == "batch" for f in self.files.values())
-        if held >= self.cfg.max_files:
-            raise BatchError(400, f"the organization already holds {held} batch files (the limit): delete some first")
-        f = StoredFile(new_id("file-"), filename, "batch", self.wall(now), data)
-        self.files[f.id] = f
-        return f
-
-    def file(self, file_id: str) -> StoredFile:
-        self.now()
-        if file_id not in self.files:
-            raise BatchError(404, f"file {file_id} not found")
-        return self.files[file_id]
-
-    def delete(self, file_id: str) -> dict:
-        self.file(file_id)
-        del self.files[file_id]
-        return {"id": file_id, "object": "file", "deleted": True}
-
     # -- batches --------------------------------------------------------------------------------
     def create(self, body: Any) -> dict:
         now = self.now()
@@ -193,7 +153,7 @@ class BatchEmulator:
         if meta is not None and not (isinstance(meta, dict) and len(meta) <= 16 and all(
                 isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in meta.items())):
             raise BatchError(400, "metadata must be at most 16 string pairs (keys up to 64, values up to 512 chars)")
-        f = self.file(fid)
+        f = self.files.get(fid)
         if f.purpose != "batch":
             raise BatchError(400, f"file {fid} is not a batch input file (purpose {f.purpose!r})")
         lines, errors = validate_lines(f.data, self.cfg.models)
@@ -332,10 +292,7 @@ class BatchEmulator:
                         b.failures.append(self._result_line(line, None, error))
         for name, rows in (("output", b.output), ("error", b.failures)):
             if rows:
-                f = StoredFile(new_id("file-"), f"{b.id}_{name}.jsonl", "batch_output", self.wall(end),
-                               ("\n".join(rows) + "\n").encode())
-                self.files[f.id] = f
-                setattr(b, f"{name}_file_id", f.id)
+                setattr(b, f"{name}_file_id", self.files.output(f"{b.id}_{name}.jsonl", rows, self.wall(end)).id)
 
     # -- admin ----------------------------------------------------------------------------------
     def lines(self) -> list[dict]:

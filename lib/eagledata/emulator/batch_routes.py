@@ -44,7 +44,8 @@ async def upload(request: Request, svc: BatchEmulator) -> Response:
             part = form.get("file")
             if not isinstance(part, UploadFile):
                 raise BatchError(400, "'file' (a .jsonl upload) is required")
-            f = svc.upload(part.filename or "", form.get("purpose"), await part.read())
+            data = await part.read()
+            f = svc.files.upload(svc.cfg, part.filename or "", form.get("purpose"), data, svc.wall(svc.now()))
     except (MultiPartException, AssertionError, KeyError) as e:  # not multipart/form-data, or broken
         raise BatchError(400, f"the body must be multipart/form-data with 'file' and 'purpose': {e}") from None
     return JSONResponse(f.obj())
@@ -53,22 +54,25 @@ async def upload(request: Request, svc: BatchEmulator) -> Response:
 @_api
 async def list_files(request: Request, svc: BatchEmulator) -> Response:
     svc.now()
-    return JSONResponse({"object": "list", "data": [f.obj() for f in svc.files.values()]})
+    return JSONResponse({"object": "list", "data": svc.files.listing()})
 
 
 @_api
 async def get_file(request: Request, svc: BatchEmulator) -> Response:
-    return JSONResponse(svc.file(request.path_params["file_id"]).obj())
+    svc.now()
+    return JSONResponse(svc.files.get(request.path_params["file_id"]).obj())
 
 
 @_api
 async def delete_file(request: Request, svc: BatchEmulator) -> Response:
-    return JSONResponse(svc.delete(request.path_params["file_id"]))
+    svc.now()
+    return JSONResponse(svc.files.delete(request.path_params["file_id"]))
 
 
 @_api
 async def file_content(request: Request, svc: BatchEmulator) -> Response:
-    return Response(svc.file(request.path_params["file_id"]).data, media_type="application/jsonl")
+    svc.now()
+    return Response(svc.files.get(request.path_params["file_id"]).data, media_type="application/jsonl")
 
 
 @_api
