@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 PORT_RACE = ("EADDRINUSE", "address already in use")
 
@@ -40,9 +39,3 @@ def json_objects(text: str) -> list[dict]:
             found.append(obj)
         at = text.find("{", end)
     return found
-
-
-def samples_file(path: Path, samples) -> Path:
-    """The samples as the speculators-layout JSONL the entry point reads."""
-    path.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples))
-    return path

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from eagledata.errors import InputError
+from eagledata.files import write_jsonl
 from eagledata.records import Record
 from eagledata.training import (
     AssemblyPolicy,
@@ -28,7 +29,7 @@ from eagledata.training.job import owner
 from eagledata.training.tiny import build_tiny_model
 from eagledata.training.transformers_backend import plan_batches
 from tests.helpers.records import make_conversation, make_record
-from tests.helpers.torchrun import json_objects, samples_file, torchrun
+from tests.helpers.torchrun import json_objects, torchrun
 
 H, L = 64, 8
 LAYERS = eagle3_layers(L)  # (2, 4, 5)
@@ -198,8 +199,7 @@ def test_sigkill_mid_extraction_then_resume(models, tmp_path):
         n = rng.randint(20, 120)
         samples.append(Sample(f"s{i}", "synthetic", [rng.randrange(163_840) for _ in range(n)],
                               [0] * (n // 2) + [1] * (n - n // 2), False))
-    spec = tmp_path / "samples.jsonl"
-    spec.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples))
+    spec = write_jsonl(tmp_path / "samples.jsonl", (s.to_speculators() for s in samples))
     model_dir = tmp_path / "llama"
     models["llama"].save_pretrained(str(model_dir))
     cmd = [sys.executable, "-m", "eagledata.hidden_states", "--samples", str(spec), "--output-dir", str(tmp_path),
@@ -238,7 +238,7 @@ def test_world_size_two_equals_world_size_one(models, samples, tmp_path):
 
 def test_torchrun_two_processes_on_cpu(models, samples, tmp_path):
     """The real data-parallel path: torchrun, gloo, a barrier, rank 0 writes index and manifest."""
-    spec = samples_file(tmp_path / "samples.jsonl", samples)
+    spec = write_jsonl(tmp_path / "samples.jsonl", (s.to_speculators() for s in samples))
     model_dir = tmp_path / "llama"
     models["llama"].save_pretrained(str(model_dir))
     done = torchrun(2, ["--samples", str(spec), "--output-dir", str(tmp_path), "--name", "ws2", "--model",

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from eagledata.errors import InputError
+from eagledata.files import write_jsonl
 from eagledata.paths import hidden_state_files
 from eagledata.training import ExtractOptions, Sample, extract
 from eagledata.training.memory import (
@@ -25,7 +26,7 @@ from eagledata.training.quantized import (
     routed_expert_bytes,
 )
 from eagledata.training.tiny import build_tiny_model, write_int4_checkpoint
-from tests.helpers.torchrun import json_objects, samples_file, torchrun
+from tests.helpers.torchrun import json_objects, torchrun
 
 H, L = 64, 8
 
@@ -214,7 +215,7 @@ def test_plan_suggests_a_layout_that_fits():
 def run_torchrun(nproc, tmp_path, model_dir, name, *extra):
     spec = tmp_path / "samples.jsonl"
     if not spec.exists():
-        samples_file(spec, make_samples())
+        write_jsonl(spec, (s.to_speculators() for s in make_samples()))
     done = torchrun(nproc, ["--samples", str(spec), "--output-dir", str(tmp_path), "--name", name, "--model",
                             str(model_dir), "--storage", "fp32", "--device", "cpu", "--max-batch-size", "4", *extra],
                     timeout=300)

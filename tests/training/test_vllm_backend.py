@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from eagledata.errors import InputError
+from eagledata.files import write_jsonl
 from eagledata.training import ExtractionJob, ExtractOptions, HiddenStates, Sample, extract, extract_with_vllm
 from eagledata.training.layers import eagle3_layers, manifest_layers, vllm_layer_ids
 from eagledata.training.models import find_decoder
@@ -388,7 +389,7 @@ def test_job_settings_and_command_line_select_the_backend(checkpoint, server, sa
     from eagledata.hidden_states import main
 
     export = tmp_path / "speculators.jsonl"
-    export.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples[:3]))
+    write_jsonl(export, (s.to_speculators() for s in samples[:3]))
     code = main(["--samples", str(export), "--name", "cli", "--model", str(checkpoint[0]), "--output-dir",
                  str(tmp_path), "--backend", "vllm", "--server", server.url, "--layout", "speculators"])
     assert code == 0
@@ -503,7 +504,7 @@ def test_the_command_line_takes_several_servers(checkpoint, samples, tmp_path, c
     servers = [Served(FakeVllm(checkpoint[1], IDS, tmp_path / f"c{i}")) for i in range(2)]
     try:
         export = tmp_path / "speculators.jsonl"
-        export.write_text("".join(json.dumps(s.to_speculators()) + "\n" for s in samples[:6]))
+        write_jsonl(export, (s.to_speculators() for s in samples[:6]))
         code = main(["--samples", str(export), "--name", "cli", "--model", str(checkpoint[0]), "--output-dir",
                      str(tmp_path), "--backend", "vllm", "--server", servers[0].url, servers[1].url,
                      "--server-concurrency", "1"])
