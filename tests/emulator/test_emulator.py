@@ -15,6 +15,7 @@ from eagledata.emulator import parse_config, run_emulator
 from eagledata.emulator.catalog import ProviderPrefs, default_endpoints, route
 from eagledata.emulator.credits import Ledger, affordable_tokens, reservation, usage_cost
 from eagledata.emulator.faults import FAULT_CLASSES, draw_fault
+from eagledata.emulator.service import Job
 from eagledata.errors import InputError
 from tests.helpers import ROOT
 
@@ -920,6 +921,15 @@ def test_tools_are_routed_only_to_endpoints_that_take_them(em):
     r = tool_chat(em, user, provider={"only": ["AtlasCloud"]})
     assert r.status_code == 404 and "tool use" in r.json()["error"]["message"]
     assert chat(em, provider={"only": ["AtlasCloud"]}).json()["provider"] == "AtlasCloud"  # without tools
+
+
+def test_a_stream_counts_what_it_sent_by_the_text_not_by_the_schedule(tok):
+    """Deltas are split by characters, so the last one sent can end inside a word: the text then encodes to more
+    tokens than the schedule's share (CI saw 25 delivered, 24 billed). A cancelled stream bills at least the text."""
+    text = ("Okay, should should hmm to first Finally for me each area then assume radius area First matrix Let "
+            "index assume this consider consider f")
+    job = Job("gen-x", None, None, [], "", 0, 0.0, None, streamed=24, sent=[text[:50], text[50:]])  # type: ignore
+    assert job.generated_by(time.monotonic(), tok) == len(tok.encode_ordinary(text)) == 25
 
 
 @pytest.mark.parametrize("chunks", [1, 5, 20])

@@ -173,7 +173,7 @@ class JobStream(StreamingResponse):
         em, job = self.em, self.job
         if job.ep.stream_cancellation or job.gen is None:
             em.settle(job, "cancelled", charged=False,
-                      partial_tokens=job.generated_by(time.monotonic()) if job.gen else 0)
+                      partial_tokens=job.generated_by(time.monotonic(), em.tok) if job.gen else 0)
             return
         ttft, gen_time = em.delays(job)
         left = max(0.0, job.started + ttft + gen_time - time.monotonic())
@@ -191,6 +191,14 @@ def call_deltas(calls: list[dict], pieces_per_call: int = 3) -> list[dict]:
         out += [{"role": "assistant", "content": None, "tool_calls": [{"index": i, "function": {"arguments": p}}]}
                 for p in pieces(fn["arguments"], pieces_per_call)]
     return out
+
+
+def delta_text(delta: dict) -> str:
+    """The generated text one delta carries: its reasoning (once, though sent in two fields), content or arguments."""
+    details = delta.get("reasoning_details")
+    calls = delta.get("tool_calls") or []
+    return ((details[0]["text"] if details else "") + (delta.get("content") or "")
+            + "".join(c["function"]["arguments"] for c in calls))
 
 
 CUT_SHAPES = ("error_chunk", "top_level_error", "cut")  # stream shapes that end the stream halfway
@@ -258,6 +266,7 @@ async def stream_events(em: Emulator, job: Job) -> AsyncIterator[str]:
                 yield sse(fault_error(fault, job.ep.provider, em.cfg.model))
             return
         if i < n:
+            job.sent.append(delta_text(deltas[i]))
             yield chunk(deltas[i])
     yield chunk({"role": "assistant", "content": ""}, finish)
     usage = em.usage(job, empty=empty)
