@@ -11,7 +11,7 @@ import pytest
 from eagledata.notebooks import read_results, run_notebook
 from eagledata.quality.arms import ARMS
 from eagledata.quality.experiment import Experiment, Seams
-from eagledata.quality.measure import HFChat, load_causal_lm, load_tokenizer
+from eagledata.quality.measure import HFChat, load_causal_lm, load_hf_tokenizer
 from eagledata.quality.speculative import Target, greedy_decode
 from eagledata.quality.tau import read_tau
 from tests.helpers.quality_experiment import tiny_config
@@ -46,7 +46,7 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path):
     transcripts.update({d: outputs(files.bound(d).with_name("tau.transcripts.jsonl")) for d in ("self", "random")})
     assert all(t == transcripts["self"] for t in transcripts.values())
     target_dir = summary["target"]
-    chat = HFChat(load_tokenizer(target_dir))
+    chat = HFChat(load_hf_tokenizer(target_dir))
     model = load_causal_lm(target_dir)
     first = json.loads(files.tau("on_policy").with_name("tau.transcripts.jsonl").read_text().splitlines()[0])
     from eagledata.quality.sources import read_mtbench

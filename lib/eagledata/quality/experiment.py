@@ -482,13 +482,6 @@ def run_experiment(config: QualityConfig, seams: Seams | None = None) -> dict[st
     return Experiment(config, seams or Seams()).run()
 
 
-def read_summary(config: QualityConfig) -> dict[str, Any]:
-    path = experiment_files(config).summary
-    if not path.is_file():
-        raise InputError("no summary yet: run the experiment first", path)
-    return dict(json.loads(path.read_text()))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m eagledata.quality.experiment [--flag VALUE ...]`: the experiment without the notebook (flags from
     `QualityConfig`); prints the summary's rows as JSON lines."""

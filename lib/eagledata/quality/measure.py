@@ -115,7 +115,9 @@ def load_causal_lm(path: str | Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
-def load_tokenizer(path: str | Path) -> Any:
+def load_hf_tokenizer(path: str | Path) -> Any:
+    """The checkpoint's transformers tokenizer (its chat template for `HFChat`); the text stage's own interface is
+    `eagledata.text.load_tokenizer`."""
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))
@@ -175,7 +177,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] = load_causal_lm,
-         load_chat: Callable[[str], Chat] = lambda p: HFChat(load_tokenizer(p))) -> int:
+         load_chat: Callable[[str], Chat] = lambda p: HFChat(load_hf_tokenizer(p))) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
