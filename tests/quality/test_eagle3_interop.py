@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from eagledata.quality.measure import measure_command
-from eagledata.quality.speculative import Target, greedy_decode
+from eagledata.quality.speculative import Verifier, greedy_decode
 from eagledata.quality.tau import read_tau
 from eagledata.training import ExtractOptions, extract
 from eagledata.training.assembly import Sample
@@ -45,7 +45,7 @@ def test_an_eagle3_drafter_trained_by_speculators_drafts_losslessly_and_beats_ra
     verifier = tmp_path / "target"
     model.save_pretrained(verifier)
     word_tokenizer().save_pretrained(verifier)
-    target = Target(model)
+    target = Verifier(model)
     train_prompts = prompts(64, seed=1)
     samples = []
     for i, p in enumerate(train_prompts):

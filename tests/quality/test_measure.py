@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from eagledata.quality.measure import HFChat, decode_question, main, make_drafter, measure, measure_command
-from eagledata.quality.speculative import ModelDrafter, Target, greedy_decode
+from eagledata.quality.speculative import ModelDrafter, Verifier, greedy_decode
 from eagledata.quality.tau import TAU_FIELDS, read_tau
 from tests.helpers.quality import sharp_llama, word_tokenizer
 
@@ -59,16 +59,16 @@ def test_the_chat_template_and_the_stop_ids(chat, model):
 def test_the_second_turn_is_asked_on_the_targets_own_first_answer(chat, model):
     rec = Recording(chat)
     stop = chat.stop_ids(model)
-    done = decode_question(Target(model), ModelDrafter(model), rec, ["w10 w11 w12", "w13 w14"], k=4,
+    done = decode_question(Verifier(model), ModelDrafter(model), rec, ["w10 w11 w12", "w13 w14"], k=4,
                            max_new_tokens=24, stop_ids=stop, qid=1)
-    first = greedy_decode(Target(model), chat.render([{"role": "user", "content": "w10 w11 w12"}]),
+    first = greedy_decode(Verifier(model), chat.render([{"role": "user", "content": "w10 w11 w12"}]),
                           max_new_tokens=24, stop_ids=stop)
     assert done.turns[0].output_ids == first and done.answers[0] == chat.answer(first)
     assert rec.rendered[1] == [{"role": "user", "content": "w10 w11 w12"},
                                {"role": "assistant", "content": chat.answer(first)},
                                {"role": "user", "content": "w13 w14"}]
     second_prompt = chat.render(rec.rendered[1])
-    assert done.turns[1].output_ids == greedy_decode(Target(model), second_prompt, max_new_tokens=24,
+    assert done.turns[1].output_ids == greedy_decode(Verifier(model), second_prompt, max_new_tokens=24,
                                                      stop_ids=stop)
     assert done.turns[1].prompt_length == len(second_prompt)
     assert done.run().tau == 5.0 and done.run().output_tokens == sum(len(t.output_ids) for t in done.turns)
@@ -80,7 +80,7 @@ def test_every_drafter_decodes_what_the_target_decodes_alone(chat, model):
             self.id, self.turns = d["question_id"], d["turns"]
 
     questions = [Q(d) for d in QUESTIONS]
-    runs = {spec: measure(Target(model), make_drafter(spec, model, seed=1), chat, questions, k=3,
+    runs = {spec: measure(Verifier(model), make_drafter(spec, model, seed=1), chat, questions, k=3,
                           max_new_tokens=20, stop_ids={2})
             for spec in ("self", "random")}
     outputs = {spec: [[t.output_ids for t in q.turns] for q in r] for spec, r in runs.items()}

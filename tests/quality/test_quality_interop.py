@@ -12,7 +12,7 @@ from eagledata.notebooks import read_results, run_notebook
 from eagledata.quality.arms import ARMS
 from eagledata.quality.experiment import Experiment, Seams
 from eagledata.quality.measure import HFChat, load_causal_lm, load_hf_tokenizer
-from eagledata.quality.speculative import Target, greedy_decode
+from eagledata.quality.speculative import Verifier, greedy_decode
 from eagledata.quality.tau import read_tau
 from tests.helpers.quality_experiment import tiny_config
 
@@ -52,7 +52,7 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path):
     from eagledata.quality.sources import read_mtbench
 
     question = read_mtbench(next((tmp_path / "cache").glob("nvidia_mtbench*.whl"))).questions[0]
-    greedy = greedy_decode(Target(model), chat.render([{"role": "user", "content": question.turns[0]}]),
+    greedy = greedy_decode(Verifier(model), chat.render([{"role": "user", "content": question.turns[0]}]),
                            max_new_tokens=config.max_new_tokens, stop_ids=chat.stop_ids(model))
     assert first["output_ids"][0] == greedy
 

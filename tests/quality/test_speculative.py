@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagledata.quality.speculative import ModelDrafter, Target, greedy_decode, speculative_decode
+from eagledata.quality.speculative import ModelDrafter, Verifier, greedy_decode, speculative_decode
 from tests.helpers.quality import prompts, sharp_llama
 
 MAX_NEW = 40
@@ -66,7 +66,7 @@ class Junk:
 
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_speculative_output_is_greedy_output_whatever_the_drafter(target_model, random_model, k):
-    target = Target(target_model)
+    target = Verifier(target_model)
     for prompt in prompts(6):
         expected = hf_greedy(target_model, prompt, MAX_NEW)
         assert greedy_decode(target, prompt, max_new_tokens=MAX_NEW) == expected
@@ -80,7 +80,7 @@ def test_speculative_output_is_greedy_output_whatever_the_drafter(target_model, 
 
 def test_a_stop_id_ends_the_turn_where_greedy_ends_it(target_model):
     """The stop id is emitted and nothing after it, even when it is accepted mid-chain."""
-    target = Target(target_model)
+    target = Verifier(target_model)
     for prompt in prompts(6, seed=3):
         free = hf_greedy(target_model, prompt, MAX_NEW)
         stop = free[len(free) // 2]
@@ -93,7 +93,7 @@ def test_a_stop_id_ends_the_turn_where_greedy_ends_it(target_model):
 
 @pytest.mark.parametrize("k", [1, 4, 7])
 def test_the_target_drafting_for_itself_gives_tau_k_plus_one(target_model, k):
-    target = Target(target_model)
+    target = Verifier(target_model)
     for prompt in prompts(4, seed=5):
         got = speculative_decode(target, ModelDrafter(target_model), prompt, k=k, max_new_tokens=MAX_NEW)
         assert got.accepted == [k] * got.steps and got.tau == k + 1
@@ -102,7 +102,7 @@ def test_the_target_drafting_for_itself_gives_tau_k_plus_one(target_model, k):
 
 
 def test_random_weights_give_tau_near_one(target_model, random_model):
-    target = Target(target_model)
+    target = Verifier(target_model)
     steps = accepted = 0
     for prompt in prompts(8, seed=7):
         got = speculative_decode(target, ModelDrafter(random_model), prompt, k=5, max_new_tokens=MAX_NEW)
@@ -113,7 +113,7 @@ def test_random_weights_give_tau_near_one(target_model, random_model):
 
 @pytest.mark.parametrize("wrong_at", [1, 2, 4, 6])
 def test_each_forward_accepts_exactly_the_matching_prefix(target_model, wrong_at):
-    target, k = Target(target_model), 5
+    target, k = Verifier(target_model), 5
     prompt = prompts(1, seed=11)[0]
     continuation = hf_greedy(target_model, prompt, MAX_NEW + k + 1)
     got = speculative_decode(target, Oracle(len(prompt), continuation, wrong_at), prompt, k=k,
@@ -127,7 +127,7 @@ def test_a_decoder_that_keeps_rejected_drafts_in_the_cache_is_caught(target_mode
     """The equality with greedy decoding has teeth: leave the rejected drafts' positions in the target's cache
     (a planted bug) and the output drifts from greedy."""
 
-    class Forgetful(Target):
+    class Forgetful(Verifier):
         def cut(self, length):
             pass
 
@@ -141,7 +141,7 @@ def test_a_decoder_that_keeps_rejected_drafts_in_the_cache_is_caught(target_mode
 
 
 def test_bad_arguments_are_refused(target_model):
-    target = Target(target_model)
+    target = Verifier(target_model)
     with pytest.raises(ValueError, match="k must be at least 1"):
         speculative_decode(target, Junk(), [5, 6], k=0, max_new_tokens=4)
     with pytest.raises(ValueError, match="proposed 2 tokens, not k = 3"):

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .speculative import Decoded, Drafter, ModelDrafter, Target, speculative_decode
+from .speculative import Decoded, Drafter, ModelDrafter, Verifier, speculative_decode
 from .tau import QuestionRun, summarize, write_tau
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class Transcript:
         return QuestionRun(self.id, [t.accepted for t in self.turns], sum(len(t.output_ids) for t in self.turns))
 
 
-def decode_question(target: Target, drafter: Drafter, chat: Chat, turns: Sequence[str], *, k: int,
+def decode_question(target: Verifier, drafter: Drafter, chat: Chat, turns: Sequence[str], *, k: int,
                     max_new_tokens: int, stop_ids: Collection[int], qid: int | str = "") -> Transcript:
     """Every turn in order, each on the target's own earlier answers (speculative output = greedy output)."""
     messages: list[dict[str, str]] = []
@@ -93,7 +93,7 @@ def decode_question(target: Target, drafter: Drafter, chat: Chat, turns: Sequenc
     return done
 
 
-def measure(target: Target, drafter: Drafter, chat: Chat, questions: Sequence[Any], *, k: int, max_new_tokens: int,
+def measure(target: Verifier, drafter: Drafter, chat: Chat, questions: Sequence[Any], *, k: int, max_new_tokens: int,
             stop_ids: Collection[int], progress: Callable[[int, Transcript], None] | None = None) -> list[Transcript]:
     """`decode_question` over an evaluation set (objects with `id` and `turns`)."""
     out = []
@@ -188,7 +188,7 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
     model = load_model(args.target)
     chat = load_chat(args.target)
     drafter = make_drafter(args.drafter, model, seed=args.seed)
-    target = Target(model, drafter.aux_layers)
+    target = Verifier(model, drafter.aux_layers)
     stop_ids = chat.stop_ids(model)
     started = time.monotonic()
 

@@ -101,7 +101,7 @@ def _valid_text(s: str) -> bool:
 
 # -- ShareGPT ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Conversation:
+class ShareGPTConversation:
     """A ShareGPT conversation as chat messages (`{role, content}`, roles system/user/assistant), text unchanged."""
 
     id: str
@@ -114,13 +114,13 @@ class Conversation:
 
 @dataclass(frozen=True)
 class ShareGPT:
-    conversations: list[Conversation]
+    conversations: list[ShareGPTConversation]
     report: ReadReport
     roles: dict[str, int]  # the `from` values of the conversations taken, as written, with their counts
 
 
-def _conversation(obj: Any, seen: set[str]) -> Conversation | str:
-    """One array item → a Conversation, or the reason it is left out."""
+def _conversation(obj: Any, seen: set[str]) -> ShareGPTConversation | str:
+    """One array item → a ShareGPTConversation, or the reason it is left out."""
     if not isinstance(obj, dict):
         return "not an object"
     cid = obj.get("id")
@@ -144,7 +144,7 @@ def _conversation(obj: Any, seen: set[str]) -> Conversation | str:
     if cid in seen:
         return "duplicate id"
     seen.add(cid)
-    return Conversation(cid, messages)
+    return ShareGPTConversation(cid, messages)
 
 
 def parse_sharegpt(data: bytes, source: str = "<bytes>") -> ShareGPT:
@@ -157,7 +157,7 @@ def parse_sharegpt(data: bytes, source: str = "<bytes>") -> ShareGPT:
     text = _decode(data)
     decoder = json.JSONDecoder()
     tally = _Tally()
-    out: list[Conversation] = []
+    out: list[ShareGPTConversation] = []
     roles: Counter[str] = Counter()
     seen: set[str] = set()
 

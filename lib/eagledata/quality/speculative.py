@@ -53,7 +53,7 @@ class Drafter(Protocol):
         ...
 
 
-class Target:
+class Verifier:
     """The verifier: a transformers causal LM run over one sequence at a time with a KV cache that is cut back to
     the accepted positions after each verification."""
 
@@ -114,7 +114,7 @@ def _stops(token: int, out: list[int], stop_ids: Collection[int], max_new_tokens
     return token in stop_ids or len(out) >= max_new_tokens
 
 
-def greedy_decode(target: Target, prompt_ids: Sequence[int], *, max_new_tokens: int,
+def greedy_decode(target: Verifier, prompt_ids: Sequence[int], *, max_new_tokens: int,
                   stop_ids: Collection[int] = ()) -> list[int]:
     """Plain greedy decoding, one target forward per token: what speculative decoding must reproduce."""
     if max_new_tokens < 1 or not prompt_ids:
@@ -128,7 +128,7 @@ def greedy_decode(target: Target, prompt_ids: Sequence[int], *, max_new_tokens: 
     return out
 
 
-def speculative_decode(target: Target, drafter: Drafter, prompt_ids: Sequence[int], *, k: int,
+def speculative_decode(target: Verifier, drafter: Drafter, prompt_ids: Sequence[int], *, k: int,
                        max_new_tokens: int, stop_ids: Collection[int] = ()) -> Decoded:
     """Greedy speculative decoding of one turn: the output equals `greedy_decode`'s, up to the first stop id
     (included) or `max_new_tokens`."""
