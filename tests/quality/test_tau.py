@@ -12,9 +12,11 @@ from eagledata.quality.tau import (
     QuestionRun,
     bootstrap_ci,
     check_tau,
+    main,
     paired_difference,
     per_position_acceptance,
     read_tau,
+    seeds_difference,
     summarize,
     write_tau,
 )
@@ -102,3 +104,53 @@ def test_two_drafters_are_compared_question_by_question():
     assert paired_difference(a, shifted)["ci95"] == pytest.approx([0.25, 0.25])
     with pytest.raises(ValueError, match="share no question"):
         paired_difference(a, {"per_question": [{"id": 99, "tau": 2.0}]})
+
+
+def by_question(taus: dict[int, float]) -> dict:
+    return {"per_question": [{"id": q, "tau": t} for q, t in taus.items()]}
+
+
+def test_trainings_of_several_seeds_are_compared_with_seeds_and_questions_resampled():
+    """A seed that moves every question's τ is uncertainty one seed's paired interval cannot hold: each seed alone
+    has a zero-width interval here, the two together span both shifts."""
+    base = {1: 2.0, 2: 1.4, 3: 1.7, 4: 1.2}
+    off = by_question(base)
+    seeds = [(by_question({q: t + shift for q, t in base.items()}), off) for shift in (0.1, 0.3)]
+    assert [paired_difference(a, b)["ci95"] for a, b in seeds] == [pytest.approx([0.1, 0.1]), pytest.approx([0.3, 0.3])]
+    d = seeds_difference(seeds)
+    assert (d["seeds"], d["questions"], d["higher"], d["lower"]) == (2, 4, 4, 0)
+    assert d["mean"] == pytest.approx(0.2) and d["per_seed"] == pytest.approx([0.1, 0.3])
+    assert d["ci95"] == pytest.approx([0.1, 0.3])  # resampled seeds: either alone, or both
+    # one seed: the paired interval exactly (the same draws of questions)
+    varied = by_question({1: 2.3, 2: 1.3, 3: 1.75, 4: 1.2})
+    assert seeds_difference([(varied, off)])["ci95"] == paired_difference(varied, off)["ci95"]
+    # only the questions every seed measured
+    assert seeds_difference([(varied, off), (by_question({1: 2.1, 2: 1.5}), off)])["questions"] == 2
+    with pytest.raises(ValueError, match="share no question"):
+        seeds_difference([])
+    with pytest.raises(ValueError, match="share no question"):
+        seeds_difference([(varied, off), (by_question({9: 2.0}), off)])
+
+
+def test_the_command_compares_experiments_each_and_over_all(tmp_path, capsys):
+    experiments = [tmp_path / "seed0", tmp_path / "seed1"]
+    pairs = []
+    for seed, exp in enumerate(experiments):
+        on = summarize([QuestionRun(q, [[1 + (q + seed) % 2, 1]]) for q in range(6)], k=3, target="t",
+                       eval_set="e", resamples=200, seed=seed)
+        off = summarize([QuestionRun(q, [[q % 2, 0]]) for q in range(6)], k=3, target="t", eval_set="e",
+                        resamples=200, seed=seed)
+        write_tau(exp / "on_policy" / "tau.json", on)
+        write_tau(exp / "off_policy" / "tau.json", off)
+        pairs.append((on, off))
+    assert main([str(e) for e in experiments]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(x["experiment"], x["seed"]) for x in lines[:2]] == [(str(experiments[0]), 0), (str(experiments[1]), 1)]
+    assert lines[1]["on_policy"] == pairs[1][0]["tau_mean"] and lines[1]["difference"] == paired_difference(*pairs[1])
+    assert lines[2] == {"experiments": 2, "difference": seeds_difference(pairs)}
+    # a missing or broken tau.json: its path, exit 2, no traceback
+    assert main([str(tmp_path / "none")]) == 2
+    assert f"{tmp_path / 'none' / 'on_policy' / 'tau.json'}: cannot open" in capsys.readouterr().err
+    (experiments[1] / "off_policy" / "tau.json").write_text("{not json", encoding="utf-8")
+    assert main([str(e) for e in experiments]) == 2
+    assert f"{experiments[1] / 'off_policy' / 'tau.json'}: not a tau.json" in capsys.readouterr().err

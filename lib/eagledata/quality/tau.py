@@ -15,12 +15,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..errors import InputError, open_input
 
 # The fields of tau.json that DESIGN.md's canonical-experiment contract names (other fields may follow them).
 TAU_FIELDS = ("target", "eval_set", "questions", "turns", "k", "greedy", "tau_mean", "tau_ci95",
@@ -58,20 +61,47 @@ def bootstrap_ci(values: Sequence[float], *, level: float = 0.95, resamples: int
     return float(lo), float(hi)
 
 
-def paired_difference(a: dict[str, Any], b: dict[str, Any], *, resamples: int = 10_000,
-                      seed: int = 0) -> dict[str, Any]:
-    """τ of `a` minus τ of `b` over the questions both measured (each tau.json's `per_question`): the mean of the
-    per-question differences and its percentile bootstrap interval, resampling questions (the pairs) together."""
+def question_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
+    """τ of `a` minus τ of `b`, per question both measured (each tau.json's `per_question`), by question id."""
     taus_a, taus_b = ({str(q["id"]): q["tau"] for q in doc.get("per_question", []) if q["tau"] is not None}
                       for doc in (a, b))
-    shared = [q for q in taus_a if q in taus_b]
-    if not shared:
+    return {q: taus_a[q] - taus_b[q] for q in taus_a if q in taus_b}
+
+
+def paired_difference(a: dict[str, Any], b: dict[str, Any], *, resamples: int = 10_000,
+                      seed: int = 0) -> dict[str, Any]:
+    """τ of `a` minus τ of `b` over the questions both measured: the mean of the per-question differences and its
+    percentile bootstrap interval, resampling questions (the pairs) together."""
+    diffs = list(question_differences(a, b).values())
+    if not diffs:
         raise ValueError("the two tau.json documents share no question with a τ (per_question)")
-    diffs = [taus_a[q] - taus_b[q] for q in shared]
     lo, hi = bootstrap_ci(diffs, resamples=resamples, seed=seed)
-    return {"questions": len(shared), "mean": float(np.mean(diffs)), "ci95": [lo, hi],
+    return {"questions": len(diffs), "mean": float(np.mean(diffs)), "ci95": [lo, hi],
             "higher": sum(d > 0 for d in diffs), "lower": sum(d < 0 for d in diffs),
             "equal": sum(d == 0 for d in diffs)}
+
+
+def seeds_difference(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], *, level: float = 0.95,
+                     resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """τ of `a` minus τ of `b` over several trainings of both (one pair of tau.json per trainer seed, the same
+    questions): the mean over seeds and questions, and an interval that resamples both (a two-level percentile
+    bootstrap). One seed's paired interval holds the questions' spread only; a seed that moves every question's τ
+    is uncertainty too, and only more seeds show it."""
+    diffs = [question_differences(a, b) for a, b in pairs]
+    shared = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
+    if not shared:
+        raise ValueError("the pairs of tau.json documents share no question with a τ (per_question)")
+    d = np.array([[per[q] for q in shared] for per in diffs])  # [seeds, questions]
+    rng = np.random.default_rng(seed)
+    q = rng.integers(0, d.shape[1], size=(resamples, d.shape[1]))  # first: one seed gives `paired_difference`'s
+    s = rng.integers(0, d.shape[0], size=(resamples, d.shape[0]))
+    means = d[s[:, :, None], q[:, None, :]].mean(axis=(1, 2))
+    alpha = (1 - level) / 2
+    lo, hi = np.quantile(means, [alpha, 1 - alpha])
+    by_question = d.mean(axis=0)
+    return {"seeds": d.shape[0], "questions": len(shared), "mean": float(d.mean()), "ci95": [float(lo), float(hi)],
+            "per_seed": [float(x) for x in d.mean(axis=1)], "higher": int((by_question > 0).sum()),
+            "lower": int((by_question < 0).sum()), "equal": int((by_question == 0).sum())}
 
 
 def per_position_acceptance(runs: Sequence[QuestionRun], k: int) -> list[float]:
@@ -137,6 +167,42 @@ def write_tau(path: str | Path, doc: dict[str, Any]) -> Path:
 
 
 def read_tau(path: str | Path) -> dict[str, Any]:
-    doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    check_tau(doc)
-    return doc
+    """A checked tau.json; a missing, unreadable or contract-breaking file is an `InputError` naming it."""
+    with open_input(path) as f:
+        try:
+            doc = json.loads(f.read())
+            check_tau(doc)
+        except (ValueError, KeyError, TypeError) as e:
+            raise InputError(f"not a tau.json: {e}", path) from None
+    return dict(doc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m eagledata.quality.tau DIR [DIR ...]`: experiments that differ only by the trainer's seed (each
+    DIR an outputs/quality/<name>/ folder), their arms compared: one JSON line per experiment (each arm's τ, the
+    paired difference), then the difference over all of them (`seeds_difference`)."""
+    import argparse
+
+    from ..errors import run_command
+
+    prog = "python -m eagledata.quality.tau"
+    parser = argparse.ArgumentParser(prog=prog, description="Compare the arms of experiments that differ only by "
+                                     "the trainer's seed, each alone and over all of them.")
+    parser.add_argument("experiments", nargs="+", type=Path, help="outputs/quality/<name>/ folders")
+    parser.add_argument("--arms", nargs=2, default=["on_policy", "off_policy"], metavar=("A", "B"),
+                        help="the difference is A minus B (default: on_policy off_policy)")
+    args = parser.parse_args(argv)
+    a, b = args.arms
+
+    def body() -> None:
+        pairs = [(read_tau(d / a / "tau.json"), read_tau(d / b / "tau.json")) for d in args.experiments]
+        for d, (x, y) in zip(args.experiments, pairs):
+            print(json.dumps({"experiment": str(d), "seed": x.get("bootstrap", {}).get("seed"), a: x["tau_mean"],
+                              b: y["tau_mean"], "difference": paired_difference(x, y)}))
+        print(json.dumps({"experiments": len(pairs), "difference": seeds_difference(pairs)}))
+
+    return run_command(prog, body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
