@@ -148,7 +148,11 @@ def test_the_command_compares_experiments_each_and_over_all(tmp_path, capsys):
     assert [(x["experiment"], x["seed"]) for x in lines[:2]] == [(str(experiments[0]), 0), (str(experiments[1]), 1)]
     assert lines[1]["on_policy"] == pairs[1][0]["tau_mean"] and lines[1]["difference"] == paired_difference(*pairs[1])
     assert lines[2] == {"experiments": 2, "difference": seeds_difference(pairs)}
-    # a missing or broken tau.json: its path, exit 2, no traceback
+    # arms measured on other questions, a missing or a broken tau.json: named, exit 2, no traceback
+    other = {**pairs[1][1], "per_question": [{**q, "id": q["id"] + 100} for q in pairs[1][1]["per_question"]]}
+    write_tau(experiments[1] / "off_policy" / "tau.json", other)
+    assert main([str(e) for e in experiments]) == 2
+    assert f"{experiments[1]}: the two tau.json documents share no question" in capsys.readouterr().err
     assert main([str(tmp_path / "none")]) == 2
     assert f"{tmp_path / 'none' / 'on_policy' / 'tau.json'}: cannot open" in capsys.readouterr().err
     (experiments[1] / "off_policy" / "tau.json").write_text("{not json", encoding="utf-8")

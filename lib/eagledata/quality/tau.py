@@ -8,7 +8,8 @@ counters do: position i's share of forwards that accepted at least i drafts; 1 +
 
 Two drafters measured on the same questions are compared question by question (`paired_difference`): the greedy
 output is the target's in both, so each question's τ differs only by the drafter, and the paired interval is much
-narrower than the two separate intervals would suggest.
+narrower than the two separate intervals would suggest. Over several trainer seeds (`seeds_difference`, and
+`python -m eagledata.quality.tau DIR...` over experiments' folders) seeds are resampled as well as questions.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, open_input
+from ..errors import InputError, open_input, run_command
 
 # The fields of tau.json that DESIGN.md's canonical-experiment contract names (other fields may follow them).
 TAU_FIELDS = ("target", "eval_set", "questions", "turns", "k", "greedy", "tau_mean", "tau_ci95",
@@ -183,8 +184,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     paired difference), then the difference over all of them (`seeds_difference`)."""
     import argparse
 
-    from ..errors import run_command
-
     prog = "python -m eagledata.quality.tau"
     parser = argparse.ArgumentParser(prog=prog, description="Compare the arms of experiments that differ only by "
                                      "the trainer's seed, each alone and over all of them.")
@@ -197,9 +196,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     def body() -> None:
         pairs = [(read_tau(d / a / "tau.json"), read_tau(d / b / "tau.json")) for d in args.experiments]
         for d, (x, y) in zip(args.experiments, pairs):
+            try:
+                difference = paired_difference(x, y)
+            except ValueError as e:
+                raise InputError(str(e), d) from None
             print(json.dumps({"experiment": str(d), "seed": x.get("bootstrap", {}).get("seed"), a: x["tau_mean"],
-                              b: y["tau_mean"], "difference": paired_difference(x, y)}))
-        print(json.dumps({"experiments": len(pairs), "difference": seeds_difference(pairs)}))
+                              b: y["tau_mean"], "difference": difference}))
+        try:
+            print(json.dumps({"experiments": len(pairs), "difference": seeds_difference(pairs)}))
+        except ValueError as e:
+            raise InputError(f"{e}: {', '.join(map(str, args.experiments))}") from None
 
     return run_command(prog, body)
 
