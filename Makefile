@@ -72,7 +72,10 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP) smollm2
 # states, speculators 0.9.0's own loop in .venv-interop, τ on MT-Bench; the target served by vLLM from .venv-vllm for
 # the on-policy arm (both environments built here, as the tests build them). Sizes: QualityConfig's defaults, the CPU
 # run (bench/README.md has its time and memory); larger ones through QUALITY_ARGS, e.g. QUALITY_ARGS="-p conversations
-# 400 -p questions 80". Every finished stage is kept under outputs/quality/$(QUALITY_NAME)/: a rerun resumes.
+# 400 -p questions 80". Every finished stage is kept under outputs/quality/$(QUALITY_NAME)/: a rerun resumes. Another
+# trainer seed on the same data (training and τ only): QUALITY_NAME=smollm2-sharegpt-seed1 QUALITY_ARGS="-p seed 1
+# -p data_from smollm2-sharegpt"; then `python -m eagledata.quality.tau outputs/quality/smollm2-sharegpt*/` compares
+# the arms over the seeds.
 QUALITY_NAME ?= smollm2-sharegpt
 QUALITY_ARGS ?=
 quality: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2

@@ -10,8 +10,9 @@ import sys
 import pytest
 import torch
 
+from eagledata.errors import InputError
 from eagledata.quality.arms import ARMS
-from eagledata.quality.experiment import Experiment, Seams, run_logged, train_args
+from eagledata.quality.experiment import Experiment, Seams, run_logged, share_data, train_args
 from tests.helpers.quality_experiment import tiny_config
 
 
@@ -118,3 +119,50 @@ def test_settings_that_cannot_work_are_refused_by_field():
         QualityConfig(total_seq_len=512)
     assert bad.value.field == "total_seq_len"
     assert QualityConfig(total_seq_len=512, sample_tokens=512).total_seq_len == 512
+
+
+def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_path):
+    """`data_from`: the same prompts, records, samples and hidden states (hard links, not copies), so that a second
+    seed costs training and τ only; the trainer's and τ's stages stay this experiment's own."""
+    first = Experiment(tiny_config(tmp_path), Seams(run=no_commands, say=lambda s: None))
+    asks = first.prompts()
+    for arm in ARMS:
+        first.arm_records(arm, asks)
+    first.assemble_arms()
+    for arm in ARMS:
+        first.extract_arm(arm)
+    (first.files.stage("train/on_policy")).write_text("{}")  # a trainer's stage of the first: never linked
+
+    def never(path):
+        raise AssertionError("the data was made again")
+
+    seeded = tiny_config(tmp_path, experiment="tiny-seed1", seed=1, data_from="tiny")
+    said: list[str] = []
+    share_data(seeded, said.append)
+    assert [line for line in said if "linked from" in line] == [
+        f"[{name}] linked from {first.files.root}" for name in ("target", "prompts", "records/on_policy",
+                                                                "records/off_policy", "assemble",
+                                                                "extract/on_policy", "extract/off_policy")]
+    again = Experiment(seeded, Seams(load_model=never, load_chat=never, run=no_commands, say=said.append))
+    assert [a.id for a in again.prompts()] == [a.id for a in asks]
+    for arm in ARMS:
+        again.arm_records(arm, asks)
+        again.extract_arm(arm)
+        freq = "hidden_states/speculators/token_freq.pt"
+        assert (again.files.arm(arm) / freq).stat().st_ino == (first.files.arm(arm) / freq).stat().st_ino
+        assert again.samples(arm) == first.samples(arm)
+    assert again.assemble_arms() == json.loads(first.files.stage("assemble").read_text())
+    assert not again.files.stage("train/on_policy").exists()
+    said.clear()
+    share_data(seeded, said.append)  # a rerun keeps what it has
+    assert said == []
+    # data made with other settings, or not made yet: refused before anything is linked
+    wider = tiny_config(tmp_path, experiment="tiny-wider", data_from="tiny", conversations=9)
+    with pytest.raises(InputError, match=r"data_from 'tiny' made its stage prompts with other settings "
+                                         r"\(conversations 8 there, 9 now\)"):
+        share_data(wider, said.append)
+    assert not Experiment(wider).files.root.exists()
+    with pytest.raises(InputError, match="experiment 'nope' has not finished its stage target"):
+        share_data(tiny_config(tmp_path, experiment="x", data_from="nope"), said.append)
+    with pytest.raises(InputError, match="data_from.*is this experiment itself"):
+        tiny_config(tmp_path, data_from="tiny")

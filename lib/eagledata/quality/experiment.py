@@ -191,6 +191,59 @@ def stage_settings(config: QualityConfig, stage: str) -> dict[str, Any]:
     return {k: getattr(config, k) for k in STAGE_SETTINGS[stage.split("/")[0]]}
 
 
+def settings_differ(kept: dict[str, Any], settings: dict[str, Any]) -> str:
+    """How a kept stage's settings differ from `settings` ("" when they do not)."""
+    was = kept.get("settings", {})
+    return ", ".join(f"{k} {was.get(k)!r} there, {v!r} now" for k, v in settings.items()
+                     if "settings" in kept and was.get(k) != v)
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link (no second copy of the hidden states), a copy where the two are on different file systems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def data_stages(f: ExperimentFiles) -> dict[str, list[Path]]:
+    """The stages that make the data (no trainer or τ setting reaches them), in order, with the files each leaves
+    for the later stages."""
+    return {"target": [], "prompts": [f.prompts], **{f"records/{arm}": [f.records(arm)] for arm in ARMS},
+            "assemble": [f.samples(arm) for arm in ARMS],
+            **{f"extract/{arm}": [f.arm(arm) / "hidden_states"] for arm in ARMS}}
+
+
+def share_data(config: QualityConfig, say: Callable[[str], None]) -> None:
+    """`data_from`: that experiment's data stages and their files linked into this one, each stage this one lacks
+    (a rerun keeps what it has). Refused, naming both, when that experiment has not finished them or made them with
+    other settings: its data would silently stand for data these settings ask for."""
+    if config.data_from is None:
+        return
+    here = experiment_files(config)
+    there = ExperimentFiles(here.root.parent / config.data_from)
+    todo = {name: outputs for name, outputs in data_stages(there).items() if not here.stage(name).is_file()}
+    for name in todo:  # every check before any link: a refusal leaves this experiment as it was
+        source = there.stage(name)
+        if not source.is_file():
+            raise InputError(f"experiment {config.data_from!r} has not finished its stage {name}: run it first, "
+                             "or leave data_from unset", source)
+        if differ := settings_differ(json.loads(source.read_text()), stage_settings(config, name)):
+            raise InputError(f"data_from {config.data_from!r} made its stage {name} with other settings ({differ})",
+                             source)
+    for name, outputs in todo.items():
+        for src in outputs:
+            dst = here.root / src.relative_to(there.root)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
+            else:
+                link_or_copy(str(src), str(dst))
+        here.stage(name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(there.stage(name), here.stage(name))  # last: a stage is kept only once its files are here
+        say(f"[{name}] linked from {there.root}")
+
+
 def train_args(config: QualityConfig, verifier: Path, data: Path, out: Path) -> list[str]:
     """`speculators train`'s flags for one arm: the same for both but for the data and where it saves."""
     return [*TRAIN_FLAGS, "--draft-vocab-size", str(config.draft_vocab_size), "--total-seq-len",
@@ -234,10 +287,7 @@ class Stages:
         settings = stage_settings(self.config, name)
         if path.is_file():
             kept = dict(json.loads(path.read_text()))
-            differ = {k: (kept["settings"].get(k), v) for k, v in settings.items()
-                      if "settings" in kept and kept["settings"].get(k) != v}
-            if differ:
-                said = ", ".join(f"{k} {old!r} there, {new!r} now" for k, (old, new) in differ.items())
+            if said := settings_differ(kept, settings):
                 raise InputError(f"stage {name} was made with other settings ({said}): use another name, or delete "
                                  "this file (and the stages after it) to make it again", path)
             self.say(f"[{name}] done before: kept ({path})")
@@ -439,6 +489,7 @@ class Experiment:
             torch.set_num_threads(self.config.threads)
         started = time.monotonic()
         self.seams.say(f"quality experiment {self.config.experiment!r} under {self.files.root}")
+        share_data(self.config, self.seams.say)
         asks = self.prompts()
         for arm in ARMS:
             self.arm_records(arm, asks)
