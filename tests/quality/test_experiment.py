@@ -156,6 +156,10 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
     said.clear()
     share_data(seeded, said.append)  # a rerun keeps what it has
     assert said == []
+    again.files.stage("extract/on_policy").unlink()  # a try stopped after linking the files, before the stage's
+    share_data(seeded, said.append)
+    assert said == [f"[extract/on_policy] linked from {first.files.root}"]
+    assert (again.files.arm("on_policy") / freq).stat().st_ino == (first.files.arm("on_policy") / freq).stat().st_ino
     # data made with other settings, or not made yet: refused before anything is linked
     wider = tiny_config(tmp_path, experiment="tiny-wider", data_from="tiny", conversations=9)
     with pytest.raises(InputError, match=r"data_from 'tiny' made its stage prompts with other settings "

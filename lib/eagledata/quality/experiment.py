@@ -199,7 +199,12 @@ def settings_differ(kept: dict[str, Any], settings: dict[str, Any]) -> str:
 
 
 def link_or_copy(src: str, dst: str) -> None:
-    """A hard link (no second copy of the hidden states), a copy where the two are on different file systems."""
+    """A hard link (no second copy of the hidden states), a copy where the two are on different file systems; a
+    file an earlier try left is kept when it is the same file, replaced when not (never written through)."""
+    if os.path.lexists(dst):
+        if os.path.samefile(src, dst):
+            return
+        os.remove(dst)
     try:
         os.link(src, dst)
     except OSError:
