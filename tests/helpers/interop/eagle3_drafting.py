@@ -25,7 +25,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from eagledata.quality.eagle3 import Eagle3Drafter, load_eagle3
-from eagledata.quality.speculative import Target, greedy_decode, speculative_decode
+from eagledata.quality.speculative import Verifier, greedy_decode, speculative_decode
 
 WINDOW = 6
 
@@ -85,8 +85,8 @@ def untrained_copy(model, seed=0):
 def decode_all(target_model, drafter, prompts, k, max_new):
     lossless, taus = [], []
     for prompt in prompts:
-        greedy = greedy_decode(Target(target_model), prompt, max_new_tokens=max_new)
-        got = speculative_decode(Target(target_model, drafter.aux_layers), drafter, prompt, k=k,
+        greedy = greedy_decode(Verifier(target_model), prompt, max_new_tokens=max_new)
+        got = speculative_decode(Verifier(target_model, drafter.aux_layers), drafter, prompt, k=k,
                                  max_new_tokens=max_new)
         lossless.append(got.output_ids == greedy)
         taus.append(got.tau)
