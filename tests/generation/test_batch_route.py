@@ -91,7 +91,7 @@ def test_200_conversations_in_rounds_with_failing_lines_a_sigkill_mid_batch_and_
     assert killed[-1]["event"] == "created"  # a batch in progress at the kill
     final = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr[-3000:]
-    records, failures = check_conversations(tok, out, objs)
+    records, failures, _ = check_conversations(tok, out, objs)
     assert len({r.id for r in records}) == len(records)  # nothing doubled
     assert sum(r.turn > 1 for r in records) > 60 and {r.turn for r in records} == {1, 2, 3}
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())

@@ -22,7 +22,7 @@ from eagledata.prompts import normalize_prompt, scan_prompts
 from eagledata.records import Answer, Record, load_records
 from eagledata.text import parse_output_ids, prompt_ids
 from tests.helpers.kills import kill_while_writing
-from tests.helpers.records import recorded_turns
+from tests.helpers.records import check_cut_prefixes, recorded_turns
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -147,6 +147,38 @@ def test_the_store_knows_open_conversations_and_their_recorded_turns(tmp_path, r
     assert (line["id"], line["conversation_id"], line["turn"]) == ("f#2", "f", 2)
 
 
+@pytest.mark.parametrize("rebuild_index", [False, True])
+def test_a_pause_sample_leaves_its_turn_to_do_under_its_own_id(tmp_path, rebuild_index):
+    """A Ctrl-C's cut sample (`meta.cut: interrupted`) is written as `<turn id>~n`: its conversation stays where it
+    was (turn 1's pause: not started; turn 2's: open after turn 1), it is paid for but counts towards no target and
+    no prior, and the turn's answer asked again keeps the turn's id."""
+    def pause(turn: int, n: int) -> Record:
+        r = _record(turn, "cut", finish="cut")
+        r.id, r.meta = f"{r.id}~{n}", {**r.meta, "cut": "interrupted"}
+        r.usage.cost = 0.5
+        return r
+
+    with Store.open(tmp_path / "D") as s:
+        assert s.next_pause_id("c") == "c~1"
+        s.add_record(pause(1, 1))
+        assert s.next_pause_id("c") == "c~2" and "c" not in s.finished and not s.chains
+        s.add_record(pause(1, 2))
+        assert s.output_tokens == 0 and s.spend_usd == 1.0 and s.lengths == [] and len(s.paused["c"]) == 2
+        s.add_record(_record(1, "a1"))
+        assert list(s.chains) == ["c"] and s.next_pause_id("c#2") == "c#2~1"
+        s.add_record(pause(2, 1))
+    if rebuild_index:
+        (tmp_path / "D" / "done.idx").unlink()
+    with Store.open(tmp_path / "D") as s:
+        assert [r.id for r in s.pause_samples("c")] == ["c~1", "c~2"] and s.next_pause_id("c") == "c~3"
+        assert [r.id for r in s.pause_samples("c#2")] == ["c#2~1"] and s.pause_samples("c#3") == []
+        assert "c" not in s.finished and [r.turn for r in s.history("c")] == [1]  # turn 2 is to do
+        assert s.output_tokens == 2 and s.spend_usd == 1.5 and s.recorded == 4 and s.conversations_finished == 0
+        s.add_record(_record(2, "a2"))
+        s.add_record(_record(3, "a3"))
+        assert finished(s) == {"c"}
+
+
 # -- pacing ---------------------------------------------------------------------------------------
 def test_pacing_counts_the_turns_a_started_conversation_still_has():
     pacing = Pacing([Pacing.lane("D", target=10_000, prompts=100, recorded=0, finished=0, prior_tokens=[1000] * 50)])
@@ -220,7 +252,8 @@ def write_conversations(tmp_path: Path, n: int, seed: int = 0) -> tuple[Path, di
     return datasets, objs
 
 
-def check_conversations(tok, out: Path, objs: dict[str, dict]) -> tuple[list[Record], list[dict]]:
+def check_conversations(tok, out: Path, objs: dict[str, dict]) \
+        -> tuple[list[Record], list[dict], dict[str, dict[int, Record]]]:
     """Every turn once; turn j's history holds exactly the records of turns 1..j−1 and none of the dataset's answers;
     a conversation stops early only at a cut turn or a failure naming it."""
     records, failures, by_conv = recorded_turns(out / "datasets" / "C")
@@ -248,7 +281,7 @@ def check_conversations(tok, out: Path, objs: dict[str, dict]) -> tuple[list[Rec
                     assert failed[cid]["turn"] == k + 1
             else:
                 assert turns[k].finish_reason != "stop", (cid, k, len(asks))
-    return records, failures
+    return records, failures, by_conv
 
 
 def test_300_conversations_with_faults_a_sigkill_and_a_resume(emu, tok, tmp_path):
@@ -267,7 +300,7 @@ def test_300_conversations_with_faults_a_sigkill_and_a_resume(emu, tok, tmp_path
                    r.finish_reason == "stop"} - {r.conversation_id for r in killed_at if r.turn == r.meta.get("turns")}
     final = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert final.returncode == 0, final.stderr[-3000:]
-    records, failures = check_conversations(tok, out, objs)
+    records, failures, _ = check_conversations(tok, out, objs)
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "completed" and summary["remaining"] == 0 and summary["run"]["turns"] == "all"
     multi = {cid for cid, o in objs.items() if len(split_asks(normalize_prompt(o).messages)[0]) > 1}
@@ -278,6 +311,64 @@ def test_300_conversations_with_faults_a_sigkill_and_a_resume(emu, tok, tmp_path
     assert summary["records"] == len(records) and summary["failures"] == len(failures)
     assert sum(summary["run"]["by_turn"].values()) == summary["run"]["recorded"] and "3" in summary["run"]["by_turn"]
     assert len(multi) > 100
+
+
+def test_a_ctrl_c_pauses_the_turns_it_cut_and_the_rerun_finishes_every_conversation(emu, tok, tmp_path):
+    """Issue 60 item 1: a Ctrl-C with conversations in flight keeps each closed stream's prefix as a pause sample
+    (`meta.cut: interrupted`, its own id `<turn id>~1`, an exact prefix), and the rerun asks each such turn again and
+    goes on to the conversation's later turns from the finished answer: every prompt finished, every turn asked
+    once, nothing twice."""
+    import signal
+    import time
+
+    from eagledata.generation.conversations.turns import pauses
+
+    emu.reset({**BASE, "speed": 0.05, "seed": 5, "content": {"reasoning_median": 300, "reasoning_sigma": 0.4,
+                                                               "content_median": 80, "content_sigma": 0.4,
+                                                               "max_total": 1500}})
+    datasets, objs = write_conversations(tmp_path, 150, seed=5)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "eagledata.generate", "--dataset", "C", "--datasets-file", str(datasets),
+           "--base-url", emu.base_url, "--output-dir", str(out), "--params-dir", str(tmp_path / "params"),
+           "--concurrency", "48", "--max-tokens", "1500", "--progress", "false", "--reserve-usd", "0",
+           "--stream", "true"]
+    records_file = out / "datasets" / "C" / "records.jsonl"
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not records_file.exists() or
+                                           len(records_file.read_text().splitlines()) < 20):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-3000:]
+    first = load_records(records_file)
+    paused = [r for r in first if pauses(r.meta)]
+    assert len(paused) >= 10, "the Ctrl-C cut few streams: the rerun was hardly tested"
+    assert {r.meta["cut"] for r in paused} == {"interrupted"}
+    check_cut_prefixes(emu, paused)
+    turn_ids = {r.id: r.id.rpartition("~")[0] for r in paused}
+    assert all(rid == f"{t}~1" for rid, t in turn_ids.items())
+    assert any(r.turn > 1 for r in paused) or any(r.meta.get("turns") for r in paused), "no conversation cut"
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and summary["run"]["cut_samples"]["paused"] == len(paused)
+    answered_first = {r.id for r in first if not pauses(r.meta)}
+    assert not answered_first & set(turn_ids.values())  # a paused turn is still to do
+
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    records, failures, by_conv = check_conversations(tok, out, objs)
+    assert not failures
+    summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
+    assert summary["stop_reason"] == "completed" and summary["remaining"] == 0
+    assert summary["run"]["cut_samples"]["finished_after_pause"] == len(set(turn_ids.values()))
+    answers = {r.id: r for r in records if not pauses(r.meta)}
+    for r in paused:  # each paused turn answered by the rerun, on the same prompt, and its conversation went on
+        answer = answers[turn_ids[r.id]]
+        assert answer.finish_reason != "cut" and answer.prompt_ids == r.prompt_ids
+        asks = len(split_asks(normalize_prompt(objs[r.conversation_id]).messages)[0])
+        if answer.finish_reason == "stop" and r.turn < asks:
+            assert r.turn + 1 in by_conv[r.conversation_id]
+    assert len(records) == len(answers) + len(paused)  # the pause samples kept beside the answers, nothing else
 
 
 def test_turns_last_keeps_todays_records(emu, tok, tmp_path):
@@ -353,7 +444,7 @@ def test_a_turn_over_the_context_limit_ends_its_conversation(emu, tok, tmp_path)
                                       base_url=emu.base_url, output_dir=str(tmp_path / "out"),
                                       params_dir=str(tmp_path / "p"), concurrency=10, max_tokens=200, progress=False,
                                       reserve_usd=0.0))
-    records, failures = check_conversations(tok, tmp_path / "out", objs)
+    records, failures, _ = check_conversations(tok, tmp_path / "out", objs)
     assert summary["stop_reason"] == "completed" and summary["open_conversations"] == 0
     went_on = {r.conversation_id for r in records if r.turn == 2 and r.finish_reason == "stop"}
     assert {(f["conversation_id"], f["turn"]) for f in failures} == {(cid, 3) for cid in went_on}

@@ -13,7 +13,7 @@ import pytest
 
 from eagledata.emulator import run_emulator
 from eagledata.records import load_records
-from eagledata.text import IM_END
+from tests.helpers.records import check_cut_prefixes
 
 # answers of ~150-700 tokens at a few hundred tokens/s x speed: a second or two each, mid-stream when the target comes
 CONTENT = {"reasoning_median": 300, "reasoning_sigma": 0.4, "content_median": 80, "content_sigma": 0.4,
@@ -46,16 +46,6 @@ def command(tmp_path, emu, datasets, *extra):
 SHORT_GUESS = ("--prior-output-median-tokens", "5")
 
 
-def check_prefixes(emu, records) -> None:
-    """Each cut sample is the prefix of the answer the emulator was generating: exact ids, no end."""
-    assert records
-    for r in records:
-        truth = emu.ground_truth(r.generation_id)  # cancelled (billed until then), or closed after its last token
-        assert r.output_ids[-1] != IM_END and r.finish_reason == "cut"
-        assert r.output_ids == truth["output_ids"][:len(r.output_ids)], r.id
-        assert 0 < len(r.output_ids) < len(truth["output_ids"])
-
-
 def test_a_dataset_at_its_target_cuts_its_streams_and_keeps_them(emu, tmp_path):
     emu.reset({"speed": 0.05, "content": CONTENT, "balance": 100, "generation_delay": 0.1, "seed": 42})
     datasets = write(tmp_path, 120, target=12_000)
@@ -66,7 +56,7 @@ def test_a_dataset_at_its_target_cuts_its_streams_and_keeps_them(emu, tmp_path):
     records = load_records(tmp_path / "out" / "datasets" / "C" / "records.jsonl")
     cut = [r for r in records if r.meta.get("cut")]
     assert {r.meta["cut"] for r in cut} == {"target_reached"} and len(cut) >= 3
-    check_prefixes(emu, cut)
+    check_cut_prefixes(emu, cut)
     assert summary["run"]["finish_reasons"].get("cut") == len(cut)
     assert all(r.finish_reason != "cut" for r in records if not r.meta.get("cut"))
     assert sum(emu.ground_truth(r.generation_id).get("cancelled", False) for r in cut) >= len(cut) // 2
@@ -112,7 +102,7 @@ def test_ctrl_c_keeps_what_the_closed_streams_delivered(emu, tmp_path):
     assert summary["stop_reason"] == "interrupted"
     cut = [r for r in load_records(records) if r.meta.get("cut")]
     assert cut and {r.meta["cut"] for r in cut} == {"interrupted"}
-    check_prefixes(emu, cut)
+    check_cut_prefixes(emu, cut)
     # issue 53: the message said N closed "kept as cut samples" and fewer were: now the summary and the last line
     # count those kept and why not the rest, and every stream the service saw cancelled is one or the other
     shown = summary["run"]["cut_samples"]

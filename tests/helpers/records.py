@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eagledata.generation.conversations.turns import pauses
 from eagledata.records import Record, ToolCall, load_records
+from eagledata.text import IM_END
 from eagledata.text.roundtrip import Case
 from eagledata.text.sequences import output_ids, prompt_ids
 
@@ -47,13 +49,26 @@ def tool_record(tok, case: Case, rid: str | None = None, section: tuple[ToolCall
 
 
 def recorded_turns(d: Path) -> tuple[list[Record], list[dict], dict[str, dict[int, Record]]]:
-    """A dataset folder's records and failures, each turn once (a turn written twice fails here), and the records
-    by conversation and turn."""
+    """A dataset folder's records and failures, each turn once (a turn written twice fails here), and the answers
+    by conversation and turn (pause samples, the prefixes a Ctrl-C cut, aside: their turns were asked again)."""
     records = load_records(d / "records.jsonl")
     failures = [json.loads(line) for line in (d / "failures.jsonl").read_text().splitlines() if line.strip()]
     ids = [r.id for r in records] + [f["id"] for f in failures]
-    assert len(ids) == len(set(ids)), "a turn recorded twice"
+    assert len(ids) == len(set(ids)), "an id written twice"
     by_conv: dict[str, dict[int, Record]] = {}
     for r in records:
+        if pauses(r.meta):
+            continue
+        assert r.turn not in by_conv.get(r.conversation_id, {}), f"turn {r.turn} of {r.conversation_id} answered twice"
         by_conv.setdefault(r.conversation_id, {})[r.turn] = r
     return records, failures, by_conv
+
+
+def check_cut_prefixes(emu, records: list[Record]) -> None:
+    """Each cut sample is the prefix of the answer the emulator was generating: exact ids, no end."""
+    assert records
+    for r in records:
+        truth = emu.ground_truth(r.generation_id)  # cancelled (billed until then), or closed after its last token
+        assert r.output_ids[-1] != IM_END and r.finish_reason == "cut"
+        assert r.output_ids == truth["output_ids"][:len(r.output_ids)], r.id
+        assert 0 < len(r.output_ids) < len(truth["output_ids"])

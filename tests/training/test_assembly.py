@@ -172,3 +172,19 @@ def test_a_second_family_is_checked_against_its_own_vocabulary(smollm2_dir, tmp_
     with pytest.raises(InputError, match=r"outside the vocabulary \(0\.\.49151\)"):
         assemble([path], tok=smol)
     assert ids(assemble([path])) == ["s1"]  # without the target's tokenizer: K2.5's vocabulary, as before
+
+
+def test_a_pause_sample_is_replaced_by_its_turn_asked_again(tok, tmp_path):
+    """Issue 60: a Ctrl-C's pause sample (`r1~1`, `meta.cut: interrupted`) and the answer the next run asked its turn
+    again for share conversation, turn and prompt: the finished answer takes its place. A pause sample whose turn was
+    never asked again (no later run) stays, as any cut sample; another turn of the conversation is never merged."""
+    pause = make_record(tok, 1, finish=CUT, words=6)
+    pause.id, pause.meta = "r1~1", {"cut": "interrupted"}
+    answer = make_record(tok, 1, words=30)
+    lone = make_record(tok, 2, finish=CUT, words=6)
+    lone.id, lone.meta = "r2~1", {"cut": "interrupted"}
+    second = make_record(tok, 1, prompt="a second turn's ask", words=8)
+    second.id, second.conversation_id, second.turn = "r1#2", "r1", 2
+    asm = assemble([write(tmp_path / "r.jsonl", [pause, lone, answer, second])])
+    assert ids(asm) == ["r2~1", "r1", "r1#2"] and asm.dropped == {"replaced_by_finished": 1}
+    assert asm.replaced == [assembly.Replacement("r1~1", "B1", CUT, len(pause.output_ids), "r1", "B1")]

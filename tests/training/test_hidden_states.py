@@ -688,10 +688,12 @@ def test_dedupe_never_merges_turns_of_one_conversation(tok, tmp_path):
     assert asm.dropped == {"duplicate_prompt": 4}
     assert [s.id for s in assemble([path], policy=AssemblyPolicy(dedupe_prompts=False)).samples] == \
         ["a", "a#2", "a#3", "b", "b#2", "c", "c#2", "c#3"]
-    # the rule itself: a prompt first kept by the same conversation never makes a turn a duplicate; by another, it does
-    assert not is_duplicate_prompt(a[1], {prompt_key(a[1]): ("B1", "a")})
-    assert is_duplicate_prompt(a[1], {prompt_key(a[1]): ("B2", "c")})
-    assert not is_duplicate_prompt(a[2], {prompt_key(a[1]): ("B2", "c")})
+    # the rule itself: a prompt first kept by another turn of the same conversation never makes a turn a duplicate; by
+    # another conversation, or by the same turn (asked again after a pause sample), it does
+    assert not is_duplicate_prompt(a[1], {prompt_key(a[1]): ("B1", "a", 1)})
+    assert is_duplicate_prompt(a[1], {prompt_key(a[1]): ("B1", "a", 2)})
+    assert is_duplicate_prompt(a[1], {prompt_key(a[1]): ("B2", "c", 2)})
+    assert not is_duplicate_prompt(a[2], {prompt_key(a[1]): ("B2", "c", 2)})
 
 
 # -- notebook --------------------------------------------------------------------------------------

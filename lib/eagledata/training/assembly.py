@@ -296,7 +296,7 @@ def check_tokenizer(located: Sequence[Located], tok: Tokenizer, sample: int = 64
                              f"(made with another tokenizer or chat template?)", loc.path, loc.line, "prompt_ids")
 
 
-ConversationKey = tuple[str, str]  # (dataset, conversation_id): prompt ids are unique within a prompt file only
+TurnKey = tuple[str, str, int]  # (dataset, conversation_id, turn): prompt ids are unique within a prompt file only
 
 
 def prompt_key(record: Record) -> bytes:
@@ -305,20 +305,22 @@ def prompt_key(record: Record) -> bytes:
     return hashlib.sha256(json.dumps(record.prompt_ids).encode()).digest()
 
 
-def conversation_key(record: Record) -> ConversationKey:
-    return record.dataset, record.conversation_id
+def turn_key(record: Record) -> TurnKey:
+    return record.dataset, record.conversation_id, record.turn
 
 
-def is_duplicate_prompt(record: Record, first_seen: dict[bytes, ConversationKey]) -> bool:
-    """The dedupe rule (pure): an earlier kept record of ANOTHER conversation has exactly this prompt.
+def is_duplicate_prompt(record: Record, first_seen: dict[bytes, TurnKey]) -> bool:
+    """The dedupe rule (pure): an earlier kept record of ANOTHER conversation, or of the same turn, has exactly this
+    prompt.
 
-    `first_seen`: prompt key -> the conversation of the first kept record with it. Turns of one conversation are
-    never duplicates of each other: each is a distinct training sample (turn j+1's prompt extends turn j's with its
-    answer and the next ask, so their keys differ anyway; the rule says so rather than rely on it). Identical
-    prompts in different conversations (the same first ask in two datasets, a conversation repeated with the same
-    answers) dedupe as one-turn prompts always did; a later turn whose history differs stays."""
+    `first_seen`: prompt key -> the turn of the first kept record with it. Turns of one conversation are never
+    duplicates of each other: each is a distinct training sample (turn j+1's prompt extends turn j's with its answer
+    and the next ask, so their keys differ anyway; the rule says so rather than rely on it). One turn asked twice is
+    (a pause sample, the prefix a Ctrl-C cut, and the answer the next run asked again for: `supersedes` then keeps the
+    finished one). Identical prompts in different conversations (the same first ask in two datasets, a conversation
+    repeated with the same answers) dedupe as one-turn prompts always did; a later turn whose history differs stays."""
     first = first_seen.get(prompt_key(record))
-    return first is not None and first != conversation_key(record)
+    return first is not None and (first[:2] != turn_key(record)[:2] or first[2] == record.turn)
 
 
 def supersedes(record: Record, earlier: Record) -> bool:
@@ -391,7 +393,7 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
 
     dropped: Counter = Counter()
     kept_at: dict[str, int] = {}  # record id -> its slot in `slots`
-    seen_prompts: dict[bytes, ConversationKey] = {}  # prompt key -> conversation of its first kept record
+    seen_prompts: dict[bytes, TurnKey] = {}  # prompt key -> the turn of its first kept record
     prompt_at: dict[bytes, int] = {}  # prompt key -> the slot of that record
     slots: list[tuple[Sample, Record] | None] = []  # kept so far, in order; None: replaced by a later record
     replaced: list[Replacement] = []
@@ -432,7 +434,7 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
             replaced.append(Replacement(old.id, old.dataset, old.finish_reason, len(old.output_ids), r.id, r.dataset))
         kept_at[r.id] = len(slots)
         if key not in seen_prompts:
-            seen_prompts[key], prompt_at[key] = conversation_key(r), len(slots)
+            seen_prompts[key], prompt_at[key] = turn_key(r), len(slots)
         slots.append((sample, r))
     kept = [k for k in slots if k is not None]
     suspects = {p: SuspectProvider(p, evidence[p], sum(served[p].values()), dict(served[p])) for p in evidence}

@@ -2,7 +2,8 @@
 is written to its dataset's store exactly once (a stop signal cannot make it write twice); a conversation's next turn
 is made from it; a prompt failed for good goes to failures.jsonl; the fidelity books (the dataset's and the run's
 judge, fidelity.py) and the counters hear of every attempt. An answer whose ids the service's own count contradicts
-is never written (`contradicted`): it is refused as a withheld reasoning is, and retried elsewhere."""
+is never written (`contradicted`): it is refused as a withheld reasoning is, and retried elsewhere. A pause sample (a
+prefix a Ctrl-C cut, turns.py `pauses`) is written under its own id and leaves its turn to do."""
 from __future__ import annotations
 
 import logging
@@ -18,7 +19,7 @@ from ...text import Tokenizer
 from ..policy import CANCELLED, Rule, StopReason
 from .fidelity import FidelityJudge
 from .recording import COUNT_DISAGREES, build_record, count_refusal
-from .turns import Turn
+from .turns import Turn, pauses
 from .work import Work
 
 log = logging.getLogger("eagledata.generate")
@@ -30,6 +31,7 @@ class Recorded:
     tokens: int
     written: bool            # False: already in the store (a race with a stop signal)
     next_turn: Turn | None   # its conversation goes on
+    paused: bool = False     # a pause sample: its turn is still to do (the next run asks it again)
 
 
 class Recorder:
@@ -55,16 +57,24 @@ class Recorder:
 
     def record(self, work: Work, record: Record, c: Completion, cost: float) -> tuple[Recorded, str | None]:
         """Write the record once; its conversation's next turn; the fidelity books. Also a stop reason when the
-        answer left no faithful provider."""
+        answer left no faithful provider. A pause sample is written under the turn's next pause id, and the turn
+        is left to do (no next turn, no tokens towards a target)."""
         lane, store = work.lane, work.lane.store
-        written = work.turn.id not in store.done
+        paused = pauses(record.meta)
+        if paused:
+            record.id = store.next_pause_id(work.turn.id)
+            lane.stats.counts["paused"] += 1
+        written = record.id not in store.done
         if written:
+            if not paused and work.turn.id in store.paused:
+                lane.stats.counts["finished_after_pause"] += 1
             store.add_record(record, cost)
-        next_turn = work.turn.next(record.answer) if written and not work.turn.ends(record.answer) else None
+        next_turn = work.turn.next(record.answer) if written and not paused and not work.turn.ends(record.answer) \
+            else None
         lane.stats.add_record(record, c.usage, cost)
         lane.fidelity.answer(c.provider, record.meta["fidelity"], record.finish_reason)
         stop = self._judged(c.provider, self.fidelity.answer(c.provider, record.meta["fidelity"], record.finish_reason))
-        return Recorded(record.output_tokens, written, next_turn), stop
+        return Recorded(0 if paused else record.output_tokens, written, next_turn, paused), stop
 
     def refused(self, work: Work, outcome: Outcome) -> str | None:
         """An answer refused (its reasoning withheld, or its ids contradicted by the service's count): retried on

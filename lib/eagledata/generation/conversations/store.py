@@ -10,11 +10,17 @@ Conversations (conversations/turns.py): a record that does not finish its conver
 record's `meta.turns` saying how many) leaves the conversation open; `finished` says which conversations are
 done (their last turn recorded, a cut turn, or a failure), which is what a resume skips, and `chains` where the
 recorded turns of each open one are, so that a resume continues it at the next turn from its recorded answers.
+
+A pause sample (conversations/turns.py `pauses`: the prefix of a stream a Ctrl-C closed, or a SIGKILL left) is a record
+under its own id (`<turn id>~n`) that neither answers its turn nor ends its conversation: the turn stays to do, and
+the next run asks it again. It counts in `spend_usd` (it was paid for) and `paused`, not in `output_tokens` (what a
+token target counts: training keeps the finished answer to the same prompt in its place) nor in the priors.
 """
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +29,7 @@ from ...errors import InputError
 from ...files import LockHeld, atomic_write_text, hold_lock, iter_jsonl, make_dir
 from ...paths import DatasetFiles
 from ...records import Record, output_tokens
-from .turns import conversation_ends
+from .turns import PAUSE_SEP, conversation_ends, pause_id, pauses
 
 COSTS_KEPT = 20_000  # the newest records' costs and lengths: the priors of the next run
 
@@ -66,30 +72,29 @@ def _repair_tail(path: Path) -> int:
 
 
 # One record as the index keeps it, a plain tuple (a million are read at every resume): (id, end offset of its line,
-# output tokens, cost USD) for a record that is its own conversation, finished; a turn of a chained conversation
-# adds (conversation id, turn, whether it ends the conversation).
+# output tokens, cost USD) for a record that is its own conversation, finished; any other (a turn of a chained
+# conversation, a pause sample) adds (conversation id, turn, what it does to its conversation: `GOES_ON`, `ENDS`,
+# `PAUSES`).
 Entry = tuple
+GOES_ON, ENDS, PAUSES = 0, 1, 2
 
 
-def _entry(rid: str, end: int, tokens: int, cost: float, conversation: str, turn: int, ends: bool) -> Entry:
-    return (rid, end, tokens, cost) if conversation == rid and ends else (rid, end, tokens, cost, conversation, turn,
-                                                                         ends)
+def _entry(rid: str, end: int, tokens: int, cost: float, conversation: str, turn: int, does: int) -> Entry:
+    return (rid, end, tokens, cost) if conversation == rid and does == ENDS else (rid, end, tokens, cost, conversation,
+                                                                                 turn, does)
 
 
 def _index_line(e: Entry) -> str:
     line = f"{e[0]}\t{e[1]}\t{e[2]}\t{e[3]!r}"
-    return line + "\n" if len(e) == 4 else f"{line}\t{e[4]}\t{e[5]}\t{int(e[6])}\n"
+    return line + "\n" if len(e) == 4 else f"{line}\t{e[4]}\t{e[5]}\t{e[6]}\n"
 
 
-def record_ends(d: dict[str, Any]) -> bool:
-    """Whether a record (as read from its line) finishes its conversation."""
-    return _ends(d.get("turn", 1), d.get("meta") or {}, d.get("finish_reason"))
-
-
-def _ends(turn: int, meta: dict[str, Any], finish_reason: str | None) -> bool:
-    """A record's turn, its `meta` (`turns`: its chain's last turn; `ended`: a tool-call mismatch) and its finish
-    reason → whether it finishes its conversation."""
-    return conversation_ends(turn, meta.get("turns"), finish_reason, meta.get("ended"))
+def _does(turn: int, meta: dict[str, Any], finish_reason: str | None) -> int:
+    """A record's turn, its `meta` (`turns`: its chain's last turn; `ended`: a tool-call mismatch; `cut`: a pause
+    sample's) and its finish reason → what it does to its conversation (`GOES_ON`, `ENDS`, `PAUSES`)."""
+    if pauses(meta):
+        return PAUSES
+    return ENDS if conversation_ends(turn, meta.get("turns"), finish_reason, meta.get("ended")) else GOES_ON
 
 
 def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
@@ -107,8 +112,10 @@ def _entries_of_lines(path: Path, start: int = 0) -> list[Entry]:
                 usage = d.get("usage") or {}
                 tokens = int(output_tokens(usage.get("completion_tokens"), d.get("output_ids")))
                 rid = str(d["id"])
+                meta = d.get("meta") or {}
                 entry = _entry(rid, offset, tokens, float(usage.get("cost") or 0.0),
-                               str(d.get("conversation_id") or rid), int(d.get("turn", 1)), record_ends(d))
+                               str(d.get("conversation_id") or rid), int(d.get("turn", 1)),
+                               _does(int(d.get("turn", 1)), meta, d.get("finish_reason")))
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise InputError(f"not a valid record line (after byte {start})", path, lineno) from None
             out.append(entry)
@@ -126,8 +133,8 @@ def _read_index(index: Path, records_size: int) -> tuple[list[Entry], list[int]]
             entries.append((rid, int(end), int(tokens), float(cost)))
         except ValueError:
             try:
-                rid, end, tokens, cost, conversation, turn, ends = line.split("\t")
-                entries.append((rid, int(end), int(tokens), float(cost), conversation, int(turn), ends == "1"))
+                rid, end, tokens, cost, conversation, turn, does = line.split("\t")
+                entries.append((rid, int(end), int(tokens), float(cost), conversation, int(turn), int(does)))
             except ValueError:
                 return [], []
             chained.append(len(entries) - 1)
@@ -139,15 +146,17 @@ def _read_index(index: Path, records_size: int) -> tuple[list[Entry], list[int]]
 @dataclass
 class Store:
     """Append-only record and failure files of one dataset; `done` holds the ids (records' and failures') written,
-    `finished` the conversations done (a view), `chains` the recorded turns of the open ones."""
+    `finished` the conversations done (a view), `chains` the recorded turns of the open ones, `paused` the pause
+    samples per turn id."""
 
     files: DatasetFiles
     done: set[str] = field(default_factory=set)
     conversations_finished: int = 0
     chains: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)  # conversation -> (turn, start, end)
+    paused: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # turn id -> its pause samples' lines
     recorded: int = 0
     failed: int = 0
-    output_tokens: int = 0   # over every record of the dataset, all runs
+    output_tokens: int = 0   # over every record of the dataset, all runs, pause samples aside
     spend_usd: float = 0.0
     torn_bytes: int = 0
     costs: list[float] = field(default_factory=list, repr=False)  # per record, the newest few thousand
@@ -212,12 +221,13 @@ class Store:
         self.done.update(e[0] for e in entries)
         chained += [len(indexed) + i for i, e in enumerate(tail) if len(e) == 7]
         self.conversations_finished = len(entries) - len(chained)
-        for i in chained:  # turns of chained conversations, in order: which conversations are still open
+        for i in chained:  # turns of chained conversations and pause samples, in order: which conversations are open
             self._chained(entries[i], entries[i - 1][1] if i else 0)
         self.recorded = len(entries)
-        self.output_tokens = sum(e[2] for e in entries)
+        answers = [e for e in entries if len(e) == 4 or e[6] != PAUSES]
+        self.output_tokens = sum(e[2] for e in answers)
         self.spend_usd = sum(e[3] for e in entries)
-        newest = entries[-COSTS_KEPT:]
+        newest = answers[-COSTS_KEPT:]
         self.costs, self.lengths = [e[3] for e in newest], [e[2] for e in newest]
         if len(self.done) != self.recorded:
             raise InputError(f"{self.recorded - len(self.done)} ids appear twice; the file was edited by hand?",
@@ -239,9 +249,11 @@ class Store:
 
     def _chained(self, e: Entry, start: int) -> None:
         """A turn of a chained conversation, its line starting at byte `start`: it ends the conversation, or the
-        conversation stays open with one more turn recorded."""
-        rid, end, _, _, conversation, turn, ends = e
-        if ends:
+        conversation stays open with one more turn recorded; or a pause sample, which leaves both as they were."""
+        rid, end, _, _, conversation, turn, does = e
+        if does == PAUSES:
+            self.paused.setdefault(rid.rpartition(PAUSE_SEP)[0], []).append((start, end))
+        elif does == ENDS:
             self.conversations_finished += 1
             self.chains.pop(conversation, None)
         else:
@@ -262,23 +274,35 @@ class Store:
 
     def history(self, conversation_id: str) -> list[Record]:
         """The recorded turns of an open conversation, in order (a resume continues after the last)."""
+        return self._read((start, end) for _, start, end in self.chains.get(conversation_id, ()))
+
+    def next_pause_id(self, turn_id: str) -> str:
+        """The id the next pause sample of `turn_id` is written under."""
+        return pause_id(turn_id, len(self.paused.get(turn_id, ())) + 1)
+
+    def pause_samples(self, turn_id: str) -> list[Record]:
+        """The pause samples of a turn, in order."""
+        return self._read(self.paused.get(turn_id, ()))
+
+    def _read(self, spans: Iterable[tuple[int, int]]) -> list[Record]:
         out = []
         with self.files.records.open("rb") as f:
-            for _, start, end in self.chains.get(conversation_id, ()):
+            for start, end in spans:
                 f.seek(start)
                 out.append(Record.from_json(f.read(end - start)))
         return out
 
     def add_record(self, record: Record, cost: float | None = None) -> None:
-        """Append one record; `cost` defaults to its usage (it feeds the dataset totals)."""
+        """Append one record; `cost` defaults to its usage (it feeds the dataset totals). A pause sample is written
+        under `next_pause_id` of its turn."""
         if record.id in self.done:
             raise ValueError(f"record {record.id!r} is already finished")
         tokens = record.output_tokens
         cost = cost if cost is not None else (record.usage.cost or 0.0)
+        does = _does(record.turn, record.meta, record.finish_reason)
         line = (record.to_json() + "\n").encode()
         end = self._append(self.files.records, line)
-        entry = _entry(record.id, end, tokens, cost, record.conversation_id, record.turn,
-                       _ends(record.turn, record.meta, record.finish_reason))
+        entry = _entry(record.id, end, tokens, cost, record.conversation_id, record.turn, does)
         self._append(self.files.done_index, _index_line(entry).encode())
         self.done.add(record.id)
         if len(entry) == 7:
@@ -286,8 +310,10 @@ class Store:
         else:
             self.conversations_finished += 1
         self.recorded += 1
-        self.output_tokens += tokens
         self.spend_usd += cost
+        if does == PAUSES:
+            return
+        self.output_tokens += tokens
         self.costs.append(cost)
         self.lengths.append(tokens)
         if len(self.costs) > 2 * COSTS_KEPT:

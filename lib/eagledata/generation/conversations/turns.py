@@ -20,7 +20,8 @@ that reasoning would only make the request longer (and a server that kept it wou
 
 A conversation ends at its last ask, at an unfinished answer (`finish_reason` other than `stop` or `tool_calls`: the
 model never ended that turn), at a tool-call mismatch, or at a turn that fails for good (the engine stops the chain
-there).
+there). A pause sample (`pauses`: the prefix a Ctrl-C or a SIGKILL cut) neither answers its turn nor ends anything: it
+is kept under its own id (`pause_id`) and the turn is asked again by the next run, which goes on from that answer.
 """
 from __future__ import annotations
 
@@ -34,6 +35,12 @@ from ...records import Answer, ToolCall, calls_before, native_call_id
 
 TurnsMode = Literal["all", "last"]
 TURN_ID_SEP = "#"  # turn j ≥ 2 of conversation c has record id "c#j"; turn 1 keeps the prompt's id
+PAUSE_SEP = "~"  # the n-th pause sample of turn id t has record id "t~n" (`pause_id`)
+# `meta.cut` of a cut sample that pauses its turn rather than ending it: a Ctrl-C (or SIGTERM) closed its stream, or a
+# SIGKILL left it and the next run kept what it had delivered. The turn is asked again; the target's cut
+# (`target_reached`) is final.
+KILLED = "killed"  # `meta.cut` of a killed run's stream, kept by the next (realtime/salvage.py)
+PAUSE_CUTS = frozenset({"interrupted", KILLED})
 FINISHED = ("stop", "tool_calls")  # finish reasons of an answer the model ended itself
 TOOL_MISMATCH = "tool_mismatch"  # `meta.ended`: the target's calls were not the dataset's, so no results follow
 # How a tool-call turn missed the dataset's next calls (`mismatch_kind`), as the report says it.
@@ -45,6 +52,17 @@ MISMATCHES = {"plain": "answered plainly where the dataset called a tool",
 def turn_id(conversation_id: str, turn: int, *, first: bool) -> str:
     """A record's id: the prompt's id for a conversation's first request, else `<conversation>#<turn>`."""
     return conversation_id if first else f"{conversation_id}{TURN_ID_SEP}{turn}"
+
+
+def pause_id(turn_id_: str, n: int) -> str:
+    """The record id of the n-th (1-based) pause sample of a turn: its own id, so that the turn's answer, asked again,
+    keeps the turn's id."""
+    return f"{turn_id_}{PAUSE_SEP}{n}"
+
+
+def pauses(meta: dict | None) -> bool:
+    """A record (its `meta`) is a pause sample: a prefix the run kept when a signal stopped it, whose turn is to do."""
+    return (meta or {}).get("cut") in PAUSE_CUTS
 
 
 def conversation_ends(turn: int, last: int | None, finish_reason: str | None, ended: str | None = None) -> bool:

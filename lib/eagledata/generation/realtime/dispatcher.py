@@ -164,16 +164,17 @@ class Dispatcher:
 
     # -- what an attempt came to --------------------------------------------------------------------
     def answered(self, work: Work, now: float, tokens: int, *, written: bool, next_turn: Turn | None,
-                 cut: bool = False) -> None:
+                 cut: bool = False, paused: bool = False) -> None:
         """An answer was recorded (`written`: not already, by an earlier run's or a signal's race) with `tokens`;
-        `next_turn`: its conversation goes on; `cut`: a stream the run cut, recorded as far as it got."""
+        `next_turn`: its conversation goes on; `cut`: a stream the run cut, recorded as far as it got; `paused`: as a
+        pause sample, its turn still to do (the next run's)."""
         work.move(State.SETTLED)
         lane = work.lane
         if written and next_turn is not None:
             lane.ready.append(next_turn)
-        else:  # its last turn, or a cut one (which ends its conversation early)
+        else:  # its last turn, or a cut one (which ends its conversation early, or pauses it until the next run)
             self.pacing.forgo(lane.name, work.turn.later)
-        self._end(work, now, tokens if written else 0, finished=written and next_turn is None, cut=cut)
+        self._end(work, now, tokens if written else 0, finished=written and next_turn is None and not paused, cut=cut)
         self.no_endpoint_streak = 0
         self.rejections.answered(in_flight=self.holding - 1)  # the settings work: what was refused was the prompts'
         self._write_held()

@@ -141,7 +141,7 @@ class Parts:
         price = self.requester.price_by_provider.get(c.provider, self.requester.worst)
         recorded, stop = self.recorder.record(work, record, c, price.cost(len(work.prompt_ids), len(record.output_ids)))
         self.dispatcher.answered(work, now, recorded.tokens, written=recorded.written, next_turn=recorded.next_turn,
-                                 cut=True)
+                                 cut=True, paused=recorded.paused)
         cancelled = cancelled_outcome()
         booked = self.ledger.settle(work.ticket, rule(cancelled), None, work.bound, now, c.generation_id)
         self.recorder.attempt(work, Outcome(Kind.OK, CUT, 200, completion=c), rule(cancelled), now - work.sent_at,

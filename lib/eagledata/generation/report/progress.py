@@ -359,7 +359,9 @@ def _run_tail(s: RunStats) -> dict[str, Any]:
 def cut_samples(s: RunStats) -> dict[str, Any]:
     """The cut samples among this run's records (streams the run closed at a target or on Ctrl-C, kept as the
     prefix they delivered): how many, their share, their lengths beside the finished answers', and the streams closed
-    to keep that were no cut sample, by why (their prompts stay to do)."""
+    to keep that were no cut sample, by why (their prompts stay to do). `paused`: how many of them pause their turn
+    (a Ctrl-C's: the turn is asked again by the next run); `finished_after_pause`: turns this run answered that an
+    earlier pause sample had cut."""
     cut, whole = s.lengths[True], s.lengths[False]
 
     def quantiles(xs: list[int]) -> list[int] | None:
@@ -367,7 +369,8 @@ def cut_samples(s: RunStats) -> dict[str, Any]:
 
     return {"records": len(cut), "share": round(len(cut) / (len(cut) + len(whole)), 4) if cut or whole else None,
             "tokens_p10_p50_p90": quantiles(cut), "finished_tokens_p10_p50_p90": quantiles(whole),
-            "closed_not_kept": dict(s.not_kept)}
+            "closed_not_kept": dict(s.not_kept), "paused": s.counts["paused"],
+            "finished_after_pause": s.counts["finished_after_pause"]}
 
 
 def dataset_summary(name: str, store: Any, stats: RunStats, *, common: dict[str, Any], stop_reason: str,
