@@ -1,6 +1,7 @@
 """The streams a killed run left (issue 42): journaled as they start, read back from the generation endpoint by the
 next run, shown as `run.killed_before`."""
 import asyncio
+from collections import Counter
 import json
 import os
 import signal
@@ -15,31 +16,40 @@ from eagledata.emulator import run_emulator
 from eagledata.generation.money.killed import Baseline, KilledBefore, StreamJournal, baseline, leftovers, read_killed
 from eagledata.openrouter.client import LOCAL_KEY
 
+NOTHING_KEPT = {"kept": 0, "kept_usd": 0.0, "not_kept": {}}  # no text journaled: no prefix kept
+
 
 def test_the_journal_keeps_what_started_and_never_ended(tmp_path):
     path = tmp_path / "streams.jsonl"
     j = StreamJournal(path)
     assert j.before == []
-    j.started("gen-1", "a")
-    j.started("gen-2", "b")
-    j.started("gen-2", "b")  # seen twice: written once
+    j.started("gen-1", "a", "a")
+    j.started("gen-2", "b#2", "b")
+    j.started("gen-2", "b#2", "b")  # seen twice: written once
+    j.append_text([{"text": "gen-2", "provider": "P", "model": "m", "reasoning": "I think "},
+                   {"text": "gen-1", "reasoning": "ended anyway"}])
+    j.append_text([{"text": "gen-2", "reasoning": "so.", "content": "Yes "}])
     j.ended("gen-1")
     j.ended("gen-9")  # never started here: nothing written
     with path.open("ab") as f:
         f.write(b'{"start": "gen-')  # a kill mid-write
-    assert leftovers(path) == ["gen-2"] and len(path.read_text().splitlines()) == 4
+    assert leftovers(path) == ["gen-2"] and len(path.read_text().splitlines()) == 7
     again = StreamJournal(path)
     assert again.before == ["gen-2"] and path.read_text().endswith('{"end": "gen-1"}\n')  # the torn line cut off
-    again.started("gen-3", "c")
+    d = again.delivered["gen-2"]  # what the stream left without an end had delivered, its pieces in order
+    assert list(again.delivered) == ["gen-2"] and (d.conversation_id, d.turn_id, d.provider, d.model) == \
+        ("b", "b#2", "P", "m")
+    assert d.delta() == {"reasoning": "I think so.", "content": "Yes "}
+    again.started("gen-3", "c", "c")
     again.rewrite(["gen-2"])  # gen-2 still unknown to the service; gen-3 still open in this run
-    assert leftovers(path) == ["gen-2", "gen-3"]
+    assert leftovers(path) == ["gen-2", "gen-3"] and StreamJournal(path).delivered == {}  # text read once
 
 
 def test_the_first_killed_runs_baseline_is_kept_until_a_summary_is_written(tmp_path):
     path = tmp_path / "streams.jsonl"
     first = StreamJournal(path)
     first.begin(Baseline(10.0, 1.0, ("A",)))
-    first.started("gen-1", "t")  # killed
+    first.started("gen-1", "t", "t")  # killed
     second = StreamJournal(path)
     assert second.killed == Baseline(10.0, 1.0, ("A",))
     second.rewrite(["gen-1"])  # it read what was left: the baseline stays
@@ -58,9 +68,24 @@ def test_the_first_killed_runs_baseline_is_kept_until_a_summary_is_written(tmp_p
     assert not (tmp_path / "other.jsonl").exists()
 
 
-def test_a_killed_runs_streams_are_read_back_and_shown(tokenizer_dir, tmp_path):
+def journaled_text(journal, flushes: int = 1) -> set[str]:
+    """The streams whose delivered text the journal holds, from at least `flushes` flushes."""
+    if not journal.exists():
+        return set()
+    lines = Counter(json.loads(line)["text"] for line in journal.read_text().splitlines()
+                    if line.endswith("}") and '"text"' in line)
+    return {gid for gid, n in lines.items() if n >= flushes}
+
+
+def test_a_killed_runs_streams_are_read_back_shown_and_what_they_delivered_kept(tokenizer_dir, tmp_path):
     """A run streaming at speed 1 is SIGKILLed with its streams in flight; the next run reads what they cost (those on
-    providers with stream cancellation: cancelled, billed until the kill) and its summary shows it."""
+    providers with stream cancellation: cancelled, billed until the kill) and its summary shows it. What each had
+    delivered by the journal's last flush is kept as a pause sample (`meta.cut: killed`, `<id>~1`): an exact prefix
+    of the answer the service was generating, carrying what the service billed for it; its prompt is asked again
+    (issue 60 item 6)."""
+    from eagledata.records import load_records
+    from tests.helpers.records import check_cut_prefixes
+
     prompts = tmp_path / "C.jsonl"
     prompts.write_text("".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"q {i}"}]}) + "\n"
                                for i in range(24)))
@@ -75,7 +100,7 @@ def test_a_killed_runs_streams_are_read_back_and_shown(tokenizer_dir, tmp_path):
         proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         journal = out / "datasets" / "C" / "streams.jsonl"
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(leftovers(journal)) < 20:
+        while time.monotonic() < deadline and (len(leftovers(journal)) < 20 or len(journaled_text(journal, 2)) < 10):
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -91,14 +116,24 @@ def test_a_killed_runs_streams_are_read_back_and_shown(tokenizer_dir, tmp_path):
         assert before["cancelled"] == len(cancelled) > 0
         assert before["usd"] == pytest.approx(sum(emu_generation(emu, g)["total_cost"] for g in killed
                                                   if emu_generation(emu, g) is not None), rel=1e-6)
-        assert summary["records"] == 24 and leftovers(journal) == []  # every stream of this run ended in it
+        kept = [r for r in load_records(out / "datasets" / "C" / "records.jsonl") if r.meta.get("cut") == "killed"]
+        assert len(kept) == before["kept"] >= 5, before
+        check_cut_prefixes(emu, kept)
+        assert {r.generation_id for r in kept} <= set(killed) and all(r.id == f"{r.conversation_id}~1" for r in kept)
+        costs = {g: emu_generation(emu, g) for g in killed}
+        assert before["kept_usd"] == pytest.approx(sum(r.usage.cost for r in kept), abs=1e-9)
+        assert all(r.usage.cost == pytest.approx((costs[r.generation_id] or {}).get("total_cost", 0.0)) for r in kept)
+        assert not journaled_text(journal)  # read once: the text lines went with the journal's rewrite
+        # every prompt answered by the run, the kept prefixes beside the answers
+        assert summary["records"] == 24 + len(kept) and leftovers(journal) == []  # every stream of this run ended
         # by the account: the killed run's charge when this one began (100 in credits less the balance then), less
         # what its records cost (the store's total less this run's)
         run = summary["run"]
         charged_before = 100 - run["balance_start_usd"]
         assert run["killed_wasted_usd"] == pytest.approx(
             charged_before - (summary["spend_usd"] - run["recorded_usd"]), abs=1e-6)
-        assert run["killed_wasted_usd"] >= before["usd"] - before["late_usd"] - 1e-9  # the streams it named among it
+        # the streams it named among it, less what the kept prefixes' records hold now
+        assert run["killed_wasted_usd"] >= before["usd"] - before["late_usd"] - before["kept_usd"] - 1e-9
         assert baseline(journal) is None  # a summary is written: the next kill starts a chain of its own
 
 
@@ -114,7 +149,8 @@ def test_reading_costs_survives_an_unknown_id(tokenizer_dir):
                                          headers={"Authorization": f"Bearer {LOCAL_KEY}"}) as client:
                 return await read_killed(client, ["gen-unknown"])
         found = asyncio.run(main())
-    assert found.figures() == {"streams": 1, "read": 0, "cancelled": 0, "usd": 0.0, "unread": 1, "late_usd": 0.0}
+    assert found.figures() == {"streams": 1, "read": 0, "cancelled": 0, "usd": 0.0, "unread": 1, "late_usd": 0.0,
+                               **NOTHING_KEPT}
 
 
 def test_an_id_unknown_at_the_start_and_read_at_the_end_was_billed_during_the_run():
@@ -140,7 +176,7 @@ def test_an_id_unknown_at_the_start_and_read_at_the_end_was_billed_during_the_ru
 
     end = asyncio.run(main())
     assert end.figures() == {"streams": 2, "read": 2, "cancelled": 1, "usd": pytest.approx(0.3), "unread": 0,
-                             "late_usd": 0.2}
+                             "late_usd": 0.2, **NOTHING_KEPT}
 
 
 def test_the_report_says_what_the_killed_run_wasted_and_what_closed_streams_cost():
@@ -169,18 +205,19 @@ def test_what_a_run_read_and_could_not_show_is_carried_to_the_next_summary(tmp_p
     path = tmp_path / "streams.jsonl"
     first = StreamJournal(path)
     for gid in ("gen-1", "gen-2", "gen-3"):
-        first.started(gid, "t")  # killed with three streams open
+        first.started(gid, "t", "t")  # killed with three streams open
     second = StreamJournal(path)
     assert second.before == ["gen-1", "gen-2", "gen-3"] and second.carried is None
     read = KilledBefore(streams=3, read=2, cancelled=1, usd=0.25, unread=["gen-3"])  # gen-3 not known yet
     second.rewrite(read.unread, carry=read)
-    second.started("gen-4", "t")  # killed too, before its summary
+    second.started("gen-4", "t", "t")  # killed too, before its summary
     third = StreamJournal(path)
     assert third.before == ["gen-3", "gen-4"]
     assert third.carried.figures() == {"streams": 2, "read": 2, "cancelled": 1, "usd": 0.25, "unread": 0,
-                                       "late_usd": 0.0}
+                                       "late_usd": 0.0, **NOTHING_KEPT}
     shown = KilledBefore(streams=2, read=2, cancelled=2, usd=0.5).add(third.carried)  # gen-3 and gen-4 read now
-    assert shown.figures() == {"streams": 4, "read": 4, "cancelled": 3, "usd": 0.75, "unread": 0, "late_usd": 0.0}
+    assert shown.figures() == {"streams": 4, "read": 4, "cancelled": 3, "usd": 0.75, "unread": 0, "late_usd": 0.0,
+                               **NOTHING_KEPT}
     third.rewrite([], carry=shown)
     assert StreamJournal(path).carried.usd == 0.75  # killed again before its summary: still carried
     third.rewrite([])  # its summary shows them: carried no more

@@ -29,6 +29,7 @@ from .answers import Completion, Kind, Outcome, classify_body, classify_exceptio
 
 DONE = b"[DONE]"
 _STRING_PARTS = ("text", "summary", "data")  # reasoning_details fields that arrive in pieces
+DELIVERED = ("reasoning", "reasoning_content", "content")  # the delta fields `delivered_since` gives
 
 
 class SSEDecoder:
@@ -237,6 +238,14 @@ class StreamState:
                 call["function"]["arguments"] += args
             elif args is not None:  # an object, whole (some servers): as a JSON body would hold it
                 call["function"]["arguments"] = args
+
+    def delivered_since(self, mark: tuple[int, int, int]) -> tuple[dict[str, str], tuple[int, int, int]]:
+        """The text delivered since `mark` (what an earlier call returned; (0, 0, 0) at first) as a delta with
+        `reasoning`, `reasoning_content` and `content` pieces (empty ones left out), and the new mark: what the
+        streams journal keeps of a stream as it arrives, so that a kill loses at most what came since the last call."""
+        parts = (self._reasoning, self._reasoning_content, self._content)
+        delta = {name: "".join(got[m:]) for name, got, m in zip(DELIVERED, parts, mark) if len(got) > m}
+        return delta, (len(parts[0]), len(parts[1]), len(parts[2]))
 
     def body(self) -> dict[str, Any]:
         """The non-streaming body these chunks add up to (what `answers.classify_body` reads)."""

@@ -9,6 +9,12 @@ process's connection closed, elsewhere the whole answer. Its summary shows them 
 no record holds them. An id the service does not know yet (an answer still being generated upstream: the endpoint lags
 its end) is read again when the run ends, and kept for the next run if still unknown then.
 
+What each stream delivers is journaled too, as it arrives (`{"text": id, "reasoning"|"reasoning_content"|"content":
+piece}`, every stream's new text in one write a second: `Journals.flush`, so a kill loses at most the last second).
+The run after a kill keeps each killed stream's delivered prefix as a pause sample (`meta.cut: killed`, exact ids to its
+last whole word, as a Ctrl-C's; realtime/salvage.py) where the provider served it faithfully, and asks its turn again.
+The text lines go with the first rewrite after that run's start.
+
 A stream killed before the service named it is in no journal; its cost is in the account only. So each run also
 journals where the account stood when it began (`Baseline`: the key's usage and what the records of the run's
 datasets cost), kept until a summary is written. The run after a kill (or a chain of them) finds the baseline of the
@@ -27,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from ...openrouter.client import read_generation
+from ...openrouter.stream import DELIVERED
 from .readback import read_generations
 
 CARRIED = ("streams", "read", "cancelled", "usd")  # a `carried` line's figures
@@ -93,6 +100,38 @@ def _carried(events: Iterable[dict]) -> KilledBefore | None:
     return out
 
 
+@dataclass
+class Delivered:
+    """What a stream a killed run left had delivered, as its journal holds it: its turn, and its text as a delta."""
+
+    generation_id: str
+    conversation_id: str
+    turn_id: str
+    provider: str = ""
+    model: str = ""
+    text: dict[str, list[str]] = field(default_factory=dict)  # delta field -> its pieces, in order
+
+    def delta(self) -> dict[str, str]:
+        return {name: "".join(pieces) for name, pieces in self.text.items()}
+
+
+def _delivered(events: Iterable[dict], ids: Iterable[str]) -> dict[str, Delivered]:
+    """The text each of `ids` delivered (streams journaled with their conversation, that delivered any)."""
+    wanted = set(ids)
+    out: dict[str, Delivered] = {}
+    for d in events:
+        if d.get("start") in wanted and isinstance(d.get("conversation"), str):
+            out[d["start"]] = Delivered(d["start"], d["conversation"], str(d.get("turn", "")))
+        elif (gid := d.get("text")) in out:
+            got = out[gid]
+            got.provider = got.provider or str(d.get("provider") or "")
+            got.model = got.model or str(d.get("model") or "")
+            for name in DELIVERED:
+                if isinstance(piece := d.get(name), str):
+                    got.text.setdefault(name, []).append(piece)
+    return {gid: got for gid, got in out.items() if got.text}
+
+
 def leftovers(path: Path) -> list[str]:
     """The ids a journal holds without an end, in the order they started (a torn last line is ignored)."""
     return _leftovers(_events(path))
@@ -118,16 +157,20 @@ class StreamJournal:
         self.before = _leftovers(events)  # what an earlier run left
         self.carried = _carried(events)   # what earlier runs read of such streams, not shown by a summary yet
         self.killed = _baseline(events)   # where the account stood when the first killed run since a summary began
+        self.delivered = _delivered(events, self.before)  # what those streams had delivered
         self.baseline = self.killed    # the one kept: the killed run's, else this run's
         self.open: set[str] = set()
         if path.exists() and (data := path.read_bytes()) and not data.endswith(b"\n"):  # a torn last line
             with path.open("r+b") as f:
                 f.truncate(data.rfind(b"\n") + 1)
 
-    def _append(self, obj: dict) -> None:
+    def _append(self, *objs: dict) -> None:
+        data = "".join(json.dumps(obj, ensure_ascii=False) + "\n" for obj in objs).encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, (json.dumps(obj) + "\n").encode())
+            n = os.write(fd, data)
+            while n < len(data):
+                n += os.write(fd, data[n:])
         finally:
             os.close(fd)
 
@@ -137,10 +180,16 @@ class StreamJournal:
             self.baseline = where
             self._append(where.line())
 
-    def started(self, generation_id: str, turn_id: str) -> None:
+    def started(self, generation_id: str, turn_id: str, conversation_id: str) -> None:
         if generation_id not in self.open:
             self.open.add(generation_id)
-            self._append({"start": generation_id, "turn": turn_id})
+            self._append({"start": generation_id, "turn": turn_id, "conversation": conversation_id})
+
+    def append_text(self, texts: list[dict]) -> None:
+        """What open streams delivered since the last call (`{"text": id, provider?, model?, <delta fields>}` each),
+        in one write."""
+        if texts:
+            self._append(*texts)
 
     def ended(self, generation_id: str) -> None:
         if generation_id in self.open:
@@ -177,6 +226,10 @@ class KilledBefore:
     # of `usd`, what the ids unknown at this run's start cost, read at its end: answers that ended upstream during
     # this run, so billed in its account delta too (its `foreign_usd`: usage it did not book); never carried on
     late_usd: float = 0.0
+    costs: dict[str, float] = field(default_factory=dict, repr=False)  # id -> its cost, as read by this run
+    kept: int = 0             # of the streams, kept by this run as pause samples (what they delivered)
+    kept_usd: float = 0.0     # what those cost: held by records now
+    not_kept: dict[str, int] = field(default_factory=dict)  # streams that delivered text, kept as no sample: why
 
     def add(self, other: KilledBefore | None) -> KilledBefore:
         """Both readings together (the unread ids are this one's)."""
@@ -190,7 +243,8 @@ class KilledBefore:
 
     def figures(self) -> dict:
         return {"streams": self.streams, "read": self.read, "cancelled": self.cancelled, "usd": round(self.usd, 8),
-                "unread": len(self.unread), "late_usd": round(self.late_usd, 8)}
+                "unread": len(self.unread), "late_usd": round(self.late_usd, 8), "kept": self.kept,
+                "kept_usd": round(self.kept_usd, 8), "not_kept": dict(self.not_kept)}
 
 
 async def read_killed(client: httpx.AsyncClient, ids: list[str], found: KilledBefore | None = None) -> KilledBefore:
@@ -206,6 +260,7 @@ async def read_killed(client: httpx.AsyncClient, ids: list[str], found: KilledBe
         out.read += 1
         out.cancelled += stats.cancelled
         out.usd += stats.total_cost
+        out.costs[gid] = stats.total_cost
         if found is not None:
             out.late_usd += stats.total_cost
     return out

@@ -57,6 +57,7 @@ class Attempt:
         self._task, self.state, self.work = task, state, work
         self.cancels = cancels  # every endpoint its provider filter allows stops billing on a closed stream
         self.journaled = False
+        self.journal_mark = (0, 0, 0)  # how much of its text the journal holds (StreamState.delivered_since)
         self.cut_reason: str | None = None  # the run closed it to keep what it streamed (`cut`): why
 
     def cut(self, reason: str) -> None:

@@ -30,8 +30,9 @@ from ..policy import REJECTED_PREFIX, StopReason, error_stop
 from ..report.panel import make_progress
 from ..report.progress import ProgressView, RunSnapshot
 from .attempt import Transport
-from .journals import Journals
+from .journals import FLUSH_S, Journals
 from .parts import Seams, build_parts
+from .salvage import keep_delivered
 from .slots import Slots
 
 log = logging.getLogger("eagledata.generate")
@@ -84,8 +85,10 @@ class Run:
                 run.ledger.spender = SpenderLock.acquire(cfg.base_url, api_key, describe={
                     "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve())})
                 await run.ledger.read(client, run.clock.now(), strict=True)
-            if run.journals is not None:
-                await run.journals.read_killed(client)
+            if run.journals is not None:  # what killed runs' streams cost, and what they had delivered, kept
+                recorder = run.parts.recorder
+                await run.journals.read_killed(
+                    client, keep=lambda lane, delivered, killed: keep_delivered(lane, delivered, killed, recorder))
                 if (first := run.ledger.books.first) is not None and first.usage_usd is not None:
                     run.ledger.killed_wasted_usd = run.journals.begin(first.usage_usd)
         except BaseException:
@@ -205,7 +208,8 @@ class Run:
             lost.update(lane.stats.not_kept)
         if kept or lost:
             why = ", ".join(f"{n} {reason}" for reason, n in lost.most_common())
-            log.warning("generation: interrupted: %d cut sample(s) kept this run%s", kept,
+            log.warning("generation: interrupted: %d cut sample(s) kept this run (their turns are asked again by the "
+                        "next run)%s", kept,
                         f"; {sum(lost.values())} closed stream(s) not kept, their prompts still to do ({why})"
                         if lost else "")
 
@@ -253,7 +257,7 @@ class Run:
         self._drain()
 
     async def _ticker(self, client: httpx.AsyncClient) -> None:
-        wait = TICK_S
+        wait, journal_due = TICK_S, self.clock.now() + FLUSH_S
         try:
             while True:
                 await self.clock.sleep(wait)
@@ -261,6 +265,9 @@ class Run:
                     await self.ledger.read(client, self.clock.now())
                 async with self.lock:  # periodic wake-up: no waiter can sleep through a state change
                     now = self.clock.now()
+                    if self.journals is not None and now >= journal_due:  # what the streams delivered, kept
+                        self.journals.flush(self.parts.requester.streams.streaming)
+                        journal_due = now + FLUSH_S
                     self.ledger.tick(now)
                     wait = min(TICK_S, max(CUT_TICK_S, self.parts.tick(now)))  # sooner when a cut is due
                     self.reporter.sample(now)

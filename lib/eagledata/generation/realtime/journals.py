@@ -1,18 +1,21 @@
 """The streams journals of one streaming run (killed.py's `StreamJournal`, a dataset each): what the engine tells them
-(a stream named, a stream ended, the run begun, every summary written), and what the run after a kill reads of them
-into its datasets' `killed_before` and its `killed_wasted_usd`."""
+(a stream named, what the streams delivered, a stream ended, the run begun, every summary written), and what the run
+after a kill reads of them into its datasets' `killed_before` (the prefixes kept: salvage.py) and its
+`killed_wasted_usd`."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import httpx
 
 from ..lanes import DatasetRun
-from ..money.killed import Baseline, KilledBefore, StreamJournal, read_killed
+from ..money.killed import Baseline, Delivered, KilledBefore, StreamJournal, read_killed
 from .attempt import Attempt
 
 log = logging.getLogger("eagledata.generate")
+FLUSH_S = 1.0  # what the streams delivered is journaled this often: a kill loses at most this much of each
+Keep = Callable[[DatasetRun, dict[str, Delivered], KilledBefore], Awaitable[None]]
 
 
 class Journals:
@@ -27,16 +30,36 @@ class Journals:
         """The service named a stream's generation (its response's first bytes): journaled at once, so that a kill
         from now on leaves its id for the next run to read."""
         if attempt.state is not None and attempt.work is not None:
-            self.of[attempt.work.lane.name].started(attempt.state.generation_id, attempt.work.turn.id)
+            turn = attempt.work.turn
+            self.of[attempt.work.lane.name].started(attempt.state.generation_id, turn.id, turn.conversation.id)
             attempt.journaled = True
+
+    def flush(self, streaming: Iterable[Attempt]) -> None:
+        """What each journaled stream delivered since the last flush, a write per dataset (every FLUSH_S)."""
+        texts: dict[str, list[dict]] = {}
+        for attempt in streaming:
+            state, work = attempt.state, attempt.work
+            if not attempt.journaled or state is None or work is None:
+                continue
+            delta, mark = state.delivered_since(attempt.journal_mark)
+            if not delta:
+                continue
+            line = {"text": state.generation_id, **delta}
+            if attempt.journal_mark == (0, 0, 0):
+                line.update(provider=state.provider, model=state.model)
+            attempt.journal_mark = mark
+            texts.setdefault(work.lane.name, []).append(line)
+        for name, lines in texts.items():
+            self.of[name].append_text(lines)
 
     def ended(self, attempt: Attempt) -> None:
         if attempt.journaled and attempt.state is not None and attempt.work is not None:
             self.of[attempt.work.lane.name].ended(attempt.state.generation_id)
 
-    async def read_killed(self, client: httpx.AsyncClient, *, again: bool = False) -> None:
+    async def read_killed(self, client: httpx.AsyncClient, *, again: bool = False, keep: Keep | None = None) -> None:
         """What the streams an earlier, killed run left cost, into each dataset's `killed_before` (`again`: those the
-        service did not know yet, at the run's end); each journal is left with what is still unknown."""
+        service did not know yet, at the run's end); `keep` records what they had delivered (salvage.py), before each
+        journal is left with what is still unknown."""
         for name, journal in self.of.items():
             lane = self.lanes[name]
             if again:  # the ids the service did not know at the start, read again
@@ -46,6 +69,8 @@ class Journals:
             elif journal.before or journal.carried:  # with what earlier killed runs read and could not show
                 read = await read_killed(client, journal.before) if journal.before else KilledBefore()
                 lane.killed_before = read.add(journal.carried)
+                if keep is not None and journal.delivered:
+                    await keep(lane, journal.delivered, lane.killed_before)
             else:
                 continue
             # read once: never counted again by a later run, but carried until this run's summary shows it
