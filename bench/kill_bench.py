@@ -43,6 +43,7 @@ from throughput_bench import USUAL_FAULTS, config, scaled_emulator, write_datase
 
 from eagledata.emulator import parse_config, run_emulator
 from eagledata.generation import GenerateConfig
+from eagledata.generation.conversations.turns import pauses
 from eagledata.generation.money.killed import leftovers
 from eagledata.records import load_records
 
@@ -88,11 +89,13 @@ def kill_at_in_flight(cmd: list[str], admin: httpx.Client, kill_at: int, residua
 
 
 def exactness(d: Path, n: int, truth: dict[str, dict]) -> dict:
-    """Every prompt once in records ∪ failures, no id twice, records' ids the emulator's (a cut sample a prefix)."""
+    """Every prompt once in records ∪ failures, no id twice, records' ids the emulator's (a cut sample a prefix); the
+    pause samples (prefixes a kill or a Ctrl-C cut, `<id>~n`: their prompts answered again) beside them."""
     records = load_records(d / "records.jsonl")
     failures = [json.loads(x) for x in (d / "failures.jsonl").read_text().splitlines() if x.strip()] \
         if (d / "failures.jsonl").exists() else []
-    ids = [r.id for r in records] + [f["id"] for f in failures]
+    paused = [r.id for r in records if pauses(r.meta)]
+    ids = [r.id for r in records if not pauses(r.meta)] + [f["id"] for f in failures]
     expected = {f"P{i:07d}" for i in range(n)}
     exact = texts = wrong = 0
     for r in records:
@@ -111,7 +114,8 @@ def exactness(d: Path, n: int, truth: dict[str, dict]) -> dict:
     return {"records": len(records), "failures": len(failures), "duplicates": len(ids) - len(set(ids)),
             "missing": len(expected - set(ids)), "unknown": len(set(ids) - expected), "exact_ids": exact,
             "exact_text": texts, "wrong": wrong, "cut": sum(r.finish_reason == "cut" for r in records),
-            "ok": len(ids) == len(set(ids)) == n and set(ids) == expected and wrong == 0,
+            "paused": len(paused), "ok": len(ids) == len(set(ids)) == n and set(ids) == expected and wrong == 0
+            and len(set(paused)) == len(paused) and not set(paused) & set(ids),
             "held": {r.generation_id: len(r.output_ids) for r in records}}
 
 
@@ -224,7 +228,9 @@ def report(r: dict) -> str:
     c, o, a = w[CANCELLING], w[WHOLE], w["overall"]
     kb = r["killed_before"]
     shown = (f"summary run.killed_before: ${kb['usd']:.4f} over {kb['read']} of {kb['streams']} streams "
-             f"({kb['cancelled']} cancelled, {kb['unread']} unread); the emulator billed "
+             f"({kb['cancelled']} cancelled, {kb['unread']} unread; the last kill's streams kept as prefixes "
+             f"{kb.get('kept', 0)}, holding ${kb.get('kept_usd', 0.0):.4f}; not kept {kb.get('not_kept', {})}); "
+             f"the emulator billed "
              f"${r['last_kill_billed_usd']:.4f} for the last killed run's {r['last_kill_streams']} journaled streams, "
              f"${r['every_kill_billed_usd']:.4f} "
              f"for all {r['every_kill_streams']} of the {r['kills']} killed runs'") if kb else \
@@ -234,7 +240,7 @@ def report(r: dict) -> str:
             f"{r['last_run_s']:.0f} s)"
             f"\n    exact: {'yes' if ex['ok'] else 'NO'} ({ex['records']:,} records + {ex['failures']} failures, "
             f"{ex['duplicates']} duplicates, {ex['missing']} missing, ids exact {ex['exact_ids']:,}, text exact "
-            f"{ex['exact_text']}, wrong {ex['wrong']}, cut samples {ex['cut']})"
+            f"{ex['exact_text']}, wrong {ex['wrong']}, cut samples {ex['cut']}, of them pause samples {ex['paused']})"
             f"\n    spend the records do not hold: with stream cancellation {c['share']:.1%} of ${c['spend']:.2f} "
             f"(kills ${c['kills']:.2f}, faults ${c['faults']:.2f}, cut ${c['cut']:.2f}; goal <= 10 %); without "
             f"{o['share']:.1%} of ${o['spend']:.2f} (kills ${o['kills']:.2f}, faults ${o['faults']:.2f}); overall "
