@@ -82,7 +82,17 @@ def test_the_trainers_line_says_epoch_step_loss_rate_and_eta_every_interval(capl
     assert lines[-1] == "epoch 2/2 step 25/25 loss -39 2.00 s/it ETA 0s val loss 7.5 | epoch 2 done, 1m40s of training"
     # validation time is not training time: the rate stays 2 s a step
     assert all(PROGRESS.search(line) for line in lines) and all("2.00 s/it" in line for line in lines)
+    assert len(lines) == 5  # at 30, 50 (the epoch's end), 60, 90 and 104 (the end)
     assert not any(CONTROL.search(line) for line in lines)
+
+
+def test_an_epoch_ending_on_the_schedule_says_its_line_once(caplog):
+    clock = FakeClock()
+    progress = TrainProgress(10.0, clock=clock)
+    with caplog.at_level(logging.INFO, logger="eagledata.quality.train"):
+        run_loop(progress, clock, epochs=1, steps=5, step_s=2.0)  # the last step ends at 10 s
+    assert [r.getMessage() for r in caplog.records] == [
+        "epoch 1/1 step 5/5 loss 6 2.00 s/it ETA 0s | epoch 1 done, 10s of training"]
 
 
 def test_a_line_during_validation_says_so_and_a_fast_loop_says_its_rate_in_it_per_s():

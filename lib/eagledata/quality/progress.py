@@ -111,6 +111,8 @@ class TrainProgress:
         self.step += 1
         if self.phase == "train":
             self.train_steps += 1
+            if self.step == self.steps:
+                return  # `end` says this one
         self.status.maybe(self.line)
 
     def end(self) -> None:
