@@ -132,18 +132,20 @@ def test_the_command_for_another_environment_puts_only_this_package_on_its_path(
 
 
 def test_what_runs_in_the_speculators_environment_imports_no_other_stage():
-    """measure.py runs in .venv-interop (torch, numpy, transformers, speculators; none of the project's other
-    dependencies): everything it reaches in the library, lazy imports included, stays within the quality stage and
-    the stdlib-only top-level modules."""
+    """measure.py and train.py run in .venv-interop (torch, numpy, transformers, speculators; none of the project's
+    other dependencies): everything they reach in the library, lazy imports included, stays within the quality stage
+    and the stdlib-only top-level modules."""
     from tests.helpers.imports import import_graph
 
     graph = import_graph()
-    reached, todo = set(), ["eagledata.quality.measure"]
+    reached, todo = set(), ["eagledata.quality.measure", "eagledata.quality.train"]
     while todo:
         module = todo.pop()
         if module not in reached:
             reached.add(module)
             todo.extend(graph[module])
-    assert {"eagledata.quality.eagle3", "eagledata.quality.sources", "eagledata.prompts"} <= reached
+    assert {"eagledata.quality.eagle3", "eagledata.quality.sources", "eagledata.prompts",
+            "eagledata.quality.progress"} <= reached
     assert reached - {m for m in reached if m.startswith("eagledata.quality")} <= {
-        "eagledata", "eagledata.errors", "eagledata.prompts", "eagledata.records", "eagledata.files"}
+        "eagledata", "eagledata.errors", "eagledata.prompts", "eagledata.records", "eagledata.files",
+        "eagledata.status"}

@@ -5,6 +5,7 @@ ShareGPT-shaped prompts → both arms → equal supervised tokens → hidden sta
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -19,11 +20,21 @@ from tests.helpers.quality_experiment import tiny_config
 pytestmark = pytest.mark.interop
 
 
-def test_the_whole_experiment_at_test_size(interop_python, tmp_path):
+def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch):
+    monkeypatch.setenv("FORCE_COLOR", "1")  # as a Jupyter kernel (quality.ipynb, make quality) sets it: issue 60
     config = tiny_config(tmp_path, interop_python=interop_python)
     said: list[str] = []
     summary = Experiment(config, Seams(say=said.append)).run()
     files = Experiment(config).files
+
+    # the trainer's console in plain text: its own progress lines, no control code in any command's log
+    for arm in ARMS:
+        log = (files.arm(arm) / "train" / "train.log").read_text(encoding="utf-8")
+        assert re.search(r"\n\d\d:\d\d:\d\d INFO epoch 2/2 step (\d+)/\1 loss \d[\d.e+]* [\d.]+ (it/s|s/it) ETA 0s "
+                         r"val loss \d[\d.e+]* \| epoch 2 done", log)
+    for log_file in (tmp_path / "outputs").rglob("*.log"):
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f]", log_file.read_text(encoding="utf-8").replace("\n", ""))
+    assert not any(re.search(r"[\x00-\x08\x0b-\x1f\x7f]", line) for line in said)
 
     # equal supervised tokens, and each arm's τ file says what it trained on
     rows = {r["drafter"]: r for r in summary["rows"]}

