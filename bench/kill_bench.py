@@ -98,8 +98,10 @@ def exactness(d: Path, n: int, truth: dict[str, dict]) -> dict:
     ids = [r.id for r in records if not pauses(r.meta)] + [f["id"] for f in failures]
     expected = {f"P{i:07d}" for i in range(n)}
     exact = texts = wrong = 0
+    wrong_ids: list[str] = []
     for r in records:
         g = truth.get(r.generation_id)
+        wrong_before = wrong
         if g is None:
             wrong += 1
         elif r.finish_reason == "cut":
@@ -111,10 +113,14 @@ def exactness(d: Path, n: int, truth: dict[str, dict]) -> dict:
         else:  # ids that no re-tokenization gives back (a quirk the records keep as text): the text must be exact
             ok = (r.reasoning, r.content, r.finish_reason) == (g["reasoning"], g["content"], g["finish_reason"])
             texts, wrong = texts + ok, wrong + (not ok)
+        if wrong > wrong_before:
+            wrong_ids.append(f"{r.id} ({r.provider}, {r.meta.get('cut') or r.finish_reason}"
+                             f"{', fault ' + str(g.get('fault')) if g else ', unknown generation'})")
     return {"records": len(records), "failures": len(failures), "duplicates": len(ids) - len(set(ids)),
             "missing": len(expected - set(ids)), "unknown": len(set(ids) - expected), "exact_ids": exact,
             "exact_text": texts, "wrong": wrong, "cut": sum(r.finish_reason == "cut" for r in records),
-            "paused": len(paused), "ok": len(ids) == len(set(ids)) == n and set(ids) == expected and wrong == 0
+            "paused": len(paused), "wrong_ids": wrong_ids[:10],
+            "ok": len(ids) == len(set(ids)) == n and set(ids) == expected and wrong == 0
             and len(set(paused)) == len(paused) and not set(paused) & set(ids),
             "held": {r.generation_id: len(r.output_ids) for r in records}}
 
@@ -240,7 +246,8 @@ def report(r: dict) -> str:
             f"{r['last_run_s']:.0f} s)"
             f"\n    exact: {'yes' if ex['ok'] else 'NO'} ({ex['records']:,} records + {ex['failures']} failures, "
             f"{ex['duplicates']} duplicates, {ex['missing']} missing, ids exact {ex['exact_ids']:,}, text exact "
-            f"{ex['exact_text']}, wrong {ex['wrong']}, cut samples {ex['cut']}, of them pause samples {ex['paused']})"
+            f"{ex['exact_text']}, wrong {ex['wrong']}{' ' + str(ex['wrong_ids']) if ex['wrong_ids'] else ''}, cut "
+            f"samples {ex['cut']}, of them pause samples {ex['paused']})"
             f"\n    spend the records do not hold: with stream cancellation {c['share']:.1%} of ${c['spend']:.2f} "
             f"(kills ${c['kills']:.2f}, faults ${c['faults']:.2f}, cut ${c['cut']:.2f}; goal <= 10 %); without "
             f"{o['share']:.1%} of ${o['spend']:.2f} (kills ${o['kills']:.2f}, faults ${o['faults']:.2f}); overall "
