@@ -20,8 +20,8 @@ from .state import LaneBatches, RoundInfo
 log = logging.getLogger("eagledata.generate")
 
 
-class BatchRun(Protocol):
-    """What the report reads of a run (route.BatchRun)."""
+class BatchView(Protocol):
+    """What the report reads of a run: a view of `route.BatchRun` (the loop itself)."""
 
     cfg: GenerateConfig
     service: BatchService
@@ -59,7 +59,7 @@ def batch_eta_s(info: RoundInfo, now: float, since_poll_s: float = 0.0) -> float
     return eta if to_window is None else min(eta, to_window)
 
 
-def status_line(run: BatchRun, now: float | None = None) -> str:
+def status_line(run: BatchView, now: float | None = None) -> str:
     """What a batch run is doing, in one line: per dataset its tokens of the target, its round and that batch's
     lines answered of its total, the window's end and an ETA; then the money (answered, booked, the cap) and the
     time so far. `now`: the wall clock (time.time)."""
@@ -101,11 +101,11 @@ class BatchProgress:
         """Seconds until the next status is due."""
         return max(0.0, self.log.next_at - self.clock())
 
-    def maybe(self, run: BatchRun) -> None:
+    def maybe(self, run: BatchView) -> None:
         if self.log.due():
             self.show(run)
 
-    def show(self, run: BatchRun) -> None:
+    def show(self, run: BatchView) -> None:
         self.log.next_at = self.clock() + self.log.interval_s
         line = status_line(run)
         if self.panel is not None:
@@ -114,7 +114,7 @@ class BatchProgress:
             self.log.emit(f"batch route: {line}")
 
 
-def _settings(run: BatchRun) -> dict[str, Any]:
+def _settings(run: BatchView) -> dict[str, Any]:
     cfg, service = run.cfg, run.service
     return {"route": "batch", "batch_service": service.name, "batch_model": cfg.batch_model,
             "batch_window": cfg.batch_window, "max_spend_usd": cfg.max_spend_usd,
@@ -124,7 +124,7 @@ def _settings(run: BatchRun) -> dict[str, Any]:
             "planned_usd_per_m_output": None}
 
 
-def _common(run: BatchRun) -> dict[str, Any]:
+def _common(run: BatchView) -> dict[str, Any]:
     return {"model": run.cfg.batch_model, "base_url": run.cfg.batch_base_url, "backend": run.service.name,
             "started_at": run.started_at, "ended_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "wall_s": round(run.clock() - run.t0, 3)}
@@ -136,7 +136,7 @@ def _answered(lb: LaneBatches) -> int:
     return max(lane.store.conversations_finished - lane.done_before - lane.stats.counts["failed"], 0)
 
 
-def sample(run: BatchRun) -> None:
+def sample(run: BatchView) -> None:
     """A point of each dataset's timeline and of the run's, at one tick (TIMELINE_COLUMNS): what the service
     charged for the lines settled so far (`spend_usd`, at the batch price), and as the requests in flight the lines
     of the batches in progress not answered yet against their lines (`limit`). Their bookings are worst cases for
@@ -163,7 +163,7 @@ def _extra(lanes: list[LaneBatches]) -> dict[str, Any]:
             "waited_s": round(max((i.waited_s + i.started for lb in lanes for i in lb.rounds), default=0.0), 1)}
 
 
-def write_summaries(run: BatchRun) -> dict[str, Any]:
+def write_summaries(run: BatchView) -> dict[str, Any]:
     """Every dataset's summary.json written; returns the summary (one dataset alone: its own; else the run's).
 
     The money: `charged_usd` is what the service charged for the lines this run settled (every answered line at the
