@@ -12,7 +12,7 @@ from ..defaults import shared
 from ..errors import InputError
 from ..settings import Settings, setting
 
-Drafter = Literal["self", "random"]
+ReferenceDrafter = Literal["self", "random"]  # a drafter measured beside the arms (speculative.Drafter is the seam)
 Regenerate = Literal["vllm", "transformers"]
 
 
@@ -50,8 +50,8 @@ class QualityConfig(Settings):
     k: int = setting(5, "draft tokens per chain when measuring τ")
     questions: int | None = setting(24, "MT-Bench questions measured (the first N; None -> all 80), both turns")
     max_new_tokens: int = setting(96, "cap on each MT-Bench answer while measuring τ")
-    bounds: list[Drafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: τ is "
-                                                        "k + 1; random: ≈ 1)")
+    bounds: list[ReferenceDrafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: "
+                                                                 "τ is k + 1; random: ≈ 1)")
     bound_questions: int | None = setting(3, "MT-Bench questions for the reference drafters (None -> questions)")
     target_device: str = setting("cpu", "where the target regenerates and its hidden states are extracted (cpu, cuda); "
                                  "speculators trains on the accelerator when there is one; τ is measured on CPU")
