@@ -12,7 +12,7 @@ import torch
 
 from eagledata.errors import InputError
 from eagledata.quality.arms import ARMS
-from eagledata.quality.experiment import Experiment, Seams, run_logged, share_data, train_args
+from eagledata.quality.experiment import Experiment, ExperimentSeams, run_logged, share_data, train_args
 from tests.helpers.quality_experiment import tiny_config
 
 
@@ -23,7 +23,7 @@ def no_commands(cmd, env, log_file, label):
 def test_the_stages_before_training_and_their_resume(tmp_path):
     config = tiny_config(tmp_path)
     said = []
-    exp = Experiment(config, Seams(run=no_commands, say=said.append))
+    exp = Experiment(config, ExperimentSeams(run=no_commands, say=said.append))
     asks = exp.prompts()
     assert len(asks) == 8 and [a.id for a in asks] == [f"conv{i:03d}" for i in range(8)]
     prompts_stage = json.loads(exp.files.stage("prompts").read_text())
@@ -49,7 +49,7 @@ def test_the_stages_before_training_and_their_resume(tmp_path):
     def never(path):
         raise AssertionError("a finished stage loaded the model again")
 
-    again = Experiment(config, Seams(load_model=never, load_chat=never, run=no_commands, say=said.append))
+    again = Experiment(config, ExperimentSeams(load_model=never, load_chat=never, run=no_commands, say=said.append))
     assert [a.id for a in again.prompts()] == [a.id for a in asks]
     for arm in ARMS:
         again.arm_records(arm, asks)
@@ -100,12 +100,12 @@ def test_a_kept_stage_made_with_other_settings_is_refused(tmp_path):
     from eagledata.errors import InputError
 
     config = tiny_config(tmp_path)
-    Experiment(config, Seams(run=no_commands, say=lambda s: None)).prompts()
+    Experiment(config, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()
     wider = tiny_config(tmp_path, conversations=9)
     with pytest.raises(InputError, match=r"stage prompts was made with other settings \(conversations 8 there, 9"):
-        Experiment(wider, Seams(run=no_commands, say=lambda s: None)).prompts()
+        Experiment(wider, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()
     later = tiny_config(tmp_path, questions=1)  # a later stage's setting: the prompts are kept
-    assert len(Experiment(later, Seams(run=no_commands, say=lambda s: None)).prompts()) == 8
+    assert len(Experiment(later, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()) == 8
 
 
 def test_settings_that_cannot_work_are_refused_by_field():
@@ -124,7 +124,7 @@ def test_settings_that_cannot_work_are_refused_by_field():
 def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_path):
     """`data_from`: the same prompts, records, samples and hidden states (hard links, not copies), so that a second
     seed costs training and τ only; the trainer's and τ's stages stay this experiment's own."""
-    first = Experiment(tiny_config(tmp_path), Seams(run=no_commands, say=lambda s: None))
+    first = Experiment(tiny_config(tmp_path), ExperimentSeams(run=no_commands, say=lambda s: None))
     asks = first.prompts()
     for arm in ARMS:
         first.arm_records(arm, asks)
@@ -143,7 +143,7 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
         f"[{name}] linked from {first.files.root}" for name in ("target", "prompts", "records/on_policy",
                                                                 "records/off_policy", "assemble",
                                                                 "extract/on_policy", "extract/off_policy")]
-    again = Experiment(seeded, Seams(load_model=never, load_chat=never, run=no_commands, say=said.append))
+    again = Experiment(seeded, ExperimentSeams(load_model=never, load_chat=never, run=no_commands, say=said.append))
     assert [a.id for a in again.prompts()] == [a.id for a in asks]
     for arm in ARMS:
         again.arm_records(arm, asks)

@@ -11,7 +11,7 @@ import pytest
 
 from eagledata.notebooks import read_results, run_notebook
 from eagledata.quality.arms import ARMS
-from eagledata.quality.experiment import Experiment, Seams
+from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.quality.measure import HFChat, load_causal_lm, load_hf_tokenizer
 from eagledata.quality.speculative import Verifier, greedy_decode
 from eagledata.quality.tau import read_tau
@@ -24,7 +24,7 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
     monkeypatch.setenv("FORCE_COLOR", "1")  # as a Jupyter kernel (quality.ipynb, make quality) sets it: issue 60
     config = tiny_config(tmp_path, interop_python=interop_python)
     said: list[str] = []
-    summary = Experiment(config, Seams(say=said.append)).run()
+    summary = Experiment(config, ExperimentSeams(say=said.append)).run()
     files = Experiment(config).files
 
     # the trainer's console in plain text: its own progress lines, no control code in any command's log
@@ -69,7 +69,7 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
 
     # a rerun keeps every stage
     said.clear()
-    again = Experiment(config, Seams(say=said.append)).run()
+    again = Experiment(config, ExperimentSeams(say=said.append)).run()
     assert again["rows"] == summary["rows"] and not any(line.endswith("...") for line in said)
 
     # quality.ipynb on the finished experiment (every stage kept): the table, the plot and the conclusion

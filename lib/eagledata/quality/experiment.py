@@ -103,7 +103,7 @@ def default_target(cache_dir: Path) -> Path:
 
 
 @dataclass
-class Seams:
+class ExperimentSeams:
     """What reaches outside: models, tokenizers, the speculators environment's commands, the target's files."""
 
     load_model: Callable[[str], Any] = load_causal_lm
@@ -314,7 +314,7 @@ class Stages:
 @dataclass
 class Experiment:
     config: QualityConfig
-    seams: Seams = field(default_factory=Seams)
+    seams: ExperimentSeams = field(default_factory=ExperimentSeams)
 
     def __post_init__(self) -> None:
         self.files = experiment_files(self.config)
@@ -531,9 +531,9 @@ def _tau_line(doc: dict[str, Any]) -> dict[str, Any]:
                                     "turns", "k")}
 
 
-def run_experiment(config: QualityConfig, seams: Seams | None = None) -> dict[str, Any]:
+def run_experiment(config: QualityConfig, seams: ExperimentSeams | None = None) -> dict[str, Any]:
     """The whole experiment (`Experiment.run`): what `make quality` and quality.ipynb call."""
-    return Experiment(config, seams or Seams()).run()
+    return Experiment(config, seams or ExperimentSeams()).run()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

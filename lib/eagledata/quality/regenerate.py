@@ -6,7 +6,7 @@
 - `in_process`: transformers' batched `generate` (`arms.regenerate_greedy`), where no vLLM can run (a GPU machine
   without it, the tests).
 
-How the server is started and how the notebook runs are seams (`experiment.Seams.serve` / `.generate`).
+How the server is started and how the notebook runs are seams (`experiment.ExperimentSeams.serve` / `.generate`).
 """
 from __future__ import annotations
 
