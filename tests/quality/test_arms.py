@@ -13,12 +13,12 @@ from eagledata.quality.arms import (
     Asks,
     TextStageChat,
     conversation_asks,
-    cut_to,
     equalize,
     off_policy_records,
     regenerate_greedy,
     supervised,
     take_supervised,
+    trim_to,
 )
 from eagledata.text import prompt_ids
 from eagledata.training.assembly import AssemblyPolicy, Sample, assemble
@@ -117,17 +117,17 @@ def test_equalize_gives_both_arms_the_same_supervised_tokens_over_the_same_turns
     keys = [(s.conversation_id, s.turn) for s in kept]
     assert keys == sorted(keys) and keys == sorted((s.conversation_id, s.turn) for s in off)[:len(kept)]
     last = kept[-1]
-    assert [s.cut for s in kept] == [False] * (len(kept) - 1) + [True]
-    assert last.loss_mask[-1] == 1 and last.input_ids == list(range(len(last)))  # cut inside its answer
+    assert [s.shortened for s in kept] == [False] * (len(kept) - 1) + [True]
+    assert last.loss_mask[-1] == 1 and last.input_ids == list(range(len(last)))  # trimmed inside its answer
     assert eq.left_out["off_policy"]["over_equal_tokens"] == 40 - len(kept)
 
 
 def test_a_sample_that_ends_on_the_line_is_kept_whole():
     arm = [sample("a", 1, 2, 5), sample("b", 1, 2, 5), sample("c", 1, 2, 5)]
-    assert [s.cut for s in take_supervised(arm, 10)] == [False, False]
+    assert [s.shortened for s in take_supervised(arm, 10)] == [False, False]
     assert supervised(take_supervised(arm, 11)) == 11 and take_supervised(arm, 11)[-1].input_ids == [0, 1, 2]
     with pytest.raises(ValueError, match="fewer than 9"):
-        cut_to(arm[0], 9)
+        trim_to(arm[0], 9)
 
 
 def test_arms_sharing_no_turn_are_refused():

@@ -128,7 +128,7 @@ def test_a_decoder_that_keeps_rejected_drafts_in_the_cache_is_caught(target_mode
     (a planted bug) and the output drifts from greedy."""
 
     class Forgetful(Verifier):
-        def cut(self, length):
+        def crop(self, length):
             pass
 
     drifted = 0

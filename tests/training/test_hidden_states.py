@@ -336,7 +336,7 @@ def test_assembly_dedupe_truncation_length_and_exports(tok, tmp_path):
     assert "r1" not in [s.id for s in dropped.samples] and dropped.dropped["too_long"] >= 1
     cut_set = assemble([a, b], policy=AssemblyPolicy(max_length=limit, overlong="truncate"))
     r1 = next(s for s in cut_set.samples if s.id == "r1")
-    assert len(r1) == limit and r1.cut and r1.input_ids == asm.samples[1].input_ids[:limit]
+    assert len(r1) == limit and r1.shortened and r1.input_ids == asm.samples[1].input_ids[:limit]
     n_prompt = len(asm.records[1].prompt_ids)
     assert apply_length_policy(asm.samples[1], AssemblyPolicy(max_length=n_prompt, overlong="truncate")) == \
         (None, "prompt_too_long")

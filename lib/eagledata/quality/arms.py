@@ -1,6 +1,6 @@
 """The experiment's two arms, as records any dataset's records are: `on_policy` (the target's own answers to the
 prompts, every turn on its own history) and `off_policy` (the data set's own answers, rendered with the target's
-chat template). Both then go through `training.assemble` alike; `equalize` cuts them to the same supervised tokens
+chat template). Both then go through `training.assemble` alike; `equalize` trims them to the same supervised tokens
 over the same prompts.
 
 Policy here is pure (records in, records or samples out, with counts of what was left out and why); the one thing
@@ -9,7 +9,7 @@ that runs a model, `regenerate_greedy`, takes the model and the chat as argument
 A record is one assistant turn (`conversation_id`, `turn`, id `c` for turn 1 and `c#j` after, as generation writes
 them): for turn j its prompt is the conversation up to user turn j with the arm's earlier answers as history (the
 data set's for off-policy, the target's own for on-policy), its output the answer and the end-of-turn token, loss
-on the answer only (`Record.loss_mask`). The asks are cut as generation cuts them (`split_asks`): leading assistant
+on the answer only (`Record.loss_mask`). The asks are split as generation splits them (`split_asks`): leading assistant
 messages stay as context, a second assistant message in a row is the data set's and dropped, a last ask with no
 answer has no off-policy record.
 """
@@ -70,7 +70,7 @@ class TextStageChat:
 # -- the asks and the data set's answers -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Asks:
-    """A conversation cut into asks as generation cuts it, with the data set's answer after each (None: none)."""
+    """A conversation split into asks as generation splits it, with the data set's answer after each (None: none)."""
 
     id: str
     asks: list[list[dict]]
@@ -227,19 +227,20 @@ def supervised(samples: Iterable[Sample]) -> int:
     return sum(sum(s.loss_mask) for s in samples)
 
 
-def cut_to(sample: Sample, tokens: int) -> Sample:
-    """`sample` ending right after its `tokens`-th supervised token (`cut=True`); `tokens` ≥ 1."""
+def trim_to(sample: Sample, tokens: int) -> Sample:
+    """`sample` ending right after its `tokens`-th supervised token (`shortened=True`); `tokens` ≥ 1."""
     seen = 0
     for i, m in enumerate(sample.loss_mask):
         seen += m != 0
         if seen == tokens:
-            return replace(sample, input_ids=sample.input_ids[:i + 1], loss_mask=sample.loss_mask[:i + 1], cut=True)
+            return replace(sample, input_ids=sample.input_ids[:i + 1], loss_mask=sample.loss_mask[:i + 1],
+                           shortened=True)
     raise ValueError(f"sample {sample.id} has {seen} supervised tokens, fewer than {tokens}")
 
 
 def take_supervised(samples: Sequence[Sample], tokens: int) -> list[Sample]:
     """Samples in (conversation id, turn) order until their supervised tokens are exactly `tokens`: whole samples
-    while they fit, then the sample that crosses the line cut after the token that reaches it; the rest left out."""
+    while they fit, then the sample that crosses the line trimmed after the token that reaches it; the rest left out."""
     kept: list[Sample] = []
     total = 0
     for s in sorted(samples, key=turn_key):
@@ -249,7 +250,7 @@ def take_supervised(samples: Sequence[Sample], tokens: int) -> list[Sample]:
             total += n
         else:
             if tokens > total:
-                kept.append(cut_to(s, tokens - total))
+                kept.append(trim_to(s, tokens - total))
             break
     return kept
 
@@ -264,15 +265,17 @@ class Equalized:
     left_out: dict[str, dict[str, int]]  # arm -> {"not in the other arm": n, "over the equal tokens": n}
 
     def table(self) -> list[dict[str, Any]]:
+        """One row per arm (summary.json's `arms`). `cut_samples` keeps its stored name: the samples equalizing
+        trimmed (`Sample.shortened`), not generation's cut samples (streams the run closed)."""
         return [{"arm": a, "samples": len(s), "supervised_tokens": supervised(s),
-                 "tokens": sum(len(x) for x in s), "cut_samples": sum(x.cut for x in s), **self.left_out[a]}
+                 "tokens": sum(len(x) for x in s), "cut_samples": sum(x.shortened for x in s), **self.left_out[a]}
                 for a, s in self.arms.items()]
 
 
 def equalize(arms: dict[str, Sequence[Sample]]) -> Equalized:
     """The same prompts, the same supervised tokens: each arm keeps only the (conversation, turn)s every arm has,
-    then every arm is cut (`take_supervised`) to the smallest arm's supervised tokens. The smallest arm stays
-    whole; a larger one loses its last samples in (conversation id, turn) order, the one that crosses the line cut
+    then every arm is trimmed (`take_supervised`) to the smallest arm's supervised tokens. The smallest arm stays
+    whole; a larger one loses its last samples in (conversation id, turn) order, the one that crosses the line trimmed
     inside its answer."""
     if not arms:
         raise InputError("no arms given", field="arms")

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from .speculative import cut_cache, new_cache
+from .speculative import crop_cache, new_cache
 
 
 def load_eagle3(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> Any:
@@ -129,7 +129,7 @@ class Eagle3Drafter:
         first = len(ids) - 1 - n  # the position of the first new state
         if first != self.rows:
             raise ValueError(f"states for positions {first}…: the drafter holds rows up to {self.rows}")
-        cut_cache(self.cache, self.rows)
+        crop_cache(self.cache, self.rows)
         # row j reads the state at position j and the token at j + 1
         hidden, logits = self.rows_forward(ids[first + 1:], self.features(states), first) if n else (None, None)
         if hidden is None or logits is None:

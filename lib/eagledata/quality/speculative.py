@@ -3,7 +3,7 @@ verifies them in one forward, the accepted prefix and the target's own next toke
 
 Greedy verification emits exactly what plain greedy decoding emits, whatever the drafter proposes: the drafter only
 decides how many target forwards it takes. τ counts the tokens each verifying forward yields (accepted + 1), before
-an end-of-turn token or the length cap cuts the last chain, as vLLM's metrics count them (1 + accepted / drafts);
+an end-of-turn token or the length cap ends the last chain early, as vLLM's metrics count them (1 + accepted / drafts);
 the prefill forward, which yields the first token with no draft, is not a verifying forward. The target drafting
 for itself therefore gives τ = k + 1 exactly, and per-position acceptance sums to τ − 1 (`tau.py`).
 
@@ -25,12 +25,12 @@ def new_cache() -> Any:
     return DynamicCache()
 
 
-def cut_cache(cache: Any, length: int) -> None:
+def crop_cache(cache: Any, length: int) -> None:
     """Keep the first `length` positions of a transformers cache (negative `crop`: transformers ≥ 5.18 refuses a
     positive one)."""
     remove = cache.get_seq_length() - length
     if remove < 0:
-        raise ValueError(f"cannot cut a cache of {cache.get_seq_length()} positions to {length}")
+        raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} positions to {length}")
     if remove:
         cache.crop(-remove)
 
@@ -54,8 +54,8 @@ class Drafter(Protocol):
 
 
 class Verifier:
-    """The verifier: a transformers causal LM run over one sequence at a time with a KV cache that is cut back to
-    the accepted positions after each verification."""
+    """The verifier: a transformers causal LM run over one sequence at a time with a KV cache that is cropped back
+    to the accepted positions after each verification."""
 
     def __init__(self, model: Any, aux_layers: Sequence[int] | None = None):
         self.model = model.eval()
@@ -82,8 +82,8 @@ class Verifier:
             states = torch.cat([out.hidden_states[i][0] for i in self.aux_layers], dim=-1)
         return out.logits[0], states
 
-    def cut(self, length: int) -> None:
-        cut_cache(self.cache, length)
+    def crop(self, length: int) -> None:
+        crop_cache(self.cache, length)
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Decoded:
 
     @property
     def tokens(self) -> int:
-        """Tokens the verifying forwards yielded (accepted + the bonus each), before the stop cut."""
+        """Tokens the verifying forwards yielded (accepted + the bonus each), up to where a stop ends the turn."""
         return sum(self.accepted) + len(self.accepted)
 
     @property
@@ -155,7 +155,7 @@ def speculative_decode(target: Verifier, drafter: Drafter, prompt_ids: Sequence[
         while a < k and drafts[a] == best[a]:
             a += 1
         result.accepted.append(a)
-        target.cut(len(ids) + a)  # ids[-1] and the accepted drafts are verified positions now
+        target.crop(len(ids) + a)  # ids[-1] and the accepted drafts are verified positions now
         states = states[:a + 1] if states is not None else None
         for token in [*drafts[:a], best[a]]:
             ids.append(token)
@@ -192,7 +192,7 @@ class ModelDrafter:
             if a != b:
                 break
             keep += 1
-        cut_cache(self.cache, keep)
+        crop_cache(self.cache, keep)
         del self.cached[keep:]
         drafts = [self._next(ids[keep:])]
         while len(drafts) < k:

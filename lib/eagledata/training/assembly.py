@@ -58,7 +58,7 @@ class Sample:
     input_ids: list[int]
     loss_mask: list[int]
     truncated: bool  # the model never ended it: cut by max_tokens ("length") or by the run ("cut")
-    cut: bool = False  # shortened here by the max-length policy
+    shortened: bool = False  # shortened after reading: the max-length policy truncated it, or quality equalized it
     provider: str = ""  # who served the record (the fidelity audit's groups); not part of the digest
     sampling: str = ""  # the record's sampling settings as canonical JSON ("" when the record does not say)
     conversation_id: str = ""  # the record's conversation ("" when not known, e.g. a set read back from its index)
@@ -248,7 +248,7 @@ class Assembly:
                 "conversations": cost["conversations"], "later_turns": cost["later_turns"],
                 **{f"dropped_{k}": v for k, v in sorted(self.dropped.items())},
                 "truncated_kept": sum(s.truncated for s in self.samples),
-                "cut_to_max_length": sum(s.cut for s in self.samples),
+                "cut_to_max_length": sum(s.shortened for s in self.samples),  # the stat's name is published: kept
                 "tokens": cost["tokens"], "loss_tokens": cost["loss_tokens"],
                 "tokens_per_loss_token": cost["tokens_per_loss_token"],
                 "length_p50": pct(0.5), "length_p90": pct(0.9), "length_p99": pct(0.99),
@@ -353,7 +353,7 @@ def apply_length_policy(sample: Sample, policy: AssemblyPolicy) -> tuple[Sample 
     n = policy.max_length
     if sum(sample.loss_mask[:n]) == 0:
         return None, "prompt_too_long"
-    return replace(sample, input_ids=sample.input_ids[:n], loss_mask=sample.loss_mask[:n], cut=True), None
+    return replace(sample, input_ids=sample.input_ids[:n], loss_mask=sample.loss_mask[:n], shortened=True), None
 
 
 def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_DIR,

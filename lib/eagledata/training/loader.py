@@ -52,9 +52,9 @@ class HiddenStates:
         for i, e in enumerate(self.entries):
             yield e.id, self[i]
 
-    def verify(self, records: Iterable[Record], *, cut: bool = True) -> int:
-        """Stored ids and masks equal each record's `prompt_ids + output_ids` (a prefix when the
-        assembly cut it, with `cut`); every record present. Returns the number checked."""
+    def verify(self, records: Iterable[Record], *, shortened: bool = True) -> int:
+        """Stored ids and masks equal each record's `prompt_ids + output_ids` (a prefix when the assembly shortened
+        it, with `shortened`: the max-length policy's truncation); every record present. Returns the number checked."""
         n = 0
         for r in records:
             if r.id not in self.by_id:
@@ -62,7 +62,7 @@ class HiddenStates:
             got = self[r.id]
             ids, mask = r.input_ids, r.loss_mask
             length = len(got.input_ids)
-            if length != len(ids) and not (cut and length < len(ids)):
+            if length != len(ids) and not (shortened and length < len(ids)):
                 raise InputError(f"record {r.id!r}: {length} stored tokens, the record has {len(ids)}",
                                  self.files.index)
             if got.input_ids.tolist() != ids[:length] or got.loss_mask.tolist() != mask[:length]:
