@@ -108,7 +108,7 @@ def test_a_planted_upward_import_is_found():
 
 
 def test_no_module_outside_text_names_the_kimi_tokenizer():
-    """Stages take the text stage's `Tokenizer` interface: a second target family is a tokenizer, not a rewrite."""
+    """Stages take the text stage's `Tokenizer` interface: a second model family is a tokenizer, not a rewrite."""
     from tests.helpers import ROOT
 
     named = [str(p.relative_to(ROOT)) for p in (ROOT / "lib" / "eagledata").rglob("*.py")

@@ -39,7 +39,7 @@ SHARED: dict[str, tuple[Any, str]] = {
     "reserve_usd": (5.0, "account balance never spent (nor planned)"),
     "prior_output_median_tokens": (3000.0, "output-length guess before any records exist"),
     "prior_output_sigma": (0.9, "log-normal spread of that guess"),
-    "turns": ("all", "all: every user turn answered on the target's own earlier answers (a request per turn); "
+    "turns": ("all", "all: every user turn answered on the model's own earlier answers (a request per turn); "
                      "last: only the last, on the dataset's answers (a request per prompt)"),
     "status_interval_s": (10.0, "seconds between status lines when no widget shows progress"),
     "snapshot": (None, "a saved endpoints snapshot (JSON) -> offline, no server"),

@@ -205,7 +205,7 @@ def test_every_endpoint_excluded_is_refused_naming_each_rule_and_its_setting(tmp
 @pytest.mark.parametrize("kw, params, quant, rule", [
     (dict(), ["max_tokens", "tools"], "int4",
      "1 endpoint (X) does not list `reasoning` or `include_reasoning` among its supported parameters "
-     "(require_reasoning=True: answers without reasoning are not the target's training data)"),
+     "(require_reasoning=True: answers without reasoning are not the model's training data)"),
     (dict(unknown="exclude"), REASONING, "unknown",
      "1 endpoint (X) has an unknown quantization (unknown_policy=exclude; keep takes such endpoints, flagged)"),
 ])

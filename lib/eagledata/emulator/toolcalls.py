@@ -160,7 +160,7 @@ def plan(messages: Sequence[dict], tools: Sequence[dict] | None, parallel: bool 
 
 def _asked_key(messages: Sequence[dict]) -> str:
     """What identifies a conversation so far in both the dataset and a request: its system, user and tool messages'
-    roles and texts, in order. The assistant turns differ (the target's own answers, other call ids), these do not."""
+    roles and texts, in order. The assistant turns differ (the model's own answers, other call ids), these do not."""
     asked = [(m.get("role"), _text(m.get("content"))) for m in messages if m.get("role") != "assistant"]
     return hashlib.sha256(json.dumps(asked, ensure_ascii=False).encode()).hexdigest()[:32]
 

@@ -171,7 +171,7 @@ class BudgetConfig(Settings):
     prior_output_median_tokens: float = shared("prior_output_median_tokens")
     prior_output_sigma: float = shared("prior_output_sigma")
     max_tokens: int = shared("max_tokens", "generation cap per request (caps the guess)")
-    turns: TurnsMode = shared("turns", "as generate plans to run: all (a request per user turn, on the target's own "
+    turns: TurnsMode = shared("turns", "as generate plans to run: all (a request per user turn, on the model's own "
                               "answers) | last (a request per prompt)")
     prior_content_share: float = setting(0.25, "no finished records yet: guess an earlier answer's content (what "
                                          "later turns resend) as this share of the output guess (the rest: reasoning)")

@@ -41,7 +41,7 @@ class Completion:
     output_token_ids: list[int] | None = None
     repaired: str = ""  # the rule that rebuilt the answer's shape exactly (`repair_reasoning`), "" when served whole
     # The answer exactly as the server's fields gave it, before K2.5's shape rules (inline `<think>` split, repairs):
-    # what a target without a reasoning section records (its text has no `</think>` to split at).
+    # what a model without a reasoning section records (its text has no `</think>` to split at).
     served: Answer | None = None
 
     @property

@@ -107,7 +107,7 @@ _RULES: list[tuple[Callable[[str], bool], str, str, str]] = [
      "only to endpoints that take them: set require_tools=False for a run without tools"),
     (lambda r: r == NO_REASONING, "does not list `reasoning` or `include_reasoning` among its supported parameters",
      "do not list `reasoning` or `include_reasoning` among their supported parameters",
-     "require_reasoning=True: answers without reasoning are not the target's training data"),
+     "require_reasoning=True: answers without reasoning are not the model's training data"),
     (lambda r: r.startswith("quantization ") and r.endswith("(unknown_policy=exclude)"),
      "has an unknown quantization", "have an unknown quantization",
      "unknown_policy=exclude; keep takes such endpoints, flagged"),

@@ -1,4 +1,4 @@
-"""Text ↔ token ids for the target model: its tokenizer (Kimi's tiktoken files, or a HF checkpoint's tokenizer.json)
+"""Text ↔ token ids for the model: its tokenizer (Kimi's tiktoken files, or a HF checkpoint's tokenizer.json)
 with its structural ids, the chat template and the output-id recipe, and the round-trip validation that proves a
 record's ids say exactly what its text says."""
 from .config import TokenizerReportConfig

@@ -132,7 +132,7 @@ def _assemble(structure: Structure, r_ids: list[int], c_ids: list[int], finish_r
     cut = finish_reason in CUT_FINISHES
     if structure.end_of_reasoning is None:
         if reasoning:
-            raise InputError("reasoning present but the target has no reasoning section", field="reasoning")
+            raise InputError("reasoning present but the model has no reasoning section", field="reasoning")
         ids = c_ids
     elif not thinking:
         if reasoning:

@@ -151,7 +151,7 @@ def resolve_tokenizer_dir(name_or_path: str | Path) -> Path:
 
 
 class Tokenizer(Protocol):
-    """What every stage asks of a target model's tokenizer: ids for text with special tokens disallowed (or allowed,
+    """What every stage asks of the model's tokenizer: ids for text with special tokens disallowed (or allowed,
     as a server tokenizes), text for ids, its chat template, its structural ids (`structure`: end of turn, end of
     reasoning, tool-call section), which ids are control tokens, and a fingerprint records are checked against.
     `KimiTokenizer` is one, `HFTokenizer` (a checkpoint's tokenizer.json) another (text/README.md)."""

@@ -447,7 +447,7 @@ def check_batch_model(cfg: GenerateConfig, tok: Tokenizer) -> None:
     """Refuse a batch model of another release than the records' tokenizer (`batch_model kimi-k2.6` beside K2.5's
     tokenizer): the records would hold another model's answers, with ids and a template that are not its own.
     The tokenizer's release is what its directory says (facts.tokenizer_release); a directory that says none is
-    taken for the target's (`model`) tokenizer."""
+    taken for the model's (`model`) tokenizer."""
     served = batch_model(cfg.batch_model)
     said = tokenizer_release(tok.directory)
     ours = said or model_stem(cfg.model).lower()

@@ -57,7 +57,7 @@ def answer_check(completion: Completion, prompt_ids: list[int], output_ids: list
     """`meta.fidelity` of a kept answer: the repair rule applied ("" when served whole) and how the service's own
     counts differ from our ids (`usage` minus ids; None when the service gave no count). A provider's differences
     are constant (it counts `<|im_end|>` or not); spread-out ones mean its text is not the model's
-    (generation/conversations/fidelity.py judges them). `shaped` False: a target without a reasoning section, whose
+    (generation/conversations/fidelity.py judges them). `shaped` False: a model without a reasoning section, whose
     answer is recorded as served (no repair applies)."""
     u = completion.usage
     return {"repaired": completion.repaired if shaped else "",
@@ -73,7 +73,7 @@ def build_record(tok: Tokenizer, *, turn: Turn, dataset: str, prompt_ids: list[i
     providers under the same settings). A turn of a chained conversation keeps `meta.turns`, its last turn's number:
     with the finish reason it tells a resume whether the conversation went on."""
     # K2.5's shape rules (an inline `<think>` split off, a bare `</think>` repaired) are for a family that reasons;
-    # a target without a reasoning section records its text as served
+    # a model without a reasoning section records its text as served
     shaped = tok.structure.reasons
     a = completion.answer if shaped else completion.as_served
     a.reasoning.encode("utf-8"), a.content.encode("utf-8")

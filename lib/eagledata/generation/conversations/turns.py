@@ -2,14 +2,14 @@
 
 A prompt's conversation is cut into *asks*: the messages up to each of the dataset's assistant answers (system and
 user turns, or the tool results that answer the dataset's calls), and the messages after the last one. With `turns:
-all` every ask is answered by the target in order, on its own history: turn j's request is asks 1..j with the
-target's recorded answers to turns 1..j−1 between them, and none of the dataset's answers (both trainers' data
+all` every ask is answered by the model in order, on its own history: turn j's request is asks 1..j with the
+model's recorded answers to turns 1..j−1 between them, and none of the dataset's answers (both trainers' data
 tools regenerate every turn so; see docs/FORMATS.md#conversations). With `turns: last` the dataset's earlier
 answers stay as history and only the last ask is answered (one request per prompt, as before conversations).
 
-Tool conversations are regenerated semi-on-policy (speculators PR #750; docs/FORMATS.md#tool-calls): the target
+Tool conversations are regenerated semi-on-policy (speculators PR #750; docs/FORMATS.md#tool-calls): the model
 writes the calls; when they match the dataset's next calls by name and count, the dataset's tool results follow
-them with the target's ids, and the next ask is answered. A mismatch ends the conversation after the tool-call turn
+them with the model's ids, and the next ask is answered. A mismatch ends the conversation after the tool-call turn
 (still a sample): tool results are never invented.
 
 An earlier plain answer is sent as `{role: assistant, content}`: K2.5's chat template renders every assistant
@@ -42,7 +42,7 @@ PAUSE_SEP = "~"  # the n-th pause sample of turn id t has record id "t~n" (`paus
 KILLED = "killed"  # `meta.cut` of a killed run's stream, kept by the next (realtime/salvage.py)
 PAUSE_CUTS = frozenset({"interrupted", KILLED})
 FINISHED = ("stop", "tool_calls")  # finish reasons of an answer the model ended itself
-TOOL_MISMATCH = "tool_mismatch"  # `meta.ended`: the target's calls were not the dataset's, so no results follow
+TOOL_MISMATCH = "tool_mismatch"  # `meta.ended`: the model's calls were not the dataset's, so no results follow
 # How a tool-call turn missed the dataset's next calls (`mismatch_kind`), as the report says it.
 MISMATCHES = {"plain": "answered plainly where the dataset called a tool",
               "called": "called a tool where the dataset answered plainly",
@@ -87,7 +87,7 @@ def model_call_ids(served: Sequence[ToolCall], messages: Sequence[dict]) -> tupl
 
 
 def matches(ours: Sequence[ToolCall], dataset: Sequence[ToolCall]) -> bool:
-    """The target's calls match the dataset's next calls: the same names, as many times each (a plain answer
+    """The model's calls match the dataset's next calls: the same names, as many times each (a plain answer
     matches a plain one)."""
     return Counter(c.name for c in ours) == Counter(c.name for c in dataset)
 
@@ -100,7 +100,7 @@ def mismatch_kind(ours: Sequence[str], dataset: Sequence[str]) -> str:
 
 
 def result_ids(ours: Sequence[ToolCall], dataset: Sequence[ToolCall]) -> dict[str, str]:
-    """Dataset call id -> the target's id for the call of the same name and rank (calls may come in any order)."""
+    """Dataset call id -> the model's id for the call of the same name and rank (calls may come in any order)."""
     by_name: dict[str, list[str]] = defaultdict(list)
     for c in ours:
         by_name[c.name].append(c.id)
@@ -123,7 +123,7 @@ def split_asks(messages: Sequence[dict]) -> tuple[list[list[dict]], list[tuple[T
     for m in messages:
         asking = any(b["role"] in ("user", "tool") for b in block)
         if m["role"] == "assistant" and (asks or asking):
-            if asking:  # the dataset's answer to this ask: dropped (its calls kept, to match the target's against)
+            if asking:  # the dataset's answer to this ask: dropped (its calls kept, to match the model's against)
                 asks.append(block)
                 between.append(_calls(m))
                 block = []
@@ -154,7 +154,7 @@ def _assistant(answer: Answer, in_loop: bool) -> dict:
 class Conversation:
     """One prompt as a chain of requests. `first` is the turn number of its first request: 1, or with `turns:
     last` the number of asks (the record's `turn` is the ask it answers). `dataset_calls[k]`: the calls of the
-    dataset's answer to ask k (what the target's answer must match for ask k+1's tool results to follow)."""
+    dataset's answer to ask k (what the model's answer must match for ask k+1's tool results to follow)."""
 
     id: str
     asks: tuple[tuple[dict, ...], ...]
@@ -184,7 +184,7 @@ class Conversation:
     @property
     def parallel_tool_calls(self) -> bool:
         """What the request says of parallel calls: as the dataset does (an answer of several calls in its
-        messages), so the target calls as the agent that made the data let it."""
+        messages), so the model calls as the agent that made the data let it."""
         return any(len(c) > 1 for c in self.dataset_calls) or any(
             len(m.get("tool_calls") or ()) > 1 for ask in self.asks for m in ask)
 
@@ -194,7 +194,7 @@ class Conversation:
         return Answer("", "", "tool_calls" if calls else "stop", calls)
 
     def _ask(self, k: int, answers: Sequence[Answer]) -> list[dict]:
-        """Ask k as sent: tool results carry the ids of the target's calls they answer."""
+        """Ask k as sent: tool results carry the ids of the model's calls they answer."""
         ask = list(self.asks[k])
         if k == 0 or not self.dataset_calls[k - 1]:
             return ask
@@ -236,7 +236,7 @@ class Turn:
     @property
     def dataset_calls(self) -> tuple[ToolCall, ...] | None:
         """The calls of the dataset's answer to this turn's ask (`()`: a plain answer), None where the dataset has no
-        answer (the conversation's last ask): what the target's answer must match for the loop to go on."""
+        answer (the conversation's last ask): what the model's answer must match for the loop to go on."""
         k = self.number - self.conversation.first
         return self.conversation.dataset_calls[k] if k < len(self.conversation.dataset_calls) else None
 

@@ -7,7 +7,7 @@ stays within balance − reserve; the band (P50/P90) comes from the spread of ou
 requests still in flight when a run stops issuing.
 
 A request is one turn of a conversation (`turns: all`, see turns.py): turn j's prompt is the asks 1..j with
-the target's answers to turns 1..j−1 between them, so prompts grow along a conversation. What can be
+the model's answers to turns 1..j−1 between them, so prompts grow along a conversation. What can be
 measured is measured exactly (the rendered asks and template, `measure_prompts`); the answers are not
 written yet, so each earlier answer adds the expected content tokens of an answer (`ContentLengths`:
 earlier runs' finished answers, else a share of the output guess). A dataset can send as many requests as
@@ -98,7 +98,7 @@ class ContentLengths:
 
     @classmethod
     def from_records(cls, paths: Iterable[str | Path], structure: Structure = KIMI_STRUCTURE) -> ContentLengths | None:
-        """Content tokens of earlier runs' finished answers (the target's structural ids: `tok.structure`); None
+        """Content tokens of earlier runs' finished answers (the model's structural ids: `tok.structure`); None
         when there are none."""
         lengths, used = record_lengths(paths, lambda r: content_tokens(r, structure))
         if not lengths:
@@ -231,7 +231,7 @@ def turn_prompt_tokens(tok: Tokenizer, conversation: Conversation, scaffold: _Sc
 def measure_prompts(tok: Tokenizer, name: str, path: str | Path, turns: TurnsMode = "all",
                     tools: list[dict] | None = None) -> PromptTurns:
     """Every request a prompt file makes under `turns` (generation's setting), exactly as generation will render
-    it (template + generation prompt), with the target's earlier answers left empty (`PromptTurns.stats` adds
+    it (template + generation prompt), with the model's earlier answers left empty (`PromptTurns.stats` adds
     their expected content). `last` is one request per prompt: the prompt as written. `tools`: the dataset's
     declarations for prompts without their own (they are rendered into every request)."""
     if turns not in ("all", "last"):
