@@ -28,7 +28,7 @@ lint: $(STAMP)
 # the real model read it there (tests/conftest.py `smollm2_dir`) and fail, never skip, without it.
 QUALITY_CACHE ?= .cache/quality
 smollm2: $(STAMP)
-	$(PY) -m eagledata.quality.target --cache $(QUALITY_CACHE)
+	$(PY) -m eagledata.quality.smollm2 --cache $(QUALITY_CACHE)
 
 # Two workers: the suite is mostly notebooks and subprocesses waiting on each other (CI machines have 2 cores).
 test: $(STAMP) lint smollm2

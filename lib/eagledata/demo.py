@@ -144,7 +144,7 @@ def _demo(args: argparse.Namespace) -> int:
         step("tokenizer", "tokenizer-samples")
         step("budget", "budget-actual", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
              reserve_usd=0.05, round_to=1000, output_dir=str(demo), write=False)
-    # Hidden states need no API: a tiny random kimi_k25 model stands in for the target on CPU. Samples of up to
+    # Hidden states need no API: a tiny random kimi_k25 model stands in for the verifier on CPU. Samples of up to
     # 1,024 tokens (the longer ones dropped by the length policy, the report says how many): the audit scores every
     # output token over K2.5's 163,840-token vocabulary, which a 64-wide model cannot make cheap (~1.6k tok/s here),
     # and the README's first command should take about a minute, not three.

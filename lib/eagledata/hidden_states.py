@@ -91,7 +91,7 @@ def convert_main(argv: Sequence[str]) -> int:
     parser.add_argument("--exclude-providers", nargs="+", default=(), metavar="PROVIDER",
                         help="leave out every sample these providers served (the audit's suspects)")
     parser.add_argument("--max-sample-nll", type=float, default=None,
-                        help="leave out samples whose mean NLL per scored token under the target is above this")
+                        help="leave out samples whose mean NLL per scored token under the verifier is above this")
     parser.add_argument("--exclude-ids", nargs="+", default=(), metavar="ID", help="leave out these samples")
     parser.add_argument("--reason", default="", help="why, in words (recorded in the manifest's `excluded`)")
     args = parser.parse_args(argv)

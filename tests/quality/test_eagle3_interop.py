@@ -93,7 +93,7 @@ def test_an_eagle3_drafter_trained_by_speculators_drafts_losslessly_and_beats_ra
                                                                                           f"w{70 + i}"]}) + "\n"
                                  for i in range(3)))
     tau = tmp_path / "quality" / "tiny" / "on_policy" / "tau.json"
-    cmd, env_extra = measure_command(interop_python, "--target", str(verifier), "--drafter", f"eagle3:{checkpoint}",
+    cmd, env_extra = measure_command(interop_python, "--verifier", str(verifier), "--drafter", f"eagle3:{checkpoint}",
                                      "--questions", str(questions), "--out", str(tau), "--k", str(K),
                                      "--max-new-tokens", "24", "--samples", str(len(samples)))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path,

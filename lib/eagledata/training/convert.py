@@ -185,11 +185,11 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     if workers is not None and workers < 1:
         raise InputError(f"must be a positive integer, got {workers!r}", field="workers")
     src = HiddenStates(source)
-    target = get_layout(layout)
+    out_layout = get_layout(layout)
     m = src.manifest
-    storage: Storage = "bf16" if m["storage"] == "fp8" and "fp8" not in target.storages else m["storage"]
-    target.check_storage(storage)
-    check_convention(m["final"], target.name)
+    storage: Storage = "bf16" if m["storage"] == "fp8" and "fp8" not in out_layout.storages else m["storage"]
+    out_layout.check_storage(storage)
+    check_convention(m["final"], out_layout.name)
     files = HiddenStateFiles(Path(destination))
     if files.directory.resolve() == src.files.directory.resolve():
         raise InputError("source and destination are the same directory", files.directory)
@@ -201,7 +201,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     files.parts.mkdir(parents=True, exist_ok=True)
     plan: dict[str, Any] = {**{k: m.get(k) for k in ("model", "decoder", "compute_dtype")},
                             **{k: m.get(k) for k in PLAN_KEYS},
-                            "layout": target.name, "storage": storage,
+                            "layout": out_layout.name, "storage": storage,
                             "dtype": str(STORAGE_DTYPES[storage]).replace("torch.", "")}
     if exclude:
         plan["exclude"] = exclude.rule()
@@ -211,7 +211,7 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     done = read_parts(files)
     samples = [source_sample(src, e) for e in entries] if done else None
     if samples:
-        check_stored(files, target.writer, samples, done)
+        check_stored(files, out_layout.writer, samples, done)
     # In the order the source stores them: shards hold samples longest first, so sample order would read
     # them at random (slow from a cold disk); file names follow rows whatever the order of writing.
     todo = sorted(((e, row) for row, e in enumerate(entries) if e.id not in done),
@@ -219,19 +219,19 @@ def convert(source: str | Path, destination: str | Path, layout: str, *, workers
     tokens = sum(e.length for e, _ in todo)
     per_token = bytes_per_token(m)
     workers = workers or default_workers(tokens * per_token)
-    parts = [Part(str(src.files.directory), str(files.directory), target.name, storage, flush_bytes, items)
+    parts = [Part(str(src.files.directory), str(files.directory), out_layout.name, storage, flush_bytes, items)
              for items in split_parts(todo, per_token, workers)]
     start = time.perf_counter()
     pool, futures = _start_workers(parts, workers) if workers > 1 else (None, set())
     if samples is None:  # the set's samples are needed only at the end: read while the workers write
         samples = [source_sample(src, e) for e in entries]
-    for module in target.finish_imports:  # this process only waits for the workers: it imports these meanwhile
+    for module in out_layout.finish_imports:  # this process only waits for the workers: it imports these meanwhile
         threading.Thread(target=importlib.import_module, args=(module,), daemon=True).start()
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=tokens, unit="tok", desc=f"convert to {target.name}" + (f", {workers} workers"
+        bar = tqdm(total=tokens, unit="tok", desc=f"convert to {out_layout.name}" + (f", {workers} workers"
                                                                                   if workers > 1 else ""))
     try:
         if pool is None:

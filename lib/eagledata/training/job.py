@@ -1,7 +1,7 @@
 """The extraction job: settings, result, and the one skeleton both backends run through.
 
 `run_extraction` (and `run_extraction_async`, for a source that awaits a server) does the same steps for every
-backend: validate the settings and samples → let the source check and open the target → resolve the layers
+backend: validate the settings and samples → let the source check and open the verifier → resolve the layers
 and write or check `plan.json` → open the layout's writer → resume (skip what the index parts list) → store
 each batch the source yields, with progress → finalize (index + manifest) once the set is complete. A backend
 is a `source.StateSource`: the transformers one computes here (`transformers_backend`), the vLLM one asks a
@@ -38,7 +38,7 @@ from .layers import resolve_layers
 from .memory import Devices, memory_in_use
 from .models import load_model
 from .scoring import DEFAULT_CHUNK_TOKENS, batch_scores, score_rows, write_scores
-from .source import ComputingSource, ServedSource, StatesBatch, StateSource, Target
+from .source import ComputingSource, ServedSource, StatesBatch, StateSource, VerifierInfo
 from .storage import (
     STORAGE_DTYPES,
     FinalState,
@@ -75,7 +75,7 @@ class ExtractOptions(Settings):
     max_batch_size: int | None = setting(None, "rows per forward; None -> as many as the token budget allows")
     shard_bytes: int = setting(1 << 30, "states are written (a shard, or a batch of per-sample files) once "
                                         "they reach this size")
-    score: bool = setting(True, "score every output token under the target while extracting (scores.jsonl, "
+    score: bool = setting(True, "score every output token under the verifier while extracting (scores.jsonl, "
                                 "the provider-fidelity audit's input; ~4 % of a K2.5 forward)")
     score_chunk_tokens: int = setting(DEFAULT_CHUNK_TOKENS, "transformers backend: scored tokens per LM-head chunk "
                                                             "(extra peak: chunk x vocab x 8 bytes)")
@@ -191,13 +191,13 @@ def check_backend(files: HiddenStateFiles, backend: str) -> None:
                              files.plan, field="backend")
 
 
-def plan_doc(target: Target, layers: Sequence[int], options: ExtractOptions, layout: Layout) -> dict[str, Any]:
+def plan_doc(verifier: VerifierInfo, layers: Sequence[int], options: ExtractOptions, layout: Layout) -> dict[str, Any]:
     """`plan.json`: what every run adding to a set must share (either backend)."""
-    return {"model": target.model, "layout": layout.name, "decoder": target.decoder,
-            "num_layers": target.num_layers, "layers": list(layers), "final": options.resolved_final(layout),
+    return {"model": verifier.model, "layout": layout.name, "decoder": verifier.decoder,
+            "num_layers": verifier.num_layers, "layers": list(layers), "final": options.resolved_final(layout),
             "dtype": str(STORAGE_DTYPES[options.storage]).replace("torch.", ""), "storage": options.storage,
-            "hidden_size": target.hidden_size, "vocab_size": target.vocab_size,
-            "compute_dtype": str(target.compute_dtype).replace("torch.", ""), **target.plan_extra}
+            "hidden_size": verifier.hidden_size, "vocab_size": verifier.vocab_size,
+            "compute_dtype": str(verifier.compute_dtype).replace("torch.", ""), **verifier.plan_extra}
 
 
 # -- progress --------------------------------------------------------------------------------------------
@@ -292,19 +292,19 @@ class _Run:
               world: World, *, where: str, desc: str, progress: bool, status_interval_s: float,
               tokenizer_fingerprint: str, records_hashes: dict[str, str] | None,
               on_batch: Callable[[int], None] | None, assembly: dict[str, Any] | None = None) -> _Run:
-        """Validate → open the target → plan → check → writer → resume; everything refusable is refused here,
+        """Validate → open the verifier → plan → check → writer → resume; everything refusable is refused here,
         before the first state is computed."""
         layout = get_layout(options.layout)
         layout.check_storage(options.storage)
         check_samples(samples, source.vocab_size())
-        target = source.open()
-        layers = resolve_layers(options.layers, target.num_layers)
+        verifier = source.open()
+        layers = resolve_layers(options.layers, verifier.num_layers)
         source.prepare(layers, options.resolved_final(layout), score=options.score)
         make_dir(files.parts, "output_dir")  # inside files.directory
         check_backend(files, source.backend)
-        check_plan(files, plan_doc(target, layers, options, layout))
+        check_plan(files, plan_doc(verifier, layers, options, layout))
         part = files.parts / f"r{world.rank}-of-{world.size}-{uuid.uuid4().hex[:8]}.jsonl"
-        writer = layout.writer(files, part, options.storage, options.shard_bytes, target.hidden_size,
+        writer = layout.writer(files, part, options.storage, options.shard_bytes, verifier.hidden_size,
                                {s.id: i for i, s in enumerate(samples)})
         done = read_parts(files)
         check_stored(files, writer, samples, done)

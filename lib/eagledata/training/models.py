@@ -1,4 +1,4 @@
-"""The target model for extraction: loading a checkpoint and finding its text decoder."""
+"""The verifier model for extraction: loading a checkpoint and finding its text decoder."""
 from __future__ import annotations
 
 import warnings

@@ -1,8 +1,8 @@
-"""The target's own score of every provider's tokens, taken during extraction (the input of the fidelity audit).
+"""The verifier's own score of every provider's tokens, taken during extraction (the input of the fidelity audit).
 
-Extraction already runs the target over every output token; the log-probability it gives each sampled token is
+Extraction already runs the verifier over every output token; the log-probability it gives each sampled token is
 one more projection of the final state (its LM head). Over a provider's tokens, the mean negative
-log-likelihood under the target is E_q[-log p] = H(q) + KL(q || p): on the same prompts and sampling settings, an
+log-likelihood under the verifier is E_q[-log p] = H(q) + KL(q || p): on the same prompts and sampling settings, an
 endpoint serving another model shows a higher mean (`audit.py` tests that). Per sample we keep sufficient
 statistics (count, sum, sum of squares, max, a histogram), not the tokens' values: 25 numbers a sample.
 
@@ -36,7 +36,7 @@ SCORES_FILE = "scores.jsonl"
 
 @dataclass(frozen=True)
 class SampleScore:
-    """Sufficient statistics of one sample's scored tokens' NLL (-log p under the target, temperature 1)."""
+    """Sufficient statistics of one sample's scored tokens' NLL (-log p under the verifier, temperature 1)."""
 
     tokens: int
     nll_sum: float
@@ -70,32 +70,33 @@ def score_sample(logprobs: torch.Tensor) -> SampleScore:
                        float(nll.max()) if nll.numel() else 0.0, tuple(int(c) for c in hist.tolist()))
 
 
-def scored_targets(samples: Sequence[Sample]) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+def scored_tokens(samples: Sequence[Sample]) -> tuple[list[tuple[int, int]], list[int], list[int]]:
     """For a batch (row i = samples[i]): the (row, position) whose final state predicts each scored token (the
     position before it), the scored token ids, and how many each sample has (`source.scored_positions`)."""
     where: list[tuple[int, int]] = []
-    targets: list[int] = []
+    tokens: list[int] = []
     counts: list[int] = []
     for row, s in enumerate(samples):
         positions = scored_positions(s)
         where.extend((row, j - 1) for j in positions)
-        targets.extend(s.input_ids[j] for j in positions)
+        tokens.extend(s.input_ids[j] for j in positions)
         counts.append(len(positions))
-    return where, targets, counts
+    return where, tokens, counts
 
 
-def token_logprobs(final: torch.Tensor, where: Sequence[tuple[int, int]], targets: Sequence[int],
+def token_logprobs(final: torch.Tensor, where: Sequence[tuple[int, int]], tokens: Sequence[int],
                    head: torch.nn.Module, chunk_tokens: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
-    """log p(target | context) in float32 [len(targets)], from `final` [B, T, H] (the post-norm final states of a
-    padded batch) at the (row, position) pairs `where`, through the LM head `head`, `chunk_tokens` at a time."""
-    out = torch.empty(len(targets), dtype=torch.float32, device=final.device)
-    if not len(targets):
+    """log p(token | context) for each of `tokens`, float32 [len(tokens)], from `final` [B, T, H] (the post-norm
+    final states of a padded batch) at the (row, position) pairs `where`, through the LM head `head`, `chunk_tokens`
+    at a time."""
+    out = torch.empty(len(tokens), dtype=torch.float32, device=final.device)
+    if not len(tokens):
         return out
     rows = torch.tensor([w[0] for w in where], device=final.device)
     cols = torch.tensor([w[1] for w in where], device=final.device)
-    ids = torch.tensor(list(targets), device=final.device)
-    for a in range(0, len(targets), chunk_tokens):
-        b = min(a + chunk_tokens, len(targets))
+    ids = torch.tensor(list(tokens), device=final.device)
+    for a in range(0, len(tokens), chunk_tokens):
+        b = min(a + chunk_tokens, len(tokens))
         logits = head(final[rows[a:b], cols[a:b]]).float()  # [chunk, vocab]
         out[a:b] = logits.gather(1, ids[a:b, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)
         del logits
@@ -116,7 +117,7 @@ def batch_scores(samples: Sequence[Sample], logprobs: Sequence[torch.Tensor] | N
         try:
             out.append(score_sample(lp).to_dict())
         except ValueError as e:
-            raise RuntimeError(f"sample {s.id!r}: {e} from the target") from None
+            raise RuntimeError(f"sample {s.id!r}: {e} from the verifier") from None
     return out
 
 
@@ -166,7 +167,7 @@ def write_scores(directory: Path, rows: Sequence[ScoreRow], total_samples: int) 
     return {"file": SCORES_FILE, "scored_samples": len(rows), "unscored_samples": total_samples - len(rows),
             "scored_tokens": sum(r.score.tokens for r in rows),
             "mean_nll": sum(r.score.nll_sum for r in rows) / max(1, sum(r.score.tokens for r in rows)),
-            "statistic": "-log p(token | context) under the target at temperature 1, over each sample's output "
+            "statistic": "-log p(token | context) under the verifier at temperature 1, over each sample's output "
                          "tokens after the first position", "hist_edges": list(HIST_EDGES)}
 
 

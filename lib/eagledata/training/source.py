@@ -1,4 +1,4 @@
-"""What a backend gives the extraction job (`job.run_extraction`): a description of the target, then batches of
+"""What a backend gives the extraction job (`job.run_extraction`): a description of the verifier, then batches of
 (samples, states). Both backends (transformers here, a vLLM server) are such sources; the job owns everything
 else (plan, resume, writer, progress, manifest), so a new backend is one class with these five methods."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .storage import FinalState
 
 
 class StatesBatch(NamedTuple):
-    """What a source yields: samples, their states back to back and, when scoring, the target's log-probabilities
+    """What a source yields: samples, their states back to back and, when scoring, the verifier's log-probabilities
     of each sample's scored tokens (`scored_positions`: the output tokens after the first position)."""
 
     samples: list[Sample]
@@ -25,12 +25,12 @@ class StatesBatch(NamedTuple):
 
 def scored_positions(sample: Sample) -> list[int]:
     """The positions whose token the audit scores: every output token (loss mask 1) that has a context, i.e.
-    position >= 1. Its log-probability under the target is log p(token[j] | tokens[:j]) at temperature 1."""
+    position >= 1. Its log-probability under the verifier is log p(token[j] | tokens[:j]) at temperature 1."""
     return [j for j, m in enumerate(sample.loss_mask) if m and j]
 
 
 @dataclass(frozen=True)
-class Target:
+class VerifierInfo:
     """The model the states come from, as `plan.json` records it (every run adding to a set must agree)."""
 
     model: str
@@ -54,7 +54,7 @@ class StateSource(Protocol):
     def vocab_size(self) -> int:
         """Cheaply, before `open`: the vocabulary every sample's ids must fit."""
 
-    def open(self) -> Target:
+    def open(self) -> VerifierInfo:
         """Check what can be checked before the expensive part, then load or connect."""
 
     def prepare(self, layers: tuple[int, int, int], final: FinalState, score: bool) -> None:

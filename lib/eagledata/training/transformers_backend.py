@@ -1,4 +1,4 @@
-"""The transformers backend: the target model loaded here, its states captured by hooks, yielded batch by batch.
+"""The transformers backend: the verifier model loaded here, its states captured by hooks, yielded batch by batch.
 
 Only the decoder stack runs (never the LM head: B×T×V logits would dwarf everything). Forward hooks take the
 three aux states as they ENTER their layers (HF `hidden_states[i]`), and the final state from the decoder's
@@ -34,8 +34,8 @@ from .memory import (
     visible_devices,
 )
 from .models import Decoder, config_vocab_size, find_decoder, load_model, model_name
-from .scoring import DEFAULT_CHUNK_TOKENS, output_head, scored_targets, token_logprobs
-from .source import StatesBatch, Target
+from .scoring import DEFAULT_CHUNK_TOKENS, output_head, scored_tokens, token_logprobs
+from .source import StatesBatch, VerifierInfo
 from .storage import FinalState
 
 ModelLoader = Callable[..., nn.Module]  # `load_model`'s signature: (model, *, device, dtype, device_map, …)
@@ -215,7 +215,7 @@ class TransformersSource:
             return find_decoder(self.model).vocab_size
         return config_vocab_size(self.model)
 
-    def open(self) -> Target:
+    def open(self) -> VerifierInfo:
         """Refuse what cannot work from the config (minutes of loading for Kimi come after), then load."""
         if isinstance(self.model, nn.Module):
             if self.tp > 1:
@@ -229,7 +229,7 @@ class TransformersSource:
         self.loaded = loaded
         self.decoder = decoder = find_decoder(loaded)
         self.weight_bytes = local_bytes(loaded)
-        return Target(model=model_name(self.model), decoder=decoder.path, num_layers=decoder.num_layers,
+        return VerifierInfo(model=model_name(self.model), decoder=decoder.path, num_layers=decoder.num_layers,
                       hidden_size=decoder.hidden_size, vocab_size=decoder.vocab_size,
                       compute_dtype=next(decoder.module.parameters()).dtype)
 
@@ -255,8 +255,8 @@ class TransformersSource:
                 logprobs, scoring_s = None, None
                 if self.head is not None:
                     t0 = time.perf_counter()
-                    where, targets, counts = scored_targets(group)
-                    scored = token_logprobs(last, where, targets, self.head, self.score_chunk_tokens).cpu()
+                    where, tokens, counts = scored_tokens(group)
+                    scored = token_logprobs(last, where, tokens, self.head, self.score_chunk_tokens).cpu()
                     logprobs, scoring_s = list(scored.split(counts)), time.perf_counter() - t0
                 del last
                 yield StatesBatch(group, states, logprobs, scoring_s)

@@ -4,7 +4,7 @@ transformers backend's (layouts, resume, manifest). The HTTP transport is inject
 one that counts or rewrites answers), as generation injects its completion function.
 
 The transformers path cannot hold Kimi-K2.5 (it dequantizes the INT4 experts: README, "At the real
-target's scale"); vLLM keeps them packed. This module is the client side of speculators 0.9.0's route, read
+verifier's scale"); vLLM keeps them packed. This module is the client side of speculators 0.9.0's route, read
 from its code (not copied):
 
 - **The server** (speculators `scripts/launch_vllm.py`, `hs_connectors.transfer.FileBackend
@@ -34,7 +34,7 @@ from its code (not copied):
   file into `hidden_states[:, :-1]` (aux) and `[:, -1]` (its `verifier_norm` then normalizes it:
   `train/data.py`, `models/eagle3/core.py`), so the server's last state is `pre_norm`. A layout that wants
   `post_norm` gets the checkpoint's final RMSNorm applied here (`FinalNorm`).
-- **The target's log-probabilities** (the audit's `score`; vLLM `entrypoints/openai/completion/protocol.py`,
+- **The verifier's log-probabilities** (the audit's `score`; vLLM `entrypoints/openai/completion/protocol.py`,
   `gpu_model_runner._get_prompt_logprobs_dict`): the same request adds `prompt_logprobs: 0`; the answer's
   `choices[0].prompt_logprobs` holds, per position after the first, the sent token's raw float32 log-probability
   (`scored_logprobs`). Such a request skips vLLM's prefix cache and makes it compute the lm_head at every position.
@@ -66,7 +66,7 @@ from ..settings import Settings, setting
 from .assembly import Sample
 from .layers import vllm_layer_ids
 from .memory import model_config
-from .source import StatesBatch, Target, scored_positions
+from .source import StatesBatch, VerifierInfo, scored_positions
 from .storage import FinalState
 
 if TYPE_CHECKING:
@@ -280,7 +280,7 @@ def states_path(answer: dict[str, Any], sample: Sample) -> str:
 
 
 def scored_logprobs(answer: dict[str, Any], sample: Sample) -> torch.Tensor:
-    """float32 [len(scored_positions(sample))]: the target's log p(token[j] | tokens[:j]) at each scored position,
+    """float32 [len(scored_positions(sample))]: the verifier's log p(token[j] | tokens[:j]) at each scored position,
     from `choices[0].prompt_logprobs` (vLLM: entry 0 is None, entry j a dict keyed by token id, as a string in
     JSON, of `{"logprob", "rank", "decoded_token"}`; with `prompt_logprobs: 0` it holds the sent token alone).
     vLLM's default `logprobs_mode` (`raw_logprobs`) makes these the model's log_softmax in float32 at temperature
@@ -410,11 +410,11 @@ class VllmSource:
         self.config = self.config or model_config(str(self.model))
         return int((self.config.get("text_config") or self.config)["vocab_size"])
 
-    def open(self) -> Target:
-        """The target from config.json alone: the server is first asked when there is work (`batches`)."""
+    def open(self) -> VerifierInfo:
+        """The verifier from config.json alone: the server is first asked when there is work (`batches`)."""
         self.config = self.config or model_config(str(self.model))
         text = self.config.get("text_config") or self.config
-        return Target(model=str(self.model), decoder=f"vllm:{(self.config.get('architectures') or ['?'])[0]}",
+        return VerifierInfo(model=str(self.model), decoder=f"vllm:{(self.config.get('architectures') or ['?'])[0]}",
                       num_layers=int(text["num_hidden_layers"]), hidden_size=int(text["hidden_size"]),
                       vocab_size=int(text["vocab_size"]), compute_dtype=VLLM_DTYPE, plan_extra={"backend": "vllm"})
 

@@ -50,7 +50,7 @@ def chain_against_speculators(model, drafter, target_model, sequences, k):
                 theirs = model(hidden_states=aux[None, :-1], input_ids=torch.tensor([ids[1:]]),
                                document_ids=torch.zeros(1, rows, dtype=torch.long), ttt_steps=k)
             their_logits = list(logits)  # k × [rows, D]
-            theirs = [[drafter.to_target(int(t)) for t in step[0]] for step in theirs]
+            theirs = [[drafter.verifier_id(int(t)) for t in step[0]] for step in theirs]
             drafter.start()
             for j in range(rows):
                 forced = (ids[j + 2:] + [0] * k)[:k - 1]  # the trainer pads the shifted tokens with 0

@@ -3,7 +3,7 @@
 
 The trainer's `--train-hidden-states-path` is the set's directory; it walks it for `*.ckpt` files (any depth,
 sorted by path) and `torch.load`s each with `mmap=True`. One file per sample: `input_ids` [T] and `loss_mask`
-[T] (int64, no batch dimension: the reader adds it), `hidden_state` [1, T, H] (the target, post-norm: it goes
+[T] (int64, no batch dimension: the reader adds it), `hidden_state` [1, T, H] (the verifier, post-norm: it goes
 straight to the LM head) and `aux_hidden_state` [1, T, 3H] (the three aux layers concatenated, low layer
 first). Files sit in `rows_<start>-<end>/data_<i>.ckpt` folders of 2,000, as `scripts/prepare_hidden_states.py`
 writes them (`--file-group-size`). SpecForge numbers aux layers by the layer whose OUTPUT is taken: its
