@@ -147,7 +147,7 @@ class ProviderPrefs:
 
 
 @dataclass
-class Route:
+class EndpointOrder:
     """Endpoints in the order OpenRouter tries them, or why none is left."""
 
     endpoints: list[Endpoint]
@@ -155,7 +155,7 @@ class Route:
 
 
 def route(endpoints: list[Endpoint], prefs: ProviderPrefs, *, need_tokens: int = 0,
-          used_parameters: frozenset[str] = frozenset(), tools: bool = False) -> Route:
+          used_parameters: frozenset[str] = frozenset(), tools: bool = False) -> EndpointOrder:
     """Filter then order endpoints as OpenRouter does; the first is tried first, the rest are fallbacks.
     A request with `tools` goes only to endpoints that list `tools`, with or without `require_parameters`."""
     eps = [e for e in endpoints if not e.down]
@@ -183,7 +183,7 @@ def route(endpoints: list[Endpoint], prefs: ProviderPrefs, *, need_tokens: int =
             reason = what
         eps = kept
     if not eps:
-        return Route([], reason)
+        return EndpointOrder([], reason)
     eps.sort(key=_sort_key(prefs.sort))
     if prefs.order:
         def rank(e: Endpoint) -> int:
@@ -191,7 +191,7 @@ def route(endpoints: list[Endpoint], prefs: ProviderPrefs, *, need_tokens: int =
         eps.sort(key=rank)  # stable: `order` first, the sort within the rest
         if not prefs.allow_fallbacks:
             eps = [e for e in eps if rank(e) < len(prefs.order)]
-    return Route(eps)
+    return EndpointOrder(eps)
 
 
 def _sort_key(sort: str | None) -> Callable[[Endpoint], tuple[float, float]]:

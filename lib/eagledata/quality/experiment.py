@@ -111,7 +111,7 @@ class ExperimentSeams:
     run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
     make_verifier: Callable[[Path], Path] = default_verifier
     serve: regenerate.Serve = regenerate.serve_verifier
-    generate: regenerate.Generate = regenerate.generate_notebook
+    generate: regenerate.RunNotebook = regenerate.generate_notebook
     say: Callable[[str], None] = print_line
 
 

@@ -24,7 +24,7 @@ from .config import QualityConfig
 
 SERVED_NAME = "target"  # the served model's name in the regeneration's requests and records
 Serve = Callable[[QualityConfig, Path, Path], AbstractContextManager[str]]  # (config, verifier, log) -> base URL
-Generate = Callable[[dict[str, Any], Path], None]  # (notebook parameters, executed notebook's path)
+RunNotebook = Callable[[dict[str, Any], Path], None]  # (notebook parameters, executed notebook's path)
 
 
 def prompt_row(asks: Asks) -> dict[str, Any]:
@@ -54,7 +54,7 @@ def generate_notebook(params: dict[str, Any], output: Path) -> None:
 
 
 def through_generation(asks: list[Asks], config: QualityConfig, verifier: Path, work: Path, *, serve: Serve,
-                       generate: Generate, say: Callable[[str], None]) -> ArmRecords:
+                       generate: RunNotebook, say: Callable[[str], None]) -> ArmRecords:
     """generate.ipynb against a vLLM serving the verifier, in `work/`: records as any dataset's, each conversation
     cut to its first `max_turns` asks; what was not answered is counted by why."""
     prompts = work / "prompts.jsonl"

@@ -56,7 +56,7 @@ from ..errors import InputError
 from ..settings import Settings, setting
 from .scoring import ExcludeSamples, ScoreRow
 
-Verdict = Literal["consistent", "suspect"]
+FidelityVerdict = Literal["consistent", "suspect"]
 UNKNOWN_PROVIDER = "(unknown)"  # rows whose records do not say who served them
 MAD_TO_SD = 1.4826  # MAD of a normal distribution x this = its standard deviation
 
@@ -116,7 +116,7 @@ class ProviderAudit:
     p: float
     p_adjusted: float  # Holm
     tested: bool
-    verdict: Verdict
+    verdict: FidelityVerdict
     evidence: str
     outliers: int = 0  # its samples listed as outliers
     judged_samples: int = 0  # its samples in groups large enough to have outliers judged
@@ -384,13 +384,13 @@ def audit(rows: Iterable[ScoreRow], policy: AuditPolicy | None = None) -> AuditR
         half = t_quantile(1 - alpha, own.df) * math.sqrt(own.var) if math.isfinite(own.var) else math.nan
         c = final[p]
         is_tested = p in adjusted or p in suspects
-        by_nll: Verdict = "suspect" if p in suspects else "consistent"
+        by_nll: FidelityVerdict = "suspect" if p in suspects else "consistent"
         others = cells[[j for j in range(len(names)) if j != p], :, _K].sum(axis=0) > 0  # [strata]
         shared = int(cells[p, others, _K].sum())  # its samples in strata another provider served too
         evidence = _evidence(name, c, first[p], shared, is_tested, by_nll, adjusted.get(p, math.nan), alpha,
                              policy.min_provider_samples, [names[j] for j in suspects])
         evidence += _outlier_evidence(name, listed, judged, share_p, policy)
-        verdict: Verdict = "suspect" if p in suspects or name in share_suspects else "consistent"
+        verdict: FidelityVerdict = "suspect" if p in suspects or name in share_suspects else "consistent"
         nan = math.nan
         providers.append(ProviderAudit(
             provider=name, samples=served[name][0], tokens=served[name][1], mean_nll=mean,
@@ -406,7 +406,7 @@ def audit(rows: Iterable[ScoreRow], policy: AuditPolicy | None = None) -> AuditR
 
 
 def _evidence(name: str, c: _Comparison | None, first: _Comparison | None, shared: int, tested: bool,
-              verdict: Verdict, p_adj: float, alpha: float, min_samples: int, suspects: list[str]) -> str:
+              verdict: FidelityVerdict, p_adj: float, alpha: float, min_samples: int, suspects: list[str]) -> str:
     """The verdict's reason as one sentence with its numbers."""
     if not shared:
         return "no other provider to compare with (alone in every dataset and sampling setting it served)"

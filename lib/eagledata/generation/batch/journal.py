@@ -25,8 +25,8 @@ from typing import Any, Literal
 
 from ...errors import InputError
 
-Outcome = Literal["recorded", "failed", "retry", "resend"]
-COUNTED: tuple[Outcome, ...] = ("retry",)  # outcomes that count against max_attempts (`failed` ends the turn)
+LineOutcome = Literal["recorded", "failed", "retry", "resend"]
+COUNTED: tuple[LineOutcome, ...] = ("retry",)  # outcomes that count against max_attempts (`failed` ends the turn)
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class BatchEntry:
     file_id: str | None = None
     batch_id: str | None = None
     status: str = "prepared"
-    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    outcomes: dict[str, LineOutcome] = field(default_factory=dict)
     usd: float = 0.0          # what its answers cost (batch price), once settled
     submitted_at: float = 0.0  # wall clock (time.time) when prepared
     planned_rounds: int | None = None  # the dataset's plan, on its first batch
@@ -128,7 +128,7 @@ class BatchJournal:
     def created(self, name: str, batch_id: str) -> None:
         self._write({"event": "created", "name": name, "batch_id": batch_id})
 
-    def settled(self, name: str, outcomes: dict[str, Outcome], usd: float, status: str) -> None:
+    def settled(self, name: str, outcomes: dict[str, LineOutcome], usd: float, status: str) -> None:
         self._write({"event": "settled", "name": name, "batch_status": status, "outcomes": outcomes,
                      "usd": round(usd, 10)})
 

@@ -65,8 +65,7 @@ from ..money.spender import SpenderLock
 from ..plan.budget import OutputLengths
 from ..policy import StopReason, error_stop, fatal_stop
 from ..report.panel import BatchPanel, make_batch_panel
-from .journal import BatchJournal, JournalLine
-from .journal import Outcome as LineOutcome
+from .journal import BatchJournal, JournalLine, LineOutcome
 from .plan import TurnLengths, fits
 from .report import BatchProgress, sample, write_summaries
 from .rounds import Rounds

@@ -16,13 +16,12 @@ from ..conversations.recorder import REFUSALS, Recorder
 from ..conversations.recording import build_record
 from ..conversations.work import Work
 from ..policy import REJECTABLE, RejectionWatch, StopReason, fatal_stop, rejected_stop
-from .journal import BatchEntry
-from .journal import Outcome as LineOutcome
+from .journal import BatchEntry, LineOutcome
 from .rounds import Rounds
 from .service import BatchService
 from .state import LaneBatches
 
-Stop = Callable[[str, dict[str, Any] | None], None]  # the run stops for this reason, with this fatal error (or None)
+StopRun = Callable[[str, dict[str, Any] | None], None]  # the run stops for this reason, with this fatal error (or None)
 
 
 class Settler:
@@ -30,7 +29,7 @@ class Settler:
     a setting every line was refused for)."""
 
     def __init__(self, tok: Tokenizer, recorder: Recorder, service: BatchService, rounds: Rounds, *,
-                 max_attempts: int, stop: Stop):
+                 max_attempts: int, stop: StopRun):
         self.tok, self.recorder, self.service, self.rounds = tok, recorder, service, rounds
         self.max_attempts, self.stop = max_attempts, stop
 

@@ -153,7 +153,7 @@ def write_tensor(out: DirectFile, t: torch.Tensor) -> None:
 
 # -- writing ---------------------------------------------------------------------------------------
 @dataclass
-class Batch:
+class WriteBatch:
     """Samples handed to the writer thread: their states back to back in chunks (one per `add`), already in the
     storage dtype. A shard joins the chunks; a per-sample layout slices them, so nothing is copied twice."""
 
@@ -248,7 +248,7 @@ class StateWriter:
         """Hand the buffered samples to the writer thread (after the previous batch is written)."""
         if not self.samples:
             return
-        batch = Batch(self.samples, [self.positions[s.id] for s in self.samples], self.states, self.scales,
+        batch = WriteBatch(self.samples, [self.positions[s.id] for s in self.samples], self.states, self.scales,
                       self.sq_err, self.sq_ref, self.scores)
         self._reset()
         self.wait()
@@ -267,7 +267,7 @@ class StateWriter:
         finally:
             self.pool.shutdown()
 
-    def _write_and_index(self, batch: Batch) -> None:
+    def _write_and_index(self, batch: WriteBatch) -> None:
         entries = self._write(batch)
         for e, s, err, ref, score in zip(entries, batch.samples, batch.sq_err, batch.sq_ref, batch.scores):
             e.digest, e.sq_err, e.sq_ref, e.score = s.digest(), err, ref, score
@@ -276,7 +276,7 @@ class StateWriter:
             f.flush()
             os.fsync(f.fileno())
 
-    def _write(self, batch: Batch) -> list[IndexEntry]:
+    def _write(self, batch: WriteBatch) -> list[IndexEntry]:
         """Write `batch` durably (fsynced, under its final names) and say where each sample went."""
         raise NotImplementedError
 
@@ -297,7 +297,7 @@ class PerSampleWriter(StateWriter):
         """Write one sample's file at `path` (a temp name; `write_durably` fsyncs and renames it)."""
         raise NotImplementedError
 
-    def _write(self, batch: Batch) -> list[IndexEntry]:
+    def _write(self, batch: WriteBatch) -> list[IndexEntry]:
         writes, entries = [], []
         for s, position, states in batch.per_sample():
             name = self.expected_file(position)

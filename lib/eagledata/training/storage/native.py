@@ -15,7 +15,7 @@ import torch
 
 from ...files import fsync
 from ..assembly import Sample
-from .common import FORMAT, Batch, IndexEntry, Layout, Reader, StateWriter, dequantize_fp8
+from .common import FORMAT, IndexEntry, Layout, Reader, StateWriter, WriteBatch, dequantize_fp8
 
 
 def _claim_shard(directory: Path, tmp: Path) -> str:
@@ -33,7 +33,7 @@ def _claim_shard(directory: Path, tmp: Path) -> str:
 
 
 class ShardWriter(StateWriter):
-    def _write(self, batch: Batch) -> list[IndexEntry]:
+    def _write(self, batch: WriteBatch) -> list[IndexEntry]:
         from safetensors.torch import save_file
 
         states, scales = batch.joined()
