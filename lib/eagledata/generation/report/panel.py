@@ -109,13 +109,15 @@ class LivePanel:
         self._put(render(health), final=True)
 
 
-def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None = None) -> ProgressView:
-    """The live panel where a widget frontend shows it (JupyterLab), else status lines every `interval_s`."""
+def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> ProgressView:
+    """The live panel where a widget frontend shows it (JupyterLab), else status lines every `interval_s`. `clock`:
+    the run's own (the engine passes its clock, so that under virtual time the lines keep virtual time too)."""
     if widget_frontend() if widget is None else widget:
         from IPython.display import display
 
-        return LivePanel(snap, show=display)
-    return StatusLines(interval_s=interval_s)
+        return LivePanel(snap, show=display, clock=clock)
+    return StatusLines(interval_s=interval_s, clock=clock)
 
 
 class BatchPanel:
