@@ -73,7 +73,9 @@ def sent_twice_without_cause(lines: list[dict]) -> dict[str, list[str]]:
 
 
 def test_200_conversations_in_rounds_with_failing_lines_a_sigkill_mid_batch_and_a_resume(emu, tok, tmp_path):
-    emu.reset(BATCH)
+    # each batch queued 2 s (not 0.3 s): the kill lands while round 2 waits, however late a loaded machine lets
+    # this test see it created
+    emu.reset({**BATCH, "batch": {**BATCH["batch"], "queue_s": 4000.0}})
     start = balance(emu)
     datasets, objs = write_conversations(tmp_path, 200, seed=43)
     out = tmp_path / "out"
@@ -153,7 +155,9 @@ def test_bad_input_is_refused_before_anything_is_uploaded(emu, tmp_path):
 
 
 def test_ctrl_c_leaves_the_batches_running_and_the_rerun_picks_them_up(emu, tmp_path):
-    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # a round takes ~1.3 s
+    # a round takes ~3 s (a queue of 3 s, not 1.2 s): the Ctrl-C lands while it is in progress, however late a loaded
+    # machine lets this test see it created
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0, "queue_s": 1500.0}})
     datasets, objs = write_conversations(tmp_path, 30, seed=3)
     out = tmp_path / "out"
     cmd = command(tmp_path, emu, datasets)
@@ -338,7 +342,9 @@ def interrupted_once_created(cmd: list[str], out, environ: dict[str, str] | None
 def test_a_batch_the_service_no_longer_knows_is_settled_as_vanished_and_its_lines_go_again(emu, tmp_path):
     """Item 6: a journaled batch that 404s (expired from the service's records, deleted, another account) must not
     block the dataset: its unanswered lines go again, journaled as such, and the run goes on."""
-    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0}})  # a round takes ~1.3 s
+    # a queue of 3 s (not 1.2 s): the Ctrl-C lands while the batch is in progress, however late a loaded machine lets
+    # this test see it created
+    emu.reset({**BATCH, "speed": 0.002, "batch": {"balance": 50.0, "queue_s": 1500.0}})
     datasets, objs = write_conversations(tmp_path, 30, seed=3)
     out = tmp_path / "out"
     cmd = command(tmp_path, emu, datasets, "--turns", "last")
