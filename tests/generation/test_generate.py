@@ -379,11 +379,13 @@ def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tok, tmp_path):
     reset(emu, seed=16)
     calls = []
 
-    class Broken:  # every answer takes 0.3 s; the fifth call fails 0.05 s in, with 3 in flight
+    class Broken:  # every answer takes 0.3 s; the fifth call fails once the three other slots have theirs in flight
+        # (counted, not timed: 0.05 s in, as it was, a loaded machine may not have started them yet)
         async def handle_request(self, client, body, state=None):
             calls.append(1)
             if len(calls) == 5:
-                await asyncio.sleep(0.05)
+                while len(calls) < 8:
+                    await asyncio.sleep(0.01)
                 raise RuntimeError("boom")
             await asyncio.sleep(0.3)
             return await complete(client, body)
