@@ -3,6 +3,7 @@ Ctrl-C — on an endpoint that stops billing when closed is kept as the prefix i
 `<|im_end|>`, `finish_reason: cut`, the reason in `meta.cut`."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -93,7 +94,6 @@ def test_ctrl_c_keeps_what_the_closed_streams_delivered(emu, tmp_path):
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and (not records.exists() or len(records.read_text().splitlines()) < 10):
         time.sleep(0.05)
-    started = time.monotonic()
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, stderr[-3000:]
@@ -111,7 +111,11 @@ def test_ctrl_c_keeps_what_the_closed_streams_delivered(emu, tmp_path):
     assert f"{len(cut)} cut sample(s) kept this run" in stderr
     cancelled = sum(1 for g in emu.ground_truth() if g.get("cancelled"))
     assert cancelled <= len(cut) + not_kept, (cancelled, len(cut), shown["closed_not_kept"])
-    assert time.monotonic() - started < 30  # the cancelling endpoints' streams did not run to their end
+    # the streams on endpoints that cancel were closed at once, not left to run to their end: the run says how many it
+    # closed at the Ctrl-C, and the service saw them cancelled (not one that sent its last byte as it was closed).
+    # Counted, where a bound on the seconds to exit read the machine's load.
+    closed = int(re.search(r"interrupted: (\d+) stream\(s\) closed at once", stderr).group(1))
+    assert 0 < cancelled <= closed, (cancelled, closed)
     assert os.path.exists(out / "datasets" / "C" / "summary.json")
 
 

@@ -225,3 +225,35 @@ def test_work_waiting_for_money_when_its_dataset_meets_its_target_is_given_back_
     a, b = r.dispatcher.pacing.lanes["A"], r.dispatcher.pacing.lanes["B"]
     assert a.waiting == 0 and not a.flights and len(b.flights) == 1 and r.dispatcher.holding == 0
 
+
+
+def test_status_lines_come_every_status_interval_on_the_runs_clock(tmp_path, tok, monkeypatch):
+    """No widget frontend: a status line through logging every `status_interval_s` (10 s, the default) on a fixed
+    schedule, at the first tick past each, on the run's own clock (here virtual: each line at its exact time,
+    whatever the machine's load), then the final line."""
+    import logging
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    lines: list[tuple[float, str]] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            lines.append((asyncio.get_running_loop().time(), record.getMessage()))
+
+    handler, logger = Lines(), logging.getLogger("eagledata.generate")
+    logger.addHandler(handler)
+    try:
+        summary, r = run(tmp_path, Simulated(tok), datasets(tmp_path, {"A": 60}), progress=True)
+    finally:
+        logger.removeHandler(handler)
+    status = [(t, text) for t, text in lines if text.startswith("A: ")]
+    interval, end = r.cfg.status_interval_s, summary["run"]["timing"]["slots_end_s"]
+    assert interval == 10.0 and end > 5 * interval, end  # the run lasts several intervals
+    *running, (t_final, final) = status
+    # one at the first tick (every TICK_S = 0.5 s) past each multiple of the interval while the slots ran, no other
+    assert [int(t // interval) for t, _ in running] == list(range(1, int(end // interval) + 1)), running
+    assert all(t % interval <= 0.5 + 1e-9 for t, _ in running), running
+    for _, text in running:
+        assert "/60 prompts (" in text and " output tok/s | charged $" in text and " | ETA " in text
+    assert final.startswith("A: 60/60 prompts (100.0%)") and "ended after" in final
+    assert t_final == pytest.approx(summary["wall_s"], abs=0.01)

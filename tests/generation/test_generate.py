@@ -379,11 +379,13 @@ def test_a_bug_in_one_slot_stops_the_run_cleanly(emu, tok, tmp_path):
     reset(emu, seed=16)
     calls = []
 
-    class Broken:  # every answer takes 0.3 s; the fifth call fails 0.05 s in, with 3 in flight
+    class Broken:  # every answer takes 0.3 s; the fifth call fails once the three other slots have theirs in flight
+        # (counted, not timed: 0.05 s in, as it was, a loaded machine may not have started them yet)
         async def handle_request(self, client, body, state=None):
             calls.append(1)
             if len(calls) == 5:
-                await asyncio.sleep(0.05)
+                while len(calls) < 8:
+                    await asyncio.sleep(0.01)
                 raise RuntimeError("boom")
             await asyncio.sleep(0.3)
             return await complete(client, body)
@@ -440,8 +442,10 @@ def test_a_money_stop_with_every_prompt_taken_says_so(emu, tok, tmp_path, money)
     assert len(records) + len(failures) == 300
 
 
-def test_headless_run_logs_a_status_line_every_interval(emu, tmp_path, caplog):
-    """No widget frontend (this process): progress is a status line through logging every status_interval_s."""
+def test_headless_run_logs_status_lines_while_it_runs(emu, tmp_path, caplog):
+    """No widget frontend (this process): progress is status lines through logging while the run goes, then a final
+    line. Their cadence (one every status_interval_s on a fixed schedule) is test_engine.py's, on the run's virtual
+    clock: counted here against the wall clock, it depended on the machine's load."""
     import logging
 
     reset(emu, speed=0.2, seed=17, faults={"bad_gateway": 0.05})
@@ -450,12 +454,9 @@ def test_headless_run_logs_a_status_line_every_interval(emu, tmp_path, caplog):
         summary = generate(config(emu, tmp_path, datasets, concurrency=10, progress=True, status_interval_s=1.0))
     lines = [r for r in caplog.records if r.name == "eagledata.generate"]
     assert summary["wall_s"] > 3, "the run must last several intervals for this test to mean anything"
-    # one a second on a fixed schedule (the ticker polls every 0.5 s; a slot the loop was too busy for is skipped,
-    # so a loaded machine gives fewer, never a burst at the end), plus the final line
-    assert len(lines) >= max(3, summary["wall_s"] / 2)
-    gaps = [b.created - a.created for a, b in zip(lines, lines[1:-1])]
-    assert max(gaps) < 3
-    for r in lines[:-1]:
+    *running, _ = lines  # lines made while it ran (not only the final one): the first shows prompts still to do
+    assert running and "/40 prompts (100.0%)" not in running[0].getMessage(), [r.getMessage() for r in lines]
+    for r in running:
         msg = r.getMessage()
         assert msg.startswith("D: ") and "/40 prompts (" in msg and " output tok/s | charged $" in msg
         assert " | in flight " in msg and " | ETA " in msg and "| errors " in msg
@@ -484,9 +485,9 @@ def test_notebook_backend_local_stores_the_server_ids(emu, tok, tmp_path, monkey
 
 
 def test_papermill_log_output_shows_status_lines_while_it_runs(emu, tmp_path):
-    """`papermill --log-output` (no widget frontend): the run's status lines reach papermill's log as they happen."""
+    """`papermill --log-output` (no widget frontend): the run's status lines, made while it runs, reach papermill's
+    log, then the final one (their cadence: test_engine.py, in virtual time)."""
     import re
-    from datetime import datetime
 
     from eagledata.notebooks import notebook_path
 
@@ -502,8 +503,6 @@ def test_papermill_log_output_shows_status_lines_while_it_runs(emu, tmp_path):
     lines = re.findall(r"^(\d\d:\d\d:\d\d) (D: .*)$", proc.stdout + proc.stderr, re.M)
     summary = read_results(tmp_path / "out.ipynb")["summary"]
     assert summary["stop_reason"] == "completed" and summary["wall_s"] > 3
-    assert len(lines) >= max(3, summary["wall_s"] / 2)  # one a second (fewer on a loaded machine), and the final
-    stamps = [datetime.strptime(t, "%H:%M:%S") for t, _ in lines]
-    assert max((b - a).total_seconds() for a, b in zip(stamps, stamps[1:])) <= 3  # none held back until the end
+    assert len(lines) >= 2 and "/40 prompts (100.0%)" not in lines[0][1], lines  # one made mid-run, and the final
     assert all(" output tok/s | charged $" in text and " | ETA " in text for _, text in lines[:-1])
     assert lines[-1][1].startswith("D: 40/40 prompts (100.0%)") and " | stopped: completed | " in lines[-1][1]

@@ -8,6 +8,9 @@ the seconds to the cell's reply and summary.json's stop reason.
 `--all-cancel`: every endpoint stops billing a closed stream (the first Ctrl-C closes them all); without it, the
 emulator's default catalog, where a quarter of the answers are billed whole and finish first (up to 60 s).
 `--kernel stock`: ipykernel's own kernel. `--sleep`: a plain `await asyncio.sleep(60)` cell instead of a run.
+`--shutdown`: papermill's Ctrl-C instead of Lab's stop: jupyter_client's shutdown (SIGINT, a shutdown request, SIGTERM
+at 2.5 s, SIGKILL at 5 s); prints the seconds it took and whether a signal was needed (test_kernel.py checks the same
+stop with those waits stretched, so that its verdict does not depend on the machine's load).
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ def main() -> None:
     p.add_argument("--interrupts", type=int, default=1)
     p.add_argument("--all-cancel", action="store_true")
     p.add_argument("--sleep", action="store_true")
+    p.add_argument("--shutdown", action="store_true")
     a = p.parse_args()
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
@@ -69,6 +73,18 @@ def main() -> None:
                 while time.monotonic() - started < 120 and emu.stats()["in_flight"] < a.concurrency * 0.97:
                     time.sleep(0.2)
                 print(f"{emu.stats()['in_flight']} in flight {time.monotonic() - started:.1f} s after the cell began")
+                if a.shutdown:
+                    kc.stop_channels()
+                    started = time.monotonic()
+                    km.shutdown_kernel()  # jupyter_client's default waits, as papermill's
+                    took = time.monotonic() - started
+                    status = km._shutdown_status.value  # ShutdownRequest: no signal after the request
+                    summary = out / "datasets" / "C" / "summary.json"
+                    s = json.loads(summary.read_text()) if summary.exists() else {}
+                    print(f"{a.kernel}: shut down in {took:.2f} s ({status}); summary.json: {s.get('stop_reason')}, "
+                          f"{s.get('records')} records, {s.get('remaining')} to do")
+                    sys.exit(0 if took < 5.0 and status == "ShutdownRequest" and s.get("stop_reason") == "interrupted"
+                             else 1)
                 for i in range(a.interrupts):
                     km.interrupt_kernel()
                     if i + 1 < a.interrupts:

@@ -129,8 +129,10 @@ def _dataset(tmp_path: Path, n: int) -> Path:
 def test_papermills_shutdown_stops_a_run_in_a_cell_cleanly(tmp_path, tokenizer_dir):
     """papermill's Ctrl-C shuts the kernel down (SIGINT, a shutdown request, SIGTERM at 2.5 s, SIGKILL at 5 s): the
     run awaited in the cell stops as a second Ctrl-C stops it — its requests abandoned, summary.json written — and
-    the kernel ends by itself before jupyter_client kills it. (The stock kernel stops its loop mid-drain: no
-    summary.)"""
+    the kernel ends by itself on the shutdown request, with no signal after it. (The stock kernel stops its loop
+    mid-drain: no summary.) jupyter_client's waits are stretched (SIGTERM at 30 s, SIGKILL at 60 s) so that a loaded
+    machine cannot turn a slow stop into a kill; that it comes within papermill's 5 s is a timing goal:
+    `interrupt_probe --shutdown` (bench/README.md)."""
     from jupyter_client.manager import _ShutdownStatus
 
     from eagledata.emulator import run_emulator
@@ -140,6 +142,7 @@ def test_papermills_shutdown_stops_a_run_in_a_cell_cleanly(tmp_path, tokenizer_d
     # speed 0.5: an answer takes ~20 s, so the 16 in flight are mid-answer when the shutdown comes
     with run_emulator({"speed": 0.5, "balance": 100}) as emu:
         km, kc = _start("eagledata", tmp_path, tmp_path / "kernel.log")
+        km.shutdown_wait_time = 60.0
         try:
             kc.execute(RUN_IN_A_CELL.format(datasets=str(datasets), base_url=emu.base_url, out=str(out),
                                             params=str(tmp_path / "params")))
@@ -147,16 +150,14 @@ def test_papermills_shutdown_stops_a_run_in_a_cell_cleanly(tmp_path, tokenizer_d
             while time.monotonic() < deadline and emu.stats()["in_flight"] < 16:
                 time.sleep(0.1)
             assert emu.stats()["in_flight"] == 16, emu.stats()
-            started = time.monotonic()
             kc.stop_channels()
             km.shutdown_kernel()
-            took = time.monotonic() - started
         finally:
             if km.has_kernel:
                 km.shutdown_kernel(now=True)
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and summary["remaining"] == 200 - summary["records"]
-    assert km._shutdown_status is not _ShutdownStatus.SigkillRequest and took < 5.0, (took, km._shutdown_status)
+    assert km._shutdown_status is _ShutdownStatus.ShutdownRequest, km._shutdown_status  # ended by itself
     assert "Traceback" not in (tmp_path / "kernel.log").read_text()
 
 
@@ -173,25 +174,27 @@ def _reply_to(kc, msg_id: str, within_s: float) -> tuple[dict | None, float]:
     return None, within_s
 
 
-# Jupyter's interrupt (Lab's stop button, Ctrl-C in a console) should return control within this many seconds.
-INTERRUPTED_WITHIN_S = 5.0
+# Jupyter's interrupt (Lab's stop button, Ctrl-C in a console) should return control within 5 s: a timing goal,
+# measured by interrupt_probe.py (bench/README.md, "Ctrl-C in a notebook"). The tests tell an interrupt acted on now
+# from one acted on at the cell's end by cells that would run for an hour, and wait for the reply this long at most.
+REPLY_WITHIN_S = 120.0
 
 
 def test_an_async_cell_is_interrupted_at_once(tmp_path):
     """A cell with top-level `await` (generate.ipynb's run cell is one): the interrupt cancels it now. ipykernel
-    7.4's own handler queues the cancel without waking the loop, so this cell got it when its sleep ended, 60 s on
-    (the stock kernel still does)."""
+    7.4's own handler queues the cancel without waking the loop, so this cell got it when its sleep ended (the stock
+    kernel still does): here an hour on, so a reply at all, with CancelledError, is the interrupt acting now."""
     km, kc = _start("eagledata", tmp_path, tmp_path / "kernel.log")
     try:
-        msg_id = _interrupt_once_running("import asyncio\nawait asyncio.sleep(60)", km, kc)
-        reply, took = _reply_to(kc, msg_id, within_s=20)
-        # measured 0.01 s (the stock kernel: 60 s, at the sleep's end)
-        assert reply is not None and took < INTERRUPTED_WITHIN_S, f"no reply {took:.1f} s after the interrupt"
+        msg_id = _interrupt_once_running("import asyncio\nawait asyncio.sleep(3600)", km, kc)
+        reply, took = _reply_to(kc, msg_id, within_s=REPLY_WITHIN_S)
+        # measured 0.01 s (the stock kernel: at the sleep's end)
+        assert reply is not None, f"no reply {took:.1f} s after the interrupt"
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "CancelledError"
         assert _runs("1 + 1", kc) == "ok"  # and the kernel lives on
-        msg_id = _interrupt_once_running("await asyncio.sleep(60)", km, kc)  # the next async cell alike
-        reply, took = _reply_to(kc, msg_id, within_s=20)
-        assert reply is not None and took < INTERRUPTED_WITHIN_S and reply["content"]["ename"] == "CancelledError"
+        msg_id = _interrupt_once_running("await asyncio.sleep(3600)", km, kc)  # the next async cell alike
+        reply, took = _reply_to(kc, msg_id, within_s=REPLY_WITHIN_S)
+        assert reply is not None and reply["content"]["ename"] == "CancelledError", f"no reply after {took:.1f} s"
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -207,11 +210,12 @@ print("stop reason:", summary["stop_reason"])
 """
 
 
-def test_ctrl_c_stops_a_run_in_a_cell_within_5_s(tmp_path, tokenizer_dir):
+def test_ctrl_c_stops_a_run_in_a_cell_closing_its_streams(tmp_path, tokenizer_dir):
     """Lab's stop button on generate.ipynb's run cell mid-run: the run's first Ctrl-C closes its streams (every
-    endpoint here stops billing a closed stream, so none is left to finish), summary.json is written with
-    `interrupted`, and the cell returns within 5 s, printing its last line. Answers take ~40 s (speed 1.0), so the
-    run could not have ended by itself. bench/README.md has the same at 2,000 in flight (0.9 s)."""
+    endpoint here stops billing a closed stream, so none is left to finish): the service sees every one of the 300
+    in flight cancelled, none answered, summary.json is written with `interrupted`, and the cell returns, printing its
+    last line. Answers take 12-47 s (speed 1.0), so the run could not have ended by itself. That the cell returns
+    within 5 s is a timing goal: bench/README.md, "Ctrl-C in a notebook" (0.5-1 s at 2,000 in flight)."""
     from eagledata.emulator import run_emulator
     from eagledata.emulator.catalog import default_endpoints
 
@@ -226,7 +230,11 @@ def test_ctrl_c_stops_a_run_in_a_cell_within_5_s(tmp_path, tokenizer_dir):
                    "prompt_price": e.prompt_price, "completion_price": e.completion_price, "latency": e.latency,
                    "throughput": e.throughput, "stream_cancellation": True}
                   for e in default_endpoints() if e.stream_cancellation]
-    with run_emulator({"speed": 1.0, "balance": 100, "replace_endpoints": True, "endpoints": cancelling}) as emu:
+    # every answer 1,350-1,750 tokens at 38-110 tok/s: 12-47 s, so none ends while the interrupt is handled, however
+    # slowly, and all would within the drain's 60 s: an answer counted after the interrupt is one the run waited for
+    long = {"reasoning_median": 1500, "reasoning_sigma": 0.1, "content_median": 100, "content_sigma": 0.1}
+    with run_emulator({"speed": 1.0, "balance": 100, "replace_endpoints": True, "endpoints": cancelling,
+                       "content": long}) as emu:
         km, kc = _start("eagledata", tmp_path, tmp_path / "kernel.log")
         try:
             msg_id = kc.execute(CTRL_C_RUN.format(datasets=str(datasets), base_url=emu.base_url, out=str(out),
@@ -235,8 +243,9 @@ def test_ctrl_c_stops_a_run_in_a_cell_within_5_s(tmp_path, tokenizer_dir):
             while time.monotonic() < deadline and emu.stats()["in_flight"] < concurrency:
                 time.sleep(0.1)
             assert emu.stats()["in_flight"] == concurrency, emu.stats()
+            answered = emu.stats()["outcomes"].get("ok", 0)
             km.interrupt_kernel()
-            reply, took = _reply_to(kc, msg_id, within_s=90)
+            reply, took = _reply_to(kc, msg_id, within_s=REPLY_WITHIN_S)
             printed = []
             while True:
                 try:
@@ -245,11 +254,14 @@ def test_ctrl_c_stops_a_run_in_a_cell_within_5_s(tmp_path, tokenizer_dir):
                     break
                 if msg["msg_type"] == "stream" and msg["parent_header"].get("msg_id") == msg_id:
                     printed.append(msg["content"]["text"])
+            outcomes = emu.stats()["outcomes"]
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
-    # measured 0.5-0.6 s here (0.9 s at 2,000 in flight): 5 s leaves the 2-core machine room for other work
-    assert reply is not None and took < INTERRUPTED_WITHIN_S, f"no reply {took:.1f} s after the interrupt"
+    # measured 0.5-0.6 s here (0.9 s at 2,000 in flight); a run that let its streams run to their end would reply
+    # up to 47 s on, with them answered
+    assert reply is not None, f"no reply {took:.1f} s after the interrupt"
+    assert outcomes.get("ok", 0) == answered and outcomes.get("cancelled", 0) >= concurrency, outcomes
     assert reply["content"]["status"] == "ok", reply["content"]
     assert "stop reason: interrupted" in "".join(printed)
     summary = json.loads((out / "datasets" / "C" / "summary.json").read_text())

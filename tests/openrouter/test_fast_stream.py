@@ -149,7 +149,7 @@ def test_a_cancelled_stream_closes_its_connection_and_keeps_what_streamed(emulat
             return state, fast.idle(), len(fast._live)
 
     state, idle, live = asyncio.run(main())
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a hang guard: the service settles the closed stream at once
     while (stats := emulator.stats())["outcomes"].get("cancelled") != 1 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert stats["outcomes"].get("cancelled") == 1 and stats["in_flight"] == 0
@@ -425,10 +425,12 @@ def test_a_stream_silent_past_the_stall_timeout_is_closed_as_over_httpx():
         (stalled, waited), state, closed, (kept, _), (by_client, waited_client) = asyncio.run(main(how))
         assert (stalled.kind, stalled.error_class, stalled.message) == (Kind.RETRY, "client_timeout",
                                                                        "stalled: no bytes for 0.5 s"), how
-        assert 0.5 <= waited < 1.5 and closed  # closed at the stall, not at the server's 5 s
+        # closed at the stall, not when the server ends its stream 5 s on (an incomplete stream, not "stalled"); how
+        # soon after 0.5 s is the loop's, whatever the machine's load: only its lower bound is the timer's
+        assert waited >= 0.5 and closed
         assert state.chunks == 2 and state.body()["choices"][0]["message"]["reasoning"] == "Think."
         assert kept.kind is Kind.OK and kept.completion.answer.content == "Answer."
-        assert (by_client.error_class, by_client.message) == ("client_timeout", "ReadTimeout") and waited_client < 1.5
+        assert (by_client.error_class, by_client.message) == ("client_timeout", "ReadTimeout") and waited_client >= 0.5
 
 
 def test_a_client_through_another_transport_is_read_over_httpx():

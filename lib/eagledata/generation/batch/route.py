@@ -54,7 +54,7 @@ from ...openrouter.client import LOCAL_KEY
 from ...paths import model_stem
 from ...status import ensure_log_handler
 from ...text import Tokenizer, load_tokenizer, prompt_ids
-from ..clock import InlineExecutor
+from ..clock import InlineExecutor, LoopClock
 from ..config import GenerateConfig
 from ..conversations.datasets import select_datasets
 from ..conversations.fidelity import FidelityJudge
@@ -81,9 +81,14 @@ class BatchRun:
     next round (rounds.py plans it, service.py sends it), polls it and settles it (settle.py), under the money."""
 
     def __init__(self, cfg: GenerateConfig, lanes: list[DatasetRun], service: BatchService, tok: Tokenizer, *,
-                 sleep: Any = asyncio.sleep, clock: Callable[[], float] = time.monotonic):
-        self.cfg, self.service, self.tok, self.sleep, self.clock = cfg, service, tok, sleep, clock
-        self.t0, self.started_at = clock(), datetime.now(UTC).isoformat(timespec="seconds")
+                 sleep: Any = asyncio.sleep, clock: Callable[[], float] | None = None,
+                 panel: Callable[[], BatchPanel | None] = make_batch_panel):
+        # `clock`: the running loop's by default, the one the waits between polls time out on (clock.run_virtual
+        # makes it virtual); `panel`: what shows the run under a widget frontend when `cfg.progress` is set
+        self.cfg, self.service, self.tok, self.sleep = cfg, service, tok, sleep
+        self.clock: Callable[[], float] = clock or LoopClock().now
+        self.make_panel = panel
+        self.t0, self.started_at = self.clock(), datetime.now(UTC).isoformat(timespec="seconds")
         self.judge = FidelityJudge.carried([lane.summary_before for lane in lanes if lane.summary_before])
         recorder = Recorder(tok, InlineExecutor(), self.judge, RoutingDecision(model=cfg.batch_model),
                             temperature=None, paid=True)
@@ -100,7 +105,7 @@ class BatchRun:
         self.fatal: dict[str, Any] | None = None
         self.panel: BatchPanel | None = None
         self.window_s = 3600.0 * window_hours(cfg.batch_window)
-        self.progress = BatchProgress(None, cfg.status_interval_s, clock)
+        self.progress = BatchProgress(None, cfg.status_interval_s, self.clock)
         self._wake = asyncio.Event()
         self._changed = False
         self._ended = asyncio.Event()
@@ -291,7 +296,7 @@ class BatchRun:
     async def execute(self) -> dict[str, Any]:
         """Run to the end (every dataset finished, the money, a signal, a fatal answer); every summary.json is
         written whatever stopped it, an error included (then raised, its stop reason naming it)."""
-        self.panel = make_batch_panel() if self.cfg.progress else None
+        self.panel = self.make_panel() if self.cfg.progress else None
         self.progress = BatchProgress(self.panel, self.cfg.status_interval_s, self.clock)
         restore = on_signals(lambda: self._stop(StopReason.INTERRUPTED))
         unhook, ended = on_kernel_shutdown(self._kernel_shutdown), self._ended
@@ -357,11 +362,14 @@ class BatchRun:
         self._wake.clear()
         next_poll = self.clock() + poll
         while not self._wake.is_set() and (left := next_poll - self.clock()) > 0:
+            step = min(left, max(self.progress.next_in(), 0.01))
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=min(left, max(self.progress.next_in(), 0.01)))
+                await asyncio.wait_for(self._wake.wait(), timeout=step)
             except TimeoutError:
                 pass
             self.progress.maybe(self)
+            if step == left:  # the poll's time has come: a timer may fire up to the loop's clock resolution early,
+                break         # and under virtual time (clock.run_virtual) the clock then never gets past it
 
     async def _end(self) -> None:
         """Ctrl-C (or a stop): the batches in progress are left running (a rerun adopts them), or cancelled and
@@ -396,11 +404,13 @@ class BatchRun:
 
 
 async def run_batch_route(cfg: GenerateConfig, *, transport: httpx.AsyncBaseTransport | None = None,
-                          sleep: Any = asyncio.sleep) -> dict[str, Any]:
+                          sleep: Any = asyncio.sleep, clock: Callable[[], float] | None = None,
+                          panel: Callable[[], BatchPanel | None] = make_batch_panel) -> dict[str, Any]:
     """`route: batch`: every input checked (the key, the model and the window, every prompt) before anything is
     uploaded; returns the summary as `run_generation` does. `base_url: emulator`: the emulator's Batch API, started
     for the run (`batch_poll_s` × `emulator_speed`; a stop cancels its batches, as the emulator stops with the run).
-    `transport`: the HTTP transport to the service (tests)."""
+    `transport`: the HTTP transport to the service (tests); `clock` and `panel`: BatchRun's (tests: virtual time, a
+    panel of their own)."""
     ensure_log_handler()  # the rounds and the status lines, wherever the service is
     if is_emulator(cfg.base_url):
         from ...emulator_process import serving
@@ -414,12 +424,14 @@ async def run_batch_route(cfg: GenerateConfig, *, transport: httpx.AsyncBaseTran
             poll = max(0.05, cfg.batch_poll_s * cfg.emulator_speed)
             # nothing is left running in an emulator that stops with the run: a rerun would find no batch to adopt
             return await _run_batches(dataclasses.replace(cfg, batch_base_url=url, batch_poll_s=poll,
-                                                          batch_cancel_on_stop=True), LOCAL_KEY, transport, sleep)
-    return await _run_batches(cfg, resolve_batch_key(cfg.batch_api_key_env), transport, sleep)
+                                                          batch_cancel_on_stop=True), LOCAL_KEY, transport, sleep,
+                                      clock, panel)
+    return await _run_batches(cfg, resolve_batch_key(cfg.batch_api_key_env), transport, sleep, clock, panel)
 
 
 async def _run_batches(cfg: GenerateConfig, key: str, transport: httpx.AsyncBaseTransport | None,
-                       sleep: Any) -> dict[str, Any]:
+                       sleep: Any, clock: Callable[[], float] | None = None,
+                       panel: Callable[[], BatchPanel | None] = make_batch_panel) -> dict[str, Any]:
     lanes = open_lanes(cfg)
     try:
         tok = load_tokenizer(cfg.tokenizer)
@@ -430,7 +442,8 @@ async def _run_batches(cfg: GenerateConfig, key: str, transport: httpx.AsyncBase
             "route": "batch"})
         try:
             async with make_batch_client(cfg.batch_base_url, key, transport=transport) as client:
-                run = BatchRun(cfg, lanes, MoonshotBatches(client, cfg.batch_model, sleep=sleep), tok, sleep=sleep)
+                run = BatchRun(cfg, lanes, MoonshotBatches(client, cfg.batch_model, sleep=sleep), tok, sleep=sleep,
+                               clock=clock, panel=panel)
                 summary = await run.execute()
         finally:
             spender.close()

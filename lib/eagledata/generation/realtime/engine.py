@@ -111,7 +111,8 @@ class Run:
         now = self.clock.now()
         if view is not None or self.cfg.progress:
             snap = self.reporter.snapshot(now)
-            self.progress = view(snap) if view else make_progress(snap, interval_s=self.cfg.status_interval_s)
+            self.progress = view(snap) if view else make_progress(snap, interval_s=self.cfg.status_interval_s,
+                                                                       clock=self.clock.now)
         restore, cancelled = on_signals(self._on_signal), None
         unhook = on_kernel_shutdown(self._kernel_shutdown)
         try:

@@ -16,7 +16,7 @@ import asyncio
 import html
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any
 
 from ...status import widget_frontend
@@ -46,10 +46,12 @@ def render(health: RunHealth) -> tuple[bytes, str, str]:
 
 class LivePanel:
     """A `ProgressView` that draws the run's health in place; `show` puts the widgets on screen (the notebook's
-    display; tests and the bench pass their own, or None to draw without showing)."""
+    display; tests and the bench pass their own, or None to draw without showing). `executor`: where frames are
+    drawn (one worker thread of its own by default; a test passes clock.InlineExecutor to draw each frame at once)."""
 
     def __init__(self, snap: RunSnapshot, *, interval_s: float = FRAME_INTERVAL_S,
-                 show: Callable[[Any], None] | None = None, clock: Callable[[], float] = time.monotonic):
+                 show: Callable[[Any], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 executor: Executor | None = None):
         import ipywidgets as widgets
 
         self.interval_s, self.clock = interval_s, clock
@@ -60,7 +62,7 @@ class LivePanel:
         self.box.add_class("eagledata-live-panel")
         self.frames = 0                     # frames put on screen
         self.busy_s = 0.0                   # time spent drawing them (off the loop)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagledata-panel")
+        self._pool = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="eagledata-panel")
         self._pending: Future | None = None
         self._last = -float("inf")
         self._closed = False
@@ -109,13 +111,15 @@ class LivePanel:
         self._put(render(health), final=True)
 
 
-def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None = None) -> ProgressView:
-    """The live panel where a widget frontend shows it (JupyterLab), else status lines every `interval_s`."""
+def make_progress(snap: RunSnapshot, *, interval_s: float, widget: bool | None = None,
+                  clock: Callable[[], float] = time.monotonic) -> ProgressView:
+    """The live panel where a widget frontend shows it (JupyterLab), else status lines every `interval_s`. `clock`:
+    the run's own (the engine passes its clock, so that under virtual time the lines keep virtual time too)."""
     if widget_frontend() if widget is None else widget:
         from IPython.display import display
 
-        return LivePanel(snap, show=display)
-    return StatusLines(interval_s=interval_s)
+        return LivePanel(snap, show=display, clock=clock)
+    return StatusLines(interval_s=interval_s, clock=clock)
 
 
 class BatchPanel:
