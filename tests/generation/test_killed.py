@@ -1,13 +1,13 @@
 """The streams a killed run left (issue 42): journaled as they start, read back from the generation endpoint by the
 next run, shown as `run.killed_before`."""
 import asyncio
-from collections import Counter
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import httpx
 import pytest
