@@ -114,3 +114,43 @@ def test_no_module_outside_text_names_the_kimi_tokenizer():
     named = [str(p.relative_to(ROOT)) for p in (ROOT / "lib" / "eagledata").rglob("*.py")
              if "KimiTokenizer" in p.read_text(encoding="utf-8") and "text" not in p.relative_to(ROOT).parts[2:3]]
     assert named == []
+
+
+# The modules that assemble a run (or a plan) from a notebook's settings: they read the settings class whole and hand
+# every other module what it needs (lib/eagledata/README.md, "Where settings live").
+ASSEMBLERS = {
+    "eagledata.generation.config", "eagledata.generation", "eagledata.generation.run",
+    "eagledata.generation.lanes", "eagledata.generation.realtime.engine", "eagledata.generation.realtime.parts",
+    "eagledata.generation.batch.route", "eagledata.generation.plan.budget", "eagledata.generation.plan.route_plan",
+    "eagledata.notebooks", "eagledata.generate"}
+SETTINGS_CLASSES = {"GenerateConfig", "BudgetConfig"}
+
+
+def readers_of_settings(root=None) -> set[str]:
+    """The library modules that name generation's settings classes."""
+    import ast
+
+    from tests.helpers.imports import LIB
+    out = set()
+    for path in (root or LIB).rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | \
+            {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        if names & SETTINGS_CLASSES:
+            parts = list(path.relative_to(root or LIB).with_suffix("").parts)
+            out.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return out
+
+
+def test_settings_classes_are_read_only_where_a_run_is_assembled():
+    """Issue 60 item 5: a domain module takes the settings it needs as arguments; the whole GenerateConfig or
+    BudgetConfig reaches only the modules that assemble a run or a plan (the reporters read what the ledger owns
+    from the ledger, and what they only show from `RunShown` / `BatchShown`)."""
+    assert readers_of_settings() <= ASSEMBLERS, readers_of_settings() - ASSEMBLERS
+
+
+def test_a_planted_reader_of_the_settings_is_found(tmp_path):
+    pkg = tmp_path / "eagledata" / "generation" / "realtime"
+    pkg.mkdir(parents=True)
+    (pkg / "reporter.py").write_text("from ..config import GenerateConfig\n\ndef show(cfg: GenerateConfig): ...\n")
+    assert readers_of_settings(tmp_path) - ASSEMBLERS == {"eagledata.generation.realtime.reporter"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from ...status import StatusLog, duration
-from ..config import GenerateConfig
 from ..conversations.fidelity import FidelityJudge
 from ..policy import StopReason
 from ..report.panel import BatchPanel
@@ -20,10 +20,23 @@ from .state import LaneBatches, RoundInfo
 log = logging.getLogger("eagledata.generate")
 
 
-class BatchView(Protocol):
-    """What the report reads of a run: a view of `route.BatchRun` (the loop itself)."""
+@dataclass(frozen=True)
+class BatchShown:
+    """The settings a batch run's summaries show that no part owns (route.BatchRun makes it from the config)."""
 
-    cfg: GenerateConfig
+    batch_model: str
+    batch_base_url: str
+    batch_window: str
+    max_tokens: int
+    turns: str
+
+
+class BatchView(Protocol):
+    """What the report reads of a run: a view of `route.BatchRun` (the loop itself, which owns the money's limits)."""
+
+    shown: BatchShown
+    max_spend_usd: float | None
+    reserve_usd: float
     service: BatchService
     lanes: list[LaneBatches]
     judge: FidelityJudge
@@ -83,7 +96,7 @@ def status_line(run: BatchView, now: float | None = None) -> str:
         elif lane.stop_reason:
             head += f", {lane.stop_reason} in {lb.rounds_used} round(s) of {lb.planned_rounds} planned"
         parts.append(head)
-    cap = f" of ${run.cfg.max_spend_usd:,.2f} cap" if run.cfg.max_spend_usd is not None else ""
+    cap = f" of ${run.max_spend_usd:,.2f} cap" if run.max_spend_usd is not None else ""
     money = f"${run.spent:.4f} answered, ${run.booked:.4f} booked{cap}"
     return f"{' | '.join(parts)} | {money} | {duration(elapsed)} so far"
 
@@ -115,17 +128,17 @@ class BatchProgress:
 
 
 def _settings(run: BatchView) -> dict[str, Any]:
-    cfg, service = run.cfg, run.service
-    return {"route": "batch", "batch_service": service.name, "batch_model": cfg.batch_model,
-            "batch_window": cfg.batch_window, "max_spend_usd": cfg.max_spend_usd,
-            "reserve_usd": cfg.reserve_usd, "balance_start_usd": run.balance_start,
-            "budget_mode": "strict", "concurrency": None, "max_tokens": cfg.max_tokens,
-            "turns": cfg.turns, "cheapest_eligible_usd_per_m_output": service.price.completion_per_m,
+    shown, service = run.shown, run.service
+    return {"route": "batch", "batch_service": service.name, "batch_model": shown.batch_model,
+            "batch_window": shown.batch_window, "max_spend_usd": run.max_spend_usd,
+            "reserve_usd": run.reserve_usd, "balance_start_usd": run.balance_start,
+            "budget_mode": "strict", "concurrency": None, "max_tokens": shown.max_tokens,
+            "turns": shown.turns, "cheapest_eligible_usd_per_m_output": service.price.completion_per_m,
             "planned_usd_per_m_output": None}
 
 
 def _common(run: BatchView) -> dict[str, Any]:
-    return {"model": run.cfg.batch_model, "base_url": run.cfg.batch_base_url, "backend": run.service.name,
+    return {"model": run.shown.batch_model, "base_url": run.shown.batch_base_url, "backend": run.service.name,
             "started_at": run.started_at, "ended_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "wall_s": round(run.clock() - run.t0, 3)}
 

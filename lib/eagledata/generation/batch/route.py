@@ -67,7 +67,7 @@ from ..policy import StopReason, error_stop, fatal_stop
 from ..report.panel import BatchPanel, make_batch_panel
 from .journal import BatchJournal, JournalLine, LineOutcome
 from .plan import TurnLengths, fits
-from .report import BatchProgress, sample, write_summaries
+from .report import BatchProgress, BatchShown, sample, write_summaries
 from .rounds import Rounds
 from .service import VANISHED, BatchCalls, BatchService
 from .settle import Settler
@@ -86,6 +86,8 @@ class BatchRun:
         # `clock`: the running loop's by default, the one the waits between polls time out on (clock.run_virtual
         # makes it virtual); `panel`: what shows the run under a widget frontend when `cfg.progress` is set
         self.cfg, self.service, self.tok, self.sleep = cfg, service, tok, sleep
+        self.max_spend_usd, self.reserve_usd = cfg.max_spend_usd, cfg.reserve_usd  # the money's limits: the run's
+        self.shown = BatchShown(cfg.batch_model, cfg.batch_base_url, cfg.batch_window, cfg.max_tokens, cfg.turns)
         self.clock: Callable[[], float] = clock or LoopClock().now
         self.make_panel = panel
         self.t0, self.started_at = self.clock(), datetime.now(UTC).isoformat(timespec="seconds")
@@ -126,10 +128,10 @@ class BatchRun:
         service charges a line when it is answered, so the balance may already hold part of them: counted twice,
         never overdrawn)."""
         balance = await self.service.balance()
-        by_balance = balance - self.cfg.reserve_usd - self.booked
-        if self.cfg.max_spend_usd is None:
+        by_balance = balance - self.reserve_usd - self.booked
+        if self.max_spend_usd is None:
             return by_balance, StopReason.BALANCE_RESERVE_REACHED
-        by_cap = self.cfg.max_spend_usd - self.spent - self.booked
+        by_cap = self.max_spend_usd - self.spent - self.booked
         return (by_cap, StopReason.MAX_SPEND_REACHED) if by_cap < by_balance else \
             (by_balance, StopReason.BALANCE_RESERVE_REACHED)
 

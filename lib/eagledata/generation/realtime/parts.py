@@ -29,7 +29,7 @@ from .attempt import ChatCompletions, Transport
 from .congestion import Congestion, ProviderCooldown
 from .dispatcher import Dispatcher
 from .pacing import Pacing
-from .reporter import Reporter
+from .reporter import Reporter, RunShown
 from .requester import Requester
 
 TOKENS_PER_CHAR = 0.25  # before the run has recorded MIN_CHARS characters (English text: ~4 characters a token)
@@ -189,7 +189,8 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
                           stream=cfg.stream, at_target=cfg.at_target)
     recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid,
                         on_suspect=requester.streams.cancel_streams_of)
-    single = isinstance(cfg.dataset, str) and cfg.dataset != "all"
-    reporter = Reporter(cfg, dispatcher, ledger, congestion, fidelity, routing, t0=now, idle=idle, single=single,
+    single = cfg.dataset if isinstance(cfg.dataset, str) and cfg.dataset != "all" else None
+    shown = RunShown(cfg.model, cfg.base_url, cfg.backend, cfg.budget_mode, cfg.max_tokens, cfg.turns)
+    reporter = Reporter(shown, dispatcher, ledger, congestion, fidelity, routing, t0=now, idle=idle, single=single,
                         streamed=requester.streams.streamed)
     return Parts(dispatcher, ledger, requester, recorder, reporter, executor)

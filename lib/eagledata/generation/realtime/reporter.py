@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from ...openrouter import RoutingDecision
-from ..config import GenerateConfig
 from ..conversations.fidelity import FidelityJudge
 from ..lanes import DatasetRun
 from ..money.ledger import Ledger
@@ -30,9 +29,24 @@ from .congestion import Congestion
 from .dispatcher import Dispatcher
 
 
+@dataclass(frozen=True)
+class RunShown:
+    """The settings a run's summaries show that no part owns (parts.py makes it from the config)."""
+
+    model: str
+    base_url: str
+    backend: str
+    budget_mode: str
+    max_tokens: int
+    turns: str
+
+
 @dataclass
 class Reporter:
-    cfg: GenerateConfig
+    """The run's status and summaries, from the parts' state. Of the settings it takes only what the summaries show
+    and nothing the parts own (the cap and the reserve are the ledger's)."""
+
+    shown: RunShown
     dispatcher: Dispatcher
     ledger: Ledger
     congestion: Congestion
@@ -40,7 +54,7 @@ class Reporter:
     routing: RoutingDecision
     t0: float
     idle: bool    # nothing to send: an earlier run's work is reported
-    single: bool  # one dataset named alone: its summary is the run's
+    single: str | None  # the one dataset named alone: its summary is the run's (None: several, or `all`)
     streamed: Callable[[], tuple[int, int]] | None = None  # the streams in flight and the characters they delivered
     slots_end: float | None = None  # when the slots ended (the engine says): what follows is the summaries' work
 
@@ -89,7 +103,7 @@ class Reporter:
         return RunSnapshot(t=now - self.t0, in_flight=self.in_flight, limit=self.congestion.allowed,
                            streams=streams, streamed_chars=chars,
                            spent=self.ledger.spent(final), charged=self.ledger.charged(),
-                           at_bound=self.ledger.books.at_bound(), cap=self.cfg.max_spend_usd,
+                           at_bound=self.ledger.books.at_bound(), cap=self.ledger.max_spend_usd,
                            money_limit=self.ledger.limit(), foreign=self.ledger.books.foreign_usd,
                            suspects=self.fidelity.suspect_headlines(), usable=self.ledger.limit(cap=False),
                            verdicts={name: p.verdict for name, p in self.fidelity.providers.items()},
@@ -106,13 +120,13 @@ class Reporter:
     def summaries(self, now: float) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
         """Every dataset's summary.json, and the run's summary (one dataset named alone: that dataset's)."""
         per = {lane.name: self._dataset_summary(lane, now) for lane in self.lanes.values()}
-        return per, per[self.cfg.dataset] if self.single else self._run_summary(per, now)  # type: ignore[index]
+        return per, per[self.single] if self.single else self._run_summary(per, now)
 
     def _run_settings(self) -> dict[str, Any]:
         cheapest = self.routing.cheapest()
-        return {"max_spend_usd": self.cfg.max_spend_usd, "reserve_usd": self.cfg.reserve_usd,
-                "balance_start_usd": self.ledger.balance_start, "budget_mode": self.cfg.budget_mode,
-                "concurrency": self.cfg.concurrency, "max_tokens": self.cfg.max_tokens, "turns": self.cfg.turns,
+        return {"max_spend_usd": self.ledger.max_spend_usd, "reserve_usd": self.ledger.reserve_usd,
+                "balance_start_usd": self.ledger.balance_start, "budget_mode": self.shown.budget_mode,
+                "concurrency": self.ledger.concurrency, "max_tokens": self.shown.max_tokens, "turns": self.shown.turns,
                 "cheapest_eligible_usd_per_m_output": cheapest.completion_per_m if cheapest else None,
                 "planned_usd_per_m_output": self._planned_per_m()}
 
@@ -126,7 +140,7 @@ class Reporter:
 
     def _shared(self, wall: float) -> dict[str, Any]:
         """What every summary of the run says alike."""
-        return {"common": {"model": self.cfg.model, "base_url": self.cfg.base_url, "backend": self.cfg.backend,
+        return {"common": {"model": self.shown.model, "base_url": self.shown.base_url, "backend": self.shown.backend,
                            "started_at": self.started_at,
                            "ended_at": datetime.now(UTC).isoformat(timespec="seconds"),
                            "wall_s": round(wall, 3)},
@@ -136,7 +150,7 @@ class Reporter:
 
     def _extra(self) -> dict[str, Any]:
         changes = [[round(t - self.t0, 1), round(share, 3), round(limit)]
-                   for t, share, limit in self.congestion.history if limit < self.cfg.concurrency][-200:]
+                   for t, share, limit in self.congestion.history if limit < self.ledger.concurrency][-200:]
         readback = self.ledger.readback
         return {"foreign_usd": round(self.ledger.books.foreign_usd, 8), "money_left": self.ledger.money_left,
                 "concurrency_changes": changes,
