@@ -21,6 +21,7 @@ from eagledata.openrouter import complete
 from eagledata.records import load_records, split_inline_reasoning
 from eagledata.text import parse_output_ids, prompt_ids
 from tests.helpers.kills import kill_while_writing
+from tests.helpers.records import answers_and_pauses
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -65,8 +66,10 @@ def dataset_dir(tmp_path) -> Path:
 def check_exactly_once(tok, tmp_path, n: int, name: str = "D"):
     """Every prompt once in records or failures; every line whole; ids say exactly the text."""
     d = dataset_dir(tmp_path)
-    records = load_records(d / "records.jsonl")  # strict: a torn or bad line fails here
+    # strict: a torn or bad line fails here; the prefixes a kill left (pause samples) are checked apart
+    records, paused = answers_and_pauses(load_records(d / "records.jsonl"))
     failures = [json.loads(line) for line in (d / "failures.jsonl").read_text().splitlines() if line.strip()]
+    assert {r.id.rpartition("~")[0] for r in paused} <= {f"{name}-{i:05d}" for i in range(n)}
     rec_ids = [r.id for r in records]
     fail_ids = [f["id"] for f in failures]
     assert len(rec_ids) == len(set(rec_ids)), "duplicate records"
@@ -77,6 +80,10 @@ def check_exactly_once(tok, tmp_path, n: int, name: str = "D"):
         assert (back.reasoning, back.content, back.finish_reason) == (r.reasoning, r.content, r.finish_reason), r.id
         assert r.prompt_ids == prompt_ids(tok, r.messages)
         assert r.content or r.finish_reason == "length"
+    for r in paused:  # exact prefixes: their ids say their text
+        back = parse_output_ids(tok, r.output_ids)
+        assert (back.reasoning, back.content) == (r.reasoning, r.content), r.id
+        assert r.prompt_ids == prompt_ids(tok, r.messages)
     return records, failures
 
 
@@ -341,7 +348,7 @@ def test_sigterm_stops_issuing_and_drains(emu, tok, tmp_path):
     summary = json.loads((dataset_dir(tmp_path) / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and 0 < summary["records"] < 400
     records = load_records(records_file)  # strict: every line whole
-    assert len({r.id for r in records}) == len(records) == summary["records"]
+    assert len({r.id for r in records}) == len(records) == summary["records"] + summary["pause_samples"]
 
 
 def test_untokenizable_answer_is_retried_never_recorded(emu, tok, tmp_path):

@@ -125,7 +125,8 @@ def test_a_killed_runs_streams_are_read_back_shown_and_what_they_delivered_kept(
         assert all(r.usage.cost == pytest.approx((costs[r.generation_id] or {}).get("total_cost", 0.0)) for r in kept)
         assert not journaled_text(journal)  # read once: the text lines went with the journal's rewrite
         # every prompt answered by the run, the kept prefixes beside the answers
-        assert summary["records"] == 24 + len(kept) and leftovers(journal) == []  # every stream of this run ended
+        assert summary["records"] == 24 and summary["pause_samples"] == len(kept)
+        assert leftovers(journal) == []  # every stream of this run ended in it
         # by the account: the killed run's charge when this one began (100 in credits less the balance then), less
         # what its records cost (the store's total less this run's)
         run = summary["run"]

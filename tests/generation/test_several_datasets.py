@@ -23,6 +23,7 @@ from eagledata.openrouter import Kind, Outcome, PrecisionPolicy, complete, decid
 from eagledata.records import load_records
 from tests.helpers import ROOT
 from tests.helpers.kills import kill_while_writing
+from tests.helpers.records import answers_and_pauses
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.6, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0.5, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -69,13 +70,14 @@ def folder(tmp_path, name) -> Path:
 
 
 def exactly_once(tmp_path, name: str, n: int) -> tuple[list, list]:
-    records = load_records(folder(tmp_path, name) / "records.jsonl")
+    records, paused = answers_and_pauses(load_records(folder(tmp_path, name) / "records.jsonl"))
     failures_file = folder(tmp_path, name) / "failures.jsonl"
     failures = [json.loads(x) for x in failures_file.read_text().splitlines()] if failures_file.exists() else []
     ids = [r.id for r in records] + [f["id"] for f in failures]
     assert len(ids) == len(set(ids)), f"{name}: a prompt finished twice"
     assert set(ids) <= {f"{name}-{i:05d}" for i in range(n)}
-    assert all(r.dataset == name for r in records)
+    assert {r.id.rpartition("~")[0] for r in paused} <= {f"{name}-{i:05d}" for i in range(n)}
+    assert all(r.dataset == name for r in records + paused)
     return records, failures
 
 

@@ -64,6 +64,18 @@ def recorded_turns(d: Path) -> tuple[list[Record], list[dict], dict[str, dict[in
     return records, failures, by_conv
 
 
+def answers_and_pauses(records: list[Record]) -> tuple[list[Record], list[Record]]:
+    """A records file's answers, and its pause samples (the prefixes a Ctrl-C or a kill cut, `<turn id>~n`, their
+    turns asked again): each pause sample a cut one, under an id made of an answer's or a failure's id, never twice."""
+    answers = [r for r in records if not pauses(r.meta)]
+    paused = [r for r in records if pauses(r.meta)]
+    assert len({r.id for r in paused}) == len(paused), "a pause sample written twice"
+    for r in paused:
+        turn, _, n = r.id.rpartition("~")
+        assert turn and n.isdigit() and r.finish_reason == "cut", r.id
+    return answers, paused
+
+
 def check_cut_prefixes(emu, records: list[Record]) -> None:
     """Each cut sample is the prefix of the answer the emulator was generating: exact ids, no end."""
     assert records

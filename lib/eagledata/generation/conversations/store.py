@@ -276,6 +276,11 @@ class Store:
         """The recorded turns of an open conversation, in order (a resume continues after the last)."""
         return self._read((start, end) for _, start, end in self.chains.get(conversation_id, ()))
 
+    @property
+    def answers(self) -> int:
+        """The records that answer their turn: every record but the pause samples."""
+        return self.recorded - sum(map(len, self.paused.values()))
+
     def next_pause_id(self, turn_id: str) -> str:
         """The id the next pause sample of `turn_id` is written under."""
         return pause_id(turn_id, len(self.paused.get(turn_id, ())) + 1)

@@ -381,8 +381,9 @@ def dataset_summary(name: str, store: Any, stats: RunStats, *, common: dict[str,
     return {
         "dataset": name, **common, "stop_reason": stop_reason, "fatal_error": fatal,
         # dataset totals (all runs), read by budget.ipynb's planned-vs-actual
-        "output_tokens": store.output_tokens, "spend_usd": round(store.spend_usd, 8), "records": store.recorded,
-        "failures": store.failed, "prompts": prompts, "remaining": prompts - store.conversations_finished,
+        "output_tokens": store.output_tokens, "spend_usd": round(store.spend_usd, 8), "records": store.answers,
+        "pause_samples": store.recorded - store.answers, "failures": store.failed, "prompts": prompts,
+        "remaining": prompts - store.conversations_finished,
         "open_conversations": len(store.chains),
         "target_output_tokens": target,
         "run": {**_run_counts(stats), **figures, **settings, **_run_tail(stats), **extra,
@@ -402,7 +403,8 @@ def run_summary(names: list[str], summaries: dict[str, dict[str, Any]], stats: R
     return {
         "datasets": {n: summaries[n] for n in names}, **common, "stop_reason": stop_reason, "fatal_error": fatal,
         "output_tokens": sum(s["output_tokens"] for s in per), "spend_usd": round(sum(s["spend_usd"] for s in per), 8),
-        "records": sum(s["records"] for s in per), "failures": sum(s["failures"] for s in per),
+        "records": sum(s["records"] for s in per), "pause_samples": sum(s["pause_samples"] for s in per),
+        "failures": sum(s["failures"] for s in per),
         "prompts": sum(s["prompts"] for s in per), "remaining": sum(s["remaining"] for s in per),
         "target_output_tokens": sum(targets) if all(t is not None for t in targets) else None,
         "run": {**_run_counts(stats), **figures, **settings, **_run_tail(stats), **extra},
