@@ -9,8 +9,7 @@ import zipfile
 from pathlib import Path
 
 from eagledata.quality.config import QualityConfig
-from eagledata.quality.experiment import SHAREGPT_MEMBER
-from eagledata.quality.sources import MTBENCH_MEMBER
+from eagledata.quality.sources import MTBENCH_MEMBER, SHAREGPT_MEMBER
 from tests.helpers.quality import sharp_llama, word_tokenizer
 
 

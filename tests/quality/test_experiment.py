@@ -12,7 +12,10 @@ import torch
 
 from eagledata.errors import InputError
 from eagledata.quality.arms import ARMS
-from eagledata.quality.experiment import Experiment, ExperimentSeams, run_logged, share_data, train_args
+from eagledata.quality.commands import run_logged
+from eagledata.quality.experiment import Experiment, ExperimentSeams
+from eagledata.quality.stages import share_data
+from eagledata.quality.trainer import train_args
 from tests.helpers.quality_experiment import tiny_config
 
 

