@@ -288,3 +288,16 @@ def equalize(arms: dict[str, Sequence[Sample]]) -> Equalized:
     left_out = {a: {"not_in_other_arm": len(arms[a]) - len(common[a]),
                     "over_equal_tokens": len(common[a]) - len(out[a])} for a in arms}
     return Equalized(out, tokens, len(shared), left_out)
+
+
+def held_out(samples: Sequence[Sample], validation: set[str]) -> tuple[list[Sample], list[Sample]]:
+    """(training samples, validation samples): a sample is held out when its conversation is."""
+    return ([s for s in samples if s.conversation_id not in validation],
+            [s for s in samples if s.conversation_id in validation])
+
+
+def shared_validation(arms: dict[str, Sequence[Sample]]) -> dict[str, list[Sample]]:
+    """Each arm's validation samples over the same (conversation, turn)s: those every arm has, in (conversation id,
+    turn) order (an on-policy turn 2 never asked after a cut turn 1 is left out of both)."""
+    shared = set.intersection(*(set(map(turn_key, s)) for s in arms.values())) if arms else set()
+    return {a: sorted((x for x in s if turn_key(x) in shared), key=turn_key) for a, s in arms.items()}

@@ -62,11 +62,15 @@ class QualityConfig(Settings):
     threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")
     interop_python: str = setting(".venv-interop/bin/python", "the speculators 0.9.0 environment's interpreter "
                                                               "(training and the EAGLE-3 τ)")
+    validation_conversations: int = setting(20, "ShareGPT conversations held out as the trainer's validation set: "
+                                                "the same ids in both arms (each arm's rendering of them), never "
+                                                "trained on; each arm trains on all of its own training samples")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("conversations", "max_turns", "answer_tokens", "sample_tokens", "batch_size", "vllm_concurrency",
-                     "epochs", "k", "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch"):
+                     "epochs", "k", "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch",
+                     "validation_conversations"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
         for name in ("questions", "bound_questions"):

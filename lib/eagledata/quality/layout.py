@@ -31,6 +31,10 @@ class ExperimentFiles:
     def export(self, arm: str) -> Path:
         return self.arm(arm) / "hidden_states" / "speculators"
 
+    def token_freq(self, arm: str) -> Path:
+        """The draft vocabulary's counts the arm is trained with (both arms' the same: `shared_vocabulary`)."""
+        return self.arm(arm) / "token_freq.pt"
+
     def checkpoint(self, arm: str) -> Path:
         return self.arm(arm) / "checkpoint"
 
