@@ -29,10 +29,11 @@ def test_the_stages_before_training_and_their_resume(tmp_path):
     said = []
     exp = Experiment(config, ExperimentSeams(run=no_commands, say=said.append))
     asks = exp.prompts()
-    assert len(asks) == 11 and [a.id for a in asks] == [f"conv{i:03d}" for i in range(11)]
-    assert exp.validation_ids() == {"conv008", "conv009", "conv010"}
+    ids = [a.id for a in asks]  # drawn by data_seed 0 from the 12 usable conversations (and one without an answer)
+    assert len(set(ids)) == 11 and set(ids) <= {f"conv{i:03d}" for i in range(12)} and ids != sorted(ids)
+    assert exp.validation_ids() == set(ids[8:])  # the held-out ones: the next three of the same draw
     prompts_stage = json.loads(exp.files.stage("prompts").read_text())
-    assert prompts_stage["passed_over"] == {"no data-set answer to its first ask": 1}
+    assert prompts_stage["passed_over"] in ({}, {"no data-set answer to its first ask": 1})
     for arm in ARMS:
         exp.arm_records(arm, asks)
     off = [json.loads(line) for line in exp.files.records("off_policy").read_text().splitlines()]
@@ -268,3 +269,25 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
         share_data(tiny_config(tmp_path, experiment="x", data_from="nope"), said.append)
     with pytest.raises(InputError, match="data_from.*is this experiment itself"):
         tiny_config(tmp_path, data_from="tiny")
+
+
+def test_conversations_are_drawn_from_the_whole_file_by_the_data_seed():
+    """`data_seed`: a seeded draw over the whole file (not its first N), the same for the same seed, another for
+    another, the held-out ones drawn the same way after the training ones. Planted: the file's order (seed None)
+    draws the first N."""
+    from types import SimpleNamespace
+
+    from eagledata.quality.experiment import choose_conversations
+
+    file = [SimpleNamespace(id=f"c{i:03d}", messages=[{"role": "user", "content": f"q{i}"},
+                                                      {"role": "assistant", "content": f"a{i}"}]) for i in range(300)]
+
+    def draw(seed, n=30):
+        return [a.id for a in choose_conversations(file, n, 2, seed)[0]]
+
+    first = draw(0)
+    assert first == draw(0) and first != draw(1) and len(set(first)) == 30
+    assert max(int(i[1:]) for i in first) > 200 and sorted(first) != first  # from the whole file, not its head
+    assert draw(0, 40)[:30] == first  # train, then held out: more of the same draw
+    assert draw(None) == [f"c{i:03d}" for i in range(30)]  # the plant: the first N in file order
+    assert draw(None) != first

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import random
 import shutil
 import sys
 import time
@@ -95,12 +96,19 @@ class ExperimentSeams:
 
 
 # -- pure helpers ----------------------------------------------------------------------------------------------
-def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int) -> tuple[list[Asks], dict[str, int]]:
-    """The first `n` conversations, in file order, that can be asked turn by turn and whose first ask the data set
-    answered (both arms need it); why the others before the n-th were passed over."""
+def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int, data_seed: int | None = None
+                         ) -> tuple[list[Asks], dict[str, int]]:
+    """`n` conversations that can be asked turn by turn and whose first ask the data set answered (both arms need
+    it), drawn at random from the whole file by `data_seed` (a seeded shuffle of its order, then the first `n`
+    usable ones: the same seed draws the same conversations, a larger `n` draws more of the same order); `None`:
+    the file's own order. Why the others looked at were passed over."""
+    order = list(range(len(conversations)))
+    if data_seed is not None:
+        random.Random(data_seed).shuffle(order)
     chosen: list[Asks] = []
     passed: dict[str, int] = {}
-    for c in conversations:
+    for i in order:
+        c = conversations[i]
         if len(chosen) == n:
             break
         asks = conversation_asks(c.id, c.messages, max_turns)
@@ -175,7 +183,8 @@ class Experiment:
             sharegpt = parse_sharegpt(data, f"{wheel}!{SHAREGPT_MEMBER}")
             self.seams.say("  " + sharegpt.report.line())
             wanted = self.config.conversations + self.config.validation_conversations
-            chosen, passed = choose_conversations(sharegpt.conversations, wanted, self.config.max_turns)
+            chosen, passed = choose_conversations(sharegpt.conversations, wanted, self.config.max_turns,
+                                                  self.config.data_seed)
             if len(chosen) < wanted:
                 raise InputError(f"only {len(chosen)} usable conversations, {wanted} asked (conversations + "
                                  "validation_conversations)", field="conversations")
