@@ -146,7 +146,8 @@ def test_each_arm_trains_on_all_its_samples_validated_on_the_same_held_out_conve
             validation_rows[arm])
         assert stage["epoch_losses"] == [{"epoch": 0, "train_loss": 3.0, "validation_loss": 4.0},
                                          {"epoch": 1, "train_loss": 2.0, "validation_loss": 4.5}]
-    assert supervised(train_rows["on_policy"]) == supervised(train_rows["off_policy"])
+    reported = json.loads(exp.files.stage("assemble").read_text())["supervised_tokens"]  # what tau.json reports
+    assert supervised(train_rows["on_policy"]) == supervised(train_rows["off_policy"]) == reported
     keys = {arm: [(s.conversation_id, s.turn) for s in rows] for arm, rows in validation_rows.items()}
     assert keys["on_policy"] == keys["off_policy"]
     assert vocab["on_policy"] == vocab["off_policy"] == exp.shared_vocabulary()
