@@ -292,3 +292,20 @@ def test_conversations_are_drawn_from_the_whole_file_by_the_data_seed():
     assert draw(0, 40)[:30] == first  # train, then held out: more of the same draw
     assert draw(None) == [f"c{i:03d}" for i in range(30)]  # the plant: the first N in file order
     assert draw(None) != first
+
+
+def test_a_drawn_conversation_holding_an_mtbench_question_is_passed_over():
+    """Nothing of what τ is measured on is trained on: a ShareGPT conversation asking an MT-Bench turn (case and
+    spacing aside) is passed over, counted. Planted: no exclusion draws it."""
+    from types import SimpleNamespace
+
+    from eagledata.quality.experiment import choose_conversations
+
+    question = "Compose an engaging travel blog post about a recent trip to Hawaii."
+    file = [SimpleNamespace(id=f"c{i}", messages=[{"role": "user", "content": f"q{i}"},
+                                                  {"role": "assistant", "content": f"a{i}"}]) for i in range(20)]
+    file[3].messages[0]["content"] = ("Please:  compose an engaging travel blog post about a recent\ntrip to "
+                                      "Hawaii. thanks")
+    chosen, passed = choose_conversations(file, 19, 2, 0, exclude=[question, "   "])
+    assert "c3" not in {a.id for a in chosen} and passed == {"holds an MT-Bench turn's text": 1}
+    assert "c3" in {a.id for a in choose_conversations(file, 20, 2, 0)[0]}  # the plant: nothing excluded

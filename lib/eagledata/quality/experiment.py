@@ -58,6 +58,7 @@ from .sources import (
     ReadReport,
     fetch_wheel,
     parse_sharegpt,
+    read_mtbench,
 )
 from .stages import Stages, share_data
 from .tau import paired_difference, read_tau
@@ -96,12 +97,23 @@ class ExperimentSeams:
 
 
 # -- pure helpers ----------------------------------------------------------------------------------------------
-def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int, data_seed: int | None = None
-                         ) -> tuple[list[Asks], dict[str, int]]:
+def plain_text(text: str) -> str:
+    """Text compared for containment: lowercased, whitespace runs made one space."""
+    return " ".join(text.lower().split())
+
+
+def asks_text(asks: Asks) -> str:
+    return plain_text(" \n ".join(str(m.get("content") or "") for ask in asks.asks for m in ask))
+
+
+def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int, data_seed: int | None = None,
+                         exclude: Sequence[str] = ()) -> tuple[list[Asks], dict[str, int]]:
     """`n` conversations that can be asked turn by turn and whose first ask the data set answered (both arms need
     it), drawn at random from the whole file by `data_seed` (a seeded shuffle of its order, then the first `n`
     usable ones: the same seed draws the same conversations, a larger `n` draws more of the same order); `None`:
-    the file's own order. Why the others looked at were passed over."""
+    the file's own order. A conversation whose asks hold any of `exclude` (`plain_text`: MT-Bench's turns, what τ
+    is measured on) is passed over. Why the others looked at were passed over."""
+    excluded = [plain_text(t) for t in exclude if plain_text(t)]
     order = list(range(len(conversations)))
     if data_seed is not None:
         random.Random(data_seed).shuffle(order)
@@ -114,6 +126,9 @@ def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int, d
         asks = conversation_asks(c.id, c.messages, max_turns)
         reason = asks if isinstance(asks, str) else (None if asks.answers and asks.answers[0] else
                                                       "no data-set answer to its first ask")
+        if reason is None and excluded and isinstance(asks, Asks):
+            text = asks_text(asks)
+            reason = "holds an MT-Bench turn's text" if any(t in text for t in excluded) else None
         if reason is not None:
             passed[reason] = passed.get(reason, 0) + 1
         else:
@@ -183,8 +198,9 @@ class Experiment:
             sharegpt = parse_sharegpt(data, f"{wheel}!{SHAREGPT_MEMBER}")
             self.seams.say("  " + sharegpt.report.line())
             wanted = self.config.conversations + self.config.validation_conversations
+            mtbench = [t for q in read_mtbench(self.questions_file()).questions for t in q.turns]
             chosen, passed = choose_conversations(sharegpt.conversations, wanted, self.config.max_turns,
-                                                  self.config.data_seed)
+                                                  self.config.data_seed, exclude=mtbench)
             if len(chosen) < wanted:
                 raise InputError(f"only {len(chosen)} usable conversations, {wanted} asked (conversations + "
                                  "validation_conversations)", field="conversations")
