@@ -45,7 +45,8 @@ GPU_SIZES = {"conversations": 600, "max_turns": 2, "answer_tokens": 256, "sample
              "regenerate": "transformers"}  # no vLLM on the GPU machine: batched transformers generate there
 DRY_RUN_SIZES = {"conversations": 4, "max_turns": 2, "answer_tokens": 32, "sample_tokens": 1024, "batch_size": 4,
                  "epochs": 1, "draft_vocab_size": 1024, "total_seq_len": 1024, "k": 3, "questions": 1,
-                 "max_new_tokens": 16, "bound_questions": 1, "threads": 1, "regenerate": "transformers"}
+                 "max_new_tokens": 16, "bound_questions": 1, "threads": 1, "regenerate": "transformers",
+                 "validation_conversations": 2}
 NO_DEPS = ["speculators==0.9.0", "hs-connectors==0.9.0", "transformers==5.19.0"]
 SKIP = ("torch", "transformers")  # the GPU machine's own torch; transformers at speculators' cap, above
 

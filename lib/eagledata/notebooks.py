@@ -85,6 +85,13 @@ def run_notebook(name: str, output: str | Path, parameters: dict[str, Any] | Non
                             timeout=timeout, project_root=project_root)
 
 
+def generate_notebook(params: dict[str, Any], output: Path) -> None:
+    """generate.ipynb by papermill with `params` (hours allowed per cell: the run is one cell): the quality
+    experiment's on-policy regeneration (`quality.regenerate.RunNotebook`), injected by its callers (quality.ipynb,
+    `python -m eagledata.quality.experiment`) so that quality/ never imports this module."""
+    run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600, project_root=output.parent)
+
+
 def execute_notebook(notebook: str | Path, output: str | Path, parameters: dict[str, Any] | None = None, *,
                      cwd: str | Path, timeout: int = 900, project_root: str | Path | None = None) -> Path:
     """Run any notebook file (a workbench notebook, or a report to run again) with papermill from `cwd`."""

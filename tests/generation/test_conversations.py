@@ -450,3 +450,49 @@ def test_a_turn_over_the_context_limit_ends_its_conversation(emu, tok, tmp_path)
     assert {(f["conversation_id"], f["turn"]) for f in failures} == {(cid, 3) for cid in went_on}
     assert failures and all(f["error"]["class"] == "bad_request" for f in failures)
     assert all(len(r.prompt_ids) + 200 <= 700 for r in records)
+
+
+def test_split_answered_gives_split_asks_asks_and_the_datasets_answers_in_one_walk():
+    """`split_answered` (the quality experiment's asks and the data set's answers): the asks `split_asks` gives for
+    the conversation without its trailing assistant messages, and after each ask the first assistant message that
+    follows it (None at the end), on random conversations of every role. Planted: the last assistant message of a
+    run instead of the first, or the asks of the whole conversation, fail."""
+    import random
+
+    from eagledata.generation.conversations.turns import split_answered
+
+    def oracle(messages):
+        end = len(messages)
+        while end and messages[end - 1]["role"] == "assistant":
+            end -= 1
+        split = split_asks(messages[:end])
+        if split is None:
+            return None
+        answers, asking = [], False
+        for m in messages:
+            if m["role"] in ("user", "tool"):
+                asking = True
+            elif m["role"] == "assistant" and asking:
+                answers.append(m["content"])
+                asking = False
+        answers += [None] * (len(split[0]) - len(answers))
+        return split[0], answers
+
+    rng = random.Random(0)
+    checked = 0
+    for _ in range(3000):
+        roles = [rng.choice(["user", "assistant", "assistant", "system"]) for _ in range(rng.randint(1, 8))]
+        messages = [{"role": r, "content": f"{r}{i}"} for i, r in enumerate(roles)]
+        assert split_answered(messages) == oracle(messages), messages
+        checked += split_answered(messages) is not None
+    assert checked > 500
+
+    def u(s):
+        return {"role": "user", "content": s}
+
+    def a(s):
+        return {"role": "assistant", "content": s}
+
+    assert split_answered([u("1"), a("x"), a("y"), u("2"), a("z"), a("w")]) == ([[u("1")], [u("2")]], ["x", "z"])
+    assert split_answered([a("hello"), u("1")]) == ([[a("hello"), u("1")]], [None])
+    assert split_answered([u("1"), a("x"), {"role": "system", "content": "s"}]) is None

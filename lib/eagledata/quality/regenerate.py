@@ -6,7 +6,9 @@
 - `in_process`: transformers' batched `generate` (`arms.regenerate_greedy`), where no vLLM can run (a GPU machine
   without it, the tests).
 
-How the server is started and how the notebook runs are seams (`experiment.ExperimentSeams.serve` / `.generate`).
+How the server is started and how the notebook runs are seams (`experiment.ExperimentSeams.serve` / `.generate`):
+the notebook runner is `eagledata.notebooks.generate_notebook`, passed in by the callers (quality.ipynb, the CLI),
+never imported here (notebooks.py reads `quality.config`).
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, write_jsonl
 from ..records import Record
 from .arms import ArmChat, ArmRecords, Asks, regenerate_greedy, transformers_generate
@@ -46,17 +49,14 @@ def serve_verifier(config: QualityConfig, verifier: Path, log_file: Path) -> Abs
                       max_model_len=config.sample_tokens + config.answer_tokens, threads=config.threads)
 
 
-def generate_notebook(params: dict[str, Any], output: Path) -> None:
-    """generate.ipynb by papermill with `params` (hours allowed per cell: the run is one cell)."""
-    from ..notebooks import run_notebook
-
-    run_notebook("generate", output, params, cwd=output.parent, timeout=6 * 3600, project_root=output.parent)
-
-
 def through_generation(asks: list[Asks], config: QualityConfig, verifier: Path, work: Path, *, serve: Serve,
-                       generate: RunNotebook, say: Callable[[str], None]) -> ArmRecords:
+                       generate: RunNotebook | None, say: Callable[[str], None]) -> ArmRecords:
     """generate.ipynb against a vLLM serving the verifier, in `work/`: records as any dataset's, each conversation
     cut to its first `max_turns` asks; what was not answered is counted by why."""
+    if generate is None:
+        raise InputError("regenerate 'vllm' runs generate.ipynb: pass its runner (ExperimentSeams(generate="
+                         "eagledata.notebooks.generate_notebook)), or set regenerate 'transformers'",
+                         field="regenerate")
     prompts = work / "prompts.jsonl"
     write_jsonl(prompts, (prompt_row(a) for a in asks))
     datasets = work / "datasets.yaml"

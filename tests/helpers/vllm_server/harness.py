@@ -14,7 +14,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from eagledata.quality.serve import chat_server_command, free_port, server_env
 
 ROOT = Path(__file__).resolve().parents[3]
 SITE = Path(__file__).resolve().parent / "site"
@@ -34,12 +35,6 @@ START_TIMEOUT_S = 600.0
 
 def vllm_python() -> str:
     return os.environ.get("EAGLEDATA_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def printed_command(checkpoint: Path, storage: Path, layers: Sequence[int] | None = None) -> list[str]:
@@ -183,7 +178,8 @@ def start_chat_vllm(checkpoint: str | Path, workdir: str | Path, *, served_name:
                     dtype: str = "float32", extra: Sequence[str] = (), python: str | None = None) -> VllmServer:
     """A real vLLM serving `checkpoint` for chat completions (the generation stage's `backend: local`): the
     checkpoint's own tokenizer and chat template, no hidden-states connector; 127.0.0.1 on a free port, a 1 GiB CPU
-    KV cache, OpenMP threads unpinned. `dtype` float32 by default: the converted target is float32 and the τ
+    KV cache, OpenMP threads unpinned: the command and environment of `eagledata.quality.serve` (one
+    launcher). `dtype` float32 by default: the converted target is float32 and the τ
     measurement decodes it in float32."""
     workdir, checkpoint = Path(workdir).resolve(), Path(checkpoint).resolve()  # the server runs in another folder
     workdir.mkdir(parents=True, exist_ok=True)
@@ -191,13 +187,10 @@ def start_chat_vllm(checkpoint: str | Path, workdir: str | Path, *, served_name:
     if not Path(python).is_file():
         raise RuntimeError(f"no vLLM environment at {python}: run `make test-vllm`")
     port = free_port()
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(checkpoint), "--served-model-name",
-            served_name, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(max_model_len),
-            "--dtype", dtype, *extra]
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-    run_env = {**base, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-               "OMP_NUM_THREADS": str(min(2, os.cpu_count() or 1)), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-               "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "INFO"}
+    # the library's launcher's command and environment (quality/serve.py: what the experiment serves with)
+    argv = chat_server_command(python, checkpoint, port, served_name=served_name, max_model_len=max_model_len,
+                               dtype=dtype, extra=extra)
+    run_env = {**server_env(), "VLLM_LOGGING_LEVEL": "INFO"}
     log = workdir / f"vllm-{port}.log"
     log.write_text("$ " + shlex.join(argv) + "\n")
     return VllmServer(Path(checkpoint), workdir, log, port, argv, run_env).launch().wait_ready()

@@ -116,8 +116,43 @@ def split_asks(messages: Sequence[dict]) -> tuple[list[list[dict]], list[tuple[T
     """The asks of a conversation and, between them, the calls of the dataset's answers (`()` for a plain one); None
     when it cannot be regenerated turn by turn (its last ask asks nothing, or a tool conversation with two assistant
     messages in a row)."""
+    walked = _walk_asks(messages)
+    if walked is None:
+        return None
+    asks, between, _, block = walked
+    if not any(b["role"] in ("user", "tool") for b in block):
+        return None
+    asks.append(block)
+    return asks, between
+
+
+def split_answered(messages: Sequence[dict]) -> tuple[list[list[dict]], list[str | None]] | None:
+    """`split_asks` of the conversation as a prompt file reads it (its trailing assistant messages dropped), with the
+    dataset's answer to each ask from the same walk: the first assistant message after it (later ones in a row are
+    dropped, as generation drops them); for the last ask the first trailing assistant message, None when the
+    conversation ends on that ask. None when `split_asks` gives None."""
+    end = len(messages)
+    while end and messages[end - 1]["role"] == "assistant":
+        end -= 1
+    walked = _walk_asks(messages[:end])
+    if walked is None:
+        return None
+    asks, _, answers, block = walked
+    if not any(b["role"] in ("user", "tool") for b in block):
+        return None
+    asks.append(block)
+    answers.append(str(messages[end].get("content") or "") if end < len(messages) else None)
+    return asks, answers
+
+
+def _walk_asks(messages: Sequence[dict]) -> tuple[list[list[dict]], list[tuple[ToolCall, ...]], list[str | None],
+                                                  list[dict]] | None:
+    """One walk of a conversation: the closed asks, the calls and the text of the dataset's answer closing each, and
+    the block after the last one (the last ask, when it asks something); None for a tool conversation with two
+    assistant messages in a row."""
     asks: list[list[dict]] = []
     between: list[tuple[ToolCall, ...]] = []
+    answers: list[str | None] = []
     block: list[dict] = []
     tools = any(m["role"] == "tool" or m.get("tool_calls") for m in messages)
     for m in messages:
@@ -126,15 +161,13 @@ def split_asks(messages: Sequence[dict]) -> tuple[list[list[dict]], list[tuple[T
             if asking:  # the dataset's answer to this ask: dropped (its calls kept, to match the model's against)
                 asks.append(block)
                 between.append(_calls(m))
+                answers.append(str(m.get("content") or ""))
                 block = []
             elif tools:
                 return None
             continue  # any other assistant message after the first user turn is the dataset's too
         block.append(m)  # leading assistant messages (before any user turn) stay as context
-    if not any(b["role"] in ("user", "tool") for b in block):
-        return None
-    asks.append(block)
-    return asks, between
+    return asks, between, answers, block
 
 
 def _assistant(answer: Answer, in_loop: bool) -> dict:

@@ -1,0 +1,54 @@
+"""Where the experiment's files live: `<output_dir>/quality/<experiment>/` (DESIGN.md's canonical experiment), one
+path per kind of file, nothing else."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import QualityConfig
+
+
+@dataclass(frozen=True)
+class ExperimentFiles:
+    root: Path
+
+    def arm(self, arm: str) -> Path:
+        return self.root / arm
+
+    def stage(self, name: str) -> Path:
+        return self.root / "stages" / f"{name.replace('/', '-')}.json"
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "prompts.jsonl"
+
+    def records(self, arm: str) -> Path:
+        return self.arm(arm) / "records.jsonl"
+
+    def samples(self, arm: str) -> Path:
+        return self.arm(arm) / "samples.jsonl"
+
+    def export(self, arm: str) -> Path:
+        return self.arm(arm) / "hidden_states" / "speculators"
+
+    def token_freq(self, arm: str) -> Path:
+        """The draft vocabulary's counts the arm is trained with (both arms' the same: `shared_vocabulary`)."""
+        return self.arm(arm) / "token_freq.pt"
+
+    def checkpoint(self, arm: str) -> Path:
+        return self.arm(arm) / "checkpoint"
+
+    def tau(self, arm: str) -> Path:
+        return self.arm(arm) / "tau.json"
+
+    def bound(self, drafter: str) -> Path:
+        return self.root / "bounds" / drafter / "tau.json"
+
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.json"
+
+
+def experiment_files(config: QualityConfig) -> ExperimentFiles:
+    return ExperimentFiles(Path(config.output_dir) / "quality" / config.experiment)
+

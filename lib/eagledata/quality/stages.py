@@ -1,0 +1,126 @@
+"""The resume store: each finished stage's result and the settings it was made with (`stages/<stage>.json`), a rerun
+keeps it and other settings are refused (`Stages`); `share_data` links another experiment's data stages in
+(`data_from`)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from ..files import atomic_write_text
+from .arms import ARMS
+from .config import QualityConfig
+from .layout import ExperimentFiles, experiment_files
+
+# The settings each stage's outputs depend on (beyond the stages before it, which check their own).
+STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns", "validation_conversations",
+                                                         "data_seed"),
+                  "records": ("answer_tokens", "regenerate"), "assemble": ("sample_tokens",), "extract": (),
+                  "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
+                  "tau": ("k", "questions", "max_new_tokens", "seed"),
+                  "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed")}
+
+
+def stage_settings(config: QualityConfig, stage: str) -> dict[str, Any]:
+    return {k: getattr(config, k) for k in STAGE_SETTINGS[stage.split("/")[0]]}
+
+
+def settings_differ(kept: dict[str, Any], settings: dict[str, Any]) -> str:
+    """How a kept stage's settings differ from `settings` ("" when they do not)."""
+    was = kept.get("settings", {})
+    return ", ".join(f"{k} {was.get(k)!r} there, {v!r} now" for k, v in settings.items()
+                     if "settings" in kept and was.get(k) != v)
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """A hard link (no second copy of the hidden states), a copy where the two are on different file systems; a
+    file an earlier try left is kept when it is the same file, replaced when not (never written through)."""
+    if os.path.lexists(dst):
+        if os.path.samefile(src, dst):
+            return
+        os.remove(dst)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def data_stages(f: ExperimentFiles) -> dict[str, list[Path]]:
+    """The stages that make the data (no trainer or τ setting reaches them), in order, with the files each leaves
+    for the later stages."""
+    return {"target": [], "prompts": [f.prompts], **{f"records/{arm}": [f.records(arm)] for arm in ARMS},
+            "assemble": [f.samples(arm) for arm in ARMS],
+            **{f"extract/{arm}": [f.arm(arm) / "hidden_states"] for arm in ARMS}}
+
+
+def share_data(config: QualityConfig, say: Callable[[str], None]) -> None:
+    """`data_from`: that experiment's data stages and their files linked into this one, each stage this one lacks
+    (a rerun keeps what it has). Refused, naming both, when that experiment has not finished them or made them with
+    other settings: its data would silently stand for data these settings ask for."""
+    if config.data_from is None:
+        return
+    here = experiment_files(config)
+    there = ExperimentFiles(here.root.parent / config.data_from)
+    todo = {name: outputs for name, outputs in data_stages(there).items() if not here.stage(name).is_file()}
+    for name in todo:  # every check before any link: a refusal leaves this experiment as it was
+        source = there.stage(name)
+        if not source.is_file():
+            raise InputError(f"experiment {config.data_from!r} has not finished its stage {name}: run it first, "
+                             "or leave data_from unset", source)
+        if differ := settings_differ(json.loads(source.read_text()), stage_settings(config, name)):
+            raise InputError(f"data_from {config.data_from!r} made its stage {name} with other settings ({differ})",
+                             source)
+    for name, outputs in todo.items():
+        for src in outputs:
+            dst = here.root / src.relative_to(there.root)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_dir():
+                shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
+            else:
+                link_or_copy(str(src), str(dst))
+        here.stage(name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(there.stage(name), here.stage(name))  # last: a stage is kept only once its files are here
+        say(f"[{name}] linked from {there.root}")
+
+
+@dataclass
+class Stages:
+    """The experiment's finished stages: each one's result (JSON) with the settings it depends on, kept in
+    stages/<name>.json, so a rerun returns it without running it again."""
+
+    config: QualityConfig
+    files: ExperimentFiles
+    say: Callable[[str], None]
+
+    def run(self, name: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """Run `body` once. A kept stage made with other settings is refused (its outputs would silently stand for
+        the new ones): another experiment name, or delete the stage's file to make it again."""
+        path = self.files.stage(name)
+        settings = stage_settings(self.config, name)
+        if path.is_file():
+            kept = dict(json.loads(path.read_text()))
+            if said := settings_differ(kept, settings):
+                raise InputError(f"stage {name} was made with other settings ({said}): use another name, or delete "
+                                 "this file (and the stages after it) to make it again", path)
+            self.say(f"[{name}] done before: kept ({path})")
+            return kept
+        self.say(f"[{name}] ...")
+        started = time.monotonic()
+        result = body()
+        result["seconds"] = round(time.monotonic() - started, 1)
+        result["settings"] = settings
+        atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
+        self.say(f"[{name}] done in {result['seconds']:.0f} s")
+        return result
+
+    def seconds(self) -> dict[str, float]:
+        """Each finished stage's seconds (as it took when it ran)."""
+        return {path.stem: json.loads(path.read_text()).get("seconds")
+                for path in sorted((self.files.root / "stages").glob("*.json"))}
+
