@@ -122,7 +122,8 @@ def test_a_killed_runs_streams_are_read_back_shown_and_what_they_delivered_kept(
         assert {r.generation_id for r in kept} <= set(killed) and all(r.id == f"{r.conversation_id}~1" for r in kept)
         costs = {g: emu_generation(emu, g) for g in killed}
         assert before["kept_usd"] == pytest.approx(sum(r.usage.cost for r in kept), abs=1e-9)
-        assert all(r.usage.cost == pytest.approx((costs[r.generation_id] or {}).get("total_cost", 0.0)) for r in kept)
+        # each holds its prompt and prefix at its provider's price, never more than the service billed for it
+        assert all(0 < r.usage.cost <= (costs[r.generation_id] or {}).get("total_cost", 1.0) + 1e-12 for r in kept)
         assert not journaled_text(journal)  # read once: the text lines went with the journal's rewrite
         # every prompt answered by the run, the kept prefixes beside the answers
         assert summary["records"] == 24 and summary["pause_samples"] == len(kept)

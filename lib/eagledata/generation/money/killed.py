@@ -228,7 +228,7 @@ class KilledBefore:
     late_usd: float = 0.0
     costs: dict[str, float] = field(default_factory=dict, repr=False)  # id -> its cost, as read by this run
     kept: int = 0             # of the streams, kept by this run as pause samples (what they delivered)
-    kept_usd: float = 0.0     # what those cost: held by records now
+    kept_usd: float = 0.0     # what those records hold (their prompt and prefix at the provider's price)
     not_kept: dict[str, int] = field(default_factory=dict)  # streams that delivered text, kept as no sample: why
 
     def add(self, other: KilledBefore | None) -> KilledBefore:

@@ -86,9 +86,13 @@ class Run:
                     "datasets": [lane.name for lane in lanes], "output_dir": str(Path(cfg.output_dir).resolve())})
                 await run.ledger.read(client, run.clock.now(), strict=True)
             if run.journals is not None:  # what killed runs' streams cost, and what they had delivered, kept
-                recorder = run.parts.recorder
-                await run.journals.read_killed(
-                    client, keep=lambda lane, delivered, killed: keep_delivered(lane, delivered, killed, recorder))
+                recorder, requester = run.parts.recorder, run.parts.requester
+
+                def cost_of(provider: str, prompt: int, output: int) -> float:
+                    return requester.price_by_provider.get(provider, requester.worst).cost(prompt, output)
+
+                await run.journals.read_killed(client, keep=lambda lane, delivered, killed: keep_delivered(
+                    lane, delivered, killed, recorder, cost_of))
                 if (first := run.ledger.books.first) is not None and first.usage_usd is not None:
                     run.ledger.killed_wasted_usd = run.journals.begin(first.usage_usd)
         except BaseException:

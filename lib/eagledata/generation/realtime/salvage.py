@@ -5,13 +5,16 @@ cut stream is, and its turn asked again.
 A prefix is kept only where it is one for sure, by the rule a Ctrl-C's cut follows (`openrouter.stream.cut_completion`:
 reasoning served in its own field, nothing repaired, the content to its last whole word, calls that had begun left
 out), from a provider the run does not hold suspect, and for the turn its conversation is at now (a turn recorded
-before the kill wrote its end has moved on). Its record carries what the service billed for the generation, read by
-its id (`KilledBefore.costs`; 0 while the service does not know it), so the killed run's spend is held by a record.
+before the kill wrote its end has moved on). Its record carries what it holds, its prompt and prefix at the provider's
+price (`cost_of`), never more than the service billed for the generation (`KilledBefore.costs`, read by its id), as a
+Ctrl-C's cut sample does: the rest of what was billed (tokens generated past the journal's last flush, or to the end
+on a provider that bills whole answers) stays the killed run's waste.
 Keeping is idempotent: a stream whose generation id a pause sample of its turn already holds (a run killed while
 keeping, before its journal was rewritten) is not kept twice."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 from ...aio import in_executor
 from ...openrouter.stream import StreamState, cut_completion
@@ -31,9 +34,9 @@ def rebuilt(d: Delivered) -> StreamState:
 
 
 async def keep_delivered(lane: DatasetRun, delivered: dict[str, Delivered], killed: KilledBefore,
-                         recorder: Recorder) -> None:
+                         recorder: Recorder, cost_of: Callable[[str, int, int], float]) -> None:
     """Record each stream's delivered prefix of `lane` as a pause sample of its turn; `killed` counts those kept (and
-    what they cost) and why the others were not."""
+    what they hold) and why the others were not. `cost_of(provider, prompt tokens, output tokens)`: at its price."""
     by_conversation: dict[str, list[Delivered]] = {}
     for d in delivered.values():
         by_conversation.setdefault(d.conversation_id, []).append(d)
@@ -70,7 +73,9 @@ async def keep_delivered(lane: DatasetRun, delivered: dict[str, Delivered], kill
             except UnicodeEncodeError:
                 why["text with no ids"] += 1
                 continue
-            cost = killed.costs.get(d.generation_id, 0.0)
+            cost = cost_of(c.provider, len(ids), len(record.output_ids))
+            if d.generation_id in killed.costs:
+                cost = min(cost, killed.costs[d.generation_id])
             record.meta["cut"], record.id, record.usage.cost = KILLED, store.next_pause_id(turn.id), cost
             store.add_record(record, cost)
             killed.kept += 1
