@@ -116,7 +116,7 @@ def exactness(d: Path, n: int, truth: dict[str, dict]) -> dict:
         if wrong > wrong_before:
             wrong_ids.append(f"{r.id} ({r.provider}, {r.meta.get('cut') or r.finish_reason}"
                              f"{', fault ' + str(g.get('fault')) if g else ', unknown generation'})")
-    return {"records": len(records), "failures": len(failures), "duplicates": len(ids) - len(set(ids)),
+    return {"records": len(records) - len(paused), "failures": len(failures), "duplicates": len(ids) - len(set(ids)),
             "missing": len(expected - set(ids)), "unknown": len(set(ids) - expected), "exact_ids": exact,
             "exact_text": texts, "wrong": wrong, "cut": sum(r.finish_reason == "cut" for r in records),
             "paused": len(paused), "wrong_ids": wrong_ids[:10],
@@ -247,7 +247,7 @@ def report(r: dict) -> str:
             f"\n    exact: {'yes' if ex['ok'] else 'NO'} ({ex['records']:,} records + {ex['failures']} failures, "
             f"{ex['duplicates']} duplicates, {ex['missing']} missing, ids exact {ex['exact_ids']:,}, text exact "
             f"{ex['exact_text']}, wrong {ex['wrong']}{' ' + str(ex['wrong_ids']) if ex['wrong_ids'] else ''}, cut "
-            f"samples {ex['cut']}, of them pause samples {ex['paused']})"
+            f"samples {ex['cut']}, of them pause samples {ex['paused']} beside the answers)"
             f"\n    spend the records do not hold: with stream cancellation {c['share']:.1%} of ${c['spend']:.2f} "
             f"(kills ${c['kills']:.2f}, faults ${c['faults']:.2f}, cut ${c['cut']:.2f}; goal <= 10 %); without "
             f"{o['share']:.1%} of ${o['spend']:.2f} (kills ${o['kills']:.2f}, faults ${o['faults']:.2f}); overall "
