@@ -149,3 +149,87 @@ def test_what_runs_in_the_speculators_environment_imports_no_other_stage():
     assert reached - {m for m in reached if m.startswith("eagledata.quality")} <= {
         "eagledata", "eagledata.errors", "eagledata.prompts", "eagledata.records", "eagledata.files",
         "eagledata.status"}
+
+
+def test_the_free_drafters_are_selectable_and_lossless(chat, model):
+    from eagledata.quality.speculative import NgramDrafter
+
+    class Q:
+        def __init__(self, d):
+            self.id, self.turns, self.category = d["question_id"], d["turns"], d["category"]
+
+    questions = [Q(d) for d in QUESTIONS]
+    assert (make_drafter("ngram", model).max_n, make_drafter("ngram", model).min_n) == (4, 1)
+    assert isinstance(make_drafter("ngram:3", model), NgramDrafter) and make_drafter("ngram:2-5", model).min_n == 2
+    with pytest.raises(ValueError, match="ngram:MIN-MAX"):
+        make_drafter("ngram:x", model)
+    greedy = measure(Verifier(model), make_drafter("self", model), chat, questions, k=3, max_new_tokens=20,
+                     stop_ids={2})
+    lookup = measure(Verifier(model), make_drafter("ngram", model), chat, questions, k=3, max_new_tokens=20,
+                     stop_ids={2})
+    assert [[t.output_ids for t in q.turns] for q in lookup] == [[t.output_ids for t in q.turns] for q in greedy]
+    assert [q.run().category for q in lookup] == ["writing", "math", "coding"]
+
+
+def test_eagle3_random_draws_the_checkpoints_layers_and_keeps_the_rest(monkeypatch):
+    """`eagle3-random:DIR` loads the checkpoint and redraws only fc and the decoder layers, seeded."""
+    import torch
+
+    import eagledata.quality.eagle3 as eagle3
+
+    class Fake(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(99)
+            self.fc, self.layers = torch.nn.Linear(8, 4), torch.nn.ModuleList([torch.nn.Linear(4, 4)])
+            self.embed_tokens, self.norm = torch.nn.Embedding(10, 4), torch.nn.LayerNorm(4)
+
+    built = []
+    monkeypatch.setattr(eagle3, "Eagle3Drafter", lambda m: built.append(m) or m)
+    trained = Fake()
+    for spec, seed in (("eagle3:/ckpt", 0), ("eagle3-random:/ckpt", 0), ("eagle3-random:/ckpt", 1),
+                       ("eagle3-random:/ckpt", 0)):
+        make_drafter(spec, None, seed=seed, load_eagle3=lambda path: Fake())
+    plain, r0, r1, again = built
+    assert torch.equal(plain.fc.weight, trained.fc.weight)
+    assert not torch.equal(r0.fc.weight, trained.fc.weight) and not torch.equal(r0.layers[0].weight,
+                                                                                trained.layers[0].weight)
+    assert torch.equal(r0.embed_tokens.weight, trained.embed_tokens.weight) and torch.equal(r0.fc.bias, trained.fc.bias)
+    assert torch.equal(r0.fc.weight, again.fc.weight) and not torch.equal(r0.fc.weight, r1.fc.weight)
+    assert float(r0.fc.weight.detach().std()) == pytest.approx(0.02, rel=0.5)
+
+
+def test_fewer_questions_are_drawn_across_the_categories():
+    """Not the first N in file order (MT-Bench's file holds its categories in blocks of 10)."""
+    from eagledata.quality.measure import select_questions
+    from eagledata.quality.sources import Question
+
+    cats = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+    bench = [Question(10 * c + i + 1, cat, ["q"]) for c, cat in enumerate(cats) for i in range(10)]
+    picked = select_questions(bench, 24)
+    assert len(picked) == 24 and {q.category for q in picked} == set(cats)
+    assert all(sum(q.category == c for q in picked) == 3 for c in cats)
+    assert [q.id for q in picked] == sorted(q.id for q in picked) and picked[:3] == bench[:3]
+    assert select_questions(bench, 24) == picked  # deterministic
+    ten = [q.category for q in select_questions(bench, 10)]
+    assert {c: ten.count(c) for c in cats} == {c: 2 if c in ("writing", "roleplay") else 1 for c in cats}
+    assert select_questions(bench, None) == bench == select_questions(bench, 200)
+
+
+def test_workers_split_the_questions_and_merge_the_same_tau_json(tmp_path, model):
+    folder = tmp_path / "target"
+    model.save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    questions = tmp_path / "question.jsonl"
+    questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    docs = []
+    for workers in (1, 2):
+        out = tmp_path / f"tau{workers}.json"
+        assert main(["--verifier", str(folder), "--drafter", "ngram", "--questions", str(questions), "--out",
+                     str(out), "--k", "3", "--max-new-tokens", "16", "--workers", str(workers)]) == 0
+        docs.append(read_tau(out))
+    one, two = docs
+    assert two["workers"] == 2 and one["per_question"] == two["per_question"]
+    for key in ("tau_mean", "tau_ci95", "tau_pooled", "per_position_acceptance", "per_category", "output_tokens"):
+        assert one[key] == two[key], key
+    assert sorted(one["per_category"]) == ["coding", "math", "writing"] and one["drafter"] == "ngram"

@@ -34,3 +34,27 @@ def test_the_table_has_a_row_per_drafter_with_its_interval():
     rows = table_rows(summary(1.9, [1.8, 2.0], 1.5, [1.4, 1.6]))
     assert [r["drafter"] for r in rows] == ["on_policy", "off_policy", "self", "random"]
     assert rows[0]["tau_ci95"] == "[1.800, 2.000]" and rows[0]["accept@5"] == 0.05
+
+
+def test_tau_per_category_side_by_side():
+    from eagledata.quality.report import category_rows
+
+    def doc(**cats):
+        return {"per_category": {c: {"questions": 10, "tau_mean": t, "tau_ci95": [t - 0.1, t + 0.1]}
+                                 for c, t in cats.items()}}
+
+    rows = category_rows({"on_policy": doc(math=1.5, writing=1.25), "ngram": doc(math=1.1)})
+    assert [r["category"] for r in rows] == ["math", "writing"]
+    assert rows[0] == {"category": "math", "questions": 10, "on_policy": "1.500 [1.400, 1.600]",
+                       "ngram": "1.100 [1.000, 1.200]"}
+    assert rows[1]["ngram"] is None and rows[1]["on_policy"] == "1.250 [1.150, 1.350]"
+
+
+def test_a_trained_drafter_that_does_not_beat_ngram_is_reported_as_such():
+    from eagledata.quality.report import baseline_verdict
+
+    s = summary(1.9, [1.8, 2.0], 1.5, [1.4, 1.6])
+    assert baseline_verdict(s) == ""
+    s["rows"].append(dict(s["rows"][-1], drafter="ngram", tau_mean=1.6, tau_ci95=[1.5, 1.7]))
+    assert baseline_verdict(s) == ("on_policy 1.900 beats ngram (1.600); off_policy 1.500 does not beat ngram "
+                                   "(1.600).")

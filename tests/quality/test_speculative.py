@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagledata.quality.speculative import ModelDrafter, Verifier, greedy_decode, speculative_decode
+from eagledata.quality.speculative import ModelDrafter, NgramDrafter, Verifier, greedy_decode, speculative_decode
 from tests.helpers.quality import prompts, sharp_llama
 
 MAX_NEW = 40
@@ -70,8 +70,8 @@ def test_speculative_output_is_greedy_output_whatever_the_drafter(target_model, 
     for prompt in prompts(6):
         expected = hf_greedy(target_model, prompt, MAX_NEW)
         assert greedy_decode(target, prompt, max_new_tokens=MAX_NEW) == expected
-        for drafter in (ModelDrafter(target_model), ModelDrafter(random_model), Junk(),
-                        Oracle(len(prompt), expected + [7] * 8, wrong_at=2)):
+        for drafter in (ModelDrafter(target_model), ModelDrafter(random_model), Junk(), Junk(length=k - 1),
+                        NgramDrafter(), NgramDrafter(2, 2), Oracle(len(prompt), expected + [7] * 8, wrong_at=2)):
             got = speculative_decode(target, drafter, prompt, k=k, max_new_tokens=MAX_NEW)
             assert got.output_ids == expected, type(drafter).__name__
             # every token after the prefill's first came from a verifying forward
@@ -86,9 +86,9 @@ def test_a_stop_id_ends_the_turn_where_greedy_ends_it(target_model):
         stop = free[len(free) // 2]
         expected = hf_greedy(target_model, prompt, MAX_NEW, eos=stop)
         assert expected == free[:free.index(stop) + 1]
-        got = speculative_decode(target, ModelDrafter(target_model), prompt, k=5, max_new_tokens=MAX_NEW,
-                                 stop_ids={stop})
-        assert got.output_ids == expected
+        for drafter in (ModelDrafter(target_model), NgramDrafter()):
+            got = speculative_decode(target, drafter, prompt, k=5, max_new_tokens=MAX_NEW, stop_ids={stop})
+            assert got.output_ids == expected
 
 
 @pytest.mark.parametrize("k", [1, 4, 7])
@@ -144,8 +144,8 @@ def test_bad_arguments_are_refused(target_model):
     target = Verifier(target_model)
     with pytest.raises(ValueError, match="k must be at least 1"):
         speculative_decode(target, Junk(), [5, 6], k=0, max_new_tokens=4)
-    with pytest.raises(ValueError, match="proposed 2 tokens, not k = 3"):
-        speculative_decode(target, Junk(length=2), [5, 6], k=3, max_new_tokens=4)
+    with pytest.raises(ValueError, match="proposed 4 tokens, more than k = 3"):
+        speculative_decode(target, Junk(length=4), [5, 6], k=3, max_new_tokens=4)
     with pytest.raises(ValueError, match="needs a prompt"):
         speculative_decode(target, Junk(), [], k=3, max_new_tokens=4)
 
@@ -154,3 +154,35 @@ def test_bad_arguments_are_refused(target_model):
 
     with pytest.raises(ValueError, match=r"reads the verifier's layers \(1, 2, 3\)"):
         speculative_decode(target, WantsStates(), [5, 6], k=3, max_new_tokens=4)
+
+
+# -- prompt lookup (vLLM's `method: ngram`) --------------------------------------------------------------------
+def test_ngram_proposes_what_followed_the_most_recent_occurrence_of_the_longest_suffix():
+    d = NgramDrafter(max_n=3, min_n=1)
+    #        0  1  2  3  4  5  6  7  8  9 10 11
+    ids = [9, 1, 2, 3, 4, 8, 1, 2, 5, 6, 1, 2]
+    # suffix [5?]: n = 3 ([6, 1, 2]) nowhere earlier; n = 2 ([1, 2]) at 6 (most recent) and 1: after 6 → 5, 6, 1
+    assert d.propose(ids, None, 3) == [5, 6, 1]
+    # fewer than k follow the match when it lies near the end; the suffix itself is never its own match
+    assert d.propose(ids, None, 8) == [5, 6, 1, 2]
+    # a longer n wins over a more recent shorter one: [3, 4] occurs at 3 only, [4] later at 7
+    assert d.propose([3, 4, 7, 7, 1, 4, 0, 3, 4], None, 2) == [7, 7]
+    # min_n bounds the search: no bigram repeats, so no draft
+    assert NgramDrafter(3, 2).propose([1, 2, 3, 1, 4, 2], None, 4) == []
+    assert NgramDrafter(3, 1).propose([1, 2, 3, 1, 4, 2], None, 4) == [3, 1, 4, 2]
+    assert d.propose([7], None, 3) == [] and d.propose([1, 2, 3], None, 3) == []
+    with pytest.raises(ValueError, match="1 <= min <= max"):
+        NgramDrafter(2, 3)
+
+
+def test_ngram_counts_forwards_without_a_draft_and_wins_on_repetition(target_model):
+    """A forward with no draft still runs and yields its bonus: it counts as a verifying forward with 0 drafted and
+    0 accepted. On a target that repeats itself prompt lookup accepts."""
+    target = Verifier(target_model)
+    drafted = accepted = steps = 0
+    for prompt in prompts(6, seed=17):
+        got = speculative_decode(target, NgramDrafter(), prompt, k=4, max_new_tokens=MAX_NEW)
+        assert len(got.drafted) == got.steps and all(0 <= a <= d <= 4 for a, d in zip(got.accepted, got.drafted))
+        assert got.tokens >= len(got.output_ids) - 1
+        drafted, accepted, steps = drafted + sum(got.drafted), accepted + sum(got.accepted), steps + got.steps
+    assert 0 < drafted < 4 * steps and accepted > 0

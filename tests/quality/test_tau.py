@@ -158,3 +158,27 @@ def test_the_command_compares_experiments_each_and_over_all(tmp_path, capsys):
     (experiments[1] / "off_policy" / "tau.json").write_text("{not json", encoding="utf-8")
     assert main([str(e) for e in experiments]) == 2
     assert f"{experiments[1] / 'off_policy' / 'tau.json'}: not a tau.json" in capsys.readouterr().err
+
+
+def test_tau_per_category():
+    """Each category's τ is the mean over its own questions only (a plant that pooled all questions into every
+    category, or keyed by the wrong field, gives other figures)."""
+    runs = [QuestionRun(1, [[3, 1], [0]], category="math"), QuestionRun(2, [[2, 2], [3]], category="math"),
+            QuestionRun(3, [[0, 0]], category="writing"), QuestionRun(4, [[], []], category="coding")]
+    doc = summarize(runs, k=3, verifier="t", eval_set="e", resamples=500)
+    cats = doc["per_category"]
+    assert sorted(cats) == ["math", "writing"]  # coding's only question has no τ
+    assert cats["math"]["questions"] == 2 and cats["math"]["tau_mean"] == pytest.approx((7 / 3 + 10 / 3) / 2)
+    assert 7 / 3 <= cats["math"]["tau_ci95"][0] <= cats["math"]["tau_ci95"][1] <= 10 / 3
+    assert cats["writing"] == {"questions": 1, "tau_mean": 1.0, "tau_ci95": [1.0, 1.0]}
+    assert [q["category"] for q in doc["per_question"]] == ["math", "math", "writing", "coding"]
+
+
+def test_forwards_without_a_draft_count_in_tau_and_apart_for_vllms_count():
+    """Prompt lookup with no match runs a forward with no draft: τ (tokens per verifier forward) counts it, vLLM's
+    count (1 + accepted ÷ drafts) does not; both are in tau.json."""
+    runs = [QuestionRun(1, [[2, 0, 0]], drafted=[[3, 0, 2]])]  # 3 forwards, 5 tokens; 2 drafts
+    doc = summarize(runs, k=3, verifier="t", eval_set="e", resamples=100)
+    assert doc["tau_pooled"] == pytest.approx(5 / 3) and doc["forwards_with_draft"] == 2
+    assert doc["tau_per_draft"] == pytest.approx(1 + 2 / 2)
+    assert "forwards_with_draft" not in summarize(RUNS, k=3, verifier="t", eval_set="e", resamples=100)

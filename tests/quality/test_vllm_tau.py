@@ -1,11 +1,20 @@
 """vLLM's speculative-decoding counters read as τ (quality/vllm_tau.py). The metrics text is the one vLLM 0.32 on CPU
 served for SmolLM2 with the make-quality off-policy EAGLE-3 checkpoint, MT-Bench's first 10 questions (k = 5, 96 new
 tokens): its counters gave exactly our tau.json's figures on the same questions."""
+import json
 import math
 
 import pytest
 
-from eagledata.quality.vllm_tau import SpecCounts, compare, spec_counts
+from eagledata.quality.vllm_tau import (
+    TOLERANCE,
+    CountMismatch,
+    SpecCounts,
+    check_agreement,
+    compare,
+    main,
+    spec_counts,
+)
 
 LABELS = 'engine="0",model_name="target"'
 METRICS = f"""# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -48,3 +57,44 @@ def test_ours_beside_vllms_on_the_same_questions():
     assert row["verifying_steps"] == {"ours": 1740, "vllm": 1740} and row["output_tokens"] == {"ours": 1796,
                                                                                              "vllm": 1796}
     assert row["acceptance"]["ours"] == pytest.approx(row["acceptance"]["vllm"])
+
+
+# -- the check: vLLM's count and ours must agree ------------------------------------------------------------------
+def test_a_count_within_tolerance_passes():
+    near = dict(OURS, tau_pooled=OURS["tau_pooled"] + 0.015)
+    for ours in (OURS, near):
+        row = check_agreement(ours, spec_counts(METRICS), 1796)
+        assert abs(row["tau_pooled"]["difference"]) <= TOLERANCE == 0.02
+
+
+@pytest.mark.parametrize("off", [+0.05, -0.05, +0.021])
+def test_a_count_that_disagrees_fails_naming_both_figures(off):
+    """The plant: a tau.json whose pooled τ is off against the frozen metrics text."""
+    planted = dict(OURS, tau_pooled=OURS["tau_pooled"] + off)
+    with pytest.raises(CountMismatch, match=rf"ours {planted['tau_pooled']:.4f} .* vLLM {1 + 36 / 1740:.4f} "):
+        check_agreement(planted, spec_counts(METRICS), 1796)
+
+
+def test_vllms_count_per_draft_is_what_ours_is_held_to():
+    """Where some of our forwards carried no draft (prompt lookup), our count per draft is the one vLLM's matches."""
+    ours = dict(OURS, tau_pooled=1.01, tau_per_draft=OURS["tau_pooled"])
+    check_agreement(ours, spec_counts(METRICS))
+    with pytest.raises(CountMismatch, match="no speculative draft"):
+        check_agreement(OURS, spec_counts('vllm:num_requests_running{engine="0"} 0.0\n'))
+    with pytest.raises(CountMismatch, match="no pooled acceptance length"):
+        check_agreement({"tau_pooled": None}, spec_counts(METRICS))
+
+
+def test_the_command_exits_non_zero_on_a_count_mismatch(tmp_path, capsys):
+    metrics = tmp_path / "metrics.txt"
+    metrics.write_text(METRICS)
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(OURS))
+    bad.write_text(json.dumps(dict(OURS, tau_pooled=OURS["tau_pooled"] + 0.05)))
+    assert main(["--metrics", str(metrics), "--ours", str(good), "--out", str(tmp_path / "v.json")]) == 0
+    assert json.loads((tmp_path / "v.json").read_text())["agrees"] is True
+    capsys.readouterr()
+    assert main(["--metrics", str(metrics), "--ours", str(bad), "--out", str(tmp_path / "v.json")]) == 1
+    err = capsys.readouterr().err
+    assert "pooled acceptance length differs by 0.0500 > 0.02" in err and "ours 1.0707" in err and "vLLM 1.0207" in err
+    assert json.loads((tmp_path / "v.json").read_text())["agrees"] is False

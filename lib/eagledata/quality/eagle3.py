@@ -43,6 +43,20 @@ def load_eagle3(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> A
     return Eagle3DraftModel.from_pretrained(str(checkpoint), config=config, dtype=dtype).eval()
 
 
+def random_layers(model: Any, seed: int = 0) -> Any:
+    """The EAGLE-3 drafter with no training: the checkpoint's `fc` and decoder layers drawn at random (every matrix
+    N(0, 0.02), speculators' initializer range; biases and norms kept), its embeddings, LM head, norms and draft
+    vocabulary kept, so it runs through the same EAGLE-3 path (`Eagle3Drafter`) as the trained one. In place;
+    returns `model`. The baseline a trained drafter must beat for its training to count."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for module in [model.fc, *model.layers]:
+            for p in module.parameters():
+                if p.dim() >= 2:
+                    torch.nn.init.normal_(p, std=0.02)
+    return model
+
+
 def attention_mask(queries: Sequence[int], anchors: Sequence[int], keys: int, window: int | None,
                    dtype: torch.dtype) -> torch.Tensor:
     """The trainer's mask for rows at cache indices `queries` over `keys` cached rows, additive [1, 1, n, keys].

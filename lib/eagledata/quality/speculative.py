@@ -7,6 +7,11 @@ an end-of-turn token or the length cap ends the last chain early, as vLLM's metr
 the prefill forward, which yields the first token with no draft, is not a verifying forward. The verifier drafting
 for itself therefore gives τ = k + 1 exactly, and per-position acceptance sums to τ − 1 (`tau.py`).
 
+A drafter may propose fewer than k tokens, none included (prompt lookup with no match: `NgramDrafter`): the verifier
+then runs over the chain it has (the last token alone when there is none), and that forward still counts, yielding
+its accepted drafts and the bonus. τ is tokens per verifier forward, what the user's latency sees; vLLM's counters
+count only forwards that carried a draft (`Decoded.drafted` keeps each chain's length, `tau.py` reports both).
+
 Torch only (plus `transformers.DynamicCache`): the same file runs in the project's environment and in the
 speculators one (`eagle3.py`, `measure.py`), so every drafter goes through one decode loop.
 """
@@ -47,7 +52,8 @@ class Drafter(Protocol):
         """A new sequence: forget the last one."""
 
     def propose(self, ids: Sequence[int], states: torch.Tensor | None, k: int) -> list[int]:
-        """k token ids to follow `ids`, the verified sequence (prompt and emitted tokens; the verifier has run over
+        """Up to k token ids to follow `ids` (fewer, or none, where the drafter has nothing to propose), the verified
+        sequence (prompt and emitted tokens; the verifier has run over
         all but the last). `states`: the verifier's `aux_layers` states, [n, len(aux_layers) · H], at the n positions
         verified since the last call (positions len(ids) − 1 − n … len(ids) − 2: each position once, in order)."""
         ...
@@ -94,6 +100,7 @@ class Decoded:
     output_ids: list[int]
     accepted: list[int] = field(default_factory=list)  # per verifying forward: draft tokens accepted, 0..k
     k: int = 0
+    drafted: list[int] = field(default_factory=list)  # per verifying forward: the chain's length, 0..k
 
     @property
     def steps(self) -> int:
@@ -147,14 +154,15 @@ def speculative_decode(verifier: Verifier, drafter: Drafter, prompt_ids: Sequenc
     out = result.output_ids
     while not _stops(out[-1], out, stop_ids, max_new_tokens):
         drafts = [int(t) for t in drafter.propose(ids, states, k)]
-        if len(drafts) != k:
-            raise ValueError(f"the drafter proposed {len(drafts)} tokens, not k = {k}")
+        if len(drafts) > k:
+            raise ValueError(f"the drafter proposed {len(drafts)} tokens, more than k = {k}")
         logits, states = verifier.forward([ids[-1], *drafts])
         best = logits.argmax(-1).tolist()  # best[i]: the verifier's token after ids[-1], d1 … di
         a = 0
-        while a < k and drafts[a] == best[a]:
+        while a < len(drafts) and drafts[a] == best[a]:
             a += 1
         result.accepted.append(a)
+        result.drafted.append(len(drafts))
         verifier.crop(len(ids) + a)  # ids[-1] and the accepted drafts are verified positions now
         states = states[:a + 1] if states is not None else None
         for token in [*drafts[:a], best[a]]:
@@ -198,3 +206,31 @@ class ModelDrafter:
         while len(drafts) < k:
             drafts.append(self._next(drafts[-1:]))
         return drafts
+
+
+class NgramDrafter:
+    """Prompt lookup, vLLM's `method: ngram` (a drafter any user has for free, no data, no weights): for n from
+    `max_n` down to `min_n`, the most recent earlier occurrence of the sequence's last n tokens (prompt and output so
+    far); the up to k tokens that followed it are the chain. No occurrence: no draft (the loop's forward then yields
+    the bonus alone)."""
+
+    aux_layers = None
+
+    def __init__(self, max_n: int = 4, min_n: int = 1):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= min <= max, got {min_n}..{max_n}")
+        self.max_n, self.min_n = max_n, min_n
+
+    def start(self) -> None:
+        pass
+
+    def propose(self, ids: Sequence[int], states: torch.Tensor | None, k: int) -> list[int]:
+        ids = list(ids)
+        length = len(ids)
+        for n in range(min(self.max_n, length - 1), self.min_n - 1, -1):
+            tail = ids[length - n:]
+            # an earlier occurrence ends before the last token: start j with j + n <= length - 1
+            for j in range(length - n - 1, -1, -1):
+                if ids[j:j + n] == tail:
+                    return ids[j + n:j + n + k]
+        return []

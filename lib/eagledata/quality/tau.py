@@ -39,6 +39,8 @@ class QuestionRun:
     id: int | str
     accepted: list[list[int]]  # [turn][verifying forward]
     output_tokens: int = 0  # tokens emitted over its turns (the prefill's first token of each included)
+    category: str = ""  # MT-Bench's category (writing, roleplay, reasoning, math, coding, extraction, stem, ...)
+    drafted: list[list[int]] | None = None  # [turn][verifying forward]: the chain's length (None: k every time)
 
     @property
     def steps(self) -> int:
@@ -116,6 +118,20 @@ def per_position_acceptance(runs: Sequence[QuestionRun], k: int) -> list[float]:
     return [float((accepted >= i).mean()) for i in range(1, k + 1)]
 
 
+def per_category(runs: Sequence[QuestionRun], *, resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """τ per MT-Bench category: its questions, the mean of their τ and its percentile bootstrap interval over them
+    (a category's 10 questions give a wide one: it says where the drafter helps, not by how much exactly)."""
+    by: dict[str, list[float]] = {}
+    for r in runs:
+        if (t := r.tau) is not None:
+            by.setdefault(r.category or "", []).append(t)
+    out: dict[str, Any] = {}
+    for cat in sorted(by):
+        lo, hi = bootstrap_ci(by[cat], resamples=resamples, seed=seed)
+        out[cat] = {"questions": len(by[cat]), "tau_mean": float(np.mean(by[cat])), "tau_ci95": [lo, hi]}
+    return out
+
+
 def summarize(runs: Sequence[QuestionRun], *, k: int, verifier: str, eval_set: str, samples: int | None = None,
               supervised_tokens: int | None = None, train_seconds: float | None = None, resamples: int = 10_000,
               seed: int = 0, **extra: Any) -> dict[str, Any]:
@@ -136,7 +152,14 @@ def summarize(runs: Sequence[QuestionRun], *, k: int, verifier: str, eval_set: s
         samples=samples, train_seconds=train_seconds, tau_pooled=pooled, verify_forwards=steps,
         output_tokens=sum(r.output_tokens for r in runs), questions_without_steps=len(runs) - len(taus),
         bootstrap={"resamples": resamples, "seed": seed, "level": 0.95},
-        per_question=[{"id": r.id, "tau": r.tau, "verify_forwards": r.steps} for r in runs])
+        per_category=per_category(runs, resamples=resamples, seed=seed),
+        per_question=[{"id": r.id, "category": r.category, "tau": r.tau, "verify_forwards": r.steps} for r in runs])
+    if any(r.drafted is not None for r in runs):
+        # forwards that carried a draft: vLLM's `num_drafts` counts only those (1 + accepted ÷ drafts)
+        drafts = sum(r.steps if r.drafted is None else sum(d > 0 for t in r.drafted for d in t) for r in runs)
+        doc.update(forwards_with_draft=drafts,
+                   tau_per_draft=(drafts + sum(a for r in runs for t in r.accepted for a in t)) / drafts
+                   if drafts else None)
     doc.update(extra)
     return doc
 

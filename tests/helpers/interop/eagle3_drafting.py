@@ -24,7 +24,7 @@ from importlib.metadata import version
 import torch
 from transformers import AutoModelForCausalLM
 
-from eagledata.quality.eagle3 import Eagle3Drafter, load_eagle3
+from eagledata.quality.eagle3 import Eagle3Drafter, load_eagle3, random_layers
 from eagledata.quality.speculative import Verifier, greedy_decode, speculative_decode
 
 WINDOW = 6
@@ -71,15 +71,8 @@ def chain_against_speculators(model, drafter, target_model, sequences, k):
 
 
 def untrained_copy(model, seed=0):
-    """The checkpoint with its fc and decoder layers drawn at random (norms left at their values)."""
-    torch.manual_seed(seed)
-    other = copy.deepcopy(model)
-    with torch.no_grad():
-        for module in [other.fc, *other.layers]:
-            for p in module.parameters():
-                if p.dim() >= 2:
-                    torch.nn.init.normal_(p, std=0.02)
-    return other
+    """The checkpoint with its fc and decoder layers drawn at random (`eagle3-random:DIR`'s drafter)."""
+    return random_layers(copy.deepcopy(model), seed)
 
 
 def decode_all(target_model, drafter, prompts, k, max_new):
