@@ -315,3 +315,32 @@ def test_slots_pacing_holds_back_are_idle_paced_until_the_target(tmp_path, tok, 
     assert until["seconds"] == pytest.approx(summary["run"]["timing"]["last_target_s"], abs=0.01)
     assert until["mean"]["idle_paced"] > 0 and until["mean"]["idle_done"] == 0
     assert sum(until["mean"].values()) == pytest.approx(8, abs=0.02)
+
+
+class SlowAccount(Simulated):
+    """Simulated answers; the account answers each reading `slow_s` late (a service under load)."""
+
+    def __init__(self, tok, slow_s, **kw):
+        super().__init__(tok, **kw)
+        self.slow_s, self.readings = slow_s, 0
+
+    async def account(self, client):
+        self.readings += 1
+        if self.readings > 1:  # the first, at the start, before any request
+            await asyncio.sleep(self.slow_s)
+        return await super().account(client)
+
+
+def test_a_slow_account_reading_does_not_hold_the_ticker(tmp_path, tok, monkeypatch):
+    """Issue 60: the account was read inside the ticker, so a reading that took seconds (1-3 s in the job bench under
+    load, once 45 s) held pacing's refresh, the cuts, the wake-ups and the timeline's samples that long. The readings
+    now go apart: the ticks keep their pace through a reading of 30 s."""
+    from eagledata.generation.realtime.engine import TICK_S
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = SlowAccount(tok, slow_s=30.0)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 40}), account_refresh_s=5.0)
+    assert summary["records"] == 40 and sim.readings >= 3
+    end = summary["run"]["timing"]["slots_end_s"]  # (then the last reading, 30 s, and the summaries)
+    t = [row[0] for row in summary["timeline"] if row[0] <= end]
+    assert end > 40 and max(b - a for a, b in zip(t, t[1:])) <= TICK_S + 1e-6
