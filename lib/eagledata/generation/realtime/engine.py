@@ -22,7 +22,7 @@ from ...aio import on_kernel_shutdown, on_signals
 from ...openrouter import ClientPool, RoutingDecision, load_routing
 from ...openrouter.fast_stream import FastStreams
 from ...records import CUT
-from ...text import load_tokenizer
+from ...text import load_renderer, load_tokenizer
 from ..config import GenerateConfig
 from ..lanes import DatasetRun, open_lanes
 from ..money.spender import SpenderLock
@@ -75,7 +75,11 @@ class Run:
                     seams: Seams | None = None) -> Run:
         """Open every dataset's store and validate every prompt before any request; take the account's spender lock
         and its first reading when there is something to send."""
-        seams, lanes, run = seams or Seams(), open_lanes(cfg), None  # every bad line named first
+        seams = seams or Seams()
+        # the chat template's renderer imported on a thread meanwhile (~1-1.5 s of transformers' import, else inside
+        # the first prompt, while every slot waits for it: issue 60's ramp)
+        renderer = asyncio.get_running_loop().run_in_executor(seams.executor, load_renderer)
+        lanes, run = open_lanes(cfg), None  # every bad line named first
         try:
             routing = seams.routing or (RoutingDecision(model=cfg.model) if cfg.backend == "local" else await
                                         load_routing(cfg.model, params_dir=cfg.params_dir, base_url=cfg.base_url,
@@ -91,6 +95,7 @@ class Run:
                     client, keep=lambda lane, delivered, killed: keep_delivered(lane, delivered, killed, recorder))
                 if (first := run.ledger.books.first) is not None and first.usage_usd is not None:
                     run.ledger.killed_wasted_usd = run.journals.begin(first.usage_usd)
+            await renderer
         except BaseException:
             if run is not None:
                 run.close()
