@@ -94,7 +94,7 @@ def replay(saved: dict[str, Any], pairs: list[tuple[float, int]], multi_turn: fl
         if report is not None:
             report.update(cut=sum(x["run"]["finish_reasons"].get("cut", 0) for x in s["datasets"].values()),
                           records=sum(x["run"]["recorded"] for x in s["datasets"].values()), wasted=service.wasted,
-                          billed=service.billed, end_s=s["wall_s"])
+                          billed=service.billed, end_s=s["wall_s"], pool=s["run"]["pool"])
     met = [x["run"]["target_met_s"] for x in s["datasets"].values()]
     if None in met:
         raise RuntimeError(f"draw {draw}: a target was not met ({s['stop_reason']})")

@@ -29,6 +29,10 @@ the seed's (~18) and latency against client work stays realistic (tens of second
              the run's start, its last target, its slots' end, its summaries and the process's end ÷ the ideal.
              `--repeat N --pair --multi-turn 0.4`: N seeds, each the single-turn job and then the multi-turn one; both
              medians ÷ their oracles (one run's tail varies by ±10 %).
+             Every run prints where the pool's slots were (summary.json's `run.pool`): in flight, or not and why, to
+             the last target, to the slots' end and over time. Issue 60's job: `--answers short --whole-share 0.56
+             --turns 2 --no-faults --job-speed 1` (answers of ~1,700 tokens in ~4.6 s, 56 % of the pool on
+             endpoints that bill whole answers, conversations of two turns).
   panel      (f) what the live panel costs (issue 33): the seed replay's engine, 2,000 in flight, `--panel-balance`
              usable, `--runs` pairs with the panel off and on in turn, each pair on one emulator seed: time to charge
              90 % of usable, off ÷ on (goal >= 0.98), and the panel's frames and drawing time (a share of one core).
@@ -69,6 +73,35 @@ USUAL_FAULTS = {"rate_limit": 0.04, "upstream_rate_limit": 0.02, "bad_gateway": 
                 "truncated_json": 0.005, "connection_reset": 0.005, "slow": 0.005}
 
 
+# issue 60's job (`job --answers short`): reasoning 600–3,000 and content 50–500 tokens (lognormals with those 5th–95th
+# percentiles: the emulator's lengths are lognormal), every endpoint 0.35 s to its first token and 400 tokens/s, both
+# times the emulator's speed: an answer takes ~4.6 s at speed 1
+SHORT_CONTENT = {"reasoning_median": 1342.0, "reasoning_sigma": 0.49, "content_median": 158.0, "content_sigma": 0.70}
+SHORT_LATENCY_S, SHORT_THROUGHPUT = 0.35, 400.0
+
+
+def job_endpoints(answers: str, whole_share: float | None, slots: int) -> list[dict]:
+    """The default catalog's endpoints as the job bench changes them: `answers` short, every endpoint at issue 60's
+    speed; `whole_share`: that share of the pool goes to endpoints that bill whole answers (the two cheapest, Chutes
+    and DeepInfra, cancel and take the rest of the pool at once; what they cannot take falls back to SiliconFlow, the
+    cheapest that bills whole; near a cut, requests that leave out those go on to Novita, which cancels)."""
+    eps = []
+    for e in default_endpoints():
+        over: dict[str, Any] = {"provider": e.provider}
+        if answers == "short":
+            over.update(latency=SHORT_LATENCY_S, throughput=SHORT_THROUGHPUT)
+        eps.append(over)
+    if whole_share is not None:
+        if not 0 < whole_share < 1:
+            raise SystemExit("--whole-share must be between 0 and 1")
+        cancel = max(2, round((1 - whole_share) * slots))
+        caps = {"Chutes": cancel - cancel // 2, "DeepInfra": cancel // 2}
+        for over in eps:
+            if over["provider"] in caps:
+                over["capacity"] = caps[over["provider"]]
+    return eps
+
+
 def scaled_emulator(scale: float, speed: float, **extra: Any) -> dict:
     """The default catalog with prices × scale and answers ÷ scale: cost ratios stay the seed's."""
     eps = [{"provider": e.provider, "prompt_price": e.prompt_price * scale,
@@ -85,10 +118,10 @@ def write_prompts(d: Path, n: int, name: str = "P") -> Path:
 
 
 def write_datasets(d: Path, n: int, targets: dict[str, int | None], multi_turn: float = 0.0,
-                   rng: Any = None) -> Path:
+                   rng: Any = None, turns_of: tuple[int, ...] = MULTI_TURNS) -> Path:
     """A prompt file of `n` prompts per dataset and the datasets file naming them (with their targets). A share
-    `multi_turn` of the prompts are conversations of 2–4 user turns, the dataset's old answers between them (which
-    ones: `rng`'s draws, a `random.Random(0)` unless given)."""
+    `multi_turn` of the prompts are conversations of 2–4 user turns (`turns_of`, equally likely), the dataset's old
+    answers between them (which ones: `rng`'s draws, a `random.Random(0)` unless given)."""
     import random
 
     rng = rng or random.Random(0)
@@ -97,7 +130,7 @@ def write_datasets(d: Path, n: int, targets: dict[str, int | None], multi_turn: 
         prompts = d / f"{name}.jsonl"
         with prompts.open("w") as f:
             for i in range(n):
-                turns = rng.choice(MULTI_TURNS) if rng.random() < multi_turn else 1
+                turns = rng.choice(turns_of) if rng.random() < multi_turn else 1
                 msgs = [{"role": "user", "content": f"Question {i}: prove that {i} + {i} is even, then explain."}]
                 for j in range(2, turns + 1):
                     msgs += [{"role": "assistant", "content": f"(the dataset's old answer {i}.{j - 1})"},
@@ -469,7 +502,8 @@ def abandon(a: argparse.Namespace) -> None:
 
 
 def oracle_time(pairs: list[tuple[float, int]], targets: dict[str, int], slots: int, seed: int,
-                aim: float = 1.05, multi_turn: float = 0.0, keep_chains: bool = False) -> float:
+                aim: float = 1.05, multi_turn: float = 0.0, keep_chains: bool = False,
+                turns_of: tuple[int, ...] = MULTI_TURNS) -> float:
     """What no pacing can beat, in simulated time: answers drawn from this run's own (latency, tokens), and a
     scheduler that knows the length of every answer in flight (not of the next one). It keeps the pool full,
     gives each slot to the dataset furthest behind, and stops a dataset once its true tokens in flight would take
@@ -495,7 +529,7 @@ def oracle_time(pairs: list[tuple[float, int]], targets: dict[str, int], slots: 
             if not open_:
                 break
             name = min(open_, key=lambda n: (recorded[n] + flying[n] + promised[n] * mean) / targets[n])
-            later = turns.choice(MULTI_TURNS) - 1 if turns.random() < multi_turn else 0
+            later = turns.choice(turns_of) - 1 if turns.random() < multi_turn else 0
             promised[name] += later if keep_chains else 0
             latency, tokens = rng.choice(pairs)
             flying[name] += tokens
@@ -558,7 +592,11 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
     usable = balance - reserve
     names = [f"B{i}" for i in range(3, 9)]
     emu_cfg = {"speed": a.job_speed, "balance": balance, "seed": seed, "generation_delay": 0.1,
-               "faults": {**USUAL_FAULTS, "slow_seconds": 30 * a.job_speed} if a.faults else {}}
+               "faults": {**USUAL_FAULTS, "slow_seconds": 30 * a.job_speed} if a.faults else {},
+               **({"endpoints": job_endpoints(a.answers, a.whole_share, slots)}
+                  if a.answers != "job" or a.whole_share is not None else {}),
+               **({"content": SHORT_CONTENT} if a.answers == "short" else {})}
+    turns_of = tuple(int(x) for x in a.turns.split(","))
     with run_emulator(emu_cfg) as emu, tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         routing = asyncio.run(load_routing("moonshotai/kimi-k2.5", params_dir=str(d / "params"), base_url=emu.base_url,
@@ -566,11 +604,13 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
         price = routing.cheapest().completion_per_m / 1e6
         each = int(usable * a.money_share_of_targets / price / len(names))  # one target: its share of the money
         targets = dict.fromkeys(names, each)
-        datasets = write_datasets(d, 20_000, targets, multi_turn=multi_turn)
+        datasets = write_datasets(d, 20_000, targets, multi_turn=multi_turn, turns_of=turns_of)
         print(f"(e) the job: {len(names)} datasets x {each:,} output tokens "
               f"(money for {1 / a.money_share_of_targets:.0%} of them at ${price * 1e6:.2f}/M), ${balance:g} balance, "
               f"${reserve:g} reserve, {slots} in flight, max_tokens {SEED_MAX_TOKENS}, speed {a.job_speed}, "
-              f"faults {'on' if a.faults else 'off'}, {multi_turn:.0%} multi-turn", flush=True)
+              f"faults {'on' if a.faults else 'off'}, {multi_turn:.0%} multi-turn ({a.turns} turns), answers "
+              f"{a.answers}" + (f", {a.whole_share:.0%} of the pool on endpoints that bill whole answers"
+                                if a.whole_share is not None else ""), flush=True)
         kw = dict(datasets_file=str(datasets), base_url=emu.base_url, params_dir=str(d / "params"), concurrency=slots,
                   progress=False, reserve_usd=reserve, max_tokens=SEED_MAX_TOKENS, account_refresh_s=5.0,
                   account_lag_s=2.0, straggler_wait_s=a.straggler_wait, stream=a.engine_stream != "off")
@@ -595,6 +635,7 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
               f"{opened + timing['slots_end_s']:.1f} s; its summaries written at {wall:.1f} s; in flight to the last "
               f"target {held_on_average(s, timing['last_target_s']):.0f} of {slots} on average; wasted (charged - "
               f"recorded) ${s['run']['wasted_usd'] or 0:.4f}", flush=True)
+        print(pool_split(s), flush=True)
         if s["stop_reason"] in ("balance_reserve_reached", "max_spend_reached"):  # the money's end came first
             money_ideal = timed.ideal_s(usable, slots)
             left = s["run"]["money_left"] or {}
@@ -604,12 +645,12 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
                   f"{wall / money_ideal:.2f}x; charged {emu.stats()['charged_usd'] / usable:.3f} of usable; "
                   f"abandoned {s['run']['abandoned']}", flush=True)
         pairs = list(zip(timed.latency, timed.tokens))
-        bound = statistics.median(oracle_time(pairs, targets, slots, draw, multi_turn=multi_turn)
-                                  for draw in range(ORACLE_DRAWS))
+        bound = statistics.median(oracle_time(pairs, targets, slots, draw, multi_turn=multi_turn,
+                                              turns_of=turns_of) for draw in range(ORACLE_DRAWS))
         last = [x["run"]["target_met_s"] for x in s["datasets"].values()]
         if multi_turn:
-            kept = statistics.median(oracle_time(pairs, targets, slots, draw, multi_turn=multi_turn, keep_chains=True)
-                                     for draw in range(ORACLE_DRAWS))
+            kept = statistics.median(oracle_time(pairs, targets, slots, draw, multi_turn=multi_turn, keep_chains=True,
+                                                 turns_of=turns_of) for draw in range(ORACLE_DRAWS))
             print(f"    an oracle under the engine's chain rule (a started conversation goes on until its target, its "
                   f"later turns counted): every target at {kept:.0f} s = {kept / ideal:.2f}x ideal; the run's last "
                   f"target ÷ this oracle's: {max(last) / kept if None not in last else float('nan'):.2f}x", flush=True)
@@ -637,6 +678,50 @@ def _job_run(a: argparse.Namespace, seed: int, multi_turn: float) -> tuple[float
     if None in last:
         return math.nan, math.nan, worst
     return max(last) / bound, max(last) / ideal, worst
+
+
+POOL_WINDOWS = 8  # the pool's split over time: this many windows up to the slots' end
+
+
+def pool_split(summary: dict[str, Any], indent: str = "    ") -> str:
+    """Where the pool's slots were (summary.json's `run.pool`, generation/realtime/pool.py): mean slots per state up
+    to the last target and over the run, then over time (POOL_WINDOWS windows up to the slots' end)."""
+    pool = summary["run"].get("pool")
+    if not pool:
+        return f"{indent}the pool: not in this summary"
+    slots = pool["slots"]
+
+    def states(mean: dict[str, float]) -> str:
+        idle = sum(v for c, v in mean.items() if c.startswith("idle_"))
+        return (f"in flight {mean['in_flight']:.1f} ({mean['in_flight'] / slots:.1%}); not: preparing "
+                f"{mean['preparing']:.1f}, money {mean['money']:.1f}, recording {mean['recording']:.1f}, "
+                f"idle {idle:.1f} (" + ", ".join(f"{c[5:]} {v:.1f}" for c, v in mean.items()
+                                                 if c.startswith("idle_")) + ")")
+
+    lines = []
+    for key, what in (("until_last_target", "to the last target"), ("whole_run", "to the slots' end")):
+        if (m := pool.get(key)) is not None:
+            lines.append(f"{indent}the pool {what} ({m['seconds']:.0f} s, mean of {slots} slots): {states(m['mean'])}")
+    cols, rows = pool["timeline_columns"], pool["timeline"]
+    if rows:
+        end, start, acc = rows[-1][0], 0.0, [0.0] * (len(cols) - 1)
+        edges = [end * (i + 1) / POOL_WINDOWS for i in range(POOL_WINDOWS)]
+        out, prev = [], 0.0
+        for row in rows:
+            acc = [a + v * (row[0] - prev) for a, v in zip(acc, row[1:])]
+            prev = row[0]
+            if row[0] >= edges[len(out)] - 1e-9:
+                width = row[0] - start
+                mean = {c: a / width for c, a in zip(cols[1:], acc)} if width > 0 else dict.fromkeys(cols[1:], 0.0)
+                idle = sorted(((v, c) for c, v in mean.items() if c != "in_flight" and v >= 0.5), reverse=True)
+                out.append(f"{start:.0f}-{row[0]:.0f} s {mean['in_flight']:.0f}" +
+                           (" (" + ", ".join(f"{c.removeprefix('idle_')} {v:.0f}" for v, c in idle) + ")" if idle
+                            else ""))
+                start, acc = row[0], [0.0] * (len(cols) - 1)
+                if len(out) == POOL_WINDOWS:
+                    break
+        lines.append(f"{indent}in flight over time (and the rest, ≥ 0.5 slot): " + "; ".join(out))
+    return "\n".join(lines)
 
 
 def held_on_average(summary: dict[str, Any], until: float | None) -> float:
@@ -711,6 +796,13 @@ def main() -> int:
                     help="job: straggler_wait_s (the engine's default, 120 s, is for real answers of minutes)")
     ap.add_argument("--multi-turn", type=float, default=0.0,
                     help="job: this share of the prompts are conversations of 2-4 user turns (issue 31: 0.4)")
+    ap.add_argument("--turns", default="2,3,4",
+                    help="job: a conversation's user turns, equally likely (issue 60's job: 2)")
+    ap.add_argument("--answers", choices=["job", "short"], default="job",
+                    help="job: the emulator's default answers (~2,480 tokens), or issue 60's short ones (reasoning "
+                         "600-3,000, content 50-500 tokens; 0.35 s + tokens / 400 per second, times --job-speed)")
+    ap.add_argument("--whole-share", type=float, default=None,
+                    help="job: this share of the pool on endpoints that bill whole answers (issue 60: 0.56)")
     ap.add_argument("--panel-balance", type=float, default=30.0, help="panel: usable $ of each run")
     ap.add_argument("--save", help="job: write the run's summary and its answers' (latency, tokens) to this file "
                                    "(with several runs, one file a run: NAME.s<seed>-mt<share>.json)")

@@ -257,3 +257,122 @@ def test_status_lines_come_every_status_interval_on_the_runs_clock(tmp_path, tok
         assert "/60 prompts (" in text and " output tok/s | charged $" in text and " | ETA " in text
     assert final.startswith("A: 60/60 prompts (100.0%)") and "ended after" in final
     assert t_final == pytest.approx(summary["wall_s"], abs=0.01)
+
+
+# -- where the pool's slots are (realtime/pool.py, summary.json's run.pool) ------------------------------------------
+def pool_of(summary, key="whole_run"):
+    """The pool's figures: mean slots per state over `key`, its seconds, and the timeline's first window."""
+    pool = summary["run"]["pool"]
+    cols = pool["timeline_columns"]
+    first = dict(zip(cols, pool["timeline"][0]))
+    return pool[key], first
+
+
+def test_the_pool_counts_every_slot_second_in_flight_exactly_once(tmp_path, tok, monkeypatch):
+    """30 answers of 2, 4 and 20 s (a cycle) over 8 slots, no target: the slot-seconds in flight are exactly the
+    answers' times (tokenizing takes no virtual time), the states add up to the 8 slots, and what is left is idle with
+    nothing to take (the prompts all taken, the last answers still coming)."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 30}))
+    assert summary["records"] == 30
+    whole, first = pool_of(summary)
+    seconds, mean = whole["seconds"], whole["mean"]
+    assert mean["in_flight"] * seconds == pytest.approx(10 * (2 + 4 + 20), rel=1e-3)
+    assert sum(mean.values()) == pytest.approx(8, abs=0.02)
+    assert mean["idle_done"] * seconds == pytest.approx(8 * seconds - 260, rel=1e-2)
+    assert mean["money"] == mean["idle_paced"] == mean["idle_retry"] == mean["idle_turn"] == 0
+    assert first["in_flight"] == 8 and summary["run"]["pool"]["until_last_target"] is None  # no target
+    assert seconds == pytest.approx(summary["run"]["timing"]["slots_end_s"], abs=0.01)
+
+
+def test_slots_waiting_for_money_are_counted_as_such(tmp_path, tok, monkeypatch):
+    """Strict budget, a cap three worst cases wide: 3 of 8 slots in flight, the other 5 hold tokenized work waiting
+    for admission from the first moment (not idle, not preparing)."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok)
+    bound = (20 * 0.5 + 1000 * 2.0) / 1e6  # a prompt of ~20 tokens, max_tokens 1000 at tests/helpers' prices
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 40}), max_spend_usd=3.2 * bound, budget_mode="strict")
+    whole, first = pool_of(summary)
+    assert first["in_flight"] == 3 and first["money"] == 5
+    assert whole["mean"]["money"] > 1 and whole["mean"]["in_flight"] <= 3
+
+
+def test_slots_with_only_next_turns_to_come_are_idle_for_the_turn(tmp_path, tok, monkeypatch):
+    """4 conversations of two turns on 8 slots: while the first turns are in flight the other 4 slots have nothing to
+    take but the second turns, which wait for those answers."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 4}, asks=2))
+    assert summary["records"] == 8
+    whole, first = pool_of(summary)
+    assert first["in_flight"] == 4 and first["idle_turn"] == 4
+    assert whole["mean"]["idle_turn"] > 0 and whole["mean"]["idle_paced"] == 0
+
+
+class Refusing(Simulated):
+    """Its first `refuse` requests are answered 502 with Retry-After `after` s, the rest as Simulated."""
+
+    def __init__(self, tok, refuse, after, **kw):
+        super().__init__(tok, **kw)
+        self.refuse, self.after, self.calls = refuse, after, 0
+
+    async def handle_request(self, client, body, state=None):
+        self.calls += 1
+        if self.calls <= self.refuse:
+            return Outcome(Kind.RETRY, "bad_gateway", 502, "upstream error", retry_after=self.after)
+        return await super().handle_request(client, body, state)
+
+
+def test_slots_with_only_retries_not_due_are_idle_for_the_retry(tmp_path, tok, monkeypatch):
+    """2 prompts on 4 slots, both refused at once with Retry-After 10 s: every slot waits for the retries (10-15 s),
+    counted as such."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Refusing(tok, refuse=2, after=10.0)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 2}), concurrency=4)
+    assert summary["records"] == 2
+    whole, first = pool_of(summary)
+    assert first["idle_retry"] == 4
+    assert whole["mean"]["idle_retry"] * whole["seconds"] >= 4 * 10
+
+
+def test_slots_pacing_holds_back_are_idle_paced_until_the_target(tmp_path, tok, monkeypatch):
+    """One dataset with a target: near it pacing holds the dataset back (its bound), so slots are idle paced before
+    the target, and nothing is counted done before it (the dataset still has prompts)."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = Simulated(tok)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 200}, {"A": 3000}), stream=False)
+    until, _ = pool_of(summary, "until_last_target")
+    assert summary["stop_reason"] == "target_reached"
+    assert until["seconds"] == pytest.approx(summary["run"]["timing"]["last_target_s"], abs=0.01)
+    assert until["mean"]["idle_paced"] > 0 and until["mean"]["idle_done"] == 0
+    assert sum(until["mean"].values()) == pytest.approx(8, abs=0.02)
+
+
+class SlowAccount(Simulated):
+    """Simulated answers; the account answers each reading `slow_s` late (a service under load)."""
+
+    def __init__(self, tok, slow_s, **kw):
+        super().__init__(tok, **kw)
+        self.slow_s, self.readings = slow_s, 0
+
+    async def account(self, client):
+        self.readings += 1
+        if self.readings > 1:  # the first, at the start, before any request
+            await asyncio.sleep(self.slow_s)
+        return await super().account(client)
+
+
+def test_a_slow_account_reading_does_not_hold_the_ticker(tmp_path, tok, monkeypatch):
+    """Issue 60: the account was read inside the ticker, so a reading that took seconds (1-3 s in the job bench under
+    load, once 45 s) held pacing's refresh, the cuts, the wake-ups and the timeline's samples that long. The readings
+    now go apart: the ticks keep their pace through a reading of 30 s."""
+    from eagledata.generation.realtime.engine import TICK_S
+
+    monkeypatch.setenv("OPENROUTER_API_KEY", "k")
+    sim = SlowAccount(tok, slow_s=30.0)
+    summary, r = run(tmp_path, sim, datasets(tmp_path, {"A": 40}), account_refresh_s=5.0)
+    assert summary["records"] == 40 and sim.readings >= 3
+    end = summary["run"]["timing"]["slots_end_s"]  # (then the last reading, 30 s, and the summaries)
+    t = [row[0] for row in summary["timeline"] if row[0] <= end]
+    assert end > 40 and max(b - a for a, b in zip(t, t[1:])) <= TICK_S + 1e-6

@@ -72,6 +72,41 @@ def test_the_bound_is_the_prompt_and_max_tokens_at_the_worst_price_once_per_work
     assert work.bound == 0.5 and work.prompt_ids is ids
 
 
+class Counting:
+    """An executor that runs what it is given at once, and counts it."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def submit(self, fn, /, *args, **kwargs):
+        from concurrent.futures import Future
+
+        self.calls += 1
+        f = Future()
+        f.set_result(fn(*args, **kwargs))
+        return f
+
+
+def test_a_short_prompt_is_tokenized_on_the_loop_a_long_one_or_one_with_tools_on_the_thread(parts, tok):
+    """Issue 60: a trip to the tokenizer's thread and back costs two turns of a busy event loop (~200 ms each), for a
+    render of well under a millisecond: short text prompts are tokenized at once; the same ids either way."""
+    from eagledata.generation.realtime.requester import INLINE_CHARS
+
+    p = parts({"A": 1, "T": 1}, routing=three(), tools=None)
+    p.requester.executor = executor = Counting()
+    short = p.dispatcher.take(0.0)
+    asyncio.run(p.requester.prepare(short))
+    assert executor.calls == 0 and short.prompt_ids == prompt_ids(tok, short.turn.messages)
+    long = Work(0.0, 98, Conversation.of(normalize_prompt(
+        {"id": "L", "messages": [{"role": "user", "content": "word " * (INLINE_CHARS // 5 + 1)}]})).turn(), short.lane)
+    asyncio.run(p.requester.prepare(long))
+    assert executor.calls == 1 and long.prompt_ids == prompt_ids(tok, long.turn.messages)
+    agent = Conversation.of(normalize_prompt(agent_prompt()))
+    tools = Work(0.0, 99, agent.turn(), short.lane)
+    asyncio.run(p.requester.prepare(tools))
+    assert executor.calls == 2 and tools.prompt_ids == prompt_ids(tok, tools.turn.messages, tools=TOOLS)
+
+
 def test_the_bound_is_the_routings_max_price_when_it_sets_one(parts, tok):
     p = parts({"A": 1}, routing=three(max_price={"prompt": 3.0, "completion": 9.0}), max_tokens=500)
     work = p.dispatcher.take(0.0)

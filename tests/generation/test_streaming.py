@@ -91,7 +91,7 @@ def answer(outcome, truth: dict[str, dict]):
     return dataclasses.replace(c, generation_id=f"{g['prompt_hash']}#{g['attempt']}")
 
 
-TIMED = {"output_tokens_per_s", "target_met_s", "provider_health", "timing",  # the clock's
+TIMED = {"output_tokens_per_s", "target_met_s", "provider_health", "timing", "pool",  # the clock's
          "charged_usd", "spend_usd", "wasted_usd", "usd_per_m_output",  # the account's, as of its last reading
          "read_back"}  # a broken stream's cost, read by the id its header gave (a broken JSON body names none)
 

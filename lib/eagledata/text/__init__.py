@@ -7,6 +7,7 @@ from .roundtrip import Case, Report, load_truth, plot_token_lengths, sample_case
 from .sequences import (
                         agreement,
                         conversation_ids,
+                        load_renderer,
                         output_ids,
                         output_ids_batch,
                         parse_output_ids,
@@ -17,6 +18,6 @@ from .structure import Structure, ToolSection
 from .tokenizer import END_THINK, IM_END, KimiTokenizer, Tokenizer, load_tokenizer
 
 __all__ = ["END_THINK", "IM_END", "Case", "HFTokenizer", "KimiTokenizer", "Report", "Structure", "Tokenizer",
-           "ToolSection", "agreement", "conversation_ids", "load_tokenizer", "load_truth", "output_ids",
-           "output_ids_batch", "parse_output_ids", "plot_token_lengths", "prompt_ids", "render_chat", "sample_cases",
-           "TokenizerReportConfig", "validate"]
+           "ToolSection", "agreement", "conversation_ids", "load_renderer", "load_tokenizer", "load_truth",
+           "output_ids", "output_ids_batch", "parse_output_ids", "plot_token_lengths", "prompt_ids", "render_chat",
+           "sample_cases", "TokenizerReportConfig", "validate"]

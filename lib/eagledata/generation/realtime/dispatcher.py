@@ -38,6 +38,7 @@ from ..policy import (
 )
 from .congestion import Congestion
 from .pacing import Pacing, Streamed
+from .pool import PoolMeter
 
 log = logging.getLogger("eagledata.generate")
 
@@ -101,6 +102,7 @@ class Dispatcher:
         self.rejections = RejectionWatch()
         self.held: list[Work] = []  # refused, not yet known to be their prompts' own fault
         self._stragglers_since: float | None = None
+        self.pool = PoolMeter(congestion.concurrency, t0)  # where the slots are (slots move them; `take` says why idle)
 
     # -- taking work --------------------------------------------------------------------------------
     def take(self, now: float) -> Work | Wait | Stopped:
@@ -109,6 +111,7 @@ class Dispatcher:
         if self.stop.stopping:
             return Stopped(self.stop.reason)
         until: float | None = None
+        active: list[str] = []
         if self.holding < self.congestion.allowed:
             active = [n for n, lane in self.lanes.items() if not lane.finished and lane.target_met_s is None]
             for name in self.pacing.ranked(active):
@@ -127,7 +130,25 @@ class Dispatcher:
             self._settle_lanes(now)
             if self.stop.stopping:
                 return Stopped(self.stop.reason)
+        self.pool.cause(self._why_idle(active, now), now)
         return Wait(until)
+
+    def _why_idle(self, active: list[str], now: float) -> str:
+        """Why `take` found nothing (pool.py's causes): the pool at what congestion allows; a dataset with work left
+        that pacing holds back; else retries not due yet; else next turns whose previous answers are not in; else
+        nothing left."""
+        if self.holding >= self.congestion.allowed:
+            return "congestion"
+        why = "done"
+        for name in active:
+            lane = self.lanes[name]
+            if lane.ready or not lane.exhausted or (lane.retries and lane.retries[0].due <= now):
+                return "paced"
+            if lane.retries:
+                why = "retry"
+            elif why == "done" and self.pacing.lanes[name].promised:
+                why = "turn"
+        return why
 
     def wanted(self, work: Work) -> bool:
         """May `work`, taken earlier and waiting for money, still go out? Not once its dataset has met its target: it
@@ -287,6 +308,8 @@ class Dispatcher:
         for lane in self.lanes.values():
             if lane.target_met_s is None and lane.target_met:
                 lane.target_met_s = now - self.t0
+                if all(one.target_met_s is not None for one in self.lanes.values() if one.target is not None):
+                    self.pool.mark(now)  # the last target: the pool's figures up to here
             if lane.finished or lane.holding:
                 continue
             if lane.target_met_s is not None:

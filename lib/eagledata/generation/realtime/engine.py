@@ -22,7 +22,7 @@ from ...aio import on_kernel_shutdown, on_signals
 from ...openrouter import ClientPool, RoutingDecision, load_routing
 from ...openrouter.fast_stream import FastStreams
 from ...records import CUT
-from ...text import load_tokenizer
+from ...text import load_renderer, load_tokenizer
 from ..config import GenerateConfig
 from ..lanes import DatasetRun, open_lanes
 from ..money.spender import SpenderLock
@@ -75,7 +75,11 @@ class Run:
                     seams: Seams | None = None) -> Run:
         """Open every dataset's store and validate every prompt before any request; take the account's spender lock
         and its first reading when there is something to send."""
-        seams, lanes, run = seams or Seams(), open_lanes(cfg), None  # every bad line named first
+        seams = seams or Seams()
+        # the chat template's renderer imported on a thread meanwhile (~1-1.5 s of transformers' import, else inside
+        # the first prompt, while every slot waits for it: issue 60's ramp)
+        renderer = asyncio.get_running_loop().run_in_executor(seams.executor, load_renderer)
+        lanes, run = open_lanes(cfg), None  # every bad line named first
         try:
             routing = seams.routing or (RoutingDecision(model=cfg.model) if cfg.backend == "local" else await
                                         load_routing(cfg.model, params_dir=cfg.params_dir, base_url=cfg.base_url,
@@ -95,6 +99,7 @@ class Run:
                     lane, delivered, killed, recorder, cost_of))
                 if (first := run.ledger.books.first) is not None and first.usage_usd is not None:
                     run.ledger.killed_wasted_usd = run.journals.begin(first.usage_usd)
+            await renderer
         except BaseException:
             if run is not None:
                 run.close()
@@ -121,7 +126,8 @@ class Run:
         unhook = on_kernel_shutdown(self._kernel_shutdown)
         try:
             async with asyncio.TaskGroup() as tg:
-                ticker = tg.create_task(self._ticker(clients[0]))
+                ticker = tg.create_task(self._ticker())
+                account = tg.create_task(self._reading(clients[0])) if self.ledger.paid and not self.idle else None
                 reading = tg.create_task(self._reading_back(clients[0])) if self.ledger.readback else None
                 try:
                     async with asyncio.timeout_at(self._cut_at) as self._scope:
@@ -133,9 +139,9 @@ class Run:
                 finally:
                     self._scope = None
                     self.reporter.slots_end = self.clock.now()
-                    ticker.cancel()
-                    if reading is not None:
-                        reading.cancel()
+                    for task in (ticker, account, reading):
+                        if task is not None:
+                            task.cancel()
         except asyncio.CancelledError as e:  # the caller cancelled us: raised once the summaries are written
             self.dispatcher.stop.set(StopReason.INTERRUPTED)
             cancelled = e
@@ -261,13 +267,11 @@ class Run:
         self.dispatcher.stop.set(error_stop(error))
         self._drain()
 
-    async def _ticker(self, client: httpx.AsyncClient) -> None:
+    async def _ticker(self) -> None:
         wait, journal_due = TICK_S, self.clock.now() + FLUSH_S
         try:
             while True:
                 await self.clock.sleep(wait)
-                if self.ledger.reading_due(self.clock.now()):
-                    await self.ledger.read(client, self.clock.now())
                 async with self.lock:  # periodic wake-up: no waiter can sleep through a state change
                     now = self.clock.now()
                     if self.journals is not None and now >= journal_due:  # what the streams delivered, kept
@@ -281,6 +285,21 @@ class Run:
                     self._stragglers(now)
                     self.slots.wake(every_payer=True)
         except Exception as e:  # the estimators, the books, the progress view: a bug stops the run cleanly
+            await self._failed(e)
+
+    async def _reading(self, client: httpx.AsyncClient) -> None:
+        """The account's readings, every `account_refresh_s` and at once when admission waits on one, apart from the
+        ticker: a reading is a round trip to the service (1-3 s in the job bench on a loaded machine, once 45 s), and
+        the ticker's pacing, cuts and wake-ups must not wait for it (issue 60: the pool's timeline had no tick for 45
+        s). The slots waiting for money hear of each reading."""
+        try:
+            while True:
+                await self.clock.sleep(TICK_S)
+                if self.ledger.reading_due(self.clock.now()):
+                    await self.ledger.read(client, self.clock.now())
+                    async with self.lock:
+                        self.slots.wake(every_payer=True)
+        except Exception as e:  # the books: a bug stops the run cleanly
             await self._failed(e)
 
     async def _reading_back(self, client: httpx.AsyncClient) -> None:

@@ -78,6 +78,7 @@ class Reporter:
         summaries' `charged_usd`; bookings at a bound that no reading has settled are a column apart. (The books
         that admission counts are neither: they hold an unreadable answer at its bound, then drop to its cost.)"""
         t, books = now - self.t0, self.ledger.books
+        self.dispatcher.pool.sample(now)
         charged, limit = self.ledger.charged(), self.congestion.allowed
         self.totals().sample(t, charged, self.in_flight, limit, self._answered(), books.at_bound())
         for lane in self.lanes.values():  # one dataset alone: the run's figures
@@ -148,7 +149,7 @@ class Reporter:
                 "settings": self._run_settings(),
                 "routing": {"provider": self.routing.provider, "source": self.routing.source}}
 
-    def _extra(self) -> dict[str, Any]:
+    def _extra(self, now: float) -> dict[str, Any]:
         changes = [[round(t - self.t0, 1), round(share, 3), round(limit)]
                    for t, share, limit in self.congestion.history if limit < self.ledger.concurrency][-200:]
         readback = self.ledger.readback
@@ -157,7 +158,7 @@ class Reporter:
                 **({"killed_wasted_usd": round(self.ledger.killed_wasted_usd, 8)}
                    if self.ledger.killed_wasted_usd is not None else {}),
                 **({"read_back": readback.figures()} if readback is not None and readback.counts.streams else {}),
-                "timing": self._timing()}
+                "timing": self._timing(), "pool": self.dispatcher.pool.figures(now)}
 
     def _timing(self) -> dict[str, float | None]:
         """Where the user's wait went: the process before the run, the run to its last target, to its slots' end
@@ -181,7 +182,7 @@ class Reporter:
             figures=run_figures(lane.stats, wall_s=wall, charged=charged,
                                 spent=self.ledger.books.spent() if self.single else lane.stats.booked_usd),
             done_before=lane.done_before, target_met_s=lane.target_met_s,
-            extra={**self._extra(),
+            extra={**self._extra(now),
                    **({"killed_before": lane.killed_before.figures()} if lane.killed_before else {}),
                    **({"shared_with": [n for n in self.lanes if n != lane.name]} if not self.single else {})}),
             "fidelity": lane.fidelity.summary(verdicts=self.fidelity)}
@@ -194,7 +195,7 @@ class Reporter:
                                  stop_reason=self.dispatcher.stop.reason or StopReason.COMPLETED,
                                  figures=run_figures(totals, wall_s=wall, charged=self.ledger.books.charged_usd,
                                                      spent=self.ledger.books.spent()),
-                                 extra=self._extra()),
+                                 extra=self._extra(now)),
                    "fidelity": self.fidelity.summary()}
         return self._carried(summary, list(summaries.values()))
 

@@ -11,6 +11,9 @@ whichever slot asks it, so when one finds nothing the others would too, and when
 (a baton). Woken all at once, every tick cost a take per idle slot (in a 500-slot replay, 200 takes per request
 sent). Slots waiting for money wait apart, and are woken alike (all of them at each tick: each asks for its own
 bound).
+
+Each slot says where it is as it goes (`_Slot.go`: preparing, waiting for money, in flight, recording, idle), into the
+pool's meter (pool.py, the dispatcher's `pool`), so the run can tell where the slots without a request in flight were.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ from ..policy import cancelled_outcome
 from .attempt import Attempt
 from .dispatcher import Stopped, Wait
 from .parts import Parts
+from .pool import ENDED, IDLE, IN_FLIGHT, MONEY, PREPARING, RECORDING, PoolMeter
 
 
 @dataclass
@@ -56,54 +60,64 @@ class Slots:
 
     async def worker(self, client: httpx.AsyncClient) -> None:
         """One concurrency slot, its own connection from `client`. A bug here stops the run cleanly (`failed`)."""
+        slot = _Slot(self.parts.dispatcher.pool, self.clock)
         try:
-            while (work := await self._take()) is not None:
+            while (work := await self._take(slot)) is not None:
                 try:
-                    await self._attempt(client, work)
+                    await self._attempt(client, work, slot)
                 finally:
                     async with self.lock:
                         self.parts.dispatcher.release(work, self.clock.now())
                         self.wake()
         except Exception as e:
             await self.failed(e)
+        finally:
+            slot.go(ENDED)
 
-    async def _take(self) -> Work | None:
+    async def _take(self, slot: _Slot) -> Work | None:
         async with self.lock:
             while not isinstance(taken := self.parts.dispatcher.take(self.clock.now()), Work):
                 if isinstance(taken, Stopped):
                     self.wake()
                     return None
                 assert isinstance(taken, Wait)
+                slot.go(IDLE)  # counted under the dispatcher's reason (`take` said why)
                 try:
                     async with asyncio.timeout_at(taken.until):
                         await self.takers.wait()
                 except TimeoutError:
                     pass
+            slot.go(PREPARING)
             self.takers.notify(1)  # the baton: there may be more to take
             return taken
 
-    async def _admit(self, work: Work) -> int | None:
+    async def _admit(self, work: Work, slot: _Slot | None = None) -> int | None:
         """Wait until the request's cost fits the budget (ledger.py): its ticket, or None when the money is gone, the
-        run is stopping or its dataset no longer wants it (`Dispatcher.wanted`)."""
+        run is stopping or its dataset no longer wants it (`Dispatcher.wanted`). `slot`: the slot waiting (the pool's
+        meter hears of the wait; none: a test's own call, not counted)."""
+        slot = slot or _Slot(None, self.clock)
         async with self.lock:
             while not self.parts.dispatcher.stop.stopping:
                 if not self.parts.dispatcher.wanted(work):
                     return None  # its dataset met its target while it waited: given back, still to do
                 if (ticket := self.parts.admit(work, self.clock.now())) is not None:
+                    slot.go(PREPARING)
                     self.payers.notify(1)  # the baton: another may fit too
                     return ticket
                 if self.parts.dispatcher.stop.stopping:
                     self.wake()
                     return None
+                slot.go(MONEY)
                 await self.payers.wait()
         return None
 
-    async def _attempt(self, client: httpx.AsyncClient, work: Work) -> None:
+    async def _attempt(self, client: httpx.AsyncClient, work: Work, slot: _Slot) -> None:
         await self.parts.requester.prepare(work)
-        if await self._admit(work) is None:
+        if await self._admit(work, slot) is None:
             return  # still to do: the next run issues it
         attempt: Attempt = self.parts.requester.start(client, work, self.clock.now())
         work.lane.stats.in_flight += 1
+        slot.go(IN_FLIGHT)
         try:
             outcome = await attempt
         except BaseException as e:  # cut off, or a bug in the transport: nothing recorded, booked as any attempt
@@ -117,6 +131,7 @@ class Slots:
             return  # cancelled through its handle (a suspect's stream): the slot goes on, the work is sent again
         finally:
             work.lane.stats.in_flight -= 1
+            slot.go(RECORDING)
         record, c = None, outcome.completion
         if outcome.kind is Kind.OK and c is not None:
             try:
@@ -148,6 +163,18 @@ class Slots:
         async with self.lock:
             self.parts.settle(work, outcome, record, cost, self.clock.now(), go_on=go_on, generation_id=generation_id)
             self.wake()
+
+
+class _Slot:
+    """One slot's state in the pool's meter (pool.py): where it is, moved as it goes along its path."""
+
+    def __init__(self, meter: PoolMeter | None, clock: Clock):
+        self.meter, self.clock, self.state = meter, clock, PREPARING  # the meter counts every slot as starting
+
+    def go(self, state: str) -> None:
+        if self.meter is not None:
+            self.meter.move(self.state, state, self.clock.now())
+        self.state = state
 
 
 def _named(attempt: Attempt) -> str:
