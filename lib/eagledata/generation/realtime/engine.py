@@ -62,6 +62,7 @@ class Run:
         self._signals = 0
         self._finishing = False  # the slots have ended: what is left is writing the summaries
         self._waking: asyncio.Future | None = None
+        self._account: asyncio.Future | None = None  # an account reading under way (`_reading`)
         self._closing: asyncio.Future | None = None  # after a Ctrl-C or the targets: the streams billed whole, cut soon
         self._ended = asyncio.Event()  # every summary written (what a kernel shutting down waits for)
         # streams journaled as they start, so that the run after a kill can read what they cost (killed.py)
@@ -126,8 +127,7 @@ class Run:
         unhook = on_kernel_shutdown(self._kernel_shutdown)
         try:
             async with asyncio.TaskGroup() as tg:
-                ticker = tg.create_task(self._ticker())
-                account = tg.create_task(self._reading(clients[0])) if self.ledger.paid and not self.idle else None
+                ticker = tg.create_task(self._ticker(clients[0]))
                 reading = tg.create_task(self._reading_back(clients[0])) if self.ledger.readback else None
                 try:
                     async with asyncio.timeout_at(self._cut_at) as self._scope:
@@ -139,7 +139,7 @@ class Run:
                 finally:
                     self._scope = None
                     self.reporter.slots_end = self.clock.now()
-                    for task in (ticker, account, reading):
+                    for task in (ticker, reading, self._account):
                         if task is not None:
                             task.cancel()
         except asyncio.CancelledError as e:  # the caller cancelled us: raised once the summaries are written
@@ -267,11 +267,13 @@ class Run:
         self.dispatcher.stop.set(error_stop(error))
         self._drain()
 
-    async def _ticker(self) -> None:
+    async def _ticker(self, client: httpx.AsyncClient) -> None:
         wait, journal_due = TICK_S, self.clock.now() + FLUSH_S
         try:
             while True:
                 await self.clock.sleep(wait)
+                if (self._account is None or self._account.done()) and self.ledger.reading_due(self.clock.now()):
+                    self._account = asyncio.ensure_future(self._reading(client))  # not waited for (`_reading`)
                 async with self.lock:  # periodic wake-up: no waiter can sleep through a state change
                     now = self.clock.now()
                     if self.journals is not None and now >= journal_due:  # what the streams delivered, kept
@@ -288,17 +290,14 @@ class Run:
             await self._failed(e)
 
     async def _reading(self, client: httpx.AsyncClient) -> None:
-        """The account's readings, every `account_refresh_s` and at once when admission waits on one, apart from the
-        ticker: a reading is a round trip to the service (1-3 s in the job bench on a loaded machine, once 45 s), and
-        the ticker's pacing, cuts and wake-ups must not wait for it (issue 60: the pool's timeline had no tick for 45
-        s). The slots waiting for money hear of each reading."""
+        """One account reading, started by the ticker when one is due (every `account_refresh_s`, and at once when
+        admission waits on one) and not waited for: a reading is a round trip to the service (1-4.5 s in the job bench
+        on a loaded machine, 46.6 s once), and the ticker's pacing, cuts and wake-ups must not wait for it (issue 60:
+        no tick for 38-83 s from the run's fifth second, under load). The slots waiting for money hear of it."""
         try:
-            while True:
-                await self.clock.sleep(TICK_S)
-                if self.ledger.reading_due(self.clock.now()):
-                    await self.ledger.read(client, self.clock.now())
-                    async with self.lock:
-                        self.slots.wake(every_payer=True)
+            await self.ledger.read(client, self.clock.now())
+            async with self.lock:  # what it settled may let the slots waiting for money go
+                self.slots.payers.notify_all()
         except Exception as e:  # the books: a bug stops the run cleanly
             await self._failed(e)
 
