@@ -309,3 +309,23 @@ def test_a_drawn_conversation_holding_an_mtbench_question_is_passed_over():
     chosen, passed = choose_conversations(file, 19, 2, 0, exclude=[question, "   "])
     assert "c3" not in {a.id for a in chosen} and passed == {"holds an MT-Bench turn's text": 1}
     assert "c3" in {a.id for a in choose_conversations(file, 20, 2, 0)[0]}  # the plant: nothing excluded
+
+
+def test_a_conversation_whose_first_prompt_leaves_no_room_for_an_answer_is_passed_over():
+    """A first prompt the server would refuse (over sample_tokens − answer_tokens: CI's vLLM run drew a 2,548-token
+    one for a 1,024-token sample) is passed over, counted, so both arms hold the same conversations. Planted: no
+    check draws it."""
+    from types import SimpleNamespace
+
+    from eagledata.quality.experiment import choose_conversations
+
+    file = [SimpleNamespace(id=f"c{i}", messages=[{"role": "user", "content": "word " * (500 if i == 4 else 5)},
+                                                  {"role": "assistant", "content": f"a{i}"}]) for i in range(10)]
+
+    def fits(messages):
+        return len(messages[-1]["content"].split()) <= 100
+
+    chosen, passed = choose_conversations(file, 9, 2, 0, first_prompt_fits=fits)
+    assert "c4" not in {a.id for a in chosen} and len(chosen) == 9
+    assert passed == {"first prompt leaves no room for an answer in sample_tokens": 1}
+    assert "c4" in {a.id for a in choose_conversations(file, 10, 2, 0)[0]}  # the plant: no check

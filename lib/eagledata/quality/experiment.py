@@ -107,12 +107,15 @@ def asks_text(asks: Asks) -> str:
 
 
 def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int, data_seed: int | None = None,
-                         exclude: Sequence[str] = ()) -> tuple[list[Asks], dict[str, int]]:
+                         exclude: Sequence[str] = (), first_prompt_fits: Callable[[Sequence[dict]], bool] | None = None
+                         ) -> tuple[list[Asks], dict[str, int]]:
     """`n` conversations that can be asked turn by turn and whose first ask the data set answered (both arms need
     it), drawn at random from the whole file by `data_seed` (a seeded shuffle of its order, then the first `n`
     usable ones: the same seed draws the same conversations, a larger `n` draws more of the same order); `None`:
     the file's own order. A conversation whose asks hold any of `exclude` (`plain_text`: MT-Bench's turns, what τ
-    is measured on) is passed over. Why the others looked at were passed over."""
+    is measured on) is passed over, and so is one whose first ask's prompt `first_prompt_fits` refuses (a prompt
+    with no room for a whole answer in a sample: the server refuses it, so the on-policy arm would lack the
+    conversation the off-policy arm has). Why the others looked at were passed over."""
     excluded = [plain_text(t) for t in exclude if plain_text(t)]
     order = list(range(len(conversations)))
     if data_seed is not None:
@@ -129,6 +132,9 @@ def choose_conversations(conversations: Sequence[Any], n: int, max_turns: int, d
         if reason is None and excluded and isinstance(asks, Asks):
             text = asks_text(asks)
             reason = "holds an MT-Bench turn's text" if any(t in text for t in excluded) else None
+        if reason is None and first_prompt_fits is not None and isinstance(asks, Asks) and \
+                not first_prompt_fits(asks.asks[0]):
+            reason = "first prompt leaves no room for an answer in sample_tokens"
         if reason is not None:
             passed[reason] = passed.get(reason, 0) + 1
         else:
@@ -199,8 +205,10 @@ class Experiment:
             self.seams.say("  " + sharegpt.report.line())
             wanted = self.config.conversations + self.config.validation_conversations
             mtbench = [t for q in read_mtbench(self.questions_file()).questions for t in q.turns]
+            room = self.config.sample_tokens - self.config.answer_tokens
             chosen, passed = choose_conversations(sharegpt.conversations, wanted, self.config.max_turns,
-                                                  self.config.data_seed, exclude=mtbench)
+                                                  self.config.data_seed, exclude=mtbench,
+                                                  first_prompt_fits=lambda m: len(self.chat().prompt_ids(m)) <= room)
             if len(chosen) < wanted:
                 raise InputError(f"only {len(chosen)} usable conversations, {wanted} asked (conversations + "
                                  "validation_conversations)", field="conversations")

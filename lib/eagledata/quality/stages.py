@@ -20,7 +20,7 @@ from .layout import ExperimentFiles, experiment_files
 
 # The settings each stage's outputs depend on (beyond the stages before it, which check their own).
 STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns", "validation_conversations",
-                                                         "data_seed"),
+                                                         "data_seed", "sample_tokens", "answer_tokens"),
                   "records": ("answer_tokens", "regenerate"), "assemble": ("sample_tokens",), "extract": (),
                   "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
                   "tau": ("k", "questions", "max_new_tokens", "seed"),
