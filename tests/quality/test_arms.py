@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 
 from eagledata.errors import InputError
 from eagledata.quality.arms import (
     Asks,
+    Equalized,
     TextStageChat,
     conversation_asks,
     equalize,
@@ -62,6 +64,26 @@ def test_an_answer_longer_than_max_tokens_is_cut_as_an_on_policy_answer_is(chat)
     (r,) = off_policy_records([asks], chat, max_tokens=16).records
     assert len(r.output_ids) == 16 and r.finish_reason == "length"
     assert r.output_ids == chat.answer_ids(asks.answers[0])[:16]
+
+
+def test_a_cut_data_set_answer_ends_its_conversation_as_a_cut_on_policy_answer_does(chat):
+    """Issue 59 item 2: an off-policy turn 2 would carry the data set's whole first answer as history while its
+    turn-1 sample was cut; now the cut ends the conversation in both arms, counted. Planted: history carried on."""
+    asks = Asks("c", [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}],
+                      [{"role": "user", "content": "c"}]], ["word " * 200, "fine", "ok"])
+    made = off_policy_records([asks], chat, max_tokens=16)
+    assert [(r.turn, r.finish_reason) for r in made.records] == [(1, "length")]
+    assert made.dropped == {"later turns after a cut answer": 2}
+    whole = off_policy_records([asks], chat)  # uncapped: nothing cut, every turn asked
+    assert [r.turn for r in whole.records] == [1, 2, 3] and not whole.dropped
+
+
+def test_the_arms_table_shows_what_each_arm_trains_on_by_turn_and_its_cut_answers():
+    arm = [sample("a", 1, 2, 3), sample("a", 2, 2, 3), sample("b", 1, 2, 3)]
+    arm[0] = replace(arm[0], truncated=True)
+    (row,) = Equalized({"x": arm}, 9, 3, {"x": {}}).table()
+    assert row["turn_samples"] == {"1": 2, "2": 1} and row["turn_shares"] == {"1": 0.6667, "2": 0.3333}
+    assert row["cut_answers"] == 1 and row["cut_answer_share"] == 0.3333
 
 
 def test_an_empty_data_set_answer_ends_its_conversation(chat):

@@ -172,6 +172,9 @@ def test_tau_per_category():
     assert 7 / 3 <= cats["math"]["tau_ci95"][0] <= cats["math"]["tau_ci95"][1] <= 10 / 3
     assert cats["writing"] == {"questions": 1, "tau_mean": 1.0, "tau_ci95": [1.0, 1.0]}
     assert [q["category"] for q in doc["per_question"]] == ["math", "math", "writing", "coding"]
+    # per turn, pooled over the questions that have it: turn 1 has 6 forwards accepting 8, turn 2 two accepting 3
+    assert doc["per_turn"] == {"1": {"verify_forwards": 6, "tau_pooled": 14 / 6},
+                               "2": {"verify_forwards": 2, "tau_pooled": 5 / 2}}
 
 
 def test_forwards_without_a_draft_count_in_tau_and_apart_for_vllms_count():

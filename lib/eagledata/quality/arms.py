@@ -113,7 +113,9 @@ def off_policy_records(conversations: Iterable[Asks], chat: ArmChat, *, dataset:
                        max_tokens: int | None = None) -> ArmRecords:
     """One record per answered ask: the conversation so far with the data set's earlier answers, then its answer
     (cut at `max_tokens` as the on-policy answers are). An empty answer, or an ask the data set never answered,
-    ends the conversation there (its later turns would rest on it): counted, not kept."""
+    ends the conversation there (its later turns would rest on it): counted, not kept. A cut answer ends it too,
+    as a cut answer ends an on-policy conversation (generation's rule): a later turn's history is then always the
+    whole text of the earlier samples, never an answer longer than the sample trained on."""
     out = ArmRecords([])
     for c in conversations:
         history: list[dict] = []
@@ -129,6 +131,9 @@ def off_policy_records(conversations: Iterable[Asks], chat: ArmChat, *, dataset:
                 finish_reason=finish, model="dataset", provider="dataset", conversation_id=c.id, turn=j,
                 usage=Usage(len(prompt), len(ids)), prompt_ids=prompt, output_ids=ids,
                 meta={"source": "the data set's own answer", "ids": "rendered"}))
+            if finish != "stop":
+                out.dropped["later turns after a cut answer"] += len(c.asks) - j
+                break
             history = [*messages, {"role": "assistant", "content": answer}]
     return out
 
@@ -250,8 +255,19 @@ class Equalized:
         """One row per arm (summary.json's `arms`). `cut_samples` keeps its stored name: the samples equalizing
         trimmed (`Sample.shortened`), not generation's cut samples (streams the run closed)."""
         return [{"arm": a, "samples": len(s), "supervised_tokens": supervised(s),
-                 "tokens": sum(len(x) for x in s), "cut_samples": sum(x.shortened for x in s), **self.left_out[a]}
-                for a, s in self.arms.items()]
+                 "tokens": sum(len(x) for x in s), "cut_samples": sum(x.shortened for x in s),
+                 **turn_shares(s), **self.left_out[a]} for a, s in self.arms.items()]
+
+
+def turn_shares(samples: Sequence[Sample]) -> dict[str, Any]:
+    """What an arm trains on by turn (issue 59: trained as measured): samples per user turn, and the answers the cap
+    cut (`truncated`: finish "length"), as counts and shares of the arm's samples."""
+    n = len(samples) or 1
+    turns = Counter(s.turn for s in samples)
+    cut = sum(s.truncated for s in samples)
+    return {"turn_samples": {str(t): turns[t] for t in sorted(turns)},
+            "turn_shares": {str(t): round(turns[t] / n, 4) for t in sorted(turns)},
+            "cut_answers": cut, "cut_answer_share": round(cut / n, 4)}
 
 
 def equalize(arms: dict[str, Sequence[Sample]]) -> Equalized:

@@ -132,6 +132,17 @@ def per_category(runs: Sequence[QuestionRun], *, resamples: int = 10_000, seed: 
     return out
 
 
+def per_turn(runs: Sequence[QuestionRun]) -> dict[str, dict[str, Any]]:
+    """τ pooled over each turn number ("1", "2"): what the drafter does on first turns against later ones, beside
+    what it was trained on (summary.json's `turn_shares`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for turn in range(1, max((len(r.accepted) for r in runs), default=0) + 1):
+        accepted = [a for r in runs if len(r.accepted) >= turn for a in r.accepted[turn - 1]]
+        out[str(turn)] = {"verify_forwards": len(accepted),
+                          "tau_pooled": (len(accepted) + sum(accepted)) / len(accepted) if accepted else None}
+    return out
+
+
 def summarize(runs: Sequence[QuestionRun], *, k: int, verifier: str, eval_set: str, samples: int | None = None,
               supervised_tokens: int | None = None, train_seconds: float | None = None, resamples: int = 10_000,
               seed: int = 0, **extra: Any) -> dict[str, Any]:
@@ -152,7 +163,7 @@ def summarize(runs: Sequence[QuestionRun], *, k: int, verifier: str, eval_set: s
         samples=samples, train_seconds=train_seconds, tau_pooled=pooled, verify_forwards=steps,
         output_tokens=sum(r.output_tokens for r in runs), questions_without_steps=len(runs) - len(taus),
         bootstrap={"resamples": resamples, "seed": seed, "level": 0.95},
-        per_category=per_category(runs, resamples=resamples, seed=seed),
+        per_category=per_category(runs, resamples=resamples, seed=seed), per_turn=per_turn(runs),
         per_question=[{"id": r.id, "category": r.category, "tau": r.tau, "verify_forwards": r.steps} for r in runs])
     if any(r.drafted is not None for r in runs):
         # forwards that carried a draft: vLLM's `num_drafts` counts only those (1 + accepted ÷ drafts)
