@@ -132,6 +132,25 @@ def test_trainings_of_several_seeds_are_compared_with_seeds_and_questions_resamp
         seeds_difference([(varied, off), (by_question({9: 2.0}), off)])
 
 
+def test_data_draws_are_resampled_above_the_seeds_and_each_draw_weighs_the_same():
+    """Issue 59 item 5: draw A trained three times (every question +0.1), draw B once (+0.5). Each draw weighs the
+    same (mean 0.3, not the 0.2 of four equal experiments) and the interval spans both draws. Planted: the draws
+    left unnamed (all one draw, four seeds) gives 0.2."""
+    base = {1: 2.0, 2: 1.4, 3: 1.7, 4: 1.2}
+    off = by_question(base)
+
+    def shifted(x):
+        return by_question({q: t + x for q, t in base.items()})
+
+    pairs = [(shifted(0.1), off)] * 3 + [(shifted(0.5), off)]
+    d = seeds_difference(pairs, draws=["A", "A", "A", "B"], resamples=2000)
+    assert (d["seeds"], d["draws"]) == (4, 2) and d["mean"] == pytest.approx(0.3)
+    assert d["per_draw"] == pytest.approx([0.1, 0.5]) and d["ci95"] == pytest.approx([0.1, 0.5])
+    assert seeds_difference(pairs, resamples=2000)["mean"] == pytest.approx(0.2)  # the plant: one draw
+    with pytest.raises(ValueError, match="3 draws for 4 pairs"):
+        seeds_difference(pairs, draws=["A", "A", "B"])
+
+
 def test_the_command_compares_experiments_each_and_over_all(tmp_path, capsys):
     experiments = [tmp_path / "seed0", tmp_path / "seed1"]
     pairs = []
@@ -145,9 +164,18 @@ def test_the_command_compares_experiments_each_and_over_all(tmp_path, capsys):
         pairs.append((on, off))
     assert main([str(e) for e in experiments]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(x["experiment"], x["seed"]) for x in lines[:2]] == [(str(experiments[0]), 0), (str(experiments[1]), 1)]
+    assert [(x["experiment"], x["seed"], x["draw"]) for x in lines[:2]] == [(str(experiments[0]), 0, None),
+                                                                           (str(experiments[1]), 1, None)]
     assert lines[1]["on_policy"] == pairs[1][0]["tau_mean"] and lines[1]["difference"] == paired_difference(*pairs[1])
     assert lines[2] == {"experiments": 2, "difference": seeds_difference(pairs)}
+    # the draw read from each experiment's prompts stage: two draws, resampled as draws
+    for data_seed, exp in enumerate(experiments):
+        (exp / "stages").mkdir()
+        (exp / "stages" / "prompts.json").write_text(json.dumps({"settings": {"data_seed": data_seed}}))
+    assert main([str(e) for e in experiments]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [x["draw"] for x in lines[:2]] == [{"data_seed": 0}, {"data_seed": 1}]
+    assert lines[2]["difference"] == seeds_difference(pairs, draws=[0, 1]) and lines[2]["difference"]["draws"] == 2
     # arms measured on other questions, a missing or a broken tau.json: named, exit 2, no traceback
     other = {**pairs[1][1], "per_question": [{**q, "id": q["id"] + 100} for q in pairs[1][1]["per_question"]]}
     write_tau(experiments[1] / "off_policy" / "tau.json", other)

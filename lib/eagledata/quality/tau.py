@@ -8,8 +8,9 @@ counters do: position i's share of forwards that accepted at least i drafts; 1 +
 
 Two drafters measured on the same questions are compared question by question (`paired_difference`): the greedy
 output is the verifier's in both, so each question's τ differs only by the drafter, and the paired interval is much
-narrower than the two separate intervals would suggest. Over several trainer seeds (`seeds_difference`, and
-`python -m eagledata.quality.tau DIR...` over experiments' folders) seeds are resampled as well as questions.
+narrower than the two separate intervals would suggest. Over several experiments (`seeds_difference`, and
+`python -m eagledata.quality.tau DIR...` over experiments' folders) data draws and trainer seeds are resampled as
+well as questions.
 """
 from __future__ import annotations
 
@@ -85,27 +86,52 @@ def paired_difference(a: dict[str, Any], b: dict[str, Any], *, resamples: int = 
             "equal": sum(d == 0 for d in diffs)}
 
 
-def seeds_difference(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], *, level: float = 0.95,
-                     resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
-    """τ of `a` minus τ of `b` over several trainings of both (one pair of tau.json per trainer seed, the same
-    questions): the mean over seeds and questions, and an interval that resamples both (a two-level percentile
-    bootstrap). One seed's paired interval holds the questions' spread only; a seed that moves every question's τ
-    is uncertainty too, and only more seeds show it."""
+def seeds_difference(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], *, draws: Sequence[Any] | None = None,
+                     level: float = 0.95, resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
+    """τ of `a` minus τ of `b` over several trainings of both (one pair of tau.json per experiment, the same
+    questions), and an interval that resamples every level the result could have come out otherwise at: the data
+    draws (`draws`: the draw each pair was trained on, e.g. its prompts stage's settings; None: all one draw), the
+    trainer seeds within a draw, and the questions (a hierarchical percentile bootstrap). Each draw weighs the same,
+    whatever its seeds. One seed's paired interval holds the questions' spread only; a seed or a draw that moves every
+    question's τ is uncertainty too, and only more of them show it."""
     diffs = [question_differences(a, b) for a, b in pairs]
     shared = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
     if not shared:
         raise ValueError("the pairs of tau.json documents share no question with a τ (per_question)")
-    d = np.array([[per[q] for q in shared] for per in diffs])  # [seeds, questions]
+    labels = [None] * len(pairs) if draws is None else list(draws)
+    if len(labels) != len(pairs):
+        raise ValueError(f"{len(labels)} draws for {len(pairs)} pairs")
+    groups = [[i for i, x in enumerate(labels) if x == g] for g in dict.fromkeys(labels)]  # first-seen order
+    d = np.array([[per[q] for q in shared] for per in diffs])  # [experiments, questions]
     rng = np.random.default_rng(seed)
-    q = rng.integers(0, d.shape[1], size=(resamples, d.shape[1]))  # first: one seed gives `paired_difference`'s
-    s = rng.integers(0, d.shape[0], size=(resamples, d.shape[0]))
-    means = d[s[:, :, None], q[:, None, :]].mean(axis=(1, 2))
+    q = rng.integers(0, d.shape[1], size=(resamples, d.shape[1]))  # first: one experiment gives `paired_difference`'s
+    m = d[:, q].mean(axis=2)  # [experiments, resamples]: each experiment's mean over the resampled questions
+    cols = np.arange(resamples)
+    if len(groups) == 1:
+        s = rng.integers(0, d.shape[0], size=(resamples, d.shape[0]))
+        means = m[s, cols[:, None]].mean(axis=1)
+    else:
+        sizes = np.array([len(g) for g in groups])
+        members = np.array([g + [g[0]] * (sizes.max() - len(g)) for g in groups])  # [draws, most seeds], padded
+        chosen = rng.integers(0, len(groups), size=(resamples, len(groups)))  # the draws, resampled
+        u = rng.random((resamples, len(groups), sizes.max()))  # then each chosen draw's seeds
+        slot_means = np.empty((resamples, len(groups)))
+        for j in range(len(groups)):
+            g = chosen[:, j]
+            n = sizes[g]
+            exp = members[g[:, None], np.minimum((u[:, j, :] * n[:, None]).astype(int), n[:, None] - 1)]
+            valid = np.arange(sizes.max())[None, :] < n[:, None]
+            slot_means[:, j] = (m[exp, cols[:, None]] * valid).sum(axis=1) / n
+        means = slot_means.mean(axis=1)
     alpha = (1 - level) / 2
     lo, hi = np.quantile(means, [alpha, 1 - alpha])
-    by_question = d.mean(axis=0)
-    return {"seeds": d.shape[0], "questions": len(shared), "mean": float(d.mean()), "ci95": [float(lo), float(hi)],
-            "per_seed": [float(x) for x in d.mean(axis=1)], "higher": int((by_question > 0).sum()),
-            "lower": int((by_question < 0).sum()), "equal": int((by_question == 0).sum())}
+    per_draw = [d[g].mean(axis=0) for g in groups]  # each draw's per-question mean over its seeds
+    by_question = np.mean(per_draw, axis=0)
+    return {"seeds": d.shape[0], "draws": len(groups), "questions": len(shared),
+            "mean": float(by_question.mean()), "ci95": [float(lo), float(hi)],
+            "per_seed": [float(x) for x in d.mean(axis=1)], "per_draw": [float(x.mean()) for x in per_draw],
+            "higher": int((by_question > 0).sum()), "lower": int((by_question < 0).sum()),
+            "equal": int((by_question == 0).sum())}
 
 
 def per_position_acceptance(runs: Sequence[QuestionRun], k: int) -> list[float]:
@@ -213,15 +239,29 @@ def read_tau(path: str | Path) -> dict[str, Any]:
     return dict(doc)
 
 
+def data_draw(experiment: Path) -> dict[str, Any] | None:
+    """The settings an experiment's conversations were drawn with (`stages/prompts.json`'s `settings`: the data
+    seed and the counts), None where the file is missing (a hand-made folder: such experiments count as one draw)."""
+    path = experiment / "stages" / "prompts.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("settings")
+    except (json.JSONDecodeError, AttributeError):
+        raise InputError("not a stage record (JSON object with its settings)", path) from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m eagledata.quality.tau DIR [DIR ...]`: experiments that differ only by the trainer's seed (each
-    DIR an outputs/quality/<name>/ folder), their arms compared: one JSON line per experiment (each arm's τ, the
-    paired difference), then the difference over all of them (`seeds_difference`)."""
+    """`python -m eagledata.quality.tau DIR [DIR ...]`: experiments that differ by the trainer's seed or the data
+    draw (each DIR an outputs/quality/<name>/ folder), their arms compared: one JSON line per experiment (each arm's
+    τ, the paired difference, its draw), then the difference over all of them (`seeds_difference`, draws and seeds
+    resampled). An experiment's draw is its prompts stage's settings (`stages/prompts.json`: the same settings, the
+    same conversations; `data_from` links that file, so experiments sharing data share the draw)."""
     import argparse
 
     prog = "python -m eagledata.quality.tau"
-    parser = argparse.ArgumentParser(prog=prog, description="Compare the arms of experiments that differ only by "
-                                     "the trainer's seed, each alone and over all of them.")
+    parser = argparse.ArgumentParser(prog=prog, description="Compare the arms of experiments that differ by the "
+                                     "trainer's seed or the data draw, each alone and over all of them.")
     parser.add_argument("experiments", nargs="+", type=Path, help="outputs/quality/<name>/ folders")
     parser.add_argument("--arms", nargs=2, default=["on_policy", "off_policy"], metavar=("A", "B"),
                         help="the difference is A minus B (default: on_policy off_policy)")
@@ -230,15 +270,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def body() -> None:
         pairs = [(read_tau(d / a / "tau.json"), read_tau(d / b / "tau.json")) for d in args.experiments]
-        for d, (x, y) in zip(args.experiments, pairs):
+        draws = [data_draw(d) for d in args.experiments]
+        for d, (x, y), draw in zip(args.experiments, pairs, draws):
             try:
                 difference = paired_difference(x, y)
             except ValueError as e:
                 raise InputError(str(e), d) from None
-            print(json.dumps({"experiment": str(d), "seed": x.get("bootstrap", {}).get("seed"), a: x["tau_mean"],
-                              b: y["tau_mean"], "difference": difference}))
+            print(json.dumps({"experiment": str(d), "seed": x.get("bootstrap", {}).get("seed"), "draw": draw,
+                              a: x["tau_mean"], b: y["tau_mean"], "difference": difference}))
         try:
-            print(json.dumps({"experiments": len(pairs), "difference": seeds_difference(pairs)}))
+            print(json.dumps({"experiments": len(pairs), "difference": seeds_difference(
+                pairs, draws=[json.dumps(x, sort_keys=True) for x in draws])}))
         except ValueError as e:
             raise InputError(f"{e}: {', '.join(map(str, args.experiments))}") from None
 
