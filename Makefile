@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lint smollm2 test test-interop test-vllm test-lab demo lab bench clean
+.PHONY: setup lint smollm2 test test-interop test-vllm test-lab demo lab bench clean quality quality-grid
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -84,6 +84,21 @@ quality: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
 		-p experiment $(QUALITY_NAME) -p cache_dir $(abspath $(QUALITY_CACHE)) \
 		-p interop_python $(abspath $(INTEROP_VENV))/bin/python -p vllm_python $(abspath $(VLLM_VENV))/bin/python \
 		$(QUALITY_ARGS)
+
+# The arms over data draws x trainer seeds (issue 59 item 5): one `make quality` per (draw, seed), named
+# $(QUALITY_NAME)-d<draw>-s<seed>; a draw's later seeds reuse its first seed's data (`data_from`: training and τ only);
+# then `python -m eagledata.quality.tau` over all of them (draws, seeds and questions resampled) into
+# outputs/quality/$(QUALITY_NAME)-grid.jsonl. Each finished experiment is kept: a rerun resumes.
+QUALITY_DRAWS ?= 0 1 2
+QUALITY_SEEDS ?= 0 1
+quality-grid:
+	set -e; for d in $(QUALITY_DRAWS); do first=""; for s in $(QUALITY_SEEDS); do \
+		name=$(QUALITY_NAME)-d$$d-s$$s; \
+		$(MAKE) quality QUALITY_NAME=$$name QUALITY_ARGS="$(QUALITY_ARGS) -p data_seed $$d -p seed $$s \
+			$${first:+-p data_from $$first}"; \
+		first=$${first:-$$name}; done; done
+	$(PY) -m eagledata.quality.tau $(foreach d,$(QUALITY_DRAWS),$(foreach s,$(QUALITY_SEEDS),\
+		outputs/quality/$(QUALITY_NAME)-d$(d)-s$(s))) | tee outputs/quality/$(QUALITY_NAME)-grid.jsonl
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.
