@@ -45,7 +45,7 @@ def answer(em: Emulator, cfg: BatchConfig, body: dict, *, batch_id: str, custom_
     em.attempts[phash] += 1
     rng = content_rng(em.cfg.seed, phash, attempt, req.seed)
     calls = None if req.tools is None else plan(req.messages, req.tools, req.parallel_tool_calls, req.tool_choice,
-                                                em.follow(req))
+                                                em.follow(req), em.cfg.tool_style)
     gen = generate(em.tok, rng, em.cfg.content, Quirks(), req.max_tokens or room, thinking=req.thinking, calls=calls)
     n_prompt, n_out = len(p_ids), len(gen.output_ids)  # usage counts a final <|im_end|>
     cost = n_prompt * float(per_token(cfg.prompt_price)) + n_out * float(per_token(cfg.completion_price))

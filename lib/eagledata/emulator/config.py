@@ -11,6 +11,7 @@ import yaml
 from ..errors import InputError
 from .catalog import QUIRKS, TOOL_CALL_IDS, Endpoint, default_endpoints
 from .faults import FAULT_CLASSES
+from .toolcalls import SLIPS, CallStyle
 
 
 @dataclass
@@ -87,6 +88,10 @@ class EmulatorConfig:
     # another agent's tool choice for the same task and results, not a measurement; 0 gives the plan alone.
     tool_datasets: list[str] = field(default_factory=list)
     tool_follow_rate: float = 0.8
+    # How its calls read beyond the plan (toolcalls.CallStyle): arguments from the conversation and earlier results,
+    # slips (unknown names, bad JSON, a required argument missing, a wrong type). Off by default (seeded runs as
+    # before); the agentic demo and the rollout tests set it: `{context_share: 0.7, slips: {unknown_name: 0.02, ...}}`.
+    tool_style: CallStyle = field(default_factory=CallStyle)
     batch: BatchConfig = field(default_factory=BatchConfig)
 
 
@@ -216,6 +221,14 @@ def parse_config(raw: dict | None = None) -> EmulatorConfig:
         raise InputError("must look like 'author/slug'", field="model")
     if "tool_follow_rate" in raw:
         cfg.tool_follow_rate = float(_num(raw["tool_follow_rate"], "tool_follow_rate", lo=0, hi=1))
+    if raw.get("tool_style") is not None:
+        st = _mapping(raw["tool_style"], "tool_style", {"context_share", "slips"})
+        share = float(_num(st.get("context_share", 0.0), "tool_style.context_share", lo=0, hi=1))
+        slips = _mapping(st.get("slips") or {}, "tool_style.slips", set(SLIPS))
+        rates = tuple((k, float(_num(slips[k], f"tool_style.slips.{k}", lo=0, hi=1))) for k in SLIPS if k in slips)
+        if sum(r for _, r in rates) > 1:
+            raise InputError("the slips' rates add up to more than 1", field="tool_style.slips")
+        cfg.tool_style = CallStyle(share, rates)
     if raw.get("tool_datasets") is not None:
         paths = raw["tool_datasets"]
         if not isinstance(paths, list) or not all(isinstance(x, str) and x.strip() for x in paths):

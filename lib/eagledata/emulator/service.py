@@ -203,7 +203,7 @@ class Emulator:
             attempt_key = 0 if req.temperature == 0 else attempt
             rng = content_rng(self.cfg.seed, phash, attempt_key, req.seed)
             calls = None if req.tools is None else plan(req.messages, req.tools, req.parallel_tool_calls,
-                                                        req.tool_choice, self.follow(req))
+                                                        req.tool_choice, self.follow(req), self.cfg.tool_style)
             job.gen = generate(self.tok, rng, self.cfg.content, chosen.quirks, max_tokens, thinking=req.thinking,
                                reasoning_scale=req.reasoning_scale, reasoning_cap=req.reasoning_max_tokens,
                                calls=calls)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -104,7 +105,47 @@ def calls_so_far(messages: Sequence[dict]) -> int:
     return sum(len(m.get("tool_calls") or ()) for m in messages if m.get("role") == "assistant")
 
 
-def _value(rng: random.Random, schema: Any) -> Any:
+# How an agent's calls slip (`CallStyle.slips`): a name no tool declares, arguments that are not JSON, a required
+# argument left out, an argument of the wrong type. Each is an error result in an executed environment.
+SLIPS = ("unknown_name", "bad_json", "missing_required", "wrong_type")
+CONTEXT_WORD = re.compile(r"[\w./:@-]{2,64}")
+
+
+@dataclass(frozen=True)
+class CallStyle:
+    """How the model writes its calls beyond the plan: `context_share` of its string and integer arguments are
+    taken from the conversation since the task (the user's words, the earlier tool results: a file name an `ls`
+    listed, an id a search returned), as an agent does; `slips` the rate per call of each of `SLIPS`. All 0 (the
+    default): no draw is made, so seeded runs answer as before."""
+
+    context_share: float = 0.0
+    slips: tuple[tuple[str, float], ...] = ()
+
+    def slip(self, rng: random.Random) -> str | None:
+        """Which slip this call makes (one at most), drawn only when some rate is set."""
+        if not any(rate for _, rate in self.slips):
+            return None
+        u = rng.random()
+        for kind, rate in self.slips:
+            if u < rate:
+                return kind
+            u -= rate
+        return None
+
+
+def context_words(messages: Sequence[dict]) -> tuple[str, ...]:
+    """The words an agent reuses as arguments: from the task (the last user message) and every tool result after
+    it, in order, once each."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    seen: dict[str, None] = {}
+    for m in messages[max(last_user, 0):]:
+        if m.get("role") in ("user", "tool"):
+            for w in CONTEXT_WORD.findall(_text(m.get("content"))):
+                seen.setdefault(w.strip(".:-"), None)
+    return tuple(w for w in seen if w)
+
+
+def _value(rng: random.Random, schema: Any, context: Sequence[str] = (), share: float = 0.0) -> Any:
     schema = schema if isinstance(schema, dict) else {}
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return rng.choice(schema["enum"])
@@ -112,25 +153,53 @@ def _value(rng: random.Random, schema: Any) -> Any:
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "string")
     if kind == "integer":
+        numbers = [int(w) for w in context if w.isdigit() and len(w) < 10] if share else []
+        if numbers and rng.random() < share:
+            return rng.choice(numbers)
         return rng.randint(0, 100)
     if kind == "number":
         return round(rng.uniform(0, 100), 2)
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "array":
-        return [_value(rng, schema.get("items")) for _ in range(rng.randint(1, 3))]
+        return [_value(rng, schema.get("items"), context, share) for _ in range(rng.randint(1, 3))]
     if kind == "object" and isinstance(schema.get("properties"), dict):
-        return {k: _value(rng, v) for k, v in schema["properties"].items()}
+        return {k: _value(rng, v, context, share) for k, v in schema["properties"].items()}
+    if share and context and rng.random() < share:
+        return rng.choice(context)
     return rng.choice(ARG_WORDS)
 
 
-def arguments(rng: random.Random, tool: dict) -> str:
+def _wrong_type(value: Any) -> Any:
+    """The value an agent writes in the wrong type: a number as text, text as a number, a list for a scalar."""
+    if isinstance(value, bool) or value is None:
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return len(value)
+    return [value]
+
+
+def arguments(rng: random.Random, tool: dict, context: Sequence[str] = (), style: CallStyle = CallStyle(),
+              slip: str | None = None) -> str:
     """A call's arguments as the model writes them: a JSON object over the tool's `parameters.properties`,
-    `json.dumps(..., ensure_ascii=False)` (", " and ": " separators, non-ASCII kept)."""
+    `json.dumps(..., ensure_ascii=False)` (", " and ": " separators, non-ASCII kept); string and integer values
+    taken from `context` at `style.context_share`; `slip` written into them ("missing_required", "wrong_type",
+    "bad_json": the object cut before its closing brace)."""
     params = tool["function"].get("parameters")
     props = params.get("properties") if isinstance(params, dict) else None
-    obj = {k: _value(rng, v) for k, v in props.items()} if isinstance(props, dict) else {}
-    return json.dumps(obj, ensure_ascii=False)
+    obj = {k: _value(rng, v, context, style.context_share) for k, v in props.items()} if isinstance(props, dict) \
+        else {}
+    if slip == "missing_required":
+        required = [k for k in (params.get("required") or []) if k in obj] if isinstance(params, dict) else []
+        if required:
+            del obj[rng.choice(required)]
+    elif slip == "wrong_type" and obj:
+        key = rng.choice(sorted(obj))
+        obj[key] = _wrong_type(obj[key])
+    text = json.dumps(obj, ensure_ascii=False)
+    return text[:-1].rstrip() if slip == "bad_json" and len(text) > 2 else text
 
 
 @dataclass(frozen=True)
@@ -141,21 +210,31 @@ class CallPlan:
     names: tuple[str, ...]
     first_index: int
     tools: tuple[dict, ...]
+    context: tuple[str, ...] = ()  # `context_words` of the request: what arguments may reuse
+    style: CallStyle = CallStyle()
 
     def draw(self, rng: random.Random) -> tuple[ToolCall, ...]:
-        """The calls with their true ids (`functions.NAME:IDX`) and arguments drawn from `rng`."""
+        """The calls with their true ids (`functions.NAME:IDX`) and arguments drawn from `rng`, each with its
+        slip (`style`): an unknown name is a declared one with a suffix an agent invents (`NAME_v2`)."""
         by_name = {_tool_name(t): t for t in self.tools}
-        return tuple(ToolCall(native_call_id(name, self.first_index + k), name, arguments(rng, by_name[name]))
-                     for k, name in enumerate(self.names))
+        calls = []
+        for k, name in enumerate(self.names):
+            slip = self.style.slip(rng)
+            args = arguments(rng, by_name[name], self.context, self.style, slip)
+            called = f"{name}_v2" if slip == "unknown_name" else name
+            calls.append(ToolCall(native_call_id(called, self.first_index + k), called, args))
+        return tuple(calls)
 
 
 def plan(messages: Sequence[dict], tools: Sequence[dict] | None, parallel: bool = True,
-         tool_choice: Any = None, follow: Sequence[str] | None = None) -> CallPlan | None:
-    """The request's `CallPlan`, None for a plain answer (`follow`: as `planned_calls`)."""
+         tool_choice: Any = None, follow: Sequence[str] | None = None,
+         style: CallStyle = CallStyle()) -> CallPlan | None:
+    """The request's `CallPlan`, None for a plain answer (`follow`: as `planned_calls`; `style`: `CallStyle`)."""
     names = planned_calls(messages, tools, parallel, tool_choice, follow)
     if not names:
         return None
-    return CallPlan(names, calls_so_far(messages), tuple(tools or ()))
+    context = context_words(messages) if style.context_share else ()
+    return CallPlan(names, calls_so_far(messages), tuple(tools or ()), context, style)
 
 
 def _asked_key(messages: Sequence[dict]) -> str:
@@ -220,8 +299,12 @@ def call_id(rng: random.Random) -> str:
 
 
 def reserialized(arguments_text: str) -> str:
-    """Arguments as a provider that parses and re-dumps them serves them (compact, ASCII-escaped)."""
-    return json.dumps(json.loads(arguments_text), separators=(",", ":"))
+    """Arguments as a provider that parses and re-dumps them serves them (compact, ASCII-escaped); arguments that
+    do not parse (an agent's slip) pass through as written."""
+    try:
+        return json.dumps(json.loads(arguments_text), separators=(",", ":"))
+    except json.JSONDecodeError:
+        return arguments_text
 
 
 # Quirks in how a provider serves the calls' arguments (the third kind beside `bodies.SERVED` and
