@@ -35,6 +35,10 @@ class Prompt:
     id: str
     messages: list[dict]
     tools: Tools | None = None  # OpenAI-style tool declarations the conversation may call
+    # A task (a rollout, generation/conversations/rollouts.py): its environment as written, passed to the executor as
+    # is, and its user turns (each its messages, in order; `messages` is the context before them, then all of them).
+    environment: dict | None = None
+    user_turns: tuple[tuple[dict, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +236,45 @@ def _check_tools(turns: list[dict], tools: Tools | None, key: str) -> None:
                          field=f"{key}[{opened_at}].tool_calls[{open_calls[left]}].id")
 
 
+def _user_turns(raw: Any) -> tuple[tuple[dict, ...], ...]:
+    """A task's `user_turns`: a non-empty list, each turn a string (one user message) or a non-empty list of
+    `{role: user | system, content: string}` (BFCL's `question` is such a list of lists)."""
+    if not isinstance(raw, list) or not raw:
+        raise InputError("a task needs a non-empty list of user turns (each a string or a list of messages)",
+                         field="user_turns")
+    out = []
+    for i, turn in enumerate(raw):
+        if isinstance(turn, str):
+            turn = [{"role": "user", "content": turn}]
+        if not isinstance(turn, list) or not turn:
+            raise InputError("must be a string or a non-empty list of {role, content}", field=f"user_turns[{i}]")
+        for j, m in enumerate(turn):
+            if not isinstance(m, dict) or m.get("role") not in ("user", "system"):
+                raise InputError("role must be one of ['system', 'user']", field=f"user_turns[{i}][{j}].role")
+            if not isinstance(m.get("content"), str):
+                raise InputError("must be a string", field=f"user_turns[{i}][{j}].content")
+        if not any(m["role"] == "user" for m in turn):
+            raise InputError("a user turn needs a user message", field=f"user_turns[{i}]")
+        out.append(tuple({"role": m["role"], "content": m["content"]} for m in turn))
+    return tuple(out)
+
+
+def normalize_task(obj: dict, pid: str, declared: Tools | None) -> Prompt:
+    """A task (a prompt with an `environment` object): its user turns are asked one by one, its tool calls executed
+    (a rollout); `messages`, optional, is the context before its first turn (system messages)."""
+    environment = obj["environment"]
+    if not isinstance(environment, dict):
+        raise InputError("must be a JSON object (the environment's kind and initial state)", field="environment")
+    turns = _user_turns(obj.get("user_turns"))
+    context = obj.get("messages") or []
+    if not isinstance(context, list) or any(not isinstance(m, dict) or m.get("role") != "system"
+                                            or not isinstance(m.get("content"), str) for m in context):
+        raise InputError("a task's messages are its context: system messages {role: system, content: string}",
+                         field="messages")
+    messages = [dict(m) for m in context] + [dict(m) for turn in turns for m in turn]
+    return Prompt(pid, messages, declared, environment, turns)
+
+
 def normalize_prompt(obj: Any, tools: Tools | None = None) -> Prompt:
     """One prompt object in any accepted shape → `Prompt` ending in a non-assistant turn.
 
@@ -248,6 +291,8 @@ def normalize_prompt(obj: Any, tools: Tools | None = None) -> Prompt:
         raise InputError("must not contain tabs or line breaks", field="id")
     own = obj.get("tools")
     declared = normalize_tools(own) if own not in (None, "") else tools
+    if obj.get("environment") is not None:
+        return normalize_task(obj, str(pid), declared)
     out, shape = _turns(obj, declared)
     _check_tools(out, declared, shape.key)
     while out and out[-1]["role"] == "assistant":
@@ -278,6 +323,7 @@ class PromptScan:
     total: int
     pending: array  # byte offsets of prompts not in `done`, in file order
     tools: Tools | None = None  # the dataset's tools, for prompts without their own
+    rollouts: int = 0  # the unfinished prompts that are tasks (name an environment): the run needs an executor
 
     def __iter__(self) -> Iterator[Prompt]:
         with self.path.open("rb") as f:
@@ -301,7 +347,7 @@ def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: in
     seen: dict[str, int] = {}
     derived: list[tuple[str, int]] = []
     pending = array("q")
-    total = 0
+    total = rollouts = 0
     with open_input(path) as f:
         offset = 0
         for lineno, raw in enumerate(f, 1):
@@ -324,6 +370,7 @@ def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: in
                     raise InputError(str(e), path, lineno) from None
                 if pid not in done:
                     pending.append(start)
+                    rollouts += int(prompt.environment is not None)
             if pid in seen:
                 raise InputError(f"duplicate id {pid!r} (first on line {seen[pid]})", path, lineno)
             seen[pid] = lineno
@@ -334,4 +381,4 @@ def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: in
         if rid in seen:
             raise InputError(f"a later turn of this conversation would have the id {rid!r}, which the prompt on line "
                              f"{seen[rid]} has", path, lineno)
-    return PromptScan(path, total, pending, tools)
+    return PromptScan(path, total, pending, tools, rollouts)
