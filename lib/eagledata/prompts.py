@@ -35,9 +35,10 @@ class Prompt:
     id: str
     messages: list[dict]
     tools: Tools | None = None  # OpenAI-style tool declarations the conversation may call
-    # A task (a rollout, generation/conversations/rollouts.py): its environment as written, passed to the executor as
-    # is, and its user turns (each its messages, in order; `messages` is the context before them, then all of them).
-    environment: dict | None = None
+    # An agentic task (a rollout, generation/conversations/rollouts.py): what the executor builds its environment from
+    # (`{id, environment, initial_config, involved_classes, tools}`, passed on as is), and its user turns (each its
+    # messages, in order; `messages` is all of them).
+    task: dict | None = None
     user_turns: tuple[tuple[dict, ...], ...] | None = None
 
 
@@ -236,43 +237,47 @@ def _check_tools(turns: list[dict], tools: Tools | None, key: str) -> None:
                          field=f"{key}[{opened_at}].tool_calls[{open_calls[left]}].id")
 
 
+TASK_ENVIRONMENT = ("environment", "initial_config", "involved_classes")  # what the executor builds from
+
+
 def _user_turns(raw: Any) -> tuple[tuple[dict, ...], ...]:
-    """A task's `user_turns`: a non-empty list, each turn a string (one user message) or a non-empty list of
-    `{role: user | system, content: string}` (BFCL's `question` is such a list of lists)."""
+    """A task's `turns`: a non-empty list, each turn a non-empty list of `{role: user | system, content: string}`
+    holding a user message (BFCL's `question`)."""
     if not isinstance(raw, list) or not raw:
-        raise InputError("a task needs a non-empty list of user turns (each a string or a list of messages)",
-                         field="user_turns")
+        raise InputError("must be a non-empty list of user turns, each a list of messages", field="turns")
     out = []
     for i, turn in enumerate(raw):
-        if isinstance(turn, str):
-            turn = [{"role": "user", "content": turn}]
         if not isinstance(turn, list) or not turn:
-            raise InputError("must be a string or a non-empty list of {role, content}", field=f"user_turns[{i}]")
+            raise InputError("a turn must be a non-empty list of messages", field=f"turns[{i}]")
         for j, m in enumerate(turn):
             if not isinstance(m, dict) or m.get("role") not in ("user", "system"):
-                raise InputError("role must be one of ['system', 'user']", field=f"user_turns[{i}][{j}].role")
+                raise InputError("role must be one of ['system', 'user']", field=f"turns[{i}][{j}].role")
             if not isinstance(m.get("content"), str):
-                raise InputError("must be a string", field=f"user_turns[{i}][{j}].content")
+                raise InputError("must be a string", field=f"turns[{i}][{j}].content")
         if not any(m["role"] == "user" for m in turn):
-            raise InputError("a user turn needs a user message", field=f"user_turns[{i}]")
+            raise InputError("a turn needs a user message", field=f"turns[{i}]")
         out.append(tuple({"role": m["role"], "content": m["content"]} for m in turn))
     return tuple(out)
 
 
 def normalize_task(obj: dict, pid: str, declared: Tools | None) -> Prompt:
-    """A task (a prompt with an `environment` object): its user turns are asked one by one, its tool calls executed
-    (a rollout); `messages`, optional, is the context before its first turn (system messages)."""
+    """An agentic task (docs/FORMATS.md "Agentic tasks": `environment` names the code its calls run in, `turns` its
+    user turns, `initial_config` and `involved_classes` the environment's start): its user turns are asked one by one
+    and its tool calls executed (a rollout). `Prompt.task` is what the executor builds the environment from: the
+    task's id, environment fields and tools."""
     environment = obj["environment"]
-    if not isinstance(environment, dict):
-        raise InputError("must be a JSON object (the environment's kind and initial state)", field="environment")
-    turns = _user_turns(obj.get("user_turns"))
-    context = obj.get("messages") or []
-    if not isinstance(context, list) or any(not isinstance(m, dict) or m.get("role") != "system"
-                                            or not isinstance(m.get("content"), str) for m in context):
-        raise InputError("a task's messages are its context: system messages {role: system, content: string}",
-                         field="messages")
-    messages = [dict(m) for m in context] + [dict(m) for turn in turns for m in turn]
-    return Prompt(pid, messages, declared, environment, turns)
+    if not isinstance(environment, str) or not environment:
+        raise InputError("must be 'bfcl' or a class 'package.module:Class' / 'path/to/file.py:Class'",
+                         field="environment")
+    turns = _user_turns(obj.get("turns"))
+    config, classes = obj.get("initial_config", {}), obj.get("involved_classes", [])
+    if not isinstance(config, dict):
+        raise InputError("must be an object", field="initial_config")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise InputError("must be a list of class names", field="involved_classes")
+    task = {"id": pid, "environment": environment, "initial_config": config, "involved_classes": classes,
+            "tools": declared or []}
+    return Prompt(pid, [dict(m) for turn in turns for m in turn], declared, task, turns)
 
 
 def normalize_prompt(obj: Any, tools: Tools | None = None) -> Prompt:
@@ -323,7 +328,7 @@ class PromptScan:
     total: int
     pending: array  # byte offsets of prompts not in `done`, in file order
     tools: Tools | None = None  # the dataset's tools, for prompts without their own
-    rollouts: int = 0  # the unfinished prompts that are tasks (name an environment): the run needs an executor
+    rollouts: int = 0  # the unfinished prompts that are agentic tasks (name an environment): the run needs an executor
 
     def __iter__(self) -> Iterator[Prompt]:
         with self.path.open("rb") as f:
@@ -370,7 +375,7 @@ def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: in
                     raise InputError(str(e), path, lineno) from None
                 if pid not in done:
                     pending.append(start)
-                    rollouts += int(prompt.environment is not None)
+                    rollouts += int(prompt.task is not None)
             if pid in seen:
                 raise InputError(f"duplicate id {pid!r} (first on line {seen[pid]})", path, lineno)
             seen[pid] = lineno

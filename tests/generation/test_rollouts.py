@@ -26,7 +26,17 @@ from eagledata.generation.run import run_generation
 from eagledata.prompts import normalize_prompt, scan_prompts
 from eagledata.records import Answer, Record, ToolCall, load_records
 from tests.helpers.kills import kill_while_writing
-from tests.helpers.rollouts import TOOLS, Executions, check_trajectories, planned_steps, replayed, task, tasks
+from tests.helpers.rollouts import (
+    ENVIRONMENT,
+    TOOLS,
+    Executions,
+    ReplayMismatch,
+    check_trajectories,
+    planned_steps,
+    replayed,
+    task,
+    tasks,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = {"reasoning_median": 40, "reasoning_sigma": 0.5, "content_median": 15, "content_sigma": 0.5, "max_total": 300}
@@ -48,15 +58,21 @@ def plain(text: str = "done") -> Answer:
 # -- the task row ------------------------------------------------------------------------------------------------------
 
 def test_a_task_row_reads_its_environment_and_user_turns_and_bad_ones_name_the_field():
+    """An agentic task file's row (docs/FORMATS.md "Agentic tasks") is a prompt: its task fields kept for the executor,
+    its turns asked one by one."""
     p = normalize_prompt(task(1, 2))
-    assert p.environment == {"kind": "kv", "initial": {"seed": "1", "owner": "eagle"}}
-    assert p.user_turns == (({"role": "user", "content": "task 1 turn 0: keep the store tidy"},),
+    assert p.task == {"id": "task-001", "environment": ENVIRONMENT, "initial_config": {"seed": "1", "owner": "eagle"},
+                      "involved_classes": [], "tools": TOOLS}
+    assert p.user_turns == (({"role": "system", "content": "You keep a key-value store."},
+                             {"role": "user", "content": "task 1 turn 0: keep the store tidy"}),
                             ({"role": "user", "content": "task 1 turn 1: keep the store tidy"},))
     assert [m["role"] for m in p.messages] == ["system", "user", "user"] and p.tools == TOOLS
-    for change, field in [({"environment": [1]}, "environment"), ({"user_turns": []}, "user_turns"),
-                          ({"user_turns": ["a", [{"role": "assistant", "content": "x"}]]}, "user_turns[1][0].role"),
-                          ({"user_turns": [[{"role": "user", "content": 3}]]}, "user_turns[0][0].content"),
-                          ({"messages": [{"role": "user", "content": "x"}]}, "messages")]:
+    for change, field in [({"environment": {"kind": "kv"}}, "environment"), ({"turns": []}, "turns"),
+                          ({"turns": [[{"role": "user", "content": "a"}], [{"role": "assistant", "content": "x"}]]},
+                           "turns[1][0].role"),
+                          ({"turns": [[{"role": "user", "content": 3}]]}, "turns[0][0].content"),
+                          ({"turns": [[{"role": "system", "content": "x"}]]}, "turns[0]"),
+                          ({"initial_config": []}, "initial_config"), ({"involved_classes": "A"}, "involved_classes")]:
         with pytest.raises(InputError, match=f"field '{field}'".replace("[", r"\[")):
             normalize_prompt({**task(1, 2), **change})
 
@@ -90,13 +106,15 @@ def test_steps_number_on_calls_wait_for_results_and_the_results_carry_the_calls_
     assert (t2.position.user_turn, t2.position.step) == (0, 2)
     a2 = calls_answer(call("count", 2))
     t3 = t2.next(a2)
-    assert t3 is not None and t3.replay == (a1.tool_calls, a2.tool_calls)  # the earlier calls replayed first
+    assert t3 is not None  # the earlier calls replayed first, each with the result the model was shown
+    assert t3.replay == (((a1.tool_calls[0], "r0"), (a1.tool_calls[1], "r1")), a2.tool_calls)
     t3 = t3.with_results(["r2"])
     a3 = plain("first done")
     t4 = t3.next(a3)  # the next user turn, on the whole trajectory; the loop's reasoning dropped before a plain answer
     assert t4 is not None and t4.id == "task-002#4" and not t4.due
     assert (t4.position.user_turn, t4.position.step) == (1, 1)
     assert t4.messages[-1] == {"role": "user", "content": "task 2 turn 1: keep the store tidy"}
+    assert t4.messages[:2] == list(c.asks[0]) and t4.messages[0]["role"] == "system"
     assert not any("reasoning" in m for m in t4.messages)
     assert t4.later == 0 and t1.later == 1
     assert t4.ends(plain()) and t4.next(plain()) is None  # the last user turn answered
@@ -148,9 +166,12 @@ def test_a_fresh_replay_catches_a_result_computed_on_the_wrong_state():
     obj = task(5, 1)
     put = call("put", 0, '{"key": "k", "value": "v"}')
     ex = Executions()
-    (first,) = ex(obj["environment"], (), (put,))
-    (twice,) = ex(obj["environment"], (put,), (put,))
+    row = normalize_prompt(obj).task
+    (first,) = ex(row, (), (put,))
+    (twice,) = ex(row, ((put, first),), (put,))
     assert first != twice
+    with pytest.raises(ReplayMismatch):  # the executor's own check: a replay that disagrees with what was shown
+        ex(row, ((put, twice),), (put,))
     msgs = [{"role": "assistant", "content": "", "tool_calls": [put.to_api()]},
             {"role": "tool", "tool_call_id": put.id, "content": twice}]
     [(cid, recorded, fresh)] = replayed(obj, msgs)

@@ -65,27 +65,38 @@ def run_call(env: KeyValueStore, call: ToolCall) -> str:
         return f"Error: {type(e).__name__}: {e}"
 
 
+class ReplayMismatch(AssertionError):
+    """A replayed call gave another result than the model was shown: the rebuild is not the state it ran on."""
+
+
 class Executions:
-    """`execute` (the seam, stateless: a fresh store from the task's initial state, the calls before replayed, then
-    the calls run), counting what it was asked to run."""
+    """`execute` (the seam, stateless: a fresh store from the task's `initial_config`, the calls before replayed, each
+    checked against the result the model was shown, then the calls run), counting what it was asked to run."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[str, ...]] = []
 
-    def __call__(self, environment: Mapping[str, Any], calls_before: Sequence[ToolCall],
+    def __call__(self, task: Mapping[str, Any], before: Sequence[tuple[ToolCall, str]],
                  calls: Sequence[ToolCall]) -> list[str]:
-        env = KeyValueStore(environment["initial"])
-        for c in calls_before:
-            run_call(env, c)
+        assert task["environment"] == ENVIRONMENT and task["tools"] == TOOLS
+        env = KeyValueStore(task["initial_config"])
+        for c, shown in before:
+            if (again := run_call(env, c)) != shown:
+                raise ReplayMismatch(f"{task['id']}: {c.id} gave {again!r}, the model was shown {shown!r}")
         self.asked.append(tuple(c.id for c in calls))
         return [run_call(env, c) for c in calls]
 
 
+ENVIRONMENT = "tests.helpers.rollouts:KeyValueStore"
+
+
 def task(i: int, turns: int) -> dict:
-    """A task over the store with `turns` user turns (their texts fix the emulated model's tool rounds)."""
-    return {"id": f"task-{i:03d}", "environment": {"kind": "kv", "initial": {"seed": str(i), "owner": "eagle"}},
-            "tools": TOOLS, "messages": [{"role": "system", "content": "You keep a key-value store."}],
-            "user_turns": [f"task {i} turn {u}: keep the store tidy" for u in range(turns)]}
+    """A task over the store with `turns` user turns (their texts fix the emulated model's tool rounds), as an agentic
+    task file writes it (docs/FORMATS.md "Agentic tasks")."""
+    return {"id": f"task-{i:03d}", "environment": ENVIRONMENT, "tools": TOOLS,
+            "turns": [([{"role": "system", "content": "You keep a key-value store."}] if u == 0 else [])
+                      + [{"role": "user", "content": f"task {i} turn {u}: keep the store tidy"}] for u in range(turns)],
+            "initial_config": {"seed": str(i), "owner": "eagle"}, "involved_classes": []}
 
 
 def tasks(n: int) -> list[dict]:
@@ -94,7 +105,7 @@ def tasks(n: int) -> list[dict]:
 
 def planned_steps(obj: dict) -> list[int]:
     """The emulated model's tool rounds per user turn of a task (parallel calls allowed)."""
-    return [len(task_rounds(t, NAMES, parallel=True)) for t in obj["user_turns"]]
+    return [len(task_rounds(t[-1]["content"], NAMES, parallel=True)) for t in obj["turns"]]
 
 
 def _plain(messages: Sequence[dict]) -> list[dict]:
@@ -105,7 +116,7 @@ def _plain(messages: Sequence[dict]) -> list[dict]:
 def replayed(obj: dict, messages: Sequence[dict]) -> list[tuple[str, str, str]]:
     """Every tool result of `messages` beside what a fresh store returns when the calls are replayed in order
     (independently of generation): (call id, recorded result, fresh result)."""
-    env = KeyValueStore(obj["environment"]["initial"])
+    env = KeyValueStore(obj["initial_config"])
     out = []
     shown = {m["tool_call_id"]: m["content"] for m in messages if m["role"] == "tool"}
     for m in messages:
@@ -152,8 +163,7 @@ def check_trajectories(tok, d, objs: dict[str, dict], truth: dict[str, dict], st
                     assert [m["tool_call_id"] for m in rest] == [c["id"] for c in prev.tool_calls]
                     assert r.meta["rollout"]["step"] == prev.meta["rollout"]["step"] + 1
                 else:
-                    user = obj["user_turns"][prev.meta["rollout"]["user_turn"]]
-                    assert rest == [{"role": "user", "content": user}] and r.meta["rollout"]["step"] == 1
+                    assert rest == obj["turns"][prev.meta["rollout"]["user_turn"]] and r.meta["rollout"]["step"] == 1
         if chain:
             for call_id, recorded, fresh in replayed(obj, chain[-1].messages):
                 assert recorded == fresh, (cid, call_id, recorded, fresh)
@@ -162,7 +172,7 @@ def check_trajectories(tok, d, objs: dict[str, dict], truth: dict[str, dict], st
         if ended == "capped":
             assert last.tool_calls and last.meta["rollout"]["step"] == steps
         elif ended == "answered":
-            assert not last.tool_calls and last.meta["rollout"]["user_turn"] == len(obj["user_turns"])
+            assert not last.tool_calls and last.meta["rollout"]["user_turn"] == len(obj["turns"])
         else:
             assert cid in failed or (last is not None and last.finish_reason == "length"), (cid, len(chain))
         assert all("ended" not in r.meta["rollout"] for r in chain[:-1])

@@ -38,22 +38,25 @@ FINISHED = ("stop", "tool_calls")  # finish reasons of an answer the model ended
 
 
 class Execute(Protocol):
-    """The environment seam: `calls` executed in a fresh environment made from `environment` (the task's
-    `environment` object, as written) after `calls_before` were replayed in order; one result text per call, in
-    order. A call the environment rejects (unknown function, arguments that do not parse or fit, a method that
-    raises or runs past its time limit) is an error text, not an exception: it is the model's behaviour and the
-    trajectory goes on. Called off the event loop (it may be a round trip to a worker process)."""
+    """The environment seam: `calls` executed in a fresh environment made from `task` (`Prompt.task`: the agentic
+    task's `{id, environment, initial_config, involved_classes, tools}`) after `before` was replayed in order (each
+    earlier call with the result the model was shown: a rebuild may check it, and leave out a call whose recorded
+    result says its process was killed under it); one result text per call of `calls`, in order. A call the
+    environment rejects (unknown function, arguments that do not parse or fit, a method that raises or runs past its
+    time limit) is an error text, not an exception: it is the model's behaviour and the trajectory goes on. An
+    exception is a failure of the environment itself: the run stops cleanly (every record stays exact; the next run
+    executes the step again). Called off the event loop (it may be a round trip to a worker process)."""
 
-    def __call__(self, environment: Mapping[str, Any], calls_before: Sequence[ToolCall],
+    def __call__(self, task: Mapping[str, Any], before: Sequence[tuple[ToolCall, str]],
                  calls: Sequence[ToolCall]) -> list[str]: ...
 
 
 @dataclass(frozen=True)
 class Rollout:
-    """What makes a conversation a rollout: its environment (the task's, passed to `Execute` as is) and the cap on
-    requests per user turn."""
+    """What makes a conversation a rollout: its task's environment fields (passed to `Execute` as they are) and the
+    cap on requests per user turn."""
 
-    environment: Mapping[str, Any]
+    task: Mapping[str, Any]
     steps: int = DEFAULT_STEPS
 
 

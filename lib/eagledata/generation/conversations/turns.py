@@ -216,10 +216,9 @@ class Conversation:
         """`steps`: a rollout's cap on requests per user turn (a task is a rollout whatever `turns` says: it has no
         dataset answers to keep)."""
         tools = tuple(prompt.tools) if prompt.tools else None
-        if prompt.environment is not None and prompt.user_turns:
-            context = prompt.messages[:len(prompt.messages) - sum(map(len, prompt.user_turns))]
-            user_asks = (tuple(context) + tuple(prompt.user_turns[0]), *map(tuple, prompt.user_turns[1:]))
-            return cls(prompt.id, user_asks, tools=tools, rollout=Rollout(prompt.environment, steps))
+        if prompt.task is not None and prompt.user_turns:
+            return cls(prompt.id, tuple(map(tuple, prompt.user_turns)), tools=tools,
+                       rollout=Rollout(prompt.task, steps))
         split = split_asks(prompt.messages)
         if turns == "last" or split is None or len(split[0]) == 1:
             return cls(prompt.id, (tuple(prompt.messages),), first=len(split[0]) if split else 1, tools=tools)
@@ -320,10 +319,11 @@ class Turn:
         return position(self.answers)
 
     @property
-    def replay(self) -> tuple[tuple[ToolCall, ...], tuple[ToolCall, ...]]:
+    def replay(self) -> tuple[tuple[tuple[ToolCall, str], ...], tuple[ToolCall, ...]]:
         """A due turn's execution: the calls to replay into a fresh environment first (every executed step's, in
-        order), then the calls whose results it needs."""
-        return replayed_calls(self.answers), self.due
+        order, each with the result the model was shown), then the calls whose results it needs."""
+        shown = [r for step in self.results for r in step]
+        return tuple(zip(replayed_calls(self.answers), shown, strict=True)), self.due
 
     def with_results(self, results: Sequence[str]) -> Turn:
         """This due turn completed with its calls' results (one text per call, in order), ready to send."""

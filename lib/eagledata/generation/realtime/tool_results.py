@@ -36,7 +36,7 @@ class ToolResults:
         if self.execute is None or self.pool is None or rollout is None:
             raise RuntimeError(f"turn {turn.id!r} waits for tool results, and the run has no environments executor")
         before, calls = turn.replay
-        results = await in_executor(self.pool, self.execute, rollout.environment, before, calls)
+        results = await in_executor(self.pool, self.execute, rollout.task, before, calls)
         self.calls += len(calls)
         return turn.with_results(results)
 
