@@ -35,6 +35,11 @@ class Prompt:
     id: str
     messages: list[dict]
     tools: Tools | None = None  # OpenAI-style tool declarations the conversation may call
+    # An agentic task (a rollout, generation/conversations/rollouts.py): what the executor builds its environment from
+    # (`{id, environment, initial_config, involved_classes, tools}`, passed on as is), and its user turns (each its
+    # messages, in order; `messages` is all of them).
+    task: dict | None = None
+    user_turns: tuple[tuple[dict, ...], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,49 @@ def _check_tools(turns: list[dict], tools: Tools | None, key: str) -> None:
                          field=f"{key}[{opened_at}].tool_calls[{open_calls[left]}].id")
 
 
+TASK_ENVIRONMENT = ("environment", "initial_config", "involved_classes")  # what the executor builds from
+
+
+def _user_turns(raw: Any) -> tuple[tuple[dict, ...], ...]:
+    """A task's `turns`: a non-empty list, each turn a non-empty list of `{role: user | system, content: string}`
+    holding a user message (BFCL's `question`)."""
+    if not isinstance(raw, list) or not raw:
+        raise InputError("must be a non-empty list of user turns, each a list of messages", field="turns")
+    out = []
+    for i, turn in enumerate(raw):
+        if not isinstance(turn, list) or not turn:
+            raise InputError("a turn must be a non-empty list of messages", field=f"turns[{i}]")
+        for j, m in enumerate(turn):
+            if not isinstance(m, dict) or m.get("role") not in ("user", "system"):
+                raise InputError("role must be one of ['system', 'user']", field=f"turns[{i}][{j}].role")
+            if not isinstance(m.get("content"), str):
+                raise InputError("must be a string", field=f"turns[{i}][{j}].content")
+        if not any(m["role"] == "user" for m in turn):
+            raise InputError("a turn needs a user message", field=f"turns[{i}]")
+        out.append(tuple({"role": m["role"], "content": m["content"]} for m in turn))
+    return tuple(out)
+
+
+def normalize_task(obj: dict, pid: str, declared: Tools | None) -> Prompt:
+    """An agentic task (docs/FORMATS.md "Agentic tasks": `environment` names the code its calls run in, `turns` its
+    user turns, `initial_config` and `involved_classes` the environment's start): its user turns are asked one by one
+    and its tool calls executed (a rollout). `Prompt.task` is what the executor builds the environment from: the
+    task's id, environment fields and tools."""
+    environment = obj["environment"]
+    if not isinstance(environment, str) or not environment:
+        raise InputError("must be 'bfcl' or a class 'package.module:Class' / 'path/to/file.py:Class'",
+                         field="environment")
+    turns = _user_turns(obj.get("turns"))
+    config, classes = obj.get("initial_config", {}), obj.get("involved_classes", [])
+    if not isinstance(config, dict):
+        raise InputError("must be an object", field="initial_config")
+    if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+        raise InputError("must be a list of class names", field="involved_classes")
+    task = {"id": pid, "environment": environment, "initial_config": config, "involved_classes": classes,
+            "tools": declared or []}
+    return Prompt(pid, [dict(m) for turn in turns for m in turn], declared, task, turns)
+
+
 def normalize_prompt(obj: Any, tools: Tools | None = None) -> Prompt:
     """One prompt object in any accepted shape → `Prompt` ending in a non-assistant turn.
 
@@ -248,6 +296,8 @@ def normalize_prompt(obj: Any, tools: Tools | None = None) -> Prompt:
         raise InputError("must not contain tabs or line breaks", field="id")
     own = obj.get("tools")
     declared = normalize_tools(own) if own not in (None, "") else tools
+    if obj.get("environment") is not None:
+        return normalize_task(obj, str(pid), declared)
     out, shape = _turns(obj, declared)
     _check_tools(out, declared, shape.key)
     while out and out[-1]["role"] == "assistant":
@@ -278,6 +328,7 @@ class PromptScan:
     total: int
     pending: array  # byte offsets of prompts not in `done`, in file order
     tools: Tools | None = None  # the dataset's tools, for prompts without their own
+    rollouts: int = 0  # the unfinished prompts that are agentic tasks (name an environment): the run needs an executor
 
     def __iter__(self) -> Iterator[Prompt]:
         with self.path.open("rb") as f:
@@ -301,7 +352,7 @@ def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: in
     seen: dict[str, int] = {}
     derived: list[tuple[str, int]] = []
     pending = array("q")
-    total = 0
+    total = rollouts = 0
     with open_input(path) as f:
         offset = 0
         for lineno, raw in enumerate(f, 1):
@@ -324,6 +375,7 @@ def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: in
                     raise InputError(str(e), path, lineno) from None
                 if pid not in done:
                     pending.append(start)
+                    rollouts += int(prompt.task is not None)
             if pid in seen:
                 raise InputError(f"duplicate id {pid!r} (first on line {seen[pid]})", path, lineno)
             seen[pid] = lineno
@@ -334,4 +386,4 @@ def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: in
         if rid in seen:
             raise InputError(f"a later turn of this conversation would have the id {rid!r}, which the prompt on line "
                              f"{seen[rid]} has", path, lineno)
-    return PromptScan(path, total, pending, tools)
+    return PromptScan(path, total, pending, tools, rollouts)

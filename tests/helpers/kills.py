@@ -6,12 +6,14 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 
 def kill_while_writing(cmd: list[str], records: list[Path], rng: random.Random, times: int,
-                       after_s: tuple[float, float] = (0.0, 0.5)) -> tuple[int, list[int]]:
+                       after_s: tuple[float, float] = (0.0, 0.5), **popen: Any) -> tuple[int, list[int]]:
     """Start `cmd` `times` times; SIGKILL each at a random moment `after_s` (seconds) after its first new record.
-    Returns how many were killed (a run may finish first) and the records' total size after each."""
+    Returns how many were killed (a run may finish first) and the records' total size after each. `popen`: more of
+    Popen's arguments (`env`, `cwd`)."""
     kills, sizes = 0, []
 
     def size() -> int:
@@ -19,7 +21,7 @@ def kill_while_writing(cmd: list[str], records: list[Path], rng: random.Random, 
 
     for _ in range(times):
         before = size()
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and proc.poll() is None and size() <= before:
             time.sleep(0.05)

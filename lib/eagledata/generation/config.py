@@ -56,6 +56,8 @@ class GenerateConfig(Settings):
     batch_poll_s: float = setting(60.0, "route batch: seconds between polls of the batches in progress (emulator: "
                                         "x emulator_speed)")
     turns: TurnsMode = shared("turns")
+    rollout_steps: int = setting(20, "a task (a prompt naming an environment): requests per user turn at most; a "
+                                     "trajectory still calling at its cap ends there, marked capped")
     params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
@@ -104,7 +106,7 @@ class GenerateConfig(Settings):
             self.output_dir, self.params_dir = emulator_dirs(self.output_dir, self.params_dir)
         if not self.emulator_speed >= 0:
             raise InputError(f"must be >= 0, got {self.emulator_speed!r}", field="emulator_speed")
-        for name in ("concurrency", "max_tokens", "max_attempts", "limit"):
+        for name in ("concurrency", "max_tokens", "max_attempts", "limit", "rollout_steps"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"must be a positive integer, got {value!r}", field=name)

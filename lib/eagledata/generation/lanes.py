@@ -15,6 +15,7 @@ from ..paths import dataset_files
 from ..prompts import Prompt, PromptScan, scan_prompts
 from .conversations.datasets import select_datasets
 from .conversations.fidelity import FidelityJudge
+from .conversations.rollouts import DEFAULT_STEPS, recorded_results
 from .conversations.store import Store
 from .conversations.turns import Conversation, Turn, TurnsMode, later_turn_ids
 from .conversations.work import Work
@@ -37,6 +38,7 @@ class DatasetRun:
     target: int | None
     turns: TurnsMode = "all"
     planned_usd: float | None = None  # the budget plan's $ for its target (None: no plan, or another target)
+    rollout_steps: int = DEFAULT_STEPS  # a task's requests per user turn at most (rollouts.py)
     prompts: Iterator[Prompt] = field(init=False)
     exhausted: bool = False
     ready: deque[Turn] = field(default_factory=deque)     # next turns, answered at once, ahead of new conversations
@@ -104,16 +106,30 @@ class DatasetRun:
             if prompt is None:
                 self.exhausted = True
                 return None
-            return Work(0.0, seq, self.first_turn(Conversation.of(prompt, self.turns)), self)
+            return Work(0.0, seq, self.first_turn(self.conversation(prompt)), self)
         return None
+
+    def conversation(self, prompt: Prompt) -> Conversation:
+        """A prompt as this dataset's run chains it (its `turns` setting, a task's step cap)."""
+        return Conversation.of(prompt, self.turns, self.rollout_steps)
 
     def first_turn(self, conversation: Conversation) -> Turn:
         """A conversation's first request in this run: its first turn, or the one after the turns an earlier run
-        recorded (from their recorded answers)."""
+        recorded (from their recorded answers; a rollout's executed steps' results as its last record was shown them,
+        its last step's calls `due`, executed again from the task's initial state)."""
         history = self.store.history(conversation.id) if conversation.id in self.store.chains else []
         numbers = [r.turn for r in history]
+        if conversation.rollout is not None and history:
+            answers = [r.answer for r in history]
+            if numbers == list(range(1, len(history) + 1)):
+                try:
+                    return conversation.turn(answers, recorded_results(answers, history[-1].messages,
+                                                                       f"record {history[-1].id!r}"))
+                except ValueError as e:
+                    raise InputError(f"conversation {conversation.id!r}: {e} (was the task changed?)",
+                                     self.store.files.records) from None
         if numbers != list(range(conversation.first, conversation.first + len(history))) \
-                or len(history) >= len(conversation.asks):
+                or len(history) >= len(conversation.asks) and conversation.rollout is None:
             raise InputError(f"conversation {conversation.id!r}: turns {numbers} are recorded, but its prompt has "
                              f"{len(conversation.asks)} (was the prompt file changed?)", self.store.files.records)
         return conversation.turn([r.answer for r in history])
@@ -133,11 +149,12 @@ def open_lanes(cfg: GenerateConfig) -> list[DatasetRun]:
                 raise InputError("prompts file not found", spec.prompts, field=f"{spec.name}.prompts")
             store = Store.open(dataset_files(spec.name, cfg.output_dir), retry_failed=cfg.retry_failed)
             try:
-                scan = scan_prompts(spec.prompts, store.finished, cfg.limit,
-                                    turn_ids=functools.partial(later_turn_ids, turns=cfg.turns), tools=spec.tools)
+                scan = scan_prompts(spec.prompts, store.finished, cfg.limit, tools=spec.tools,
+                                    turn_ids=functools.partial(later_turn_ids, turns=cfg.turns,
+                                                               steps=cfg.rollout_steps))
                 target = cfg.target_for(spec.name)
                 lanes.append(DatasetRun(spec.name, store, scan, target or spec.target_output_tokens, cfg.turns,
-                                        None if target else spec.planned_usd))
+                                        None if target else spec.planned_usd, cfg.rollout_steps))
             except BaseException:
                 store.close()
                 raise

@@ -436,6 +436,9 @@ async def _run_batches(cfg: GenerateConfig, key: str, transport: httpx.AsyncBase
                        panel: Callable[[], BatchPanel | None] = make_batch_panel) -> dict[str, Any]:
     lanes = open_lanes(cfg)
     try:
+        if tasks := [lane.name for lane in lanes if lane.scan.rollouts]:  # a step waits on the last one's tool results:
+            raise InputError(f"{', '.join(tasks)}: tasks (prompts that name an environment) are rolled out on the "
+                             "realtime route only", field="route")  # a batch's 24 h window per step is no route
         tok = load_tokenizer(cfg.tokenizer)
         check_batch_model(cfg, tok)
         check_cap(cfg, lanes, tok)

@@ -12,6 +12,7 @@ from typing import Any
 from ...openrouter import Completion, Kind, Outcome
 from ...records import Record
 from ...text import Tokenizer, agreement, output_ids
+from .rollouts import rollout_meta
 from .turns import TOOL_MISMATCH, Turn, model_call_ids
 
 # -- the service's count against our ids ---------------------------------------------------------------------------
@@ -71,7 +72,8 @@ def build_record(tok: Tokenizer, *, turn: Turn, dataset: str, prompt_ids: list[i
     (legal in JSON, not in UTF-8) has no exact ids: it raises UnicodeEncodeError rather than record ids that decode to
     other text. `sampling`: the request's sampling settings, kept in `meta.sampling` (the fidelity audit compares
     providers under the same settings). A turn of a chained conversation keeps `meta.turns`, its last turn's number:
-    with the finish reason it tells a resume whether the conversation went on."""
+    with the finish reason it tells a resume whether the conversation went on; a rollout's keeps `meta.rollout`
+    instead (rollouts.py: its user turn and step, and `ended` where it ended its trajectory)."""
     # K2.5's shape rules (an inline `<think>` split off, a bare `</think>` repaired) are for a family that reasons;
     # a model without a reasoning section records its text as served
     shaped = tok.structure.reasons
@@ -80,7 +82,9 @@ def build_record(tok: Tokenizer, *, turn: Turn, dataset: str, prompt_ids: list[i
     calls, rebuilt = model_call_ids(a.tool_calls, turn.messages)
     ids = output_ids(tok, a.reasoning, a.content, a.finish_reason, tool_calls=calls)
     meta: dict[str, Any] = {"attempts": attempts}
-    if turn.conversation.chained:
+    if (rollout := turn.conversation.rollout) is not None:  # where in its task, and whether it ended the trajectory
+        meta["rollout"] = rollout_meta(turn.position, a, len(turn.conversation.asks), rollout.steps)
+    elif turn.conversation.chained:
         meta["turns"] = turn.conversation.last
     if rebuilt:  # the provider's ids (`call_…`) replaced by the model's `functions.NAME:IDX`
         meta["served_tool_call_ids"] = [c.id for c in a.tool_calls]

@@ -29,6 +29,7 @@ from ...errors import InputError
 from ...files import LockHeld, atomic_write_text, hold_lock, iter_jsonl, make_dir
 from ...paths import DatasetFiles
 from ...records import Record, output_tokens
+from .rollouts import rollout_ends
 from .turns import PAUSE_SEP, conversation_ends, pause_id, pauses
 
 COSTS_KEPT = 20_000  # the newest records' costs and lengths: the priors of the next run
@@ -91,9 +92,12 @@ def _index_line(e: Entry) -> str:
 
 def _does(turn: int, meta: dict[str, Any], finish_reason: str | None) -> int:
     """A record's turn, its `meta` (`turns`: its chain's last turn; `ended`: a tool-call mismatch; `cut`: a pause
-    sample's) and its finish reason → what it does to its conversation (`GOES_ON`, `ENDS`, `PAUSES`)."""
+    sample's; `rollout`: a rollout's step, and whether it ended its trajectory) and its finish reason → what it does to
+    its conversation (`GOES_ON`, `ENDS`, `PAUSES`)."""
     if pauses(meta):
         return PAUSES
+    if isinstance(rollout := meta.get("rollout"), dict):
+        return ENDS if rollout_ends(rollout, finish_reason) else GOES_ON
     return ENDS if conversation_ends(turn, meta.get("turns"), finish_reason, meta.get("ended")) else GOES_ON
 
 

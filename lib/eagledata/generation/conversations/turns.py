@@ -22,16 +22,31 @@ A conversation ends at its last ask, at an unfinished answer (`finish_reason` ot
 model never ended that turn), at a tool-call mismatch, or at a turn that fails for good (the engine stops the chain
 there). A pause sample (`pauses`: the prefix a Ctrl-C or a SIGKILL cut) neither answers its turn nor ends anything: it
 is kept under its own id (`pause_id`) and the turn is asked again by the next run, which goes on from that answer.
+
+A task that names an environment is a rollout (rollouts.py): its asks are its user turns, and after a tool-call answer
+the next request carries the results of executing the calls. Such a turn is made `due` (its calls' results not yet
+in its messages: the executor seam runs them off the event loop) and `with_results` completes it before it is sent.
 """
 from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ...prompts import Prompt
 from ...records import Answer, ToolCall, calls_before, native_call_id
+from .rollouts import (
+    DEFAULT_STEPS,
+    FINISHED,
+    Position,
+    Rollout,
+    calls_in,
+    ended,
+    position,
+    replayed_calls,
+    tool_messages,
+)
 
 TurnsMode = Literal["all", "last"]
 TURN_ID_SEP = "#"  # turn j ≥ 2 of conversation c has record id "c#j"; turn 1 keeps the prompt's id
@@ -41,7 +56,6 @@ PAUSE_SEP = "~"  # the n-th pause sample of turn id t has record id "t~n" (`paus
 # (`target_reached`) is final.
 KILLED = "killed"  # `meta.cut` of a killed run's stream, kept by the next (realtime/salvage.py)
 PAUSE_CUTS = frozenset({"interrupted", KILLED})
-FINISHED = ("stop", "tool_calls")  # finish reasons of an answer the model ended itself
 TOOL_MISMATCH = "tool_mismatch"  # `meta.ended`: the model's calls were not the dataset's, so no results follow
 # How a tool-call turn missed the dataset's next calls (`mismatch_kind`), as the report says it.
 MISMATCHES = {"plain": "answered plainly where the dataset called a tool",
@@ -187,18 +201,25 @@ def _assistant(answer: Answer, in_loop: bool) -> dict:
 class Conversation:
     """One prompt as a chain of requests. `first` is the turn number of its first request: 1, or with `turns:
     last` the number of asks (the record's `turn` is the ask it answers). `dataset_calls[k]`: the calls of the
-    dataset's answer to ask k (what the model's answer must match for ask k+1's tool results to follow)."""
+    dataset's answer to ask k (what the model's answer must match for ask k+1's tool results to follow). A rollout
+    (`rollout` set: its task names an environment) has its user turns as asks and no dataset answers."""
 
     id: str
     asks: tuple[tuple[dict, ...], ...]
     first: int = 1
     dataset_calls: tuple[tuple[ToolCall, ...], ...] = ()
     tools: tuple[dict, ...] | None = None
+    rollout: Rollout | None = None
 
     @classmethod
-    def of(cls, prompt: Prompt, turns: TurnsMode = "all") -> Conversation:
-        split = split_asks(prompt.messages)
+    def of(cls, prompt: Prompt, turns: TurnsMode = "all", steps: int = DEFAULT_STEPS) -> Conversation:
+        """`steps`: a rollout's cap on requests per user turn (a task is a rollout whatever `turns` says: it has no
+        dataset answers to keep)."""
         tools = tuple(prompt.tools) if prompt.tools else None
+        if prompt.task is not None and prompt.user_turns:
+            return cls(prompt.id, tuple(map(tuple, prompt.user_turns)), tools=tools,
+                       rollout=Rollout(prompt.task, steps))
+        split = split_asks(prompt.messages)
         if turns == "last" or split is None or len(split[0]) == 1:
             return cls(prompt.id, (tuple(prompt.messages),), first=len(split[0]) if split else 1, tools=tools)
         asks, between = split
@@ -206,19 +227,22 @@ class Conversation:
 
     @property
     def last(self) -> int:
-        """The turn number of its last request."""
+        """The turn number of its last request (a rollout's: of its last request if every user turn is answered at
+        once, the fewest it can make)."""
         return self.first + len(self.asks) - 1
 
     @property
     def chained(self) -> bool:
-        """More than one request: its records carry `meta.turns` so that a resume knows when it ended."""
-        return len(self.asks) > 1
+        """More than one request (a rollout may always make more): its records carry `meta.turns` (a rollout's
+        `meta.rollout`) so that a resume knows when it ended."""
+        return len(self.asks) > 1 or self.rollout is not None
 
     @property
     def parallel_tool_calls(self) -> bool:
         """What the request says of parallel calls: as the dataset does (an answer of several calls in its
-        messages), so the model calls as the agent that made the data let it."""
-        return any(len(c) > 1 for c in self.dataset_calls) or any(
+        messages), so the model calls as the agent that made the data let it; a rollout's model calls as it will
+        (its calls run in order)."""
+        return self.rollout is not None or any(len(c) > 1 for c in self.dataset_calls) or any(
             len(m.get("tool_calls") or ()) > 1 for ask in self.asks for m in ask)
 
     def stand_in(self, k: int) -> Answer:
@@ -235,8 +259,12 @@ class Conversation:
         return [{**m, "tool_call_id": ids[m["tool_call_id"]]} if m["role"] == "tool" and m.get("tool_call_id") in ids
                 else m for m in ask]
 
-    def turn(self, answers: Sequence[Answer] = ()) -> Turn:
-        """The request after the recorded `answers` (turns first..first+k−1, in order; each matched the dataset)."""
+    def turn(self, answers: Sequence[Answer] = (), results: Sequence[Sequence[str]] = ()) -> Turn:
+        """The request after the recorded `answers` (turns first..first+k−1, in order; each matched the dataset). A
+        rollout's `results`: those of its executed steps, in order (the last step's may be missing: the turn is then
+        `due`, its results to be executed)."""
+        if self.rollout is not None:
+            return self._rollout_turn(answers, results)
         k = len(answers)
         if k >= len(self.asks):
             raise ValueError(f"conversation {self.id!r} has {len(self.asks)} turns, {k} already answered")
@@ -247,6 +275,28 @@ class Conversation:
         messages += self._ask(k, answers)
         return Turn(self, self.first + k, messages, tuple(answers))
 
+    def _rollout_turn(self, answers: Sequence[Answer], results: Sequence[Sequence[str]]) -> Turn:
+        """A rollout's request after `answers`: each user turn, each answer (a tool loop's in flight with its
+        reasoning, as `turn` sends them), each executed step's results with its calls' ids; the last step's calls
+        `due` when `results` lacks them."""
+        at = position(answers)
+        steps = [j for j, a in enumerate(answers) if calls_in(a)]
+        due = len(results) == len(steps) - 1 and bool(at.due)
+        if len(results) != len(steps) and not due or at.user_turn >= len(self.asks):
+            raise ValueError(f"conversation {self.id!r}: {len(answers)} answers, {len(steps)} of them calls, "
+                             f"{len(results)} results, {len(self.asks)} user turns: no request follows")
+        last_plain = max((j for j, a in enumerate(answers) if not a.tool_calls), default=-1)
+        messages, user_turn, executed = list(self.asks[0]), 0, iter(results)
+        for j, a in enumerate(answers):
+            messages.append(_assistant(a, in_loop=j > last_plain))
+            if not calls_in(a):
+                user_turn += 1
+                messages += self.asks[user_turn]
+            elif not (due and j == len(answers) - 1):
+                messages += tool_messages(a.tool_calls, next(executed))
+        return Turn(self, self.first + len(answers), messages, tuple(answers), tuple(map(tuple, results)),
+                    at.due if due else ())
+
 
 @dataclass(frozen=True)
 class Turn:
@@ -254,17 +304,48 @@ class Turn:
 
     conversation: Conversation
     number: int            # the record's `turn`
-    messages: list[dict]   # exactly what is sent (with `conversation.tools`)
+    messages: list[dict]   # exactly what is sent (with `conversation.tools`), once no call is `due`
     answers: tuple[Answer, ...] = ()  # the recorded answers of this conversation's earlier turns
+    results: tuple[tuple[str, ...], ...] = ()  # a rollout's: the results of its executed steps, in order
+    due: tuple[ToolCall, ...] = ()  # a rollout's: the last answer's calls, whose results `messages` still lack
 
     @property
     def id(self) -> str:
         return turn_id(self.conversation.id, self.number, first=self.number == self.conversation.first)
 
     @property
+    def position(self) -> Position:
+        """A rollout's: where this request stands in its task (user turn, step)."""
+        return position(self.answers)
+
+    @property
+    def replay(self) -> tuple[tuple[tuple[ToolCall, str], ...], tuple[ToolCall, ...]]:
+        """A due turn's execution: the calls to replay into a fresh environment first (every executed step's, in
+        order, each with the result the model was shown), then the calls whose results it needs."""
+        shown = [r for step in self.results for r in step]
+        return tuple(zip(replayed_calls(self.answers), shown, strict=True)), self.due
+
+    def with_results(self, results: Sequence[str]) -> Turn:
+        """This due turn completed with its calls' results (one text per call, in order), ready to send."""
+        if not self.due:
+            raise ValueError(f"turn {self.id!r} has no calls waiting for results")
+        done = tuple(results)
+        return replace(self, messages=[*self.messages, *tool_messages(self.due, done)],
+                       results=(*self.results, done), due=())
+
+    @property
     def later(self) -> int:
-        """Requests of this conversation still to come after this one, if every answer finishes."""
+        """Requests of this conversation still to come after this one, if every answer finishes (a rollout's: at
+        least one per user turn left)."""
+        if self.conversation.rollout is not None:
+            return len(self.conversation.asks) - 1 - self.position.user_turn
         return self.conversation.last - self.number
+
+    @property
+    def promised(self) -> bool:
+        """A later turn of its conversation, counted among `later` when the conversation started (pacing's promised
+        turns): every one but a rollout's tool steps, which nobody can count upfront (they come unannounced)."""
+        return self.conversation.rollout is None or self.position.step == 1
 
     @property
     def dataset_calls(self) -> tuple[ToolCall, ...] | None:
@@ -281,7 +362,11 @@ class Turn:
                 and not matches(answer.tool_calls, self.conversation.dataset_calls[k]))
 
     def ends(self, answer: Answer) -> bool:
-        """Recording this answer finishes the conversation."""
+        """Recording this answer finishes the conversation (a rollout's: its last user turn answered, its step cap
+        reached, or an answer cut)."""
+        if (rollout := self.conversation.rollout) is not None:
+            return answer.finish_reason not in FINISHED or \
+                ended(self.position, answer, len(self.conversation.asks), rollout.steps) is not None
         return conversation_ends(self.number, self.conversation.last, answer.finish_reason,
                                  TOOL_MISMATCH if self.mismatch(answer) else None)
 
@@ -289,11 +374,12 @@ class Turn:
         """The conversation's next request once this answer is recorded (calls with the model's ids), or None."""
         if self.ends(answer):
             return None
-        return self.conversation.turn([*self.answers, answer])
+        return self.conversation.turn([*self.answers, answer], self.results)
 
 
-def later_turn_ids(prompt: Prompt, turns: TurnsMode) -> list[str]:
+def later_turn_ids(prompt: Prompt, turns: TurnsMode, steps: int = DEFAULT_STEPS) -> list[str]:
     """The record ids a prompt's turns after the first will have (the prompt scan refuses a clash with another
-    prompt's id)."""
-    c = Conversation.of(prompt, turns)
-    return [turn_id(c.id, n, first=False) for n in range(c.first + 1, c.last + 1)]
+    prompt's id); a rollout's, as many as its user turns and step cap allow."""
+    c = Conversation.of(prompt, turns, steps)
+    last = c.first - 1 + len(c.asks) * steps if c.rollout is not None else c.last
+    return [turn_id(c.id, n, first=False) for n in range(c.first + 1, last + 1)]

@@ -121,7 +121,7 @@ class Dispatcher:
                     self.holding += 1
                     lane.holding += 1
                     self.pacing.hold(name, later=work.turn.later if work.source == "new" else 0,
-                                     promised=work.source == "next")
+                                     promised=work.source == "next" and work.turn.promised)
                     lane.near_target = paced.near()  # this request counted: where it may go (requester.py)
                     return work
                 if lane.retries and lane.retries[0].due > now:  # one due already waits for pacing:

@@ -97,7 +97,7 @@ class Run:
                     return requester.price_by_provider.get(provider, requester.worst).cost(prompt, output)
 
                 await run.journals.read_killed(client, keep=lambda lane, delivered, killed: keep_delivered(
-                    lane, delivered, killed, recorder, cost_of))
+                    lane, delivered, killed, recorder, cost_of, requester.tool_results.complete))
                 if (first := run.ledger.books.first) is not None and first.usage_usd is not None:
                     run.ledger.killed_wasted_usd = run.journals.begin(first.usage_usd)
             await renderer
@@ -162,6 +162,7 @@ class Run:
             self.reporter.sample(self.clock.now(), final=True)
             if self.seams.executor is None:
                 self.parts.executor.shutdown(wait=True)
+            self.parts.requester.tool_results.close()
             for lane in self.dispatcher.lanes.values():
                 lane.store.sync()
         summary = None

@@ -16,6 +16,7 @@ from ..clock import Clock, LoopClock
 from ..config import GenerateConfig
 from ..conversations.fidelity import FidelityJudge
 from ..conversations.recorder import Recorder
+from ..conversations.rollouts import Execute
 from ..conversations.work import Work
 from ..lanes import DatasetRun
 from ..money.account import Books
@@ -31,6 +32,7 @@ from .dispatcher import Dispatcher
 from .pacing import Pacing
 from .reporter import Reporter, RunShown
 from .requester import Requester
+from .tool_results import ToolResults
 
 TOKENS_PER_CHAR = 0.25  # before the run has recorded MIN_CHARS characters (English text: ~4 characters a token)
 MIN_CHARS = 20_000
@@ -47,6 +49,8 @@ class Seams:
     generations: GenerationReader | None = read_generation  # a closed stream's cost by id; None: the account's
     routing: RoutingDecision | None = None  # None: the routing file, else the catalog (openrouter.load_routing)
     executor: Executor | None = None        # tokenizing and records off the loop; None: two threads
+    environments: Execute | None = None     # a rollout's tool calls executed (conversations/rollouts.py); None: a run
+                                            # whose prompts name no environment
 
 
 @dataclass
@@ -157,6 +161,11 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     worst = routing.worst_price() if paid else Price(0.0, 0.0)
     if worst is None:
         raise InputError("the routing decision has no price to reserve against", field="routing")
+    tasks = {lane.name: lane.scan.rollouts for lane in lanes if lane.scan.rollouts}
+    if tasks and seams.environments is None:  # before any request: a task's tool calls could not be executed
+        raise InputError(f"{sum(tasks.values())} prompts of {', '.join(tasks)} name an environment (tasks), and the "
+                         "run has no environments executor to run their tool calls (Seams.environments)",
+                         field="environments")
     if paid:  # a max_tokens no eligible endpoint serves would be refused for every prompt alike
         routing.check_max_tokens(cfg.max_tokens)
     guess, flights = prior_lengths(cfg.prior_output_median_tokens, cfg.prior_output_sigma, cfg.max_tokens), Flights()
@@ -186,7 +195,7 @@ def build_parts(cfg: GenerateConfig, lanes: list[DatasetRun], routing: RoutingDe
     transport = seams.transport or ChatCompletions(cfg.stall_timeout_s, fast_streams=seams.fast_streams)
     requester = Requester(transport, routing, fidelity, cooldown, tok, executor, worst=worst, model=cfg.model,
                           max_tokens=cfg.max_tokens, temperature=cfg.temperature, backend=cfg.backend,
-                          stream=cfg.stream, at_target=cfg.at_target)
+                          stream=cfg.stream, at_target=cfg.at_target, tool_results=ToolResults(seams.environments))
     recorder = Recorder(tok, executor, fidelity, routing, temperature=cfg.temperature, paid=paid,
                         on_suspect=requester.streams.cancel_streams_of)
     single = cfg.dataset if isinstance(cfg.dataset, str) and cfg.dataset != "all" else None

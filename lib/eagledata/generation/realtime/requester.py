@@ -23,6 +23,7 @@ from ..conversations.work import Work
 from .attempt import Attempt, Transport
 from .congestion import ProviderCooldown
 from .streams import Streams
+from .tool_results import ToolResults
 
 INLINE_CHARS = 16_000  # a prompt of at most this many characters of text is tokenized on the event loop
 
@@ -47,17 +48,21 @@ class Requester:
     def __init__(self, transport: Transport, routing: RoutingDecision, fidelity: FidelityJudge,
                  cooldown: ProviderCooldown, tok: Tokenizer, executor: Executor, *, worst: Price, model: str,
                  max_tokens: int, temperature: float | None, backend: str, stream: bool = False,
-                 at_target: str = "cut"):
+                 at_target: str = "cut", tool_results: ToolResults | None = None):
         self.transport, self.routing, self.fidelity, self.cooldown = transport, routing, fidelity, cooldown
         self.tok, self.executor, self.worst = tok, executor, worst
         self.model, self.max_tokens, self.temperature, self.backend = model, max_tokens, temperature, backend
         self.stream, self.at_target = stream, at_target
         self.price_by_provider = {e.provider: e.price for e in routing.eligible if e.priced}
         self.streams = Streams(routing)  # the streamed attempts in flight (streams.py)
+        self.tool_results = tool_results or ToolResults(None)  # a rollout's due calls executed (tool_results.py)
 
     async def prepare(self, work: Work) -> None:
         """The turn's prompt ids and the most one attempt of it can cost, once per work. A short prompt is tokenized
-        on the event loop (`inline`); a long one, or one with tools, off it."""
+        on the event loop (`inline`); a long one, or one with tools, off it. A rollout's turn whose calls are due gets
+        their results first (tool_results.py)."""
+        if work.turn.due:
+            work.turn = await self.tool_results.complete(work.turn)
         if work.prompt_ids is None:
             messages, tools = work.turn.messages, work.turn.conversation.tools
             if inline(messages, tools):

@@ -14,14 +14,14 @@ keeping, before its journal was rewritten) is not kept twice."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from ...aio import in_executor
 from ...openrouter.stream import StreamState, cut_completion
 from ...text import prompt_ids
 from ..conversations.recorder import Recorder
 from ..conversations.recording import build_record
-from ..conversations.turns import KILLED, Conversation
+from ..conversations.turns import KILLED, Turn
 from ..lanes import DatasetRun
 from ..money.killed import Delivered, KilledBefore
 
@@ -34,9 +34,11 @@ def rebuilt(d: Delivered) -> StreamState:
 
 
 async def keep_delivered(lane: DatasetRun, delivered: dict[str, Delivered], killed: KilledBefore,
-                         recorder: Recorder, cost_of: Callable[[str, int, int], float]) -> None:
+                         recorder: Recorder, cost_of: Callable[[str, int, int], float],
+                         complete: Callable[[Turn], Awaitable[Turn]]) -> None:
     """Record each stream's delivered prefix of `lane` as a pause sample of its turn; `killed` counts those kept (and
-    what they hold) and why the others were not. `cost_of(provider, prompt tokens, output tokens)`: at its price."""
+    what they hold) and why the others were not. `cost_of(provider, prompt tokens, output tokens)`: at its price.
+    `complete`: a rollout's turn whose calls are due, with their results (the messages its stream was sent)."""
     by_conversation: dict[str, list[Delivered]] = {}
     for d in delivered.values():
         by_conversation.setdefault(d.conversation_id, []).append(d)
@@ -47,7 +49,7 @@ async def keep_delivered(lane: DatasetRun, delivered: dict[str, Delivered], kill
         streams = by_conversation.pop(prompt.id, None)
         if streams is None:
             continue
-        turn = lane.first_turn(Conversation.of(prompt, lane.turns))
+        turn = lane.first_turn(lane.conversation(prompt))
         held = {r.generation_id for r in store.pause_samples(turn.id)}
         ids: list[int] | None = None
         for d in streams:
@@ -64,6 +66,7 @@ async def keep_delivered(lane: DatasetRun, delivered: dict[str, Delivered], kill
                 why[no] += 1
                 continue
             if ids is None:
+                turn = await complete(turn)
                 ids = await in_executor(recorder.executor, prompt_ids, recorder.tok, turn.messages,
                                         tools=turn.conversation.tools)
             try:
