@@ -139,7 +139,7 @@ class ContainedEnvironment:
             raise BuildError(f"task {self.spec.task_id}: building the environment took over {self.limits.start_s:g} s")
         if "failed" in reply:
             worker.kill()
-            raise BuildError(f"task {self.spec.task_id}: {reply['failed']}", field="environment")
+            raise BuildError(f"task {self.spec.task_id}: {reply['failed']}")
         return worker
 
     def _call(self, worker: Worker, call: Call) -> Result:
