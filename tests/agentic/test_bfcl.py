@@ -136,3 +136,22 @@ def test_contained_environments_rebuild_across_processes(bfcl_tasks, ground_trut
         assert [e.result for e in executed] == [e.result for e in run_ground_truth(local.open(spec),
                                                                                      ground_truth[task.id])]
         rebuild(contained, spec, executed).close()
+
+
+def test_travel_ages_are_computed_on_a_pinned_day(bfcl_tasks, bfcl_backends):
+    """TravelAPI reads `datetime.today()`; pinned to BFCL_TODAY, a traveler who turns 18 the day after is refused
+    whatever the wall clock says (without the pin, this machine's clock, past that day, would accept them)."""
+    import datetime
+
+    from eagledata.agentic.backends import BFCL_TODAY
+
+    task = next(t for t in bfcl_tasks if "TravelAPI" in t.involved_classes)
+    env = InProcessEnvironments().open(task.spec(bfcl_backends))
+    config = task.initial_config.get("TravelAPI", {})
+    first, last = config.get("user_first_name"), config.get("user_last_name")
+    assert first and last
+    birthday = (BFCL_TODAY + datetime.timedelta(days=1)).replace(year=BFCL_TODAY.year - 18)
+    result = env.execute("verify_traveler_information", json.dumps(
+        {"first_name": first, "last_name": last, "date_of_birth": birthday.isoformat(), "passport_number": "US1"}))
+    assert json.loads(result.text) == {"verification_status": False,
+                                       "verification_failure": "Traveler must be at least 18 years old."}
