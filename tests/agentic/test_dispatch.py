@@ -6,7 +6,7 @@ import json
 import pytest
 
 from eagledata.agentic.calls import Call, result_text
-from eagledata.agentic.dispatch import BuildError, Dispatcher, argument_problem, bind_functions
+from eagledata.agentic.dispatch import BuildError, CallDispatcher, argument_problem, bind_functions
 
 PARAMS = {"type": "object", "required": ["name", "count"], "properties": {
     "name": {"type": "string"}, "count": {"type": "integer"}, "ratio": {"type": "number"},
@@ -64,7 +64,7 @@ def test_a_call_reaches_the_public_method_of_its_name_only():
     box = Box()
     put_params = {"type": "object", "required": ["name", "count"],
                   "properties": {"name": {"type": "string"}, "count": {"type": "integer"}}}
-    dispatcher = Dispatcher(bind_functions([object(), box], [tool("put", put_params)]))
+    dispatcher = CallDispatcher(bind_functions([object(), box], [tool("put", put_params)]))
     assert dispatcher.execute(Call("put", json.dumps({"name": "a", "count": 2}))).text == '{"size": 1}'
     assert box.items == [("a", 2)]
     assert dispatcher.execute(Call("_hidden", "{}")).error == "unknown_function"
@@ -72,6 +72,6 @@ def test_a_call_reaches_the_public_method_of_its_name_only():
     with pytest.raises(BuildError, match="tool '_hidden' has no public method in Box"):
         bind_functions([box], [tool("_hidden")])
     # a schema wider than the signature: the signature has the last word
-    wide = Dispatcher(bind_functions([box], [tool("put")]))
+    wide = CallDispatcher(bind_functions([box], [tool("put")]))
     said = wide.execute(Call("put", json.dumps({"name": "a", "count": 1, "ratio": 0.5})))
     assert said.error == "invalid_arguments" and "put() got an unexpected keyword argument 'ratio'" in said.text

@@ -3,13 +3,13 @@ user's), the environment seam, BFCL's backends and a user's class behind it, eac
 See README.md."""
 from .backends import BFCL, EnvironmentSpec
 from .bfcl import bfcl_code, bfcl_wheel, read_bfcl_tasks, read_ground_truth
-from .calls import Call, Executed, Result, error_counts
+from .calls import Call, CallResult, Executed, error_counts
 from .contained import ContainedEnvironment, ContainedEnvironments, Limits
 from .dispatch import BuildError
 from .environment import Environment, Environments, InProcessEnvironments, ReplayMismatch, rebuild
 from .tasks import Task, read_tasks, write_tasks
 
-__all__ = ["BFCL", "BuildError", "Call", "ContainedEnvironment", "ContainedEnvironments", "Environment",
+__all__ = ["BFCL", "BuildError", "Call", "CallResult", "ContainedEnvironment", "ContainedEnvironments", "Environment",
            "EnvironmentSpec", "Environments", "Executed", "InProcessEnvironments", "Limits", "ReplayMismatch",
-           "Result", "Task", "bfcl_code", "bfcl_wheel", "error_counts", "read_bfcl_tasks", "read_ground_truth",
+           "Task", "bfcl_code", "bfcl_wheel", "error_counts", "read_bfcl_tasks", "read_ground_truth",
            "read_tasks", "rebuild", "write_tasks"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .dispatch import BuildError, Dispatcher, bind_functions
+from .dispatch import BuildError, CallDispatcher, bind_functions
 
 BFCL = "bfcl"  # a task's `environment` naming BFCL's backends
 BFCL_PACKAGE = "bfcl_eval.eval_checker.multi_turn_eval.func_source_code"
@@ -162,6 +162,6 @@ def build_instances(spec: EnvironmentSpec) -> list[object]:
                          f"{type(e).__name__}: {e}") from None
 
 
-def build_dispatcher(spec: EnvironmentSpec) -> Dispatcher:
+def build_dispatcher(spec: EnvironmentSpec) -> CallDispatcher:
     """The environment of `spec`, fresh, ready for its first call; a `BuildError` names what failed."""
-    return Dispatcher(bind_functions(build_instances(spec), spec.tools))
+    return CallDispatcher(bind_functions(build_instances(spec), spec.tools))

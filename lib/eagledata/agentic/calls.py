@@ -37,7 +37,7 @@ class Call:
 
 
 @dataclass(frozen=True)
-class Result:
+class CallResult:
     """What a call gave: the text the model is shown, and the failure's kind (None for a result)."""
 
     text: str
@@ -49,7 +49,7 @@ class Executed:
     """A call and its result, as a trajectory records it and a rebuild replays it."""
 
     call: Call
-    result: Result
+    result: CallResult
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.call.name, "arguments": self.call.arguments, "result": self.result.text,
@@ -57,7 +57,7 @@ class Executed:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Executed:
-        return cls(Call(d["name"], d["arguments"]), Result(d["result"], d.get("error")))
+        return cls(Call(d["name"], d["arguments"]), CallResult(d["result"], d.get("error")))
 
 
 def result_text(value: Any) -> str:
@@ -72,10 +72,10 @@ def result_text(value: Any) -> str:
     return str(value)
 
 
-def failure(kind: str, message: str) -> Result:
+def failure(kind: str, message: str) -> CallResult:
     """A failed call's result: BFCL's error wording around `message`."""
     assert kind in ERROR_KINDS, kind
-    return Result(ERROR_PREFIX + message, kind)
+    return CallResult(ERROR_PREFIX + message, kind)
 
 
 def replays(executed: Executed) -> bool:
@@ -84,6 +84,6 @@ def replays(executed: Executed) -> bool:
     return executed.result.error not in NOT_REPLAYED
 
 
-def error_counts(results: Iterable[Result]) -> dict[str, int]:
+def error_counts(results: Iterable[CallResult]) -> dict[str, int]:
     """Failed calls by kind (kinds that did not occur left out)."""
     return dict(Counter(r.error for r in results if r.error is not None))

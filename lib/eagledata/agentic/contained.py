@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import EnvironmentSpec
-from .calls import CRASHED, OUT_OF_MEMORY, TIMEOUT, Call, Executed, Result, failure, replays
+from .calls import CRASHED, OUT_OF_MEMORY, TIMEOUT, Call, CallResult, Executed, failure, replays
 from .dispatch import BuildError
 from .environment import check_replayed
 
@@ -39,6 +39,7 @@ class Limits:
     call_s: float = 10.0  # a call that has not returned by then is stopped
     start_s: float = 60.0  # building the environment: interpreter, imports, scenario
     memory_bytes: int = 1 << 30  # the worker's address space (RLIMIT_AS)
+    replay_slack: float = 3.0  # a replayed call may take this many times call_s (a loaded machine is no mismatch)
 
 
 class _Died(Exception):
@@ -48,7 +49,7 @@ class _Died(Exception):
 class Worker:
     """One worker process and the protocol's parent side: a request, then its one-line reply within a deadline."""
 
-    def __init__(self, spec: EnvironmentSpec, limits: Limits, python: str = sys.executable):
+    def __init__(self, python: str = sys.executable):
         self.folder = tempfile.mkdtemp(prefix="eagledata-env-")
         self.proc = subprocess.Popen([python, "-s", "-B", "-P", "-c", BOOT, LIB_ROOT], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.folder,
@@ -126,7 +127,7 @@ class ContainedEnvironment:
         self.worker: Worker | None = self._start()
 
     def _start(self) -> Worker:
-        worker = Worker(self.spec, self.limits, self.python)
+        worker = Worker(self.python)
         try:
             reply = worker.request({"spec": self.spec.to_dict(), "memory_bytes": self.limits.memory_bytes},
                                    self.limits.start_s)
@@ -142,9 +143,9 @@ class ContainedEnvironment:
             raise BuildError(f"task {self.spec.task_id}: {reply['failed']}")
         return worker
 
-    def _call(self, worker: Worker, call: Call) -> Result:
+    def _call(self, worker: Worker, call: Call, timeout_s: float) -> CallResult:
         try:
-            reply = worker.request({"name": call.name, "arguments": call.arguments}, self.limits.call_s)
+            reply = worker.request({"name": call.name, "arguments": call.arguments}, timeout_s)
         except _Died as e:
             worker.kill()
             self.worker = None
@@ -153,9 +154,9 @@ class ContainedEnvironment:
         if reply is None:
             worker.kill()
             self.worker = None
-            return failure(TIMEOUT, f"{call.name}() did not return within {self.limits.call_s:g} s and was stopped; "
+            return failure(TIMEOUT, f"{call.name}() did not return within {timeout_s:g} s and was stopped; "
                                     "the environment was restarted without this call")
-        result = Result(reply["text"], reply["error"])
+        result = CallResult(reply["text"], reply["error"])
         if result.error == OUT_OF_MEMORY:
             worker.kill()
             self.worker = None
@@ -168,16 +169,16 @@ class ContainedEnvironment:
         self.worker = worker
         for i, ex in enumerate(self.history):
             if replays(ex):
-                got = self._call(worker, ex.call)
+                got = self._call(worker, ex.call, self.limits.call_s * self.limits.replay_slack)
                 if got != ex.result:
                     self.close()
                     check_replayed(self.spec.task_id, i, ex, got)
         return worker
 
-    def execute(self, name: str, arguments: str) -> Result:
+    def execute(self, name: str, arguments: str) -> CallResult:
         worker = self.worker if self.worker is not None else self._rebuild()
         call = Call(name, arguments)
-        result = self._call(worker, call)
+        result = self._call(worker, call, self.limits.call_s)
         self.history.append(Executed(call, result))
         return result
 

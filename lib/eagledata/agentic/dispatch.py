@@ -23,7 +23,7 @@ from .calls import (
     RAISED,
     UNKNOWN_FUNCTION,
     Call,
-    Result,
+    CallResult,
     failure,
     result_text,
 )
@@ -128,14 +128,14 @@ def bind_functions(instances: Sequence[object], tools: Sequence[Mapping[str, Any
     return bound
 
 
-class Dispatcher:
+class CallDispatcher:
     """Executes calls against bound functions; every failure is a result the model sees, never an exception (but
     an exception that is not an `Exception`, such as SystemExit, which ends the worker: a crash)."""
 
     def __init__(self, functions: Mapping[str, Function]):
         self.functions = dict(functions)
 
-    def execute(self, call: Call) -> Result:
+    def execute(self, call: Call) -> CallResult:
         fn = self.functions.get(call.name)
         if fn is None:
             return failure(UNKNOWN_FUNCTION, f"name '{call.name}' is not defined")  # what BFCL's eval says
@@ -159,7 +159,7 @@ class Dispatcher:
         except Exception as e:
             return failure(RAISED, str(e))  # BFCL: f"Error during execution: {str(e)}"
         try:
-            return Result(result_text(value))
+            return CallResult(result_text(value))
         except MemoryError:
             return failure(OUT_OF_MEMORY, f"{call.name}() ran out of memory")
         except Exception as e:  # a __str__ that raises is the method's failure too

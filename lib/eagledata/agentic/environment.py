@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .backends import EnvironmentSpec, build_dispatcher
-from .calls import Call, Executed, Result, replays
+from .calls import Call, CallResult, Executed, replays
 
 
 class Environment(Protocol):
     """One task's environment, at some step of its trajectory."""
 
-    def execute(self, name: str, arguments: str) -> Result:
-        """Run one call (`arguments`: the JSON text as the model wrote it); every failure is a Result whose text is
+    def execute(self, name: str, arguments: str) -> CallResult:
+        """Run one call (`arguments`: the JSON text as the model wrote it); every failure is a CallResult whose text is
         what the model is shown, never an exception."""
         ...
 
@@ -40,7 +40,7 @@ class ReplayMismatch(Exception):
     """A replayed call gave another result than the one recorded: the environment cannot be rebuilt exactly."""
 
 
-def check_replayed(task_id: str, index: int, recorded: Executed, got: Result) -> None:
+def check_replayed(task_id: str, index: int, recorded: Executed, got: CallResult) -> None:
     """A replayed call must give what it gave the first time (text and kind)."""
     if got != recorded.result:
         raise ReplayMismatch(f"task {task_id}: replaying call {index} ({recorded.call.name} {recorded.call.arguments})"
@@ -74,7 +74,7 @@ class InProcessEnvironment:
         self.spec = spec
         self.dispatcher = build_dispatcher(spec)
 
-    def execute(self, name: str, arguments: str) -> Result:
+    def execute(self, name: str, arguments: str) -> CallResult:
         return self.dispatcher.execute(Call(name, arguments))
 
     def close(self) -> None:
