@@ -125,3 +125,19 @@ def test_bfcl_bad_calls_are_error_results(bfcl_tasks, bfcl_backends):
         assert env.execute("list_all_airports", "{}").error is None
     finally:
         env.close()
+
+
+def test_a_hung_worker_whose_parent_is_gone_ends_itself():
+    """The parent stops waiting (as a parent killed mid-call would) and never kills the worker: the worker's own
+    alarm, set past the parent's limit, ends it (remove the alarm and it hangs on: the wait below times out)."""
+    import subprocess
+
+    with planted(Limits(call_s=0.5, replay_slack=1.0, memory_bytes=768 << 20)) as env:
+        worker = env.worker
+        assert worker is not None
+        assert worker.request({"name": "hang", "arguments": "{}"}, 0.2) is None
+        try:
+            code = worker.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            code = None
+        assert code == -14  # SIGALRM

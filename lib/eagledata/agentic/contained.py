@@ -10,6 +10,7 @@ no bytecode written. What it may touch is worker.py's business."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import selectors
 import shutil
@@ -129,7 +130,8 @@ class ContainedEnvironment:
     def _start(self) -> Worker:
         worker = Worker(self.python)
         try:
-            reply = worker.request({"spec": self.spec.to_dict(), "memory_bytes": self.limits.memory_bytes},
+            reply = worker.request({"spec": self.spec.to_dict(), "memory_bytes": self.limits.memory_bytes,
+                                    "alarm_s": math.ceil(self.limits.call_s * self.limits.replay_slack) + 5},
                                    self.limits.start_s)
         except _Died as e:
             worker.kill()
@@ -186,6 +188,12 @@ class ContainedEnvironment:
         if self.worker is not None:
             self.worker.kill()
             self.worker = None
+
+    def __enter__(self) -> ContainedEnvironment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class ContainedEnvironments:

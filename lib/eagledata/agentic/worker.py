@@ -1,20 +1,24 @@
 """The worker: one environment in a process of its own, speaking JSON lines on its stdin and stdout
 (`contained.py` starts it and is the only side that reads this protocol).
 
-    parent -> {"spec": EnvironmentSpec, "memory_bytes": N}     worker -> {"ready": true} | {"failed": message}
+    parent -> {"spec": EnvironmentSpec, "memory_bytes": N, "alarm_s": S}
+                                                               worker -> {"ready": true} | {"failed": message}
     parent -> {"name": ..., "arguments": "<json text>"}        worker -> {"text": ..., "error": kind | null}
 
 Before it builds anything it limits itself (`limit_resources`: address space, no file growth, no core dumps); once
 built, before the first call, it installs an audit hook (`guard`) that refuses, inside the environment's code,
 writing any file, reading a file outside the code's folders, listing folders outside them, sockets, starting or
 signalling processes, and ctypes. A call that runs out of memory is answered, then the worker exits: a process that
-hit its limit is not trusted with the next call. What this does not give (documented in agentic/README.md): no
-network namespace, no separate user; code that reaches for C (an extension module already loaded) is not stopped."""
+hit its limit is not trusted with the next call. Each call runs under `alarm(alarm_s)` (well past the parent's own
+limit): a worker whose parent died while a call hung ends itself; one idle ends when its stdin closes. What this
+does not give (documented in agentic/README.md): no network namespace, no separate user; code that reaches for C (an
+extension module already loaded) is not stopped."""
 from __future__ import annotations
 
 import json
 import os
 import resource
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO
@@ -103,7 +107,9 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> int:
     send({"ready": True})
     for line in requests:
         request = json.loads(line)
+        signal.alarm(int(opening.get("alarm_s", 0)))
         result = dispatcher.execute(Call(request["name"], request["arguments"]))
+        signal.alarm(0)
         send({"text": result.text, "error": result.error})
         if result.error == OUT_OF_MEMORY:
             return 3
