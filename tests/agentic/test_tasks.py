@@ -47,3 +47,13 @@ def test_a_repeated_id_is_refused(tmp_path):
     path.write_text(json.dumps(GOOD) + "\n" + json.dumps(GOOD) + "\n")
     with pytest.raises(InputError, match="tasks.jsonl:2 field 'id': id 'a' repeats line 1"):
         read_tasks(path)
+
+
+def test_the_command_writes_bfcls_tasks_as_a_task_file(bfcl_wheel_path, bfcl_tasks, tmp_path, capsys):
+    from eagledata.agentic.__main__ import main
+
+    out = tmp_path / "bfcl.jsonl"
+    assert main(["--cache", str(bfcl_wheel_path.parent), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out) and read_tasks(out) == bfcl_tasks
+    assert main(["--cache", str(bfcl_wheel_path.parent), "--out", str(out), "--member", "nope.json"]) == 2
+    assert "the wheel has no nope.json" in capsys.readouterr().err

@@ -59,6 +59,12 @@ def bfcl_code(wheel: Path, cache_dir: str | Path) -> Path:
     return extract_once(wheel, CODE_PREFIX, Path(cache_dir) / (wheel.name.removesuffix(".whl") + "-backends"))
 
 
+def bfcl_code_path(cache_dir: str | Path, download: Downloader = pip_download) -> list[str]:
+    """The code path a `bfcl` task's environment is built with (`Task.spec(code_path=...)`): the wheel fetched and
+    its backends extracted into `cache_dir` once."""
+    return [str(bfcl_code(bfcl_wheel(cache_dir, download), cache_dir))]
+
+
 def _schema(node: Any) -> Any:
     """A BFCL parameter schema as JSON Schema: types renamed everywhere (nested items and properties too), a
     property without a type made a string (as BFCL does); floats keep BFCL's hint (`format: float` and the sentence
@@ -184,3 +190,4 @@ def read_ground_truth(wheel_path: str | Path, tasks: list[Task],
         except InputError as e:
             raise e.at(f"{path}!{member}", i) from None
     return out
+
