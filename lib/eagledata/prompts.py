@@ -260,15 +260,19 @@ def _user_turns(raw: Any) -> tuple[tuple[dict, ...], ...]:
     return tuple(out)
 
 
-def normalize_task(obj: dict, pid: str, declared: Tools | None) -> Prompt:
+def normalize_task(obj: dict, pid: str, declared: Tools | None, base: Path | None = None) -> Prompt:
     """An agentic task (docs/FORMATS.md "Agentic tasks": `environment` names the code its calls run in, `turns` its
     user turns, `initial_config` and `involved_classes` the environment's start): its user turns are asked one by one
     and its tool calls executed (a rollout). `Prompt.task` is what the executor builds the environment from: the
-    task's id, environment fields and tools."""
+    task's id, environment fields and tools; a user's class named by a relative file path is made absolute against
+    `base` (the task file's folder), so the executor finds it from any working folder."""
     environment = obj["environment"]
     if not isinstance(environment, str) or not environment:
         raise InputError("must be 'bfcl' or a class 'package.module:Class' / 'path/to/file.py:Class'",
                          field="environment")
+    where, sep, name = environment.rpartition(":")
+    if sep and where.endswith(".py") and base is not None and not Path(where).is_absolute():
+        environment = f"{(base / where).resolve()}:{name}"
     turns = _user_turns(obj.get("turns"))
     config, classes = obj.get("initial_config", {}), obj.get("involved_classes", [])
     if not isinstance(config, dict):
@@ -280,12 +284,12 @@ def normalize_task(obj: dict, pid: str, declared: Tools | None) -> Prompt:
     return Prompt(pid, [dict(m) for turn in turns for m in turn], declared, task, turns)
 
 
-def normalize_prompt(obj: Any, tools: Tools | None = None) -> Prompt:
+def normalize_prompt(obj: Any, tools: Tools | None = None, base: Path | None = None) -> Prompt:
     """One prompt object in any accepted shape → `Prompt` ending in a non-assistant turn.
 
     `tools`: the dataset's declarations (datasets.yaml), used when the prompt has no `tools` of its own (absent,
     null or ""); a prompt's `tools: []` means it has none. Trailing assistant turns (ShareGPT keeps the old
-    answer) are dropped: we regenerate that answer.
+    answer) are dropped: we regenerate that answer. `base`: the prompt file's folder (a task's relative class path).
     """
     if not isinstance(obj, dict):
         raise InputError("a prompt must be a JSON object")
@@ -297,7 +301,7 @@ def normalize_prompt(obj: Any, tools: Tools | None = None) -> Prompt:
     own = obj.get("tools")
     declared = normalize_tools(own) if own not in (None, "") else tools
     if obj.get("environment") is not None:
-        return normalize_task(obj, str(pid), declared)
+        return normalize_task(obj, str(pid), declared, base)
     out, shape = _turns(obj, declared)
     _check_tools(out, declared, shape.key)
     while out and out[-1]["role"] == "assistant":
@@ -334,7 +338,7 @@ class PromptScan:
         with self.path.open("rb") as f:
             for offset in self.pending:
                 f.seek(offset)
-                yield normalize_prompt(json.loads(f.readline()), self.tools)
+                yield normalize_prompt(json.loads(f.readline()), self.tools, self.path.parent)
 
 
 def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: int | None = None,
@@ -365,7 +369,7 @@ def scan_prompts(path: str | Path, done: Container[str] = frozenset(), limit: in
                 if not raw.strip():
                     continue
                 try:
-                    prompt = normalize_prompt(json.loads(raw), tools)
+                    prompt = normalize_prompt(json.loads(raw), tools, path.parent)
                     pid = prompt.id
                     if turn_ids is not None and pid not in done:
                         derived += ((rid, lineno) for rid in turn_ids(prompt))

@@ -221,12 +221,62 @@ def test_rollouts_against_the_emulator_every_step_exact_and_every_result_a_fresh
 
 
 def test_a_run_with_tasks_and_no_executor_stops_before_any_request(tmp_path):
+    """The engine's own guard (a caller of the realtime route that passes its seams; `run_generation` makes a
+    contained executor for every run): no request is sent."""
+    from eagledata.generation.realtime.engine import run_realtime
+
     objs, datasets = _setup(tmp_path, 2)
     with run_emulator(speed=0, balance=1000, seed=1) as emu:
         cfg = GenerateConfig(**_cfg(tmp_path, datasets, emu.base_url))
         with pytest.raises(InputError, match="name an environment"):
-            asyncio.run(run_generation(cfg))
+            asyncio.run(run_realtime(cfg, "k", Seams(), None, None))
         assert not emu.ground_truth()
+
+
+def test_a_users_environment_runs_through_the_default_route_contained(tok, tmp_path):
+    """Issue 61: a task file naming a user's class by a path relative to it (examples/agentic's key-value store,
+    the file copied elsewhere with its tasks) runs from `run_generation`'s defaults as any prompt file does: each
+    step in a contained worker, the emulated agent's calls slipping (unknown names, bad JSON, missing or mistyped
+    arguments) and reusing what it was shown. Every tool result in the records is what a fresh environment gives when
+    the recorded calls are replayed in order (in process, an independent path); each slip an error result, the
+    trajectory going on."""
+    import shutil
+
+    from eagledata.agentic import InProcessEnvironments
+    from eagledata.agentic.tasks import read_tasks
+
+    examples = ROOT / "examples" / "agentic"
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    shutil.copy(examples / "kv_store.py", folder / "kv_store.py")
+    rows = [json.loads(line) for line in (examples / "kv_tasks.jsonl").read_text().splitlines() if line.strip()]
+    with (folder / "K.jsonl").open("w") as f:  # twenty tasks: the examples' under other ids
+        for i in range(20):
+            f.write(json.dumps({**rows[i % len(rows)], "id": f"kv-{i:02d}"}) + "\n")
+    datasets = tmp_path / "datasets.yaml"
+    datasets.write_text(f"K:\n  prompts: {folder / 'K.jsonl'}\n")
+    style = {"context_share": 0.7, "slips": {"unknown_name": 0.1, "bad_json": 0.1, "missing_required": 0.1,
+                                             "wrong_type": 0.1}}
+    with run_emulator(speed=0, content=SMALL, generation_delay=0.02, balance=1000, seed=63, tool_style=style) as emu:
+        cfg = GenerateConfig(**_cfg(tmp_path, datasets, emu.base_url, tool_call_s=20.0))
+        summary = asyncio.run(run_generation(cfg))
+    assert summary["stop_reason"] == "completed" and summary["remaining"] == 0
+    records = load_records(tmp_path / "out" / "datasets" / "K" / "records.jsonl")
+    last = {r.conversation_id: r for r in sorted(records, key=lambda r: r.turn)}  # each trajectory's last request:
+    # every call and result before it in its messages
+    assert len(last) == 20
+    tasks = {t.id: t for t in read_tasks(folder / "K.jsonl")}
+    local, shown, errors = InProcessEnvironments(), 0, 0
+    for cid, r in last.items():
+        env = local.open(tasks[cid].spec(base=folder))
+        results = {m["tool_call_id"]: m["content"] for m in r.messages if m["role"] == "tool"}
+        for m in r.messages:
+            for c in m.get("tool_calls") or ():
+                got = env.execute(c["function"]["name"], c["function"]["arguments"])
+                assert results[c["id"]] == got.text, (cid, c)
+                shown, errors = shown + 1, errors + (got.error is not None)
+        env.close()
+    assert shown >= 30 and errors >= 5, (shown, errors)  # slips were made, shown as errors, and the runs went on
 
 
 def _interrupt(cmd: list[str], records: Path, **popen) -> str:

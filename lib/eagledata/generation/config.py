@@ -58,6 +58,10 @@ class GenerateConfig(Settings):
     turns: TurnsMode = shared("turns")
     rollout_steps: int = setting(20, "a task (a prompt naming an environment): requests per user turn at most; a "
                                      "trajectory still calling at its cap ends there, marked capped")
+    tool_call_s: float = setting(10.0, "a task's tool call: seconds it may run in its environment's worker before it "
+                                       "is stopped (an error result the model is shown)")
+    tool_memory_mb: int = setting(1024, "a task's environment: the worker's address space in MiB (a call past it is "
+                                        "an error result)")
     params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
@@ -104,9 +108,11 @@ class GenerateConfig(Settings):
         super().__post_init__()
         if is_emulator(self.base_url):
             self.output_dir, self.params_dir = emulator_dirs(self.output_dir, self.params_dir)
+        if not self.tool_call_s > 0:
+            raise InputError(f"must be > 0, got {self.tool_call_s!r}", field="tool_call_s")
         if not self.emulator_speed >= 0:
             raise InputError(f"must be >= 0, got {self.emulator_speed!r}", field="emulator_speed")
-        for name in ("concurrency", "max_tokens", "max_attempts", "limit", "rollout_steps"):
+        for name in ("concurrency", "max_tokens", "max_attempts", "limit", "rollout_steps", "tool_memory_mb"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"must be a positive integer, got {value!r}", field=name)

@@ -33,6 +33,7 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
     (batch/route.py), the same records through Moonshot's Batch API."""
     if cfg.route == "batch":
         return await run_batch_route(cfg)
+    seams = with_environments(cfg, seams or (Seams(transport=transport) if transport else Seams()))
     if is_emulator(cfg.base_url):
         from ..emulator_process import serving
 
@@ -43,6 +44,20 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
                      f"records under {Path(cfg.output_dir) / 'datasets'}, routing from {cfg.params_dir}")
             return await run_realtime(dataclasses.replace(cfg, base_url=url), LOCAL_KEY, seams, transport, view)
     return await run_realtime(cfg, resolve_api_key(cfg.base_url, cfg.api_key_env, cfg.backend), seams, transport, view)
+
+
+def with_environments(cfg: GenerateConfig, seams: Seams) -> Seams:
+    """The run's environments executor for agentic tasks, where the caller passed none: each step in a contained
+    worker (`agentic.RolloutExecutor`, the settings' time and memory limits; BFCL's backends fetched into
+    .cache/agentic on the first `bfcl` task). Made for every run (it starts nothing until a task's step is due), so
+    a task file runs from the command and the notebook as any prompt file does."""
+    if seams.environments is not None:
+        return seams
+    from ..agentic import ContainedEnvironments, Limits
+    from ..agentic.executor import RolloutExecutor
+
+    limits = Limits(call_s=cfg.tool_call_s, memory_bytes=cfg.tool_memory_mb << 20)
+    return dataclasses.replace(seams, environments=RolloutExecutor(ContainedEnvironments(limits)))
 
 
 def generate(cfg: GenerateConfig) -> dict[str, Any]:
