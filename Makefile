@@ -69,8 +69,10 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP) smollm2
 
 # The canonical experiment (issue 54, notebooks/quality.ipynb): SmolLM2-135M-Instruct from its wheel, ShareGPT's
 # prompts answered by the target itself (on_policy) and by the data set (off_policy), equal supervised tokens, hidden
-# states, speculators 0.9.0's own loop in .venv-interop, τ on MT-Bench; the target served by vLLM from .venv-vllm for
-# the on-policy arm (both environments built here, as the tests build them). Sizes: QualityConfig's defaults, the CPU
+# states, speculators 0.9.0's own loop in .venv-interop, τ on MT-Bench beside the bounds and the free baselines (ngram,
+# eagle3-random); the target served by vLLM from .venv-vllm for the on-policy arm and again with each arm's checkpoint
+# as its EAGLE-3 speculative model, whose count must agree with ours within 0.02 (vllm_check; both environments built
+# here, as the tests build them). Sizes: QualityConfig's defaults, the CPU
 # run (bench/README.md has its time and memory); larger ones through QUALITY_ARGS, e.g. QUALITY_ARGS="-p conversations
 # 400 -p questions 80". Every finished stage is kept under outputs/quality/$(QUALITY_NAME)/: a rerun resumes. Another
 # trainer seed on the same data (training and τ only): QUALITY_NAME=smollm2-sharegpt-seed1 QUALITY_ARGS="-p seed 1

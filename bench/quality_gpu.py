@@ -19,8 +19,9 @@ carries, so it is copied to the GPU machine by hand.
 
 Sizes (`GPU_SIZES`, every one a flag of `python -m eagledata.quality.experiment`): 600 ShareGPT conversations, two
 turns each, answers of at most 256 tokens; 6 epochs (on CPU, 3 epochs left the drafters at τ ≈ 1.02, 6 reached
-1.26–1.28); τ on 16 MT-Bench questions, both turns, 128 new tokens, k = 5; the bounds on 4
-questions. Planned from the CPU figures in bench/README.md, not measured on a GPU.
+1.26–1.28); τ on 16 MT-Bench questions, both turns, 128 new tokens, k = 5; self and random on 4 questions, the
+baselines (ngram, eagle3-random) on the arms' 16; vLLM's count not checked (`vllm_check` False: no vLLM there).
+Planned from the CPU figures in bench/README.md, not measured on a GPU.
 """
 from __future__ import annotations
 
@@ -42,11 +43,11 @@ from eagledata.quality.sources import MTBENCH_REQUIREMENT, SHAREGPT_REQUIREMENT,
 GPU_SIZES = {"conversations": 600, "max_turns": 2, "answer_tokens": 256, "sample_tokens": 2048, "batch_size": 64,
              "extract_tokens_per_batch": 65536, "epochs": 6, "draft_vocab_size": 16384, "total_seq_len": 8192,
              "k": 5, "questions": 16, "max_new_tokens": 128, "bound_questions": 4, "threads": 16,
-             "regenerate": "transformers"}  # no vLLM on the GPU machine: batched transformers generate there
+             "regenerate": "transformers", "vllm_check": False}  # no vLLM on the GPU machine: batched generate
 DRY_RUN_SIZES = {"conversations": 4, "max_turns": 2, "answer_tokens": 32, "sample_tokens": 1024, "batch_size": 4,
                  "epochs": 1, "draft_vocab_size": 1024, "total_seq_len": 1024, "k": 3, "questions": 1,
                  "max_new_tokens": 16, "bound_questions": 1, "threads": 1, "regenerate": "transformers",
-                 "validation_conversations": 2}
+                 "validation_conversations": 2, "vllm_check": False}
 NO_DEPS = ["speculators==0.9.0", "hs-connectors==0.9.0", "transformers==5.19.0"]
 SKIP = ("torch", "transformers")  # the GPU machine's own torch; transformers at speculators' cap, above
 

@@ -47,13 +47,14 @@ def write_target(folder: Path) -> Path:
 
 
 def tiny_config(tmp_path: Path, **overrides) -> QualityConfig:
-    """The experiment at test size: 8 conversations (and 3 held out), answers of at most 24 tokens, 2 epochs, k = 3."""
+    """The experiment at test size: 8 conversations (and 3 held out), answers of at most 24 tokens, 2 epochs, k = 3;
+    vLLM's count off (`vllm_check`: test_experiment.py fakes it)."""
     write_wheels(tmp_path / "cache")
     target = write_target(tmp_path / "target")
     settings = dict(experiment="tiny", output_dir=str(tmp_path / "outputs"), cache_dir=str(tmp_path / "cache"),
                     target=str(target), conversations=8, max_turns=2, answer_tokens=24, sample_tokens=256, batch_size=4,
                     epochs=2, lr=3e-3, draft_vocab_size=64, total_seq_len=256, k=3, questions=2,
                     max_new_tokens=16, bound_questions=2, threads=1, regenerate="transformers",
-                    validation_conversations=3)
+                    validation_conversations=3, vllm_check=False)  # no vLLM in make test / test-interop
     settings.update(overrides)
     return QualityConfig(**settings)

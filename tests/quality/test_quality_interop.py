@@ -1,7 +1,9 @@
 """The canonical experiment's whole path at test size (`make test-interop`: speculators 0.9.0 in .venv-interop):
 ShareGPT-shaped prompts → both arms → equal supervised tokens → hidden states → speculators' own training loop →
 τ on MT-Bench-shaped questions, with the three checks: speculative decoding emits plain greedy decoding's tokens
-(every drafter, both turns), the target drafting for itself gives τ = k + 1, random weights τ ≈ 1."""
+(every drafter, both turns: the arms, the bounds and the free baselines n-gram and EAGLE-3 with random layers), the
+target drafting for itself gives τ = k + 1, random weights τ ≈ 1. vLLM's count is off here (no vLLM in make
+test-interop; test_run_checks.py fakes it)."""
 from __future__ import annotations
 
 import json
@@ -39,7 +41,7 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
 
     # equal supervised tokens, and each arm's τ file says what it trained on
     rows = {r["drafter"]: r for r in summary["rows"]}
-    assert set(rows) == {*ARMS, "self", "random"}
+    assert set(rows) == {*ARMS, "self", "random", "ngram", "eagle3-random"} == {*ARMS, *config.bounds}
     for arm in ARMS:
         doc = read_tau(files.tau(arm))
         assert doc["supervised_tokens"] == summary["supervised_tokens"] > 0 and doc["train_seconds"] > 0
@@ -57,13 +59,17 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
     # the bounds: k + 1 exactly, and about 1
     assert rows["self"]["tau_mean"] == config.k + 1 and rows["self"]["per_position_acceptance"] == [1.0] * config.k
     assert rows["random"]["tau_mean"] < 1.3
+    # the baselines on the arms' questions, the EAGLE-3 one through the EAGLE-3 path on the on-policy checkpoint
+    assert rows["ngram"]["questions"] == rows["eagle3-random"]["questions"] == rows["on_policy"]["questions"]
+    assert read_tau(files.bound("eagle3-random"))["drafter"] == f"eagle3-random:{files.checkpoint('on_policy')}"
+    assert set(summary["per_category"]) >= {*ARMS, "ngram", "eagle3-random"} and summary["vllm"] is None
 
     # lossless: every drafter emitted plain greedy decoding's tokens, turn by turn
     def outputs(path):
         return [json.loads(line)["output_ids"] for line in path.read_text().splitlines()]
 
     transcripts = {arm: outputs(files.tau(arm).with_name("tau.transcripts.jsonl")) for arm in ARMS}
-    transcripts.update({d: outputs(files.bound(d).with_name("tau.transcripts.jsonl")) for d in ("self", "random")})
+    transcripts.update({d: outputs(files.bound(d).with_name("tau.transcripts.jsonl")) for d in config.bounds})
     assert all(t == transcripts["self"] for t in transcripts.values())
     target_dir = summary["target"]
     chat = HFChat(load_hf_tokenizer(target_dir))
@@ -86,7 +92,9 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
                                               "max_turns", "answer_tokens", "sample_tokens", "batch_size", "epochs",
                                               "lr", "draft_vocab_size", "total_seq_len", "k", "questions",
                                               "max_new_tokens", "bound_questions", "threads", "interop_python",
-                                              "regenerate", "validation_conversations", "data_seed")}
+                                              "regenerate", "validation_conversations", "data_seed", "bounds",
+                                              "vllm_check")}
     out = run_notebook("quality", tmp_path / "quality.out.ipynb", params, cwd=tmp_path, project_root=tmp_path)
     published = read_results(out)["quality"]
     assert published["rows"] == summary["rows"] and "supervised tokens per arm" in published["conclusion"]
+    assert published["per_category"] == summary["per_category"] and "ngram" in published["baseline_verdict"]

@@ -12,7 +12,11 @@ from ..defaults import shared
 from ..errors import InputError
 from ..settings import Settings, setting
 
-ReferenceDrafter = Literal["self", "random"]  # a drafter measured beside the arms (speculative.Drafter is the seam)
+# A drafter measured beside the arms (speculative.Drafter is the seam): the bounds `self` (τ is k + 1) and `random`
+# (≈ 1) test the decoder; the baselines `ngram` (prompt lookup) and `eagle3-random` (the EAGLE-3 path untrained) are
+# what a user has without training, so the arms are compared with them on the same questions.
+ReferenceDrafter = Literal["self", "random", "ngram", "eagle3-random"]
+BASELINES: tuple[ReferenceDrafter, ...] = ("ngram", "eagle3-random")
 Regenerate = Literal["vllm", "transformers"]
 
 
@@ -53,11 +57,20 @@ class QualityConfig(Settings):
                                         "with its square)")
     seed: int = setting(0, "the trainer's seed (both arms) and the bootstrap's")
     k: int = setting(5, "draft tokens per chain when measuring τ")
-    questions: int | None = setting(24, "MT-Bench questions measured (the first N; None -> all 80), both turns")
+    questions: int | None = setting(24, "MT-Bench questions measured (N drawn round robin over its categories, "
+                                          "measure.select_questions; None -> all 80), both turns")
     max_new_tokens: int = setting(96, "cap on each MT-Bench answer while measuring τ")
-    bounds: list[ReferenceDrafter] = setting(["self", "random"], "reference drafters measured beside the arms (self: "
-                                                                 "τ is k + 1; random: ≈ 1)")
-    bound_questions: int | None = setting(3, "MT-Bench questions for the reference drafters (None -> questions)")
+    bounds: list[ReferenceDrafter] = setting(
+        ["self", "random", "ngram", "eagle3-random"],
+        "reference drafters measured beside the arms: self (τ is k + 1) and random (≈ 1) on bound_questions; the "
+        "free baselines ngram (prompt lookup, vLLM's method ngram) and eagle3-random (the on-policy arm's EAGLE-3 "
+        "checkpoint with its fc and decoder layers redrawn, in the speculators environment) on the arms' questions")
+    bound_questions: int | None = setting(3, "MT-Bench questions for self and random, whose τ is known (None -> "
+                                             "questions); the baselines are measured on the arms' questions")
+    vllm_check: bool = setting(True, "each arm's checkpoint measured again by vLLM's own EAGLE-3 speculative decoding "
+                                     "(vllm_python; the same verifier, questions, k and max_new_tokens): the run fails "
+                                     "when its pooled acceptance length and ours differ by more than 0.02; False "
+                                     "where no vLLM environment exists")
     target_device: str = setting("cpu", "where the verifier regenerates and its hidden states are extracted (cpu, "
                                  "cuda); speculators trains on the accelerator when there is one; τ is measured on CPU")
     threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")

@@ -1,12 +1,15 @@
 """The canonical experiment, stage by stage, with resume: the same ShareGPT prompts answered by the verifier itself
 (`on_policy`) and by the data set (`off_policy`), both assembled and trimmed to equal supervised tokens (`arms.py`), the
 verifier's hidden states over each (transformers, CPU or GPU, speculators' layout with `token_freq.pt`), a drafter
-trained on each by speculators 0.9.0's own loop (in its environment), τ of each on MT-Bench (k, both turns, greedy)
-and the two reference drafters (`self`: k + 1, `random`: ≈ 1).
+trained on each by speculators 0.9.0's own loop (in its environment), τ of each on MT-Bench (k, both turns, greedy),
+each arm's checkpoint measured again by vLLM's own speculative decoding (`vllm_tau.py`: the run fails when the two
+counts differ by more than 0.02), the two bounds (`self`: k + 1, `random`: ≈ 1) and the two free baselines the arms
+must beat (`ngram`: prompt lookup; `eagle3-random`: the EAGLE-3 path untrained).
 
 Everything lands under `<output_dir>/quality/<name>/` (DESIGN.md's canonical experiment): `prompts.jsonl`,
 `<arm>/records.jsonl`, `<arm>/samples.jsonl`, `<arm>/hidden_states/speculators/` (the export trained on),
-`<arm>/checkpoint/` (the trained drafter as speculators saves it), `<arm>/tau.json`, `bounds/<drafter>/tau.json`,
+`<arm>/checkpoint/` (the trained drafter as speculators saves it), `<arm>/tau.json`, `<arm>/vllm_tau.json`,
+`bounds/<drafter>/tau.json`,
 `stages/<stage>.json` (each finished stage's result: a rerun skips it) and `summary.json`. A stage that stopped
 midway runs again (extraction resumes by sample; training and τ start over).
 
@@ -49,9 +52,10 @@ from .arms import (
     turn_key,
 )
 from .commands import Runner, print_line, run_logged
-from .config import QualityConfig
+from .config import BASELINES, QualityConfig
 from .layout import experiment_files
 from .measure import load_causal_lm, measure_command
+from .report import baseline_verdict
 from .sources import (
     MTBENCH_REQUIREMENT,
     SHAREGPT_MEMBER,
@@ -63,6 +67,7 @@ from .sources import (
 from .stages import Stages, share_data
 from .tau import paired_difference, read_tau
 from .trainer import epoch_losses, last_checkpoint, read_metrics, train_args
+from .vllm_tau import CountMismatch, check_kept
 
 log = logging.getLogger(__name__)
 
@@ -355,15 +360,58 @@ class Experiment:
 
         return self.stages.run(f"tau/{arm}", body)
 
+    def reference(self, drafter: str) -> tuple[str, str, int | None]:
+        """How a reference drafter is measured: its `--drafter`, the interpreter and its questions. `self` and
+        `random` (τ known: k + 1, ≈ 1; `random` drafts with a whole model and costs several times an arm) on
+        `bound_questions`, here; the baselines on the arms' questions, so the arms are compared with them question
+        by question, `eagle3-random` on the on-policy arm's checkpoint through the EAGLE-3 path in the speculators
+        environment, as the arms are measured."""
+        if drafter == "eagle3-random":
+            return f"eagle3-random:{self.files.checkpoint(ARMS[0])}", self.config.interop_python, self.config.questions
+        if drafter in BASELINES:
+            return drafter, sys.executable, self.config.questions
+        return drafter, sys.executable, self.config.bound_questions or self.config.questions
+
     def tau_bound(self, drafter: str) -> dict[str, Any]:
         def body() -> dict[str, Any]:
             out = self.files.bound(drafter)
-            cmd, env = measure_command(sys.executable, *self.measure_args(
-                drafter, out, self.config.bound_questions or self.config.questions))
+            spec, python, questions = self.reference(drafter)
+            cmd, env = measure_command(python, *self.measure_args(spec, out, questions))
             self.seams.run(cmd, {**env, **self.threads_env()}, out.parent / "tau.log", f"τ {drafter}")
             return _tau_line(read_tau(out))
 
         return self.stages.run(f"bound/{drafter}", body)
+
+    def vllm_arm(self, arm: str) -> dict[str, Any]:
+        """vLLM's own count of the arm's checkpoint (`vllm_tau.py`: the verifier served by vLLM from
+        `vllm_python` with the checkpoint as its EAGLE-3 speculative model; the same questions, k and new-token cap
+        as `tau_arm`), kept as a stage, then checked against the arm's tau.json on every run (`check_kept`): a
+        count measured otherwise, or more than 0.02 from ours, fails the run naming both figures and files."""
+        out = self.files.vllm_tau(arm)
+
+        def body() -> dict[str, Any]:
+            args = ["--verifier", str(self.verifier), "--drafter", str(self.files.checkpoint(arm)),
+                    "--questions", str(self.questions_file()), "--k", str(self.config.k),
+                    "--max-new-tokens", str(self.config.max_new_tokens), "--out", str(out),
+                    "--vllm-python", self.config.vllm_python]
+            if self.config.questions is not None:
+                args += ["--limit", str(self.config.questions)]
+            _, env = measure_command(sys.executable)  # this package on the path; the server's is vllm_python's
+            self.seams.run([sys.executable, "-m", "eagledata.quality.vllm_tau", *args], env,
+                           self.files.arm(arm) / "vllm_tau.log", f"vLLM τ {arm}")
+            doc = json.loads(out.read_text(encoding="utf-8"))
+            return {k: doc.get(k) for k in ("drafter", "questions", "k", "max_new_tokens", "output_tokens",
+                                            "tau_pooled", "counts")}
+
+        kept = self.stages.run(f"vllm/{arm}", body)
+        try:
+            row = check_kept(read_tau(self.files.tau(arm)), kept)
+        except CountMismatch as e:
+            raise CountMismatch(f"{arm}: {e} (ours: {self.files.tau(arm)}; vLLM's: {out}, kept in "
+                                f"{self.files.stage(f'vllm/{arm}')}: delete that file to measure it again)") from None
+        self.seams.say(f"[vllm/{arm}] τ pooled: ours {row['tau_pooled']['ours']:.4f}, vLLM "
+                       f"{row['tau_pooled']['vllm']:.4f}: agree within 0.02")
+        return row
 
     def measure_args(self, drafter: str, out: Path, questions: int | None) -> list[str]:
         args = ["--verifier", str(self.verifier), "--drafter", drafter, "--questions", str(self.questions_file()),
@@ -393,7 +441,11 @@ class Experiment:
         self._model = None  # the trainer and τ run in other processes: free the verifier here
         for arm in ARMS:
             self.train_arm(arm)
-        taus = {arm: self.tau_arm(arm) for arm in ARMS}
+        taus, vllm = {}, {}
+        for arm in ARMS:
+            taus[arm] = self.tau_arm(arm)
+            if self.config.vllm_check:
+                vllm[arm] = self.vllm_arm(arm)
         for drafter in self.config.bounds:
             self.tau_bound(drafter)
         docs = {arm: read_tau(self.files.tau(arm)) for arm in ARMS}
@@ -404,7 +456,11 @@ class Experiment:
                    "arms": assembled["table"], "rows": summary_rows(docs),
                    "epoch_losses": {arm: docs[arm].get("epoch_losses") for arm in ARMS},
                    "difference": paired_difference(docs["on_policy"], docs["off_policy"], seed=self.config.seed),
+                   "per_category": {name: doc.get("per_category", {}) for name, doc in docs.items()
+                                    if doc["questions"] == docs[ARMS[0]]["questions"]},
+                   "vllm": vllm if self.config.vllm_check else None,
                    "stage_seconds": self.stages.seconds(), "seconds_this_run": round(time.monotonic() - started, 1)}
+        summary["baseline_verdict"] = baseline_verdict(summary)
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")
         for arm, line in taus.items():
             self.seams.say(f"{arm}: τ {line['tau_mean']:.3f} [{line['tau_ci95'][0]:.3f}, {line['tau_ci95'][1]:.3f}]"

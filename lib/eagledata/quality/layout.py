@@ -41,6 +41,10 @@ class ExperimentFiles:
     def tau(self, arm: str) -> Path:
         return self.arm(arm) / "tau.json"
 
+    def vllm_tau(self, arm: str) -> Path:
+        """vLLM's own count of the arm's checkpoint (`vllm_tau.py`), checked against `tau(arm)`."""
+        return self.arm(arm) / "vllm_tau.json"
+
     def bound(self, drafter: str) -> Path:
         return self.root / "bounds" / drafter / "tau.json"
 

@@ -1,5 +1,6 @@
-"""quality.ipynb's views of the experiment's `summary.json`: the table per drafter, the plot of τ with its interval
-and per-position acceptance, and the conclusion in words, stated from the numbers whichever way they point."""
+"""quality.ipynb's views of the experiment's `summary.json`: the table per drafter, τ per MT-Bench category, vLLM's
+count beside ours, the plot of τ with its interval and per-position acceptance, and the conclusion in words, stated
+from the numbers whichever way they point (the free baselines' verdict and vLLM's agreement included)."""
 from __future__ import annotations
 
 from typing import Any
@@ -44,7 +45,35 @@ def conclusion(summary: dict[str, Any]) -> str:
     if bounds:
         text += f" Bounds on {rows[next(b for b in ('self', 'random') if b in rows)]['questions']} questions: " \
                 + ", ".join(bounds) + f" (k + 1 = {on['k'] + 1} and ≈ 1 expected)."
+    baselines = [f"{b} {rows[b]['tau_mean']:.3f} [{rows[b]['tau_ci95'][0]:.3f}, {rows[b]['tau_ci95'][1]:.3f}]"
+                 for b in ("ngram", "eagle3-random") if b in rows]
+    if baselines:
+        text += " Free baselines on the arms' questions: " + ", ".join(baselines) + "."
+    if verdict_said := baseline_verdict(summary):
+        text += " " + verdict_said[0].upper() + verdict_said[1:]
+    if agreement := vllm_agreement(summary):
+        text += " " + agreement
     return text
+
+
+def vllm_agreement(summary: dict[str, Any]) -> str:
+    """vLLM's own count of each arm's checkpoint beside ours, in words ("" when the run did not check it: the
+    run fails before a summary when they disagree, so a summary's figures are within the tolerance)."""
+    vllm = summary.get("vllm")
+    if not vllm:
+        return ""
+    said = [f"{arm} {row['tau_pooled']['ours']:.4f} ours, {row['tau_pooled']['vllm']:.4f} vLLM's"
+            for arm, row in vllm.items()]
+    return "vLLM's own speculative decoding counts the same pooled acceptance length (within 0.02): " \
+        + "; ".join(said) + "."
+
+
+def vllm_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per arm: pooled τ, verifying steps and output tokens, ours and vLLM's (empty when not checked)."""
+    return [{"arm": arm, "tau_pooled_ours": row["tau_pooled"]["ours"], "tau_pooled_vllm": row["tau_pooled"]["vllm"],
+             "difference": row["tau_pooled"].get("difference"), "steps_ours": row["verifying_steps"]["ours"],
+             "steps_vllm": row["verifying_steps"]["vllm"], "tokens_ours": row["output_tokens"]["ours"],
+             "tokens_vllm": row["output_tokens"]["vllm"]} for arm, row in (summary.get("vllm") or {}).items()]
 
 
 def category_rows(docs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -64,6 +93,11 @@ def category_rows(docs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             row[name] = f"{got['tau_mean']:.3f} [{lo:.3f}, {hi:.3f}]"
         out.append(row)
     return out
+
+
+def category_table(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """`category_rows` over summary.json's `per_category` (the drafters measured on the arms' questions)."""
+    return category_rows({name: {"per_category": cats} for name, cats in summary.get("per_category", {}).items()})
 
 
 def baseline_verdict(summary: dict[str, Any], baseline: str = "ngram") -> str:

@@ -24,7 +24,8 @@ STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns
                   "records": ("answer_tokens", "regenerate"), "assemble": ("sample_tokens",), "extract": (),
                   "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
                   "tau": ("k", "questions", "max_new_tokens", "seed"),
-                  "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed")}
+                  "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed"),
+                  "vllm": ("k", "questions", "max_new_tokens")}
 
 
 def stage_settings(config: QualityConfig, stage: str) -> dict[str, Any]:

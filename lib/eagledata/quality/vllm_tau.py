@@ -7,7 +7,7 @@ both see the same tokens the two must agree. `check_agreement` is the check: poo
 `TOLERANCE` (0.02) apart raise `CountMismatch`, naming both figures; the command exits 1 on it.
 
 `python -m eagledata.quality.vllm_tau --verifier DIR --drafter CHECKPOINT --questions FILE --k 5
---max-new-tokens 96 --limit 10 --out vllm_tau.json [--ours tau.json]` (the vLLM environment: `--vllm-python`), or
+--max-new-tokens 96 --limit 24 --out vllm_tau.json [--ours tau.json]` (the vLLM environment: `--vllm-python`), or
 `--metrics FILE --ours tau.json --out …` to check a saved `/metrics` text without serving.
 """
 from __future__ import annotations
@@ -131,6 +131,34 @@ def check_agreement(ours: dict[str, Any], vllm: SpecCounts, output_tokens: int |
     return row
 
 
+def counts_of(doc: dict[str, Any]) -> SpecCounts:
+    """The counters a vllm_tau.json keeps (`counts`), as read from the server."""
+    return SpecCounts(**doc["counts"])
+
+
+def measurement_differences(ours: dict[str, Any], vllm: dict[str, Any]) -> list[str]:
+    """Where vLLM's kept count (a vllm_tau.json) and our tau.json were not measured alike: the drafter (ours
+    `eagle3:DIR`, vLLM's `DIR`, the same folder), the questions, k and the new-token cap. Counts of another
+    checkpoint or other questions agree or not by chance, so they are compared only when this is empty."""
+    said = []
+    mine = str(ours.get("drafter", "")).removeprefix("eagle3:")
+    theirs = str(vllm.get("drafter", ""))
+    if not mine or not theirs or Path(mine).resolve() != Path(theirs).resolve():
+        said.append(f"drafter {mine or None!r} ours, {theirs or None!r} vLLM's")
+    for key in ("questions", "k", "max_new_tokens"):
+        if ours.get(key) != vllm.get(key):
+            said.append(f"{key} {ours.get(key)!r} ours, {vllm.get(key)!r} vLLM's")
+    return said
+
+
+def check_kept(ours: dict[str, Any], vllm: dict[str, Any], *, tolerance: float = TOLERANCE) -> dict[str, Any]:
+    """A kept vLLM count (vllm_tau.json) against our tau.json of the same drafter: measured alike
+    (`measurement_differences`), then within `tolerance` (`check_agreement`); `CountMismatch` otherwise."""
+    if differ := measurement_differences(ours, vllm):
+        raise CountMismatch("vLLM's count and ours were not measured alike: " + "; ".join(differ))
+    return check_agreement(ours, counts_of(vllm), vllm.get("output_tokens"), tolerance=tolerance)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The command: a disagreement is its error message and exit status 1."""
     from ..errors import run_command
@@ -148,8 +176,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--limit", type=int, default=10,
-                    help="N questions spread over the categories, as measure.py picks them (both turns each)")
+    ap.add_argument("--limit", type=int, default=None,
+                    help="N questions spread over the categories, as measure.py picks them (both turns each; "
+                    "default: all)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--ours", help="our tau.json on the same questions and drafter, to check against")
     ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")

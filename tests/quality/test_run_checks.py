@@ -1,0 +1,185 @@
+"""What the run itself checks and reports past each arm's τ (quality/experiment.py, issue 59 items 6 and 7): vLLM's own
+count of each trained checkpoint kept as a stage and held to ours (a count that disagrees, or one measured on the
+other arm's checkpoint, fails the run naming both figures), the free baselines (n-gram, the EAGLE-3 drafter with
+random layers) on the arms' questions with the verdict against n-gram, and τ per MT-Bench category.
+
+The data stages run for real on the tiny target (once per module, then linked in by `data_from`); the three commands
+in other processes are fakes through `ExperimentSeams.run`: speculators' trainer, τ (a tau.json whose counts depend
+on the drafter) and vLLM's count (its counters read off the tau.json of the checkpoint it was given)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from eagledata.quality.arms import ARMS
+from eagledata.quality.experiment import Experiment, ExperimentSeams
+from eagledata.quality.layout import ExperimentFiles
+from eagledata.quality.measure import parser as measure_parser
+from eagledata.quality.tau import QuestionRun, read_tau, summarize, write_tau
+from eagledata.quality.vllm_tau import CountMismatch, SpecCounts
+from tests.helpers.quality_experiment import tiny_config
+
+CATEGORIES = ("writing", "math", "coding")
+# drafts accepted per verifying forward, cycled, by drafter: on-policy accepts more than off-policy (pooled τ 1.75
+# against 1.25), n-gram about 1.33, between them
+ACCEPTS = {"on_policy": [1, 0, 2, 0], "off_policy": [1, 0, 0, 0], "self": [3], "random": [0], "ngram": [0, 1, 0],
+           "eagle3-random": [0]}
+
+
+def no_commands(cmd, env, log_file, label):
+    raise AssertionError(f"no command expected here: {label}")
+
+
+class FakeCommands:
+    """The experiment's commands, faked. `plant` makes vLLM's count wrong: `count` adds 3 accepted drafts (of 48);
+    `served` serves the other arm's checkpoint (the wiring bug: its vllm_tau.json names what it served); `counted`
+    names the asked checkpoint but counts the other one."""
+
+    def __init__(self, files: ExperimentFiles, plant: str | None = None):
+        self.files, self.plant, self.calls = files, plant, []
+
+    def __call__(self, cmd, env, log_file, label):
+        self.calls.append((label, cmd))
+        module = cmd[2]
+        if module == "eagledata.quality.train":
+            self.train(cmd)
+        elif module == "eagledata.quality.measure":
+            self.measure(measure_parser().parse_args(cmd[3:]))
+        elif module == "eagledata.quality.vllm_tau":
+            self.vllm(dict(zip(cmd[3::2], cmd[4::2], strict=True)))
+        else:
+            raise AssertionError(f"unexpected command {cmd}")
+
+    def train(self, cmd):
+        save = Path(dict(zip(cmd[4::2], cmd[5::2], strict=True))["--save-path"])
+        (save / "1").mkdir(parents=True)
+        (save / "1" / "config.json").write_text("{}")
+        Path(cmd[3]).write_text(json.dumps({"train": {"loss": 3.0}, "epoch": 0}) + "\n"
+                                + json.dumps({"val": {"loss_epoch": 4.0}, "epoch": 0}) + "\n")
+
+    def arm_of(self, checkpoint: str) -> str:
+        return next(arm for arm in ARMS if Path(checkpoint) == self.files.checkpoint(arm))
+
+    def measure(self, a):
+        name = a.drafter.split(":")[0]
+        name = self.arm_of(a.drafter.removeprefix("eagle3:")) if name == "eagle3" else name
+        write_tau(a.out, summarize(decoded(name, a.limit), k=a.k, verifier=a.verifier, eval_set="mt_bench",
+                                   seed=a.seed, drafter=a.drafter, max_new_tokens=a.max_new_tokens,
+                                   samples=a.samples, supervised_tokens=a.supervised_tokens,
+                                   train_seconds=a.train_seconds))
+
+    def vllm(self, flags):
+        """vLLM decoding the checkpoint it serves on its own: counters of the same runs as `measure` gives it."""
+        asked = self.arm_of(flags["--drafter"])
+        served = ARMS[1 - ARMS.index(asked)] if self.plant in ("served", "counted") else asked
+        k, runs = int(flags["--k"]), decoded(served, int(flags["--limit"]))
+        accepted = [a for r in runs for t in r.accepted for a in t]
+        counts = SpecCounts(len(accepted), k * len(accepted), sum(accepted) + (3 if self.plant == "count" else 0),
+                            [sum(a > i for a in accepted) for i in range(k)])
+        doc = {"drafter": str(self.files.checkpoint(served if self.plant == "served" else asked)),
+               "questions": len(runs), "k": k, "max_new_tokens": int(flags["--max-new-tokens"]),
+               "output_tokens": sum(r.output_tokens for r in runs), "tau_pooled": counts.tau, "counts": asdict(counts)}
+        Path(flags["--out"]).write_text(json.dumps(doc))
+
+
+def decoded(drafter: str, questions: int) -> list[QuestionRun]:
+    """What decoding `questions` MT-Bench-like questions with this drafter gives: two turns of 8 verifying
+    forwards each, accepting `ACCEPTS[drafter]` in turn."""
+    cycle = ACCEPTS[drafter]
+    return [QuestionRun(81 + q, [[cycle[(q + i) % len(cycle)] for i in range(8)] for _ in range(2)],
+                        output_tokens=40, category=CATEGORIES[q % len(CATEGORIES)]) for q in range(questions)]
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """The data stages made once (`tiny`); each test's experiment links them in (`data_from`)."""
+    root = tmp_path_factory.mktemp("checks")
+    exp = Experiment(tiny_config(root), ExperimentSeams(run=no_commands, say=lambda s: None))
+    asks = exp.prompts()
+    for arm in ARMS:
+        exp.arm_records(arm, asks)
+    exp.assemble_arms()
+    for arm in ARMS:
+        exp.extract_arm(arm)
+    return root
+
+
+def experiment(base, name, plant=None, **settings):
+    config = tiny_config(base, experiment=name, data_from="tiny", questions=3, bound_questions=1, **settings)
+    files = ExperimentFiles(Path(config.output_dir) / "quality" / name)
+    fake = FakeCommands(files, plant)
+    return Experiment(config, ExperimentSeams(run=fake, say=lambda s: None)), fake
+
+
+def test_vllms_count_and_the_free_baselines_in_the_run(base):
+    """The default run: each arm's checkpoint counted by vLLM on the arms' questions, k and cap, its count within
+    0.02 of ours; n-gram and the EAGLE-3 drafter with random layers (the on-policy checkpoint, the speculators
+    interpreter) on the arms' questions, self and random on `bound_questions`; τ per category of the drafters on
+    the arms' questions; the verdict against n-gram. A rerun keeps every stage and checks the kept counts again.
+    (Planted by hand: the stage handing vLLM the other arm's checkpoint fails this run: not measured alike.)"""
+    exp, fake = experiment(base, "default", vllm_check=True, bounds=["self", "random", "ngram", "eagle3-random"])
+    config = exp.config
+    summary = exp.run()
+    labels = [label for label, _ in fake.calls]
+    assert labels == ["train on_policy", "train off_policy", "τ on_policy", "vLLM τ on_policy", "τ off_policy",
+                      "vLLM τ off_policy", "τ self", "τ random", "τ ngram", "τ eagle3-random"]
+    cmds = dict(fake.calls)
+    for arm in ARMS:
+        flags = dict(zip(cmds[f"vLLM τ {arm}"][3::2], cmds[f"vLLM τ {arm}"][4::2], strict=True))
+        assert flags["--drafter"] == str(exp.files.checkpoint(arm)) and flags["--vllm-python"] == config.vllm_python
+        assert (flags["--limit"], flags["--k"], flags["--max-new-tokens"]) == ("3", "3", "16")
+        row = summary["vllm"][arm]["tau_pooled"]
+        assert row["ours"] == pytest.approx(row["vllm"]) and row["ours"] == read_tau(exp.files.tau(arm))["tau_pooled"]
+    baseline = cmds["τ eagle3-random"]
+    assert baseline[0] == config.interop_python
+    assert f"eagle3-random:{exp.files.checkpoint('on_policy')}" in baseline
+    rows = {r["drafter"]: r for r in summary["rows"]}
+    assert {d: rows[d]["questions"] for d in rows} == {"on_policy": 3, "off_policy": 3, "self": 1, "random": 1,
+                                                       "ngram": 3, "eagle3-random": 3}
+    assert set(summary["per_category"]) == {"on_policy", "off_policy", "ngram", "eagle3-random"}
+    assert set(summary["per_category"]["on_policy"]) == set(CATEGORIES)
+    verdict = summary["baseline_verdict"]
+    assert verdict.startswith("on_policy 1.750 beats ngram") and "off_policy 1.250 does not beat ngram" in verdict
+    from eagledata.quality.report import category_table, conclusion, vllm_rows
+
+    said = conclusion(summary)
+    assert "does not beat ngram" in said and "vLLM's own speculative decoding counts the same" in said
+    assert [r["arm"] for r in vllm_rows(summary)] == list(ARMS)
+    assert [r["category"] for r in category_table(summary)] == sorted(CATEGORIES)
+
+    again = Experiment(config, ExperimentSeams(run=no_commands, say=lambda s: None)).run()
+    assert again["vllm"] == summary["vllm"] and again["rows"] == summary["rows"]
+
+
+def test_without_a_vllm_environment_the_check_is_off(base):
+    exp, fake = experiment(base, "off", vllm_check=False, bounds=[])
+    summary = exp.run()
+    assert not any(cmd[2] == "eagledata.quality.vllm_tau" for _, cmd in fake.calls)
+    assert summary["vllm"] is None and summary["baseline_verdict"] == ""
+
+
+@pytest.mark.parametrize(("plant", "said"), [
+    ("count", r"on_policy: pooled acceptance length differs by 0\.0625 > 0\.02: ours 1\.7500 over 48 verifying "
+              r"forwards, vLLM 1\.8125 over 48 drafts \(39 accepted\)"),
+    ("served", r"on_policy: vLLM's count and ours were not measured alike: drafter '.*on_policy/checkpoint' ours, "
+               r"'.*off_policy/checkpoint' vLLM's"),
+    ("counted", r"on_policy: pooled acceptance length differs by 0\.5000 > 0\.02: ours 1\.7500 .* vLLM 1\.2500"),
+])
+def test_a_vllm_count_that_disagrees_fails_the_run_naming_both_figures(base, plant, said):
+    """Planted: a count 0.0625 off; the other arm's checkpoint served (its file says so); the other arm's counts
+    under this arm's name. The run stops at the first arm, naming both figures and both files; the count is kept,
+    so a rerun fails the same way without serving again. Planted by hand: without the check all three pass; with the
+    counts checked alone `served` is caught only by its count (which two arms within 0.02 of each other would pass);
+    the stage handing vLLM the other arm's checkpoint fails the default run."""
+    exp, fake = experiment(base, f"plant-{plant}", plant, vllm_check=True, bounds=[])
+    with pytest.raises(CountMismatch, match=said) as failed:
+        exp.run()
+    assert str(exp.files.tau("on_policy")) in str(failed.value) and str(exp.files.vllm_tau("on_policy")) in str(
+        failed.value)
+    assert [label for label, _ in fake.calls][-1] == "vLLM τ on_policy"
+    assert not exp.files.summary.exists()
+    with pytest.raises(CountMismatch, match=said):
+        Experiment(exp.config, ExperimentSeams(run=no_commands, say=lambda s: None)).run()
