@@ -31,6 +31,7 @@ from .report.run_report import (
                      dataset_rows,
                      dataset_summaries,
                      datasets_table,
+                     environments_table,
                      plot_datasets,
                      plot_health,
                      plot_records,
@@ -49,4 +50,5 @@ __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats
            "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan",
            "plot_health", "plot_records", "provider_table", "RunHealth",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "tool_loop_note",
-           "write_targets", "batches_table", "RouteChoice", "RoutePlan", "plan_routes", "plot_routes"]
+           "write_targets", "batches_table", "environments_table", "RouteChoice", "RoutePlan", "plan_routes",
+           "plot_routes"]
