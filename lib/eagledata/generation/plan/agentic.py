@@ -9,7 +9,8 @@ side grows with the square of its length, and a long tail of steps costs more th
 The shape (S's distribution, P0, g, o) comes from a pilot run's records (`pilot_shape`: a run of the same tasks with a
 `limit`; every ended trajectory's steps, each request's prompt growth and output) or from a prior (`prior_shape`: the
 task file's own first prompts and user turns, an assumed number of steps per user turn, the output guess and a result
-size). Pure but for `measure_tasks` (the tokenizer over a task file).
+size: budget.ipynb's `prior_steps_per_user_turn` and `prior_tool_result_tokens`). Pure but for `measure_tasks` (the
+tokenizer over a task file) and `read_pilot`.
 """
 from __future__ import annotations
 
@@ -21,14 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import InputError
+from ...files import iter_jsonl
 from ...prompts import iter_prompts
 from ...records import output_tokens
 from ...text import Tokenizer, prompt_ids
 from ..conversations.turns import Conversation, pauses
 from .budget import Z90, Prices
-
-PRIOR_STEPS_PER_USER_TURN = 2.0  # a tool round, then the answer: BFCL's multi-turn tasks mostly call once or twice
-PRIOR_RESULT_TOKENS = 150.0      # what a step's tool results add to the next prompt
 
 
 @dataclass(frozen=True)
@@ -154,8 +153,8 @@ def pilot_shape(records: Iterable[Mapping[str, Any]]) -> AgenticShape | None:
 
 
 def prior_shape(user_turns: Sequence[int], first_prompt_tokens: Sequence[int], *, output_tokens: float,
-                output_sd: float, steps_per_user_turn: float = PRIOR_STEPS_PER_USER_TURN,
-                result_tokens: float = PRIOR_RESULT_TOKENS, user_turn_tokens: float = 0.0) -> AgenticShape:
+                output_sd: float, steps_per_user_turn: float, result_tokens: float,
+                user_turn_tokens: float = 0.0) -> AgenticShape:
     """The shape before any pilot: each task's user turns × `steps_per_user_turn` steps (rounded, at least one per
     user turn), its first prompt as measured, each step adding its answer (`output_tokens`: in a tool loop the
     reasoning is re-sent), its results (`result_tokens`) and its share of a later user turn (`user_turn_tokens`, one
@@ -194,3 +193,31 @@ def measure_tasks(tok: Tokenizer, path: str | Path) -> TaskFile | None:
     if not turns:
         return None
     return TaskFile(turns, firsts, sum(later) / len(later) if later else 0.0)
+
+
+def read_pilot(records: str | Path) -> AgenticShape | None:
+    """`pilot_shape` of a records file (None when there is none, or no trajectory in it ended)."""
+    path = Path(records)
+    if not path.is_file():
+        return None
+    return pilot_shape(r for _, r in iter_jsonl(path, tolerate_torn_tail=True))
+
+
+def plan_agentic(tok: Tokenizer, prompts: Mapping[str, str | Path], records: Mapping[str, str | Path], prices: Prices,
+                 *, output_tokens: float, output_sd: float, money_usd: float, steps_per_user_turn: float,
+                 result_tokens: float) -> list[dict[str, Any]]:
+    """budget.ipynb's agentic table: per dataset whose prompt file holds tasks, its shape (its own records as the
+    pilot when a run ended some trajectory, else the prior from its task file and the output guess), what all its
+    tasks are expected to take, and how many tasks `money_usd` allows at P90."""
+    rows = []
+    for name, path in prompts.items():
+        measured = measure_tasks(tok, path)
+        if measured is None:
+            continue
+        shape = read_pilot(records[name]) if name in records else None
+        shape = shape or prior_shape(measured.user_turns, measured.first_prompt_tokens, output_tokens=output_tokens,
+                                     output_sd=output_sd, steps_per_user_turn=steps_per_user_turn,
+                                     result_tokens=result_tokens, user_turn_tokens=measured.later_user_turn_tokens)
+        rows.append({"dataset": name, **estimate(shape, len(measured.user_turns), prices).row(),
+                     "tasks_in_budget": tasks_for_budget(shape, prices, money_usd)})
+    return rows
