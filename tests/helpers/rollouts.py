@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from eagledata.emulator.toolcalls import task_rounds
@@ -46,23 +48,37 @@ class KeyValueStore:
         raise RuntimeError(f"the store exploded on {key!r}")
 
 
-def run_call(env: KeyValueStore, call: ToolCall) -> str:
-    """One call dispatched by name to a public method with its JSON arguments; what it rejects is an error text."""
+@dataclass(frozen=True)
+class Shown:
+    """A result with its failure's kind (`rollouts.Shown`), as an executor that knows why a call failed returns it."""
+
+    text: str
+    error: str | None = None
+
+
+def run_shown(env: KeyValueStore, call: ToolCall) -> Shown:
+    """One call dispatched by name to a public method with its JSON arguments; what it rejects is an error text, with
+    the kind `agentic.calls` names it by."""
     method = getattr(env, call.name, None) if not call.name.startswith("_") and call.name != "data" else None
     if not callable(method):
-        return f"Error: unknown function {call.name!r}"
+        return Shown(f"Error: unknown function {call.name!r}", "unknown_function")
     try:
         args = json.loads(call.arguments or "{}")
     except json.JSONDecodeError as e:
-        return f"Error: arguments are not valid JSON: {e.msg}"
+        return Shown(f"Error: arguments are not valid JSON: {e.msg}", "malformed_arguments")
     if not isinstance(args, dict):
-        return "Error: arguments must be a JSON object"
+        return Shown("Error: arguments must be a JSON object", "malformed_arguments")
     try:
-        return json.dumps(method(**args), ensure_ascii=False)
+        return Shown(json.dumps(method(**args), ensure_ascii=False))
     except TypeError as e:
-        return f"Error: {e}"
+        return Shown(f"Error: {e}", "invalid_arguments")
     except Exception as e:  # noqa: BLE001 - any method's failure is the model's result to read
-        return f"Error: {type(e).__name__}: {e}"
+        return Shown(f"Error: {type(e).__name__}: {e}", "raised")
+
+
+def run_call(env: KeyValueStore, call: ToolCall) -> str:
+    """`run_shown`'s text: what the model is shown."""
+    return run_shown(env, call).text
 
 
 class ReplayMismatch(AssertionError):
@@ -71,20 +87,27 @@ class ReplayMismatch(AssertionError):
 
 class Executions:
     """`execute` (the seam, stateless: a fresh store from the task's `initial_config`, the calls before replayed, each
-    checked against the result the model was shown, then the calls run), counting what it was asked to run."""
+    checked against the result the model was shown, then the calls run), counting what it was asked to run. `kinds`:
+    results come with their failures' kinds (`Shown`), else as texts alone."""
 
-    def __init__(self) -> None:
+    def __init__(self, kinds: bool = False) -> None:
         self.asked: list[tuple[str, ...]] = []
+        self.kinds = kinds
+        self.errors: Counter[str] = Counter()  # the kinds it returned
 
     def __call__(self, task: Mapping[str, Any], before: Sequence[tuple[ToolCall, str]],
-                 calls: Sequence[ToolCall]) -> list[str]:
+                 calls: Sequence[ToolCall]) -> list[Any]:
         assert task["environment"] == ENVIRONMENT and task["tools"] == TOOLS
         env = KeyValueStore(task["initial_config"])
         for c, shown in before:
             if (again := run_call(env, c)) != shown:
                 raise ReplayMismatch(f"{task['id']}: {c.id} gave {again!r}, the model was shown {shown!r}")
         self.asked.append(tuple(c.id for c in calls))
-        return [run_call(env, c) for c in calls]
+        shown = [run_shown(env, c) for c in calls]
+        if not self.kinds:
+            return [s.text for s in shown]
+        self.errors.update(s.error for s in shown if s.error is not None)
+        return shown
 
 
 ENVIRONMENT = "tests.helpers.rollouts:KeyValueStore"

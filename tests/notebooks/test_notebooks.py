@@ -165,6 +165,7 @@ def test_budget_notebook_writes_targets(tokenizer_dir, execute_notebook, tmp_pat
     batch = next(r for r in routes["rows"] if r["name"] == "batch")
     assert batch["worst_h"] == 3 * 24  # demo-a's two-turn conversations: 2 rounds + 1 top-up, each up to 24 h
     assert any("-p route batch" in c for c in routes["commands"])
+    assert results["agentic"] == []  # no task in these datasets: nothing planned by steps per task
 
 
 def test_budget_notebook_picks_the_cheapest_plan_that_meets_a_deadline(tokenizer_dir, execute_notebook, tmp_path):

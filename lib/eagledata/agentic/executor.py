@@ -18,13 +18,15 @@ from typing import Any
 
 from .backends import BFCL, EnvironmentSpec
 from .bfcl import bfcl_code_path
+from .calls import CallResult
 from .contained import ContainedEnvironments, Limits
 from .environment import Environments, ReplayMismatch
 
 
 @dataclass
 class RolloutExecutor:
-    """`Execute` for generation: (task, earlier calls with the results shown, the step's calls) → their results."""
+    """`Execute` for generation: (task, earlier calls with the results shown, the step's calls) → their results, each
+    with its failure's kind (the record keeps the kinds: the report counts them without reading the wording)."""
 
     environments: Environments = field(default_factory=lambda: ContainedEnvironments(Limits()))
     cache_dir: str | Path = ".cache/agentic"  # where BFCL's wheel and backends are kept
@@ -41,7 +43,8 @@ class RolloutExecutor:
         return EnvironmentSpec(str(task["id"]), task["environment"], task.get("initial_config") or {},
                                list(task.get("involved_classes") or ()), list(task.get("tools") or ()), code_path)
 
-    def __call__(self, task: Mapping[str, Any], before: Sequence[tuple[Any, str]], calls: Sequence[Any]) -> list[str]:
+    def __call__(self, task: Mapping[str, Any], before: Sequence[tuple[Any, str]],
+                 calls: Sequence[Any]) -> list[CallResult]:
         spec = self.spec(task)
         environment = self.environments.open(spec)
         try:
@@ -50,6 +53,6 @@ class RolloutExecutor:
                 if got.text != shown:
                     raise ReplayMismatch(f"task {spec.task_id}: replaying call {i} ({call.name} {call.arguments}) "
                                          f"gave {got.text[:200]!r}, the model was shown {shown[:200]!r}")
-            return [environment.execute(c.name, c.arguments).text for c in calls]
+            return [environment.execute(c.name, c.arguments) for c in calls]
         finally:
             environment.close()

@@ -6,6 +6,7 @@ from .conversations.datasets import DatasetSpec, get_dataset, load_datasets, wri
 from .conversations.fidelity import FidelityJudge, ignore_suspects
 from .conversations.store import Store, StoreLocked
 from .money.admission import Admission, AgeModel
+from .plan.agentic import plan_agentic
 from .plan.budget import (
                      BudgetConfig,
                      ContentLengths,
@@ -31,6 +32,7 @@ from .report.run_report import (
                      dataset_rows,
                      dataset_summaries,
                      datasets_table,
+                     environments_table,
                      plot_datasets,
                      plot_health,
                      plot_records,
@@ -46,7 +48,9 @@ __all__ = ["Admission", "AgeModel", "BudgetConfig", "DatasetSpec", "DatasetStats
            "Seams", "OutputLengths", "Plan", "Prices", "Prompt", "ContentLengths", "PromptTurns",
            "Store", "StoreLocked", "generate", "get_dataset", "ignore_suspects", "load_datasets", "load_prompts",
            "Pacing", "dataset_rows", "dataset_summaries", "datasets_table", "plot_datasets", "without_timelines",
-           "measure_prompts", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual", "plot_plan",
+           "measure_prompts", "plan_agentic", "plan_budget", "plan_prices", "PriceBasis", "planned_vs_actual",
+           "plot_plan",
            "plot_health", "plot_records", "provider_table", "RunHealth",
            "record_stats", "run_generation", "scan_prompts", "scenario_table", "summary_table", "tool_loop_note",
-           "write_targets", "batches_table", "RouteChoice", "RoutePlan", "plan_routes", "plot_routes"]
+           "write_targets", "batches_table", "environments_table", "RouteChoice", "RoutePlan", "plan_routes",
+           "plot_routes"]

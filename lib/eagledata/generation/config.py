@@ -183,6 +183,10 @@ class BudgetConfig(Settings):
                               "answers) | last (a request per prompt)")
     prior_content_share: float = setting(0.25, "no finished records yet: guess an earlier answer's content (what "
                                          "later turns resend) as this share of the output guess (the rest: reasoning)")
+    prior_steps_per_user_turn: float = setting(2.0, "agentic tasks without a pilot run's records: requests per user "
+                                               "turn (a tool round, then the answer)")
+    prior_tool_result_tokens: float = setting(150.0, "agentic tasks without a pilot run's records: what a step's tool "
+                                              "results add to the next step's prompt")
     concurrency: int = shared("concurrency", "requests in flight when a run stops issuing (cost band)")
     round_to: int = setting(100_000, "targets are rounded down to this many tokens")
     scenario_targets: list[int] = setting([10_000_000, 7_000_000], "per-dataset targets priced in the scenario table")

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 from ...aio import in_executor
 from ...openrouter import Completion, Kind, Outcome, RoutingDecision
@@ -19,6 +20,7 @@ from ...text import Tokenizer
 from ..policy import CANCELLED, Rule, StopReason
 from .fidelity import FidelityJudge
 from .recording import COUNT_DISAGREES, build_record, count_refusal
+from .rollouts import environment_label
 from .turns import Turn, pauses
 from .work import Work
 
@@ -104,7 +106,10 @@ class Recorder:
     def fail(self, work: Work) -> None:
         """The turn failed for good: failures.jsonl, with its last error and its tries."""
         turn = work.turn
-        chain = {"conversation_id": turn.conversation.id, "turn": turn.number} if turn.conversation.chained else {}
+        chain: dict[str, Any] = {"conversation_id": turn.conversation.id, "turn": turn.number} \
+            if turn.conversation.chained else {}
+        if (rollout := turn.conversation.rollout) is not None:
+            chain["environment"] = environment_label(rollout.task)
         work.lane.store.add_failure(turn.id, work.last_error or {}, work.tries, **chain)
         work.lane.stats.counts["failed"] += 1
 

@@ -12,7 +12,7 @@ from typing import Any
 from ...openrouter import Completion, Kind, Outcome
 from ...records import Record
 from ...text import Tokenizer, agreement, output_ids
-from .rollouts import rollout_meta
+from .rollouts import environment_label, rollout_meta
 from .turns import TOOL_MISMATCH, Turn, model_call_ids
 
 # -- the service's count against our ids ---------------------------------------------------------------------------
@@ -83,7 +83,8 @@ def build_record(tok: Tokenizer, *, turn: Turn, dataset: str, prompt_ids: list[i
     ids = output_ids(tok, a.reasoning, a.content, a.finish_reason, tool_calls=calls)
     meta: dict[str, Any] = {"attempts": attempts}
     if (rollout := turn.conversation.rollout) is not None:  # where in its task, and whether it ended the trajectory
-        meta["rollout"] = rollout_meta(turn.position, a, len(turn.conversation.asks), rollout.steps)
+        meta["rollout"] = rollout_meta(turn.position, a, len(turn.conversation.asks), rollout.steps,
+                                       environment=environment_label(rollout.task), errors=turn.errors)
     elif turn.conversation.chained:
         meta["turns"] = turn.conversation.last
     if rebuilt:  # the provider's ids (`call_…`) replaced by the model's `functions.NAME:IDX`

@@ -23,11 +23,17 @@ stateless: the environment is rebuilt from the task's initial state by replaying
 before, then the new calls run and their results are returned. So a resume after a SIGKILL is exact by
 construction: no call is ever run against a state that already holds it, and the results of earlier steps are read
 from the records (what the model was shown), never computed again.
+
+A result may come with its failure's kind (`Shown`: the executor knows why a call failed, so the report counts the
+kinds without reading the wording); the record that carries the results keeps the kinds in `meta.rollout.errors`.
+Every record keeps its task's environment (`environment_label`), so a records file says per environment how the
+trajectories went without its task file.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any, Protocol
 
 from ...records import Answer, ToolCall
@@ -37,18 +43,37 @@ ANSWERED, CAPPED = "answered", "capped"  # `meta.rollout.ended`: how the traject
 FINISHED = ("stop", "tool_calls")  # finish reasons of an answer the model ended itself (turns.py re-exports it)
 
 
+BFCL = "bfcl"  # the environment of BFCL's multi-turn backends (agentic.backends.BFCL): labelled by its classes
+
+
+class Shown(Protocol):
+    """A result with its failure's kind (`agentic.calls.CallResult`): the text the model is shown, and None or the
+    kind (`unknown_function`, `malformed_arguments`, `invalid_arguments`, `raised`, `timeout`, `out_of_memory`,
+    `crashed`)."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+ToolResult = str | Shown  # what `Execute` returns per call: its text alone (kind not said), or with its kind
+
+
 class Execute(Protocol):
     """The environment seam: `calls` executed in a fresh environment made from `task` (`Prompt.task`: the agentic
     task's `{id, environment, initial_config, involved_classes, tools}`) after `before` was replayed in order (each
     earlier call with the result the model was shown: a rebuild may check it, and leave out a call whose recorded
     result says its process was killed under it); one result text per call of `calls`, in order. A call the
     environment rejects (unknown function, arguments that do not parse or fit, a method that raises or runs past its
-    time limit) is an error text, not an exception: it is the model's behaviour and the trajectory goes on. An
+    time limit) is an error text, not an exception: it is the model's behaviour and the trajectory goes on; an executor
+    that knows the failure's kind returns a `Shown` (text and kind) for each call, one that does not the texts. An
     exception is a failure of the environment itself: the run stops cleanly (every record stays exact; the next run
     executes the step again). Called off the event loop (it may be a round trip to a worker process)."""
 
     def __call__(self, task: Mapping[str, Any], before: Sequence[tuple[ToolCall, str]],
-                 calls: Sequence[ToolCall]) -> list[str]: ...
+                 calls: Sequence[ToolCall]) -> Sequence[ToolResult]: ...
 
 
 @dataclass(frozen=True)
@@ -98,9 +123,25 @@ def ended(at: Position, answer: Answer, user_turns: int, steps: int) -> str | No
     return ANSWERED if at.user_turn + 1 >= user_turns else None
 
 
-def rollout_meta(at: Position, answer: Answer, user_turns: int, steps: int) -> dict[str, Any]:
-    """`meta.rollout` of the record of `answer` to the request at `at`."""
-    meta: dict[str, Any] = {"user_turn": at.user_turn + 1, "step": at.step}
+def environment_label(task: Mapping[str, Any]) -> str:
+    """What a task's trajectories are reported under: `bfcl:` and its involved classes in order (`bfcl:MathAPI,
+    TwitterAPI`: BFCL's tasks differ by the backends they use), else the user's class as the task names it, a file
+    path shortened to its file name (`kv_store.py:KeyValueStore`; the task file's folder is no part of the kind)."""
+    environment = str(task["environment"])
+    if environment == BFCL:
+        return f"{BFCL}:{','.join(map(str, task.get('involved_classes') or ()))}"
+    where, _, name = environment.rpartition(":")
+    return f"{PurePath(where).name}:{name}" if where.endswith(".py") else environment
+
+
+def rollout_meta(at: Position, answer: Answer, user_turns: int, steps: int, *, environment: str,
+                 errors: Sequence[str | None] | None = None) -> dict[str, Any]:
+    """`meta.rollout` of the record of `answer` to the request at `at`: `environment` its task's label, `errors` the
+    kinds of the results this request is the first to carry (None each that did not fail; None: none carried, or
+    the executor did not say)."""
+    meta: dict[str, Any] = {"user_turn": at.user_turn + 1, "step": at.step, "environment": environment}
+    if errors is not None:
+        meta["errors"] = list(errors)
     if (how := ended(at, answer, user_turns, steps)) is not None:
         meta["ended"] = how
     return meta
@@ -116,6 +157,16 @@ def replayed_calls(answers: Sequence[Answer]) -> tuple[ToolCall, ...]:
     """Every call the trajectory executed before the last answer's, in order: what `Execute` replays."""
     done = answers[:-1] if answers and calls_in(answers[-1]) else answers
     return tuple(c for a in done if calls_in(a) for c in a.tool_calls)
+
+
+def result_parts(results: Sequence[ToolResult]) -> tuple[tuple[str, ...], tuple[str | None, ...] | None]:
+    """The texts of `Execute`'s results, and their kinds (None when the executor gave texts alone: kinds are never
+    guessed from the wording). A mix is refused: an executor says its kinds for every call or for none."""
+    if all(isinstance(r, str) for r in results):
+        return tuple(results), None  # type: ignore[arg-type]
+    if any(isinstance(r, str) for r in results):
+        raise TypeError("the environment returned kinds for some results and not for others")
+    return tuple(r.text for r in results), tuple(r.error for r in results)  # type: ignore[union-attr]
 
 
 def tool_messages(calls: Sequence[ToolCall], results: Sequence[str]) -> list[dict[str, Any]]:

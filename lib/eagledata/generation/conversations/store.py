@@ -329,12 +329,15 @@ class Store:
             del self.costs[:COSTS_KEPT], self.lengths[:COSTS_KEPT]
 
     def add_failure(self, rid: str, error: dict[str, Any], attempts: int, *, conversation_id: str | None = None,
-                    turn: int | None = None) -> None:
+                    turn: int | None = None, environment: str | None = None) -> None:
         """A request that failed for good; a turn of a chained conversation names its conversation and turn (the
-        failure ends the conversation)."""
+        failure ends the conversation), a rollout's its environment's label (the report counts the trajectory
+        failed there, even one that failed before any record)."""
         if rid in self.done:
             raise ValueError(f"prompt {rid!r} is already finished")
         chain = {"conversation_id": conversation_id, "turn": turn} if conversation_id is not None else {}
+        if environment is not None:
+            chain["environment"] = environment
         line = json.dumps({"id": rid, **chain, "error": error, "attempts": attempts}, ensure_ascii=False)
         self._append(self.files.failures, (line + "\n").encode())
         self._failed(rid, conversation_id or rid)

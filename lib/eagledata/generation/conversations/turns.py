@@ -41,10 +41,12 @@ from .rollouts import (
     FINISHED,
     Position,
     Rollout,
+    ToolResult,
     calls_in,
     ended,
     position,
     replayed_calls,
+    result_parts,
     tool_messages,
 )
 
@@ -308,6 +310,7 @@ class Turn:
     answers: tuple[Answer, ...] = ()  # the recorded answers of this conversation's earlier turns
     results: tuple[tuple[str, ...], ...] = ()  # a rollout's: the results of its executed steps, in order
     due: tuple[ToolCall, ...] = ()  # a rollout's: the last answer's calls, whose results `messages` still lack
+    errors: tuple[str | None, ...] | None = None  # a rollout's: the kinds of the results it was completed with
 
     @property
     def id(self) -> str:
@@ -325,13 +328,14 @@ class Turn:
         shown = [r for step in self.results for r in step]
         return tuple(zip(replayed_calls(self.answers), shown, strict=True)), self.due
 
-    def with_results(self, results: Sequence[str]) -> Turn:
-        """This due turn completed with its calls' results (one text per call, in order), ready to send."""
+    def with_results(self, results: Sequence[ToolResult]) -> Turn:
+        """This due turn completed with its calls' results (one per call, in order: a text, or a text with its
+        failure's kind, which its record keeps), ready to send."""
         if not self.due:
             raise ValueError(f"turn {self.id!r} has no calls waiting for results")
-        done = tuple(results)
+        done, errors = result_parts(results)
         return replace(self, messages=[*self.messages, *tool_messages(self.due, done)],
-                       results=(*self.results, done), due=())
+                       results=(*self.results, done), due=(), errors=errors)
 
     @property
     def later(self) -> int:

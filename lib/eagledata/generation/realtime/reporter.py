@@ -3,6 +3,7 @@ what it comes to (every dataset's summary.json and the run's summary). It reads 
 their state."""
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from ..conversations.fidelity import FidelityJudge
 from ..lanes import DatasetRun
 from ..money.ledger import Ledger
 from ..policy import StopReason
+from ..report.environments import Tally, read_rollouts
 from ..report.progress import (
     DatasetSnapshot,
     RunSnapshot,
@@ -121,7 +123,16 @@ class Reporter:
     def summaries(self, now: float) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
         """Every dataset's summary.json, and the run's summary (one dataset named alone: that dataset's)."""
         per = {lane.name: self._dataset_summary(lane, now) for lane in self.lanes.values()}
-        return per, per[self.single] if self.single else self._run_summary(per, now)
+        tallies = {lane.name: read_rollouts(lane.store.files, lane.name) for lane in self.lanes.values()
+                   if lane.scan.rollouts or "rollouts" in (lane.summary_before or {})}
+        for name, tally in tallies.items():  # the dataset's whole trajectories, read from its records
+            per[name]["rollouts"] = tally.figures()
+        if self.single:
+            return per, per[self.single]
+        run = self._run_summary(per, now)
+        if tallies:
+            run["rollouts"] = functools.reduce(Tally.merge, tallies.values(), Tally()).figures()
+        return per, run
 
     def _run_settings(self) -> dict[str, Any]:
         cheapest = self.routing.cheapest()

@@ -17,6 +17,7 @@ from ...paths import DatasetFiles
 from ...records import CUT, output_tokens
 from ...status import duration
 from ..conversations.turns import MISMATCHES
+from .environments import environment_rows
 from .progress import NO_PROVIDER, TIMELINE_COLUMNS, RunSnapshot, run_etas, sooner, thin
 
 RATE_WINDOW_S = 5.0  # throughput is over at least this long (a sample right after the last is not a rate)
@@ -416,6 +417,17 @@ def tool_loop_note(summary: dict[str, Any]) -> str | None:
     return (f"Tool loops: {n:,} conversation{'s' if n != 1 else ''}{of} ended on a tool-call mismatch"
             + (f" ({how})" if how else "") + ": the dataset has tool results only for the calls it made, and none "
             "are invented, so such a conversation ends after that turn, which is kept as a sample.")
+
+
+def environments_table(summary: dict[str, Any]):
+    """The rollouts per environment (summary.json's `rollouts`, over every dataset of the run): tasks, how they
+    ended, steps per task, calls per step, failed calls by kind, tokens and $; None for a run without tasks."""
+    import pandas as pd
+
+    rollouts = summary.get("rollouts")
+    if not rollouts:
+        return None
+    return pd.DataFrame(environment_rows(rollouts)).set_index("environment")
 
 
 def batches_table(summary: dict[str, Any]):
