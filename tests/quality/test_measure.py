@@ -148,7 +148,7 @@ def test_what_runs_in_the_speculators_environment_imports_no_other_stage():
             "eagledata.quality.progress"} <= reached
     assert reached - {m for m in reached if m.startswith("eagledata.quality")} <= {
         "eagledata", "eagledata.errors", "eagledata.prompts", "eagledata.records", "eagledata.files",
-        "eagledata.status"}
+        "eagledata.status", "eagledata.wheels"}
 
 
 def test_the_free_drafters_are_selectable_and_lossless(chat, model):
