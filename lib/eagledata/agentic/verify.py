@@ -16,12 +16,14 @@ from .tasks import Task
 
 @dataclass
 class ReplayCheck:
-    """What the replay found: trajectories and calls replayed, the fresh results' error kinds, and every call whose
-    recorded result differs from the fresh one (task id, call id, recorded, fresh)."""
+    """What the replay found: trajectories and calls replayed, the fresh results' error kinds, how the trajectories
+    ended at their last record, and every call whose recorded result differs from the fresh one (task id, call id,
+    recorded, fresh)."""
 
     trajectories: int = 0
     calls: int = 0
     errors: Counter[str] = field(default_factory=Counter)
+    ended: Counter[str] = field(default_factory=Counter)  # answered, capped, a cut's finish reason, or open
     mismatches: list[tuple[str, str, str, str]] = field(default_factory=list)
 
 
@@ -57,4 +59,14 @@ def replay_trajectories(records: Iterable[Record], tasks: Mapping[str, Task], *,
         finally:
             env.close()
         check.trajectories += 1
+        check.ended[ending(record)] += 1
     return check
+
+
+def ending(record: Record) -> str:
+    """How a trajectory stands at its last record: `answered` or `capped` (`meta.rollout.ended`), a cut answer's
+    finish reason (`length`, `cut`), else `open` (a run stopped before it ended)."""
+    ended = record.meta["rollout"].get("ended")
+    if ended:
+        return str(ended)
+    return "open" if record.finish_reason in ("stop", "tool_calls") else str(record.finish_reason)
