@@ -194,3 +194,19 @@ def test_contained_workers_are_kept_between_steps_and_ended_at_the_close():
     assert fresh(PLANTED, before, [ADD]) == [json.dumps({"count": 5})] == execute(PLANTED, before, [ADD])
     execute.close()
     assert worker.proc.returncode is not None and execute.live_now == 0
+
+
+def test_two_steps_of_one_task_at_once_leave_one_environment_and_close_the_other():
+    """Generation never runs two steps of one trajectory at once, but a second caller might: each gets its own
+    environment (the live one is taken out while used), and the one put back second replaces the first, closed.
+    (Planted: a put-back that overwrites the pool's entry without closing it leaks a worker, here caught.)"""
+    envs = Counted()
+    execute = RolloutExecutor(envs)
+    first = execute(PLANTED, [], [ADD])  # an environment in the pool
+    held = execute._take("p")  # a step in flight on it...
+    assert held is not None
+    assert execute(PLANTED, [(ADD, first[0])], [ADD]) == [json.dumps({"count": 3})]  # ...another rebuilt meanwhile
+    execute._keep(held)  # the first step ends: the pool keeps one, the other closed
+    assert execute.live_now == 1 and envs.open_now == 1
+    execute.close()
+    assert envs.open_now == 0

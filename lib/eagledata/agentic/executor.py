@@ -15,7 +15,8 @@ A call whose process was killed under it (a timeout, a crash) is replayed too: i
 leaves the state as it found it, so the replay needs no record of why a call failed.
 
 The pool holds at most `live` environments (the least recently used is closed past it; 0: each step rebuilt and
-closed, as before the pool) and closes one idle for `idle_s`; `close()` (at the run's end, through generation's
+closed, as before the pool) and, at each step's end, closes those idle for `idle_s` (their trajectories most likely
+ended); `close()` (at the run's end, through generation's
 `ToolResults.close`) closes them all. An environment is taken out of the pool while a step uses it, so two threads
 never share one. The environments are contained (`ContainedEnvironments`, a worker process each under `Limits`)
 unless told otherwise; BFCL's backends are fetched and extracted into `cache_dir` on the first `bfcl` task
@@ -134,8 +135,10 @@ class RolloutExecutor:
             if self._closed or self.live <= 0:
                 done = [entry]
             else:
+                replaced = self._pool.pop(entry.spec.task_id, None)  # a step of the same task run meanwhile
+                done = [replaced] if replaced is not None else []
                 self._pool[entry.spec.task_id] = entry
-                done = [self._pool.popitem(last=False)[1] for _ in range(len(self._pool) - self.live)]
+                done += [self._pool.popitem(last=False)[1] for _ in range(len(self._pool) - self.live)]
                 cutoff = entry.used_at - self.idle_s
                 done += [self._pool.pop(k) for k, e in list(self._pool.items()) if e.used_at < cutoff]
         for e in done:
