@@ -14,16 +14,24 @@ from pathlib import Path
 
 import yaml
 
+from .agentic.tasks import read_tasks
+from .agentic.verify import replay_trajectories
 from .defaults import EMULATOR_SPEED
 from .emulator import run_emulator
 from .emulator_process import embedded_config
 from .errors import InputError, command_prog, run_command
 from .notebooks import NOTEBOOK_DIR, read_results, run_notebook
 from .paths import DATASETS_FILE, assembled_dir, dataset_files, datasets_dir, hidden_state_files, routing_file, runs_dir
+from .records import load_records
 
 ROOT = NOTEBOOK_DIR.parent
-DEMO_DATASETS = ("demo-a", "demo-b", "demo-tools")
+DEMO_DATASETS = ("demo-a", "demo-b", "demo-tools", "demo-agentic")
+DEMO_AGENTIC = "demo-agentic"  # a task file: examples/agentic's tasks, each step's calls run in its key-value store
 DEMO_SET = "demo"  # the assembled training set and its hidden states
+# How the emulated agent writes its calls for the agentic tasks: arguments mostly from the conversation and earlier
+# results, a few slips (each an error result the trajectory goes on from).
+AGENT_STYLE = {"context_share": 0.7, "slips": {"unknown_name": 0.03, "bad_json": 0.03, "missing_required": 0.03,
+                                               "wrong_type": 0.03}}
 
 
 def prepare_params(demo_dir: Path) -> Path:
@@ -65,6 +73,25 @@ def headline(name: str, r: dict) -> str:
         return (f"{e['tokens']:,} tokens of {r['assembly']['samples']} samples stored, {r['verified_samples']} verified"
                 + (f"; fidelity audit: {verdicts}, {len(audit['outliers'])} outliers" if verdicts else ""))
     return ""
+
+
+def check_agentic(demo: Path, datasets: Path) -> str:
+    """The demo's own check of its agentic dataset (beside the tokenizer notebook's token-exact one): every tool
+    result in the records is what a fresh environment gives when the trajectory's calls are replayed in order, in
+    this process (not the run's workers). A mismatch fails the demo."""
+    prompts = Path(yaml.safe_load(datasets.read_text())[DEMO_AGENTIC]["prompts"])
+    tasks = {t.id: t for t in read_tasks(prompts)}
+    check = replay_trajectories(load_records(dataset_files(DEMO_AGENTIC, demo).records), tasks, base=prompts.parent)
+    if check.mismatches:
+        cid, call, recorded, fresh = check.mismatches[0]
+        raise RuntimeError(f"{DEMO_AGENTIC}: {len(check.mismatches)} tool results differ from a fresh replay's, "
+                           f"first {cid} {call}: recorded {recorded[:200]!r}, replayed {fresh[:200]!r}")
+    if not check.trajectories:
+        raise RuntimeError(f"{DEMO_AGENTIC}: no trajectory recorded")
+    errors = ", ".join(f"{n} {kind}" for kind, n in sorted(check.errors.items())) or "none"
+    ended = ", ".join(f"{n} {how}" for how, n in sorted(check.ended.items()))
+    return (f"{check.trajectories} trajectories of {len(tasks)} tasks ({ended}), {check.calls} calls, every result "
+            f"a fresh replay's; error results: {errors}")
 
 
 def _missing(extras: list[str]) -> None:
@@ -123,7 +150,7 @@ def _demo(args: argparse.Namespace) -> int:
     # tool_follow_rate), with the demo's own seed, faults and quirks, shared by every notebook below.
     prompts = [yaml.safe_load(datasets.read_text())[name]["prompts"] for name in DEMO_DATASETS]
     with run_emulator(embedded_config(speed=args.speed, tool_datasets=prompts), ground_truth_file=str(truth),
-                      seed=2026, faults=faults, endpoints=quirky) as emu:
+                      seed=2026, faults=faults, endpoints=quirky, tool_style=AGENT_STYLE) as emu:
         print(f"demo: emulator at {emu.base_url}", flush=True)
         step("providers", "providers", base_url=emu.base_url, params_dir=str(params), output_dir=str(demo))
         routing = routing_file("moonshotai/kimi-k2.5", params)
@@ -133,6 +160,7 @@ def _demo(args: argparse.Namespace) -> int:
         step("generate", "generate-demo", dataset=list(DEMO_DATASETS), datasets_file=str(datasets),
              base_url=emu.base_url, params_dir=str(params), output_dir=str(demo), concurrency=64, max_tokens=8192,
              reserve_usd=0.0)
+        print(f"demo: {DEMO_AGENTIC}: {check_agentic(demo, datasets)}", flush=True)
         # The batch route: the first dataset through Moonshot's Batch API (an emulator's, started for the step), in
         # rounds toward the target the budget wrote, at the batch price; its records under demo/batch/.
         step("generate", "generate-batch", dataset=DEMO_DATASETS[0], datasets_file=str(datasets), base_url="emulator",
@@ -141,6 +169,8 @@ def _demo(args: argparse.Namespace) -> int:
         step("tokenizer", "tokenizer", records=str(dataset_files(DEMO_DATASETS[0], demo).records),
              truth=str(truth))
         step("tokenizer", "tokenizer-tools", records=str(dataset_files("demo-tools", demo).records), truth=str(truth))
+        step("tokenizer", "tokenizer-agentic", records=str(dataset_files(DEMO_AGENTIC, demo).records),
+             truth=str(truth))
         step("tokenizer", "tokenizer-samples")
         step("budget", "budget-actual", datasets_file=str(datasets), routing=str(routing), budget_usd=0.5,
              reserve_usd=0.05, round_to=1000, output_dir=str(demo), write=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,10 +150,15 @@ def replayed(obj: dict, messages: Sequence[dict]) -> list[tuple[str, str, str]]:
     return out
 
 
-def check_trajectories(tok, d, objs: dict[str, dict], truth: dict[str, dict], steps: int) -> dict[str, list[Record]]:
+Replay = Callable[[dict, Sequence[dict]], list[tuple[str, str, str]]]
+
+
+def check_trajectories(tok, d, objs: dict[str, dict], truth: dict[str, dict], steps: int,
+                       replay: Replay = replayed) -> dict[str, list[Record]]:
     """Every trajectory whole: turns 1..k once each with the ids `<task>`, `<task>#n`; each request the one before it
     with its answer and that answer's results (or the next user turn) appended; every answer token-exact with the
-    model's own call ids; every result equal to a fresh replay; each result's id its call's; the trajectory ended
+    model's own call ids; every result equal to a fresh replay (`replay`: the task's environment, fresh, the recorded
+    calls run in order; the store's by default); each result's id its call's, each call id once; the trajectory ended
     (answered, capped at `steps`, cut, or failed)."""
     records, failures, by_conv = recorded_turns(d)
     failed = {f.get("conversation_id", f["id"]) for f in failures}
@@ -164,8 +169,8 @@ def check_trajectories(tok, d, objs: dict[str, dict], truth: dict[str, dict], st
         chain = [turns[j] for j in range(1, len(turns) + 1)]
         out[cid] = chain
         for j, r in enumerate(chain, 1):
-            assert r.id == (cid if j == 1 else f"{cid}#{j}") and r.tools == TOOLS
-            assert r.prompt_ids == prompt_ids(tok, r.messages, tools=TOOLS)
+            assert r.id == (cid if j == 1 else f"{cid}#{j}") and r.tools == obj["tools"]
+            assert r.prompt_ids == prompt_ids(tok, r.messages, tools=obj["tools"])
             true = truth[r.generation_id]
             if r.finish_reason == "length":
                 assert true["output_ids"][:len(r.output_ids)] == r.output_ids
@@ -188,7 +193,9 @@ def check_trajectories(tok, d, objs: dict[str, dict], truth: dict[str, dict], st
                 else:
                     assert rest == obj["turns"][prev.meta["rollout"]["user_turn"]] and r.meta["rollout"]["step"] == 1
         if chain:
-            for call_id, recorded, fresh in replayed(obj, chain[-1].messages):
+            ids = [c["id"] for m in chain[-1].messages for c in m.get("tool_calls") or ()]
+            assert len(ids) == len(set(ids)), (cid, "a call id twice")
+            for call_id, recorded, fresh in replay(obj, chain[-1].messages):
                 assert recorded == fresh, (cid, call_id, recorded, fresh)
         last = chain[-1] if chain else None
         ended = last.meta["rollout"].get("ended") if last else None

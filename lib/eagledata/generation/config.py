@@ -62,6 +62,8 @@ class GenerateConfig(Settings):
                                        "is stopped (an error result the model is shown)")
     tool_memory_mb: int = setting(1024, "a task's environment: the worker's address space in MiB (a call past it is "
                                         "an error result)")
+    tool_envs: int = setting(64, "a task's environments kept live between its steps, at most (a worker each; the "
+                                 "least recently used closed past it); 0: each step rebuilt by replay from the start")
     params_dir: str = shared("params_dir")
     backend: Literal["openrouter", "local"] = setting(
         "openrouter", "local: an OpenAI-compatible server (vLLM, SGLang) that returns token ids")
@@ -110,6 +112,8 @@ class GenerateConfig(Settings):
             self.output_dir, self.params_dir = emulator_dirs(self.output_dir, self.params_dir)
         if not self.tool_call_s > 0:
             raise InputError(f"must be > 0, got {self.tool_call_s!r}", field="tool_call_s")
+        if not (isinstance(self.tool_envs, int) and self.tool_envs >= 0):
+            raise InputError(f"must be an integer >= 0, got {self.tool_envs!r}", field="tool_envs")
         if not self.emulator_speed >= 0:
             raise InputError(f"must be >= 0, got {self.emulator_speed!r}", field="emulator_speed")
         for name in ("concurrency", "max_tokens", "max_attempts", "limit", "rollout_steps", "tool_memory_mb"):

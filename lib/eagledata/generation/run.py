@@ -47,17 +47,17 @@ async def run_generation(cfg: GenerateConfig, *, transport: Transport | None = N
 
 
 def with_environments(cfg: GenerateConfig, seams: Seams) -> Seams:
-    """The run's environments executor for agentic tasks, where the caller passed none: each step in a contained
-    worker (`agentic.RolloutExecutor`, the settings' time and memory limits; BFCL's backends fetched into
-    .cache/agentic on the first `bfcl` task). Made for every run (it starts nothing until a task's step is due), so
-    a task file runs from the command and the notebook as any prompt file does."""
+    """The run's environments executor for agentic tasks, where the caller passed none: each step in a contained worker
+    (`agentic.RolloutExecutor`, the settings' time and memory limits, at most `tool_envs` kept live between steps;
+    BFCL's backends fetched into .cache/agentic on the first `bfcl` task). Made for every run (it starts nothing until a
+    task's step is due), so a task file runs from the command and the notebook as any prompt file does."""
     if seams.environments is not None:
         return seams
     from ..agentic import ContainedEnvironments, Limits
     from ..agentic.executor import RolloutExecutor
 
     limits = Limits(call_s=cfg.tool_call_s, memory_bytes=cfg.tool_memory_mb << 20)
-    return dataclasses.replace(seams, environments=RolloutExecutor(ContainedEnvironments(limits)))
+    return dataclasses.replace(seams, environments=RolloutExecutor(ContainedEnvironments(limits), live=cfg.tool_envs))
 
 
 def generate(cfg: GenerateConfig) -> dict[str, Any]:

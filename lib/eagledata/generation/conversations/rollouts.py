@@ -19,9 +19,10 @@ going on to the next user turn would either leave the capped answer's calls unan
 or show results for calls the model meant to keep making, and the data would fill with the loop.
 
 The environment is reached through one injected seam, `Execute`: generation never imports an implementation. It is
-stateless: the environment is rebuilt from the task's initial state by replaying every call the trajectory made
-before, then the new calls run and their results are returned. So a resume after a SIGKILL is exact by
-construction: no call is ever run against a state that already holds it, and the results of earlier steps are read
+stateless: the environment is rebuilt from the task's initial state by replaying every call the trajectory made before,
+then the new calls run and their results are returned (an implementation may run them on an environment kept live whose
+executed calls and results are exactly those: the same state without the rebuild). So a resume after a SIGKILL is exact
+by construction: no call is ever run against a state that already holds it, and the results of earlier steps are read
 from the records (what the model was shown), never computed again.
 
 A result may come with its failure's kind (`Shown`: the executor knows why a call failed, so the report counts the
@@ -70,7 +71,9 @@ class Execute(Protocol):
     time limit) is an error text, not an exception: it is the model's behaviour and the trajectory goes on; an executor
     that knows the failure's kind returns a `Shown` (text and kind) for each call, one that does not the texts. An
     exception is a failure of the environment itself: the run stops cleanly (every record stays exact; the next run
-    executes the step again). Called off the event loop (it may be a round trip to a worker process)."""
+    executes the step again). Called off the event loop (it may be a round trip to a worker process), from several
+    threads at once (for different trajectories). It may keep environments live between steps as long as each
+    step's results are what the stateless rebuild would give; a `close()` of its own is called at the run's end."""
 
     def __call__(self, task: Mapping[str, Any], before: Sequence[tuple[ToolCall, str]],
                  calls: Sequence[ToolCall]) -> Sequence[ToolResult]: ...

@@ -4,7 +4,8 @@ The executor seam (`rollouts.Execute`) is injected (`Seams.environments`): gener
 It may block for a call's time limit or a round trip to a worker process, so it runs on threads of its own, never on
 the tokenizer's (a slow tool would stall every prompt's ids) nor on the loop. A turn is completed once per work item
 (a retry sends the same results); a kill loses nothing, since the next run executes the same calls again from the
-task's initial state.
+task's initial state. The executor may keep state between steps (live environments) if it stays exact; the run's
+end closes it (`close`).
 """
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ class ToolResults:
         return turn.with_results(results)
 
     def close(self) -> None:
-        """The threads of its own let go (a call still running is not waited for: its result is not needed)."""
+        """The threads of its own let go (a call still running is not waited for: its result is not needed), then
+        the executor's live environments closed (`close()`, where the executor has one: `agentic.RolloutExecutor`
+        keeps environments between steps)."""
         if self.owned and self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
+        close = getattr(self.execute, "close", None)
+        if callable(close):
+            close()
