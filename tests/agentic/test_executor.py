@@ -25,6 +25,13 @@ TASKS = ("multi_turn_base_0", "multi_turn_base_2", "multi_turn_base_14", "multi_
          "multi_turn_base_50", "multi_turn_base_59", "multi_turn_base_101", "multi_turn_base_150")
 
 
+class TextExecutor(RolloutExecutor):
+    """The executor with the results' texts alone (what these tests compare; their kinds: test_rollout_report.py)."""
+
+    def __call__(self, task, before, calls):  # type: ignore[override]
+        return [r.text for r in super().__call__(task, before, calls)]
+
+
 @dataclass
 class Counted:
     """`Environments` that counts what it opened and what was closed (the pool's bound and closing, observed)."""
@@ -100,7 +107,7 @@ def test_the_pool_gives_the_stateless_results_and_skips_the_rebuilds(bfcl_tasks,
     results = {}
     for live in (0, 3, 64):
         envs = Counted()
-        execute = RolloutExecutor(envs, cache_dir=smollm2_cache, live=live)
+        execute = TextExecutor(envs, cache_dir=smollm2_cache, live=live)
         results[live] = run_steps(execute, rows, steps)
         execute.close()
         assert envs.open_now == 0
@@ -126,7 +133,7 @@ def test_a_live_environment_whose_history_is_not_the_steps_before_is_rebuilt():
     environment that already holds them: it is rebuilt from `before`, and gives the stateless result. (Planted: reuse
     by task id alone, and the second `add` answers count 3, here caught.)"""
     envs = Counted()
-    execute = RolloutExecutor(envs)
+    execute = TextExecutor(envs)
     first = execute(PLANTED, [], [ADD])
     assert first == [json.dumps({"count": 2})]
     assert execute(PLANTED, [], [ADD]) == first  # the same step again: not on the live state that holds it
@@ -144,7 +151,7 @@ def test_a_replay_that_disagrees_with_what_was_shown_stops_the_step():
     """`before` whose shown result a fresh replay does not give (records from another state) is a ReplayMismatch,
     whether or not an environment is live, and nothing stays open."""
     envs = Counted()
-    execute = RolloutExecutor(envs)
+    execute = TextExecutor(envs)
     execute(PLANTED, [], [ADD])
     with pytest.raises(ReplayMismatch):
         execute(PLANTED, [(ADD, json.dumps({"count": 7}))], [ADD])
@@ -157,7 +164,7 @@ def test_a_replay_that_disagrees_with_what_was_shown_stops_the_step():
 
 def test_the_pool_keeps_at_most_live_closes_the_idle_and_closes_all_at_the_end():
     envs, now = Counted(), [0.0]
-    execute = RolloutExecutor(envs, live=2, idle_s=10.0, clock=lambda: now[0])
+    execute = TextExecutor(envs, live=2, idle_s=10.0, clock=lambda: now[0])
     shown: dict[str, str] = {}
     for tid in ("a", "b", "c"):
         (shown[tid],) = execute({**PLANTED, "id": tid}, [], [ADD])
@@ -178,7 +185,7 @@ def test_the_pool_keeps_at_most_live_closes_the_idle_and_closes_all_at_the_end()
 def test_contained_workers_are_kept_between_steps_and_ended_at_the_close():
     """With worker processes: one worker serves the trajectory's steps (no start per step), a timed-out call in a
     step is an error result and the next step still gets the stateless result, and the close ends the workers."""
-    execute = RolloutExecutor(ContainedEnvironments(Limits(call_s=1.0, memory_bytes=768 << 20)))
+    execute = TextExecutor(ContainedEnvironments(Limits(call_s=1.0, memory_bytes=768 << 20)))
     hang = tool_call("hang", "{}", 1)
     before: list[tuple[ToolCall, str]] = []
     for step in ([ADD], [hang, ADD], [ADD]):
@@ -190,7 +197,7 @@ def test_contained_workers_are_kept_between_steps_and_ended_at_the_close():
     (entry,) = execute._pool.values()
     worker = entry.environment.worker  # type: ignore[attr-defined]
     assert worker is not None and worker.proc.poll() is None
-    fresh = RolloutExecutor(ContainedEnvironments(Limits(call_s=1.0)), live=0)
+    fresh = TextExecutor(ContainedEnvironments(Limits(call_s=1.0)), live=0)
     assert fresh(PLANTED, before, [ADD]) == [json.dumps({"count": 5})] == execute(PLANTED, before, [ADD])
     execute.close()
     assert worker.proc.returncode is not None and execute.live_now == 0
@@ -201,7 +208,7 @@ def test_two_steps_of_one_task_at_once_leave_one_environment_and_close_the_other
     environment (the live one is taken out while used), and the one put back second replaces the first, closed.
     (Planted: a put-back that overwrites the pool's entry without closing it leaks a worker, here caught.)"""
     envs = Counted()
-    execute = RolloutExecutor(envs)
+    execute = TextExecutor(envs)
     first = execute(PLANTED, [], [ADD])  # an environment in the pool
     held = execute._take("p")  # a step in flight on it...
     assert held is not None
