@@ -233,3 +233,40 @@ def test_workers_split_the_questions_and_merge_the_same_tau_json(tmp_path, model
     for key in ("tau_mean", "tau_ci95", "tau_pooled", "per_position_acceptance", "per_category", "output_tokens"):
         assert one[key] == two[key], key
     assert sorted(one["per_category"]) == ["coding", "math", "writing"] and one["drafter"] == "ngram"
+
+
+def test_batched_questions_decode_and_count_as_one_at_a_time(chat, model, tmp_path):
+    """Two rows for three questions: turns of different questions share forwards, a second turn is asked on its own
+    first answer once that has finished. Every drafter gives the same prompts, outputs, answers and per-forward
+    counts as `measure` one turn at a time; the command's `--batch` writes the same per-question τ."""
+    from eagledata.quality.measure import make_batch_drafter, measure_batched
+    from eagledata.quality.speculative import BatchVerifier
+
+    class Q:
+        def __init__(self, d):
+            self.id, self.turns, self.category = d["question_id"], d["turns"], d["category"]
+
+    questions = [Q(d) for d in QUESTIONS]
+    for spec in ("self", "random", "ngram"):
+        alone = measure(Verifier(model), make_drafter(spec, model, seed=1), chat, questions, k=3, max_new_tokens=20,
+                        stop_ids={2})
+        drafter = make_batch_drafter(spec, model, 2, seed=1)
+        together = measure_batched(BatchVerifier(model, 2, drafter.aux_layers), drafter, chat, questions, k=3,
+                                   max_new_tokens=20, stop_ids={2})
+        assert [t.id for t in together] == [1, 2, 3] and [t.answers for t in together] == [t.answers for t in alone]
+        assert [[(d.prompt_length, d.output_ids, d.accepted, d.drafted) for d in t.turns] for t in together] == [
+            [(d.prompt_length, d.output_ids, d.accepted, d.drafted) for d in t.turns] for t in alone], spec
+        assert [t.run() for t in together] == [t.run() for t in alone]
+
+    folder = tmp_path / "target"
+    model.save_pretrained(folder)
+    word_tokenizer().save_pretrained(folder)
+    file = tmp_path / "question.jsonl"
+    file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    docs = []
+    for batch in (1, 2):
+        assert main(["--verifier", str(folder), "--drafter", "ngram", "--questions", str(file), "--out",
+                     str(tmp_path / f"b{batch}.json"), "--k", "3", "--max-new-tokens", "16", "--batch",
+                     str(batch)]) == 0
+        docs.append(read_tau(tmp_path / f"b{batch}.json"))
+    assert docs[1]["batch"] == 2 and docs[0]["per_question"] == docs[1]["per_question"]

@@ -6,7 +6,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagledata.quality.speculative import ModelDrafter, NgramDrafter, Verifier, greedy_decode, speculative_decode
+from eagledata.quality.speculative import (
+    BatchModelDrafter,
+    BatchVerifier,
+    ModelDrafter,
+    NgramDrafter,
+    NoDrafts,
+    PerRow,
+    PromptFeed,
+    Verifier,
+    greedy_decode,
+    speculative_decode,
+    speculative_decode_batch,
+)
 from tests.helpers.quality import prompts, sharp_llama
 
 MAX_NEW = 40
@@ -186,3 +198,111 @@ def test_ngram_counts_forwards_without_a_draft_and_wins_on_repetition(target_mod
         assert got.tokens >= len(got.output_ids) - 1
         drafted, accepted, steps = drafted + sum(got.drafted), accepted + sum(got.accepted), steps + got.steps
     assert 0 < drafted < 4 * steps and accepted > 0
+
+
+# -- several turns in one batched forward (issue 59 item 3) --------------------------------------------------------
+class Mixed:
+    """Per row: no drafts at all (row 0), the target itself (row 1), junk (the others): rows of one forward with
+    chains of 0, k and k rejected drafts."""
+
+    def __init__(self, target_model):
+        self.target_model = target_model
+
+    def __call__(self, row):
+        return [Junk(length=0), ModelDrafter(self.target_model)][row] if row < 2 else Junk()
+
+
+def batched(verifier, drafter, prompts_, *, k, max_new_tokens=MAX_NEW, stop_ids=()):
+    feed = PromptFeed(prompts_)
+    speculative_decode_batch(verifier, drafter, feed, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+    return feed.results()
+
+
+def uneven_prompts(n, seed):
+    """Prompts of 4 to 19 tokens: the rows of one batch at different positions."""
+    some = prompts(n, seed=seed)
+    assert len({len(p) for p in some}) == n
+    return some
+
+
+def test_a_batched_forward_gives_each_row_what_it_gives_alone(target_model):
+    """Rows of different lengths, padded in one forward: each row's logits and aux states are its own one-row
+    forward's (to float rounding), on its second forward too (each row at its own positions)."""
+    rows = uneven_prompts(3, seed=19)
+    verifier = BatchVerifier(target_model, 3, aux_layers=(1, 3))
+    first = verifier.forward(dict(enumerate(rows)))
+    second = verifier.forward({0: [5, 6, 7], 2: [9]})  # row 1 sits this one out
+    for r, prompt in enumerate(rows):
+        alone = Verifier(target_model, aux_layers=(1, 3))
+        alone.start()
+        logits, states = alone.forward(prompt)
+        assert torch.allclose(first[r].logits, logits, atol=1e-5) and torch.allclose(first[r].states, states, atol=1e-5)
+        if r in second:
+            logits, states = alone.forward([5, 6, 7] if r == 0 else [9])
+            assert torch.allclose(second[r].logits, logits, atol=1e-5)
+    assert [verifier.length(r) for r in range(3)] == [len(rows[0]) + 3, len(rows[1]), len(rows[2]) + 1]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_batched_output_is_greedy_output_whatever_the_drafter(target_model, random_model, k):
+    """More prompts than rows (finished rows take new turns), prompts of different lengths, rows whose chains are
+    empty, full or rejected side by side: every turn is transformers' own greedy decode."""
+    some = uneven_prompts(7, seed=23)
+    expected = [hf_greedy(target_model, p, MAX_NEW) for p in some]
+    for drafter in (NoDrafts(), BatchModelDrafter(target_model, 3), BatchModelDrafter(random_model, 3),
+                    PerRow(lambda _: NgramDrafter(), 3), PerRow(Mixed(target_model), 3)):
+        got = batched(BatchVerifier(target_model, 3), drafter, some, k=k)
+        assert [d.output_ids for d in got] == expected, type(drafter).__name__
+        assert all(d.tokens - (len(d.output_ids) - 1) in range(k + 1) for d in got)
+
+
+def test_batched_rows_finish_at_different_times_where_greedy_ends_them(target_model):
+    """A stop id reached by some turns early (mid-chain included) and by others never; a cap of one token (every
+    turn done at its prefill): each turn ends where plain greedy decoding ends it."""
+    some = uneven_prompts(6, seed=29)
+    free = [hf_greedy(target_model, p, MAX_NEW) for p in some]
+    stop = free[0][len(free[0]) // 3]
+    expected = [hf_greedy(target_model, p, MAX_NEW, eos=stop) for p in some]
+    assert len({len(e) for e in expected}) > 1  # the rows do finish at different steps
+    for drafter in (BatchModelDrafter(target_model, 4), PerRow(Mixed(target_model), 4)):
+        got = batched(BatchVerifier(target_model, 4), drafter, some, k=4, stop_ids={stop})
+        assert [d.output_ids for d in got] == expected
+    got = batched(BatchVerifier(target_model, 4), BatchModelDrafter(target_model, 4), some, k=4, max_new_tokens=1)
+    assert [d.output_ids for d in got] == [f[:1] for f in free] and all(d.steps == 0 for d in got)
+
+
+def test_batched_tau_is_counted_as_one_turn_at_a_time(target_model, random_model):
+    """The same drafts, acceptance and τ per turn as `speculative_decode` (self: k + 1 exactly; random ≈ 1; the
+    empty chains of prompt lookup counted)."""
+    some = uneven_prompts(5, seed=31)
+    for k in (1, 4):
+        got = batched(BatchVerifier(target_model, 2), BatchModelDrafter(target_model, 2), some, k=k)
+        assert all(d.accepted == [k] * d.steps and d.tau == k + 1 for d in got)
+    got = batched(BatchVerifier(target_model, 3), BatchModelDrafter(random_model, 3), some, k=5)
+    assert 1 + sum(sum(d.accepted) for d in got) / sum(d.steps for d in got) < 1.05
+    alone = [speculative_decode(Verifier(target_model), NgramDrafter(), p, k=4, max_new_tokens=MAX_NEW) for p in some]
+    got = batched(BatchVerifier(target_model, 3), PerRow(lambda _: NgramDrafter(), 3), some, k=4)
+    assert [(d.accepted, d.drafted) for d in got] == [(d.accepted, d.drafted) for d in alone]
+    assert any(0 in d.drafted for d in got)
+
+
+def test_a_batched_decoder_that_keeps_a_rows_rejected_drafts_is_caught(target_model, random_model):
+    """The batched equality has teeth: a row's crop that keeps its rejected drafts (planted) drifts from greedy."""
+
+    class Forgetful(BatchVerifier):
+        def crop(self, row, length):
+            pass
+
+    some = uneven_prompts(4, seed=37)
+    expected = [hf_greedy(target_model, p, MAX_NEW) for p in some]
+    got = batched(Forgetful(target_model, 2), BatchModelDrafter(random_model, 2), some, k=3)
+    assert sum(d.output_ids != e for d, e in zip(got, expected)) == 4
+
+
+def test_batched_bad_arguments_are_refused(target_model):
+    with pytest.raises(ValueError, match="proposed 4 tokens, more than k = 3"):
+        batched(BatchVerifier(target_model, 2), PerRow(lambda _: Junk(length=4), 2), [[5, 6]], k=3)
+    with pytest.raises(ValueError, match="needs a prompt"):
+        batched(BatchVerifier(target_model, 2), NoDrafts(), [[]], k=3)
+    with pytest.raises(ValueError, match="at least one token"):
+        BatchVerifier(target_model, 2).forward({0: []})

@@ -15,12 +15,25 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
-from .speculative import Decoded, Drafter, ModelDrafter, NgramDrafter, Verifier, speculative_decode
+from .speculative import (
+    BatchDrafter,
+    BatchModelDrafter,
+    BatchVerifier,
+    Decoded,
+    Drafter,
+    ModelDrafter,
+    NgramDrafter,
+    PerRow,
+    Verifier,
+    speculative_decode,
+    speculative_decode_batch,
+)
 from .tau import QuestionRun, summarize, write_tau
 
 log = logging.getLogger(__name__)
@@ -109,6 +122,55 @@ def measure(verifier: Verifier, drafter: Drafter, chat: Chat, questions: Sequenc
     return out
 
 
+class QuestionFeed:
+    """Questions as turns for `speculative_decode_batch` (a `TurnFeed`): a question's first turn is ready in
+    question order, each later turn once the one before it has finished, asked on that answer as `decode_question`
+    asks it; a ready later turn goes before a new question, so questions finish early and in about their order."""
+
+    def __init__(self, chat: Chat, questions: Sequence[Any],
+                 progress: Callable[[int, Transcript], None] | None = None):
+        self.chat, self.questions, self.progress = chat, questions, progress
+        self.transcripts = [Transcript(q.id, category=getattr(q, "category", "") or "") for q in questions]
+        self.messages: list[list[dict[str, str]]] = [[] for _ in questions]
+        self.later: deque[tuple[int, int]] = deque()
+        self.started = 0
+        self.done = 0
+
+    def next_turn(self) -> tuple[Hashable, Sequence[int]] | None:
+        if self.later:
+            q, turn = self.later.popleft()
+        elif self.started < len(self.questions):
+            q, turn = self.started, 0
+            self.started += 1
+        else:
+            return None
+        self.messages[q].append({"role": "user", "content": self.questions[q].turns[turn]})
+        return (q, turn), self.chat.render(self.messages[q])
+
+    def finished(self, key: Hashable, decoded: Decoded) -> None:
+        q, turn = cast(tuple[int, int], key)
+        answer = self.chat.answer(decoded.output_ids)
+        self.messages[q].append({"role": "assistant", "content": answer})
+        self.transcripts[q].turns.append(decoded)
+        self.transcripts[q].answers.append(answer)
+        if turn + 1 < len(self.questions[q].turns):
+            self.later.append((q, turn + 1))
+            return
+        self.done += 1
+        if self.progress is not None:
+            self.progress(self.done, self.transcripts[q])
+
+
+def measure_batched(verifier: BatchVerifier, drafter: BatchDrafter, chat: Chat, questions: Sequence[Any], *, k: int,
+                    max_new_tokens: int, stop_ids: Collection[int],
+                    progress: Callable[[int, Transcript], None] | None = None) -> list[Transcript]:
+    """`measure` with `verifier.rows` turns decoded at once (`speculative_decode_batch`): every turn is decoded and
+    counted as `decode_question` decodes it, on the batched verifier's own greedy tokens."""
+    feed = QuestionFeed(chat, questions, progress)
+    speculative_decode_batch(verifier, drafter, feed, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
+    return feed.transcripts
+
+
 # -- the command ---------------------------------------------------------------------------------------------
 def load_causal_lm(path: str | Path) -> Any:
     """A checkpoint folder as a float32 CPU causal LM (the τ measurement's default loader)."""
@@ -152,14 +214,41 @@ def make_drafter(spec: str, verifier_model: Any, *, seed: int = 0,
             return NgramDrafter(int(high or 4), int(low or 1))
         except ValueError as e:
             raise ValueError(f"drafter {spec!r}: ngram, ngram:MAX or ngram:MIN-MAX ({e})") from None
+    model = eagle3_model(spec, seed=seed, load_eagle3=load_eagle3)
+    if model is not None:
+        from .eagle3 import Eagle3Drafter
+
+        return Eagle3Drafter(model)
+    raise ValueError(f"unknown drafter {spec!r}: self, random, ngram[:[MIN-]MAX], eagle3:DIR or eagle3-random:DIR")
+
+
+def eagle3_model(spec: str, *, seed: int = 0, load_eagle3: Callable[[str], Any] | None = None) -> Any:
+    """The EAGLE-3 model `eagle3:DIR` / `eagle3-random:DIR` names (None for another spec)."""
     for prefix in ("eagle3:", "eagle3-random:"):
         if spec.startswith(prefix):
-            from .eagle3 import Eagle3Drafter, random_layers
             from .eagle3 import load_eagle3 as speculators_loader
+            from .eagle3 import random_layers
 
             model = (load_eagle3 or speculators_loader)(spec.removeprefix(prefix))
-            return Eagle3Drafter(random_layers(model, seed) if prefix == "eagle3-random:" else model)
-    raise ValueError(f"unknown drafter {spec!r}: self, random, ngram[:[MIN-]MAX], eagle3:DIR or eagle3-random:DIR")
+            return random_layers(model, seed) if prefix == "eagle3-random:" else model
+    return None
+
+
+def make_batch_drafter(spec: str, verifier_model: Any, rows: int, *, seed: int = 0,
+                       load_eagle3: Callable[[str], Any] | None = None) -> BatchDrafter:
+    """`make_drafter`'s drafters for `rows` rows at once: `self` and `random` draft all rows in batched forwards
+    (`BatchModelDrafter`); EAGLE-3 (one model loaded, a drafter state per row) and n-gram draft row by row
+    (`PerRow`)."""
+    if spec == "self":
+        return BatchModelDrafter(verifier_model, rows)
+    if spec == "random":
+        return BatchModelDrafter(random_model(verifier_model, seed), rows)
+    model = eagle3_model(spec, seed=seed, load_eagle3=load_eagle3)
+    if model is not None:
+        from .eagle3 import Eagle3Drafter
+
+        return PerRow(lambda _: Eagle3Drafter(model), rows)
+    return PerRow(lambda _: make_drafter(spec, verifier_model, seed=seed), rows)
 
 
 def select_questions(questions: Sequence[Any], limit: int | None) -> list[Any]:
@@ -210,6 +299,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (per worker with --workers)")
     p.add_argument("--workers", type=int, default=1,
                    help="processes decoding a share of the questions each (one per core), merged in order")
+    p.add_argument("--batch", type=int, default=8,
+                   help="turns decoded at once, their verifying forwards batched (per worker; 1: one turn at a time; "
+                   "8 on 2 cores: bench/README.md)")
     return p
 
 
@@ -218,6 +310,11 @@ def _decode(args: argparse.Namespace, questions: Sequence[Any], load_model: Call
             ) -> list[Transcript]:
     model = load_model(args.verifier)
     chat = load_chat(args.verifier)
+    if args.batch > 1:
+        batch_drafter = make_batch_drafter(args.drafter, model, args.batch, seed=args.seed)
+        return measure_batched(BatchVerifier(model, args.batch, batch_drafter.aux_layers), batch_drafter, chat,
+                               questions, k=args.k, max_new_tokens=args.max_new_tokens,
+                               stop_ids=chat.stop_ids(model), progress=progress)
     drafter = make_drafter(args.drafter, model, seed=args.seed)
     verifier = Verifier(model, drafter.aux_layers)
     return measure(verifier, drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
@@ -273,6 +370,7 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
                     samples=args.samples, supervised_tokens=args.supervised_tokens,
                     train_seconds=args.train_seconds, seed=args.seed, drafter=args.drafter,
                     max_new_tokens=args.max_new_tokens, decode_seconds=round(seconds, 1), workers=args.workers,
+                    batch=args.batch,
                     seconds_per_question=round(seconds / max(len(questions), 1), 2))
     write_tau(args.out, doc)
     if args.transcripts:

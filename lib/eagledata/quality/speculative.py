@@ -17,7 +17,7 @@ speculators one (`eagle3.py`, `measure.py`), so every drafter goes through one d
 """
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -234,3 +234,313 @@ class NgramDrafter:
                 if ids[j:j + n] == tail:
                     return ids[j + n:j + n + k]
         return []
+
+
+# -- several sequences in one forward (issue 59 item 3) -------------------------------------------------------------
+class RowCache:
+    """A KV cache of `rows` sequences, each with its own length: row r's positions sit at slots [0, lengths[r]), so
+    a forward writes each row's new tokens at that row's own next slots and cropping a row only lowers its length
+    (what lies past it is masked, then overwritten). No row's cache is ever copied to crop or to pad another.
+
+    Duck-typed for transformers' decoders (`update`, `get_seq_length`): the forward passes explicit position ids
+    and a 4-D mask, so transformers neither counts positions nor builds a mask from it."""
+
+    def __init__(self, rows: int):
+        self.lengths = [0] * rows
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.write: tuple[torch.Tensor, torch.Tensor] | None = None  # (rows [R, 1], slots [R, S]) of this forward
+        self.span = 0  # slots the forward's keys cover
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.span
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int,
+               cache_kwargs: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the forward's [R, H, S, D] keys and values at each row's slots; return the R rows' [R, H, span, D]
+        (a view when every row takes part)."""
+        if self.write is None:
+            raise RuntimeError("RowCache.update outside BatchVerifier.forward")
+        rows, slots = self.write
+        while len(self.keys) <= layer_idx:
+            self.keys.append(key.new_zeros(0))
+            self.values.append(value.new_zeros(0))
+        for store, new in ((self.keys, key), (self.values, value)):
+            buffer = store[layer_idx]
+            if buffer.shape[0] != len(self.lengths) or buffer.shape[2] < self.span:
+                grown = new.new_zeros(len(self.lengths), new.shape[1], max(2 * self.span, 256), new.shape[3])
+                if buffer.numel():
+                    grown[:, :, :buffer.shape[2]] = buffer
+                store[layer_idx] = buffer = grown
+            buffer[rows, :, slots] = new.permute(0, 2, 1, 3)
+        if rows.shape[0] == len(self.lengths):
+            return self.keys[layer_idx][:, :, :self.span], self.values[layer_idx][:, :, :self.span]
+        index = rows[:, 0]
+        return (self.keys[layer_idx][:, :, :self.span].index_select(0, index),
+                self.values[layer_idx][:, :, :self.span].index_select(0, index))
+
+
+@dataclass
+class RowOutput:
+    """One row's share of a batched forward: logits [n, V] (only the last position's after a prefill with
+    `last_only`), and the aux states [n, S] of all n new positions (None without aux layers)."""
+
+    logits: torch.Tensor
+    states: torch.Tensor | None
+
+
+class BatchVerifier:
+    """The verifier over `rows` sequences at once: each forward appends a token list to any subset of rows (lengths
+    differ; shorter lists are right-padded, their padding masked and never kept), every row at its own positions
+    (`RowCache`). The LM head runs only over the positions whose logits are used (a prefill: its last), so a long
+    prompt costs its decoder layers only. A transformers decoder-only LM with `get_decoder`/`get_output_embeddings`
+    (Llama-like: the final norm inside the decoder)."""
+
+    def __init__(self, model: Any, rows: int, aux_layers: Sequence[int] | None = None):
+        self.model = model.eval()
+        self.rows = rows
+        self.aux_layers = tuple(aux_layers) if aux_layers is not None else None
+        self.cache = RowCache(rows)
+        self.forwards = 0
+
+    def length(self, row: int) -> int:
+        return self.cache.lengths[row]
+
+    def reset(self, row: int) -> None:
+        """A new sequence in `row`."""
+        self.cache.lengths[row] = 0
+
+    def crop(self, row: int, length: int) -> None:
+        if not 0 <= length <= self.cache.lengths[row]:
+            raise ValueError(f"cannot crop row {row} of {self.cache.lengths[row]} positions to {length}")
+        self.cache.lengths[row] = length
+
+    @torch.no_grad()
+    def forward(self, chains: Mapping[int, Sequence[int]], *, last_only: bool = False) -> dict[int, RowOutput]:
+        """`chains[row]` appended to each row's positions in one forward."""
+        order = sorted(chains)
+        if not order or any(not chains[r] for r in order):
+            raise ValueError("every row in a forward needs at least one token")
+        device = self.model.device
+        width = max(len(chains[r]) for r in order)
+        starts = torch.tensor([self.cache.lengths[r] for r in order], device=device)
+        ids = torch.zeros(len(order), width, dtype=torch.long, device=device)
+        for i, r in enumerate(order):
+            ids[i, :len(chains[r])] = torch.tensor(list(chains[r]), device=device)
+        positions = starts[:, None] + torch.arange(width, device=device)[None]
+        span = int(positions.max()) + 1
+        # a query sees its row's slots up to its own position: earlier positions and itself, never padding or
+        # what a crop left behind (those lie past the row's length)
+        mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None])[:, None]
+        self.cache.write = (torch.tensor(order, device=device)[:, None], positions)
+        self.cache.span = span
+        try:
+            out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                           past_key_values=self.cache, use_cache=True,
+                                           output_hidden_states=self.aux_layers is not None)
+        finally:
+            self.cache.write = None
+        self.forwards += 1
+        hidden = out.last_hidden_state
+        lengths = [len(chains[r]) for r in order]
+        picked = ([hidden[i, n - 1:n] for i, n in enumerate(lengths)] if last_only
+                  else [hidden[i, :n] for i, n in enumerate(lengths)])
+        logits = self.model.get_output_embeddings()(torch.cat(picked)).split([p.shape[0] for p in picked])
+        aux = (torch.cat([out.hidden_states[layer] for layer in self.aux_layers], dim=-1)
+               if self.aux_layers is not None else None)
+        result = {}
+        for i, r in enumerate(order):
+            self.cache.lengths[r] += lengths[i]
+            result[r] = RowOutput(logits[i], aux[i, :lengths[i]] if aux is not None else None)
+        return result
+
+
+class BatchDrafter(Protocol):
+    """What proposes the chains of several rows at once (`speculative_decode_batch`)."""
+
+    @property
+    def aux_layers(self) -> tuple[int, ...] | None: ...
+
+    def start(self, row: int) -> None:
+        """A new sequence in `row`."""
+
+    def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
+        """Up to k drafts per row, each row's (verified ids, new states) as `Drafter.propose` reads them."""
+        ...
+
+
+class PerRow:
+    """Any `Drafter` as a `BatchDrafter`: one drafter per row, made by `make` (ngram, EAGLE-3, tests' drafters),
+    each proposing for its own row."""
+
+    def __init__(self, make: Callable[[int], Drafter], rows: int):
+        self.drafters = [make(r) for r in range(rows)]
+        layers = {d.aux_layers for d in self.drafters}
+        if len(layers) != 1:
+            raise ValueError(f"the rows' drafters read different verifier layers: {layers}")
+        self.aux_layers = layers.pop()
+
+    def start(self, row: int) -> None:
+        self.drafters[row].start()
+
+    def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
+        return {r: [int(t) for t in self.drafters[r].propose(ids, states, k)] for r, (ids, states) in rows.items()}
+
+
+class BatchModelDrafter:
+    """`ModelDrafter` for several rows: a causal LM drafting greedily from the ids, its k steps batched over the
+    rows (`BatchVerifier` over the drafter's model), each row's cache kept up to what it shares with the new ids."""
+
+    aux_layers = None
+
+    def __init__(self, model: Any, rows: int):
+        self.lm = BatchVerifier(model, rows)
+        self.cached: list[list[int]] = [[] for _ in range(rows)]
+
+    def start(self, row: int) -> None:
+        self.lm.reset(row)
+        self.cached[row] = []
+
+    def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
+        feed = {}
+        for r, (ids, _) in rows.items():
+            keep = 0
+            for a, b in zip(self.cached[r], ids[:-1]):  # at least the last id is fed again, for its logits
+                if a != b:
+                    break
+                keep += 1
+            self.lm.crop(r, keep)
+            feed[r] = list(ids[keep:])
+            self.cached[r] = list(ids)
+        drafts: dict[int, list[int]] = {r: [] for r in rows}
+        while feed:
+            out = self.lm.forward(feed, last_only=True)
+            feed = {}
+            for r, o in out.items():
+                drafts[r].append(int(o.logits[-1].argmax()))
+                if len(drafts[r]) < k:
+                    feed[r] = drafts[r][-1:]
+                    self.cached[r].append(drafts[r][-1])
+        return drafts
+
+
+class NoDrafts:
+    """Proposes nothing: `speculative_decode_batch` with it is plain greedy decoding on the batched verifier, one
+    token per forward (the reference the batched decode must reproduce)."""
+
+    aux_layers = None
+
+    def start(self, row: int) -> None:
+        pass
+
+    def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
+        return {r: [] for r in rows}
+
+
+class TurnFeed(Protocol):
+    """Where `speculative_decode_batch` takes its turns from and gives them back: a turn may become ready only when
+    another has finished (a question's second turn on its first answer)."""
+
+    def next_turn(self) -> tuple[Hashable, Sequence[int]] | None:
+        """A ready turn (its key and prompt ids), or None when none is ready now."""
+
+    def finished(self, key: Hashable, decoded: Decoded) -> None:
+        """The turn `key` decoded."""
+
+
+@dataclass
+class _Row:
+    key: Hashable
+    ids: list[int]
+    decoded: Decoded
+    states: torch.Tensor | None = None
+
+
+def speculative_decode_batch(verifier: BatchVerifier, drafter: BatchDrafter, feed: TurnFeed, *, k: int,
+                             max_new_tokens: int, stop_ids: Collection[int] = ()) -> None:
+    """Greedy speculative decoding of every turn `feed` gives, up to `verifier.rows` at once: each row as
+    `speculative_decode` decodes one turn (its own drafts, acceptance and crop; τ counted the same way), the rows'
+    verifying forwards in one batched forward; a finished row takes the next ready turn (its prefill a forward of
+    its own). Returns when no row is busy and no turn is ready."""
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if max_new_tokens < 1:
+        raise ValueError("needs max_new_tokens >= 1")
+    if drafter.aux_layers is not None and tuple(drafter.aux_layers) != verifier.aux_layers:
+        raise ValueError(f"the drafter reads the verifier's layers {drafter.aux_layers}, the verifier gives "
+                         f"{verifier.aux_layers}")
+    busy: dict[int, _Row] = {}
+
+    def finish(r: int) -> None:
+        row = busy.pop(r)
+        feed.finished(row.key, row.decoded)
+
+    while True:
+        fresh: dict[int, list[int]] = {}
+        for r in range(verifier.rows):
+            if r in busy:
+                continue
+            turn = feed.next_turn()
+            if turn is None:
+                break
+            key, prompt = turn[0], [int(t) for t in turn[1]]
+            if not prompt:
+                raise ValueError(f"turn {key!r}: needs a prompt")
+            verifier.reset(r)
+            drafter.start(r)
+            fresh[r] = prompt
+            busy[r] = _Row(key, list(prompt), Decoded(len(prompt), [], k=k))
+        if fresh:
+            for r, o in verifier.forward(fresh, last_only=True).items():
+                row = busy[r]
+                token = int(o.logits[-1].argmax())
+                row.ids.append(token)
+                row.decoded.output_ids.append(token)
+                row.states = o.states
+                if _stops(token, row.decoded.output_ids, stop_ids, max_new_tokens):
+                    finish(r)
+            continue  # refill what finished at its first token before verifying
+        if not busy:
+            return
+        drafts = drafter.propose({r: (row.ids, row.states) for r, row in busy.items()}, k)
+        for d in drafts.values():
+            if len(d) > k:
+                raise ValueError(f"the drafter proposed {len(d)} tokens, more than k = {k}")
+        outputs = verifier.forward({r: [row.ids[-1], *drafts[r]] for r, row in busy.items()})
+        for r, o in outputs.items():
+            row, chain = busy[r], drafts[r]
+            best = o.logits.argmax(-1).tolist()
+            a = 0
+            while a < len(chain) and chain[a] == best[a]:
+                a += 1
+            row.decoded.accepted.append(a)
+            row.decoded.drafted.append(len(chain))
+            verifier.crop(r, len(row.ids) + a)
+            row.states = o.states[:a + 1] if o.states is not None else None
+            for token in [*chain[:a], best[a]]:
+                row.ids.append(token)
+                row.decoded.output_ids.append(token)
+                if _stops(token, row.decoded.output_ids, stop_ids, max_new_tokens):
+                    finish(r)
+                    break
+
+
+@dataclass
+class PromptFeed:
+    """A fixed list of prompts as a `TurnFeed` (key: the prompt's index); `results()` once decoded."""
+
+    prompts: Sequence[Sequence[int]]
+    decoded: dict[int, Decoded] = field(default_factory=dict)
+    given: int = 0
+
+    def next_turn(self) -> tuple[Hashable, Sequence[int]] | None:
+        if self.given == len(self.prompts):
+            return None
+        self.given += 1
+        return self.given - 1, self.prompts[self.given - 1]
+
+    def finished(self, key: Hashable, decoded: Decoded) -> None:
+        self.decoded[int(key)] = decoded  # type: ignore[call-overload]
+
+    def results(self) -> list[Decoded]:
+        return [self.decoded[i] for i in range(len(self.prompts))]
