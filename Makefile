@@ -30,9 +30,10 @@ QUALITY_CACHE ?= .cache/quality
 smollm2: $(STAMP)
 	$(PY) -m eagledata.quality.smollm2 --cache $(QUALITY_CACHE)
 
-# Two workers: the suite is mostly notebooks and subprocesses waiting on each other (CI machines have 2 cores).
+# Two workers: the suite is mostly notebooks and subprocesses waiting on each other (CI machines have 2 cores); one
+# torch thread each (two workers of two threads on 2 cores made the decode tests 10x slower under load).
 test: $(STAMP) lint smollm2
-	EAGLEDATA_QUALITY_CACHE=$(abspath $(QUALITY_CACHE)) $(PY) -m pytest -n 2 $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 EAGLEDATA_QUALITY_CACHE=$(abspath $(QUALITY_CACHE)) $(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # The trainers' own readers on our exports, speculators' training loop on CPU, and τ with the EAGLE-3 drafter it
 # saves: speculators 0.9.0 in its own environment (it pins transformers<=5.19).
