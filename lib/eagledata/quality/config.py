@@ -39,7 +39,7 @@ class QualityConfig(Settings):
     conversations: int = setting(200, "ShareGPT conversations asked for training (N drawn by data_seed from the "
                                       "whole file, each with a user turn and the data set's answer to it)")
     max_turns: int = setting(2, "user turns asked per conversation (each on the arm's own history)")
-    answer_tokens: int = setting(192, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
+    answer_tokens: int = setting(256, "cap on every answer, both arms (on-policy: max new tokens; off-policy: the data "
                                    "set's answer cut there, finish length)")
     sample_tokens: int = setting(1024, "longest sample in tokens (prompt + answer); longer ones are left out")
     regenerate: Regenerate = setting("vllm", "how the on-policy answers are made, greedy, every turn on its own "
@@ -57,9 +57,9 @@ class QualityConfig(Settings):
                                         "with its square)")
     seed: int = setting(0, "the trainer's seed (both arms) and the bootstrap's")
     k: int = setting(5, "draft tokens per chain when measuring τ")
-    questions: int | None = setting(24, "MT-Bench questions measured (N drawn round robin over its categories, "
+    questions: int | None = setting(None, "MT-Bench questions measured (N drawn round robin over its categories, "
                                           "measure.select_questions; None -> all 80), both turns")
-    max_new_tokens: int = setting(96, "cap on each MT-Bench answer while measuring τ")
+    max_new_tokens: int = setting(256, "cap on each MT-Bench answer while measuring τ")
     bounds: list[ReferenceDrafter] = setting(
         ["self", "random", "ngram", "eagle3-random"],
         "reference drafters measured beside the arms: self (τ is k + 1) and random (≈ 1) on bound_questions; the "
