@@ -153,6 +153,43 @@ def test_a_money_stop_waits_for_the_reading_that_settles_provisional_bookings():
     assert blind.pending_reconciliation() is None
 
 
+def test_a_reading_under_way_settles_nothing_until_it_comes_back():
+    """The ticker starts an account reading and does not wait for it (engine `_reading`). While it is under way, a
+    request that no longer fits must wait, not stop the run on books that still hold provisional bookings at their
+    bounds: under load the reading took seconds, and a fresh `make test` stopped a run at its cap with the account
+    charged 0.55 of it. Planted: settling at the reading's start (the old `_read_at`) stops here."""
+    import asyncio
+
+    from eagledata.generation.money.ledger import Ledger
+    from eagledata.openrouter.client import Account
+
+    async def go() -> None:
+        answer: asyncio.Future = asyncio.get_running_loop().create_future()
+        readings = [Account(0.0, 10.0)]
+
+        async def reader(client):
+            return readings.pop(0) if readings else await answer
+
+        ledger = Ledger(Admission(AgeModel(prior())), Books(lag_s=1.0), paid=True, max_spend_usd=2.0,
+                        reserve_usd=0.0, concurrency=4, refresh_s=60.0, reader=reader)
+        await ledger.read(None, 0.0, strict=True)
+        ticket = ledger.admit(BOUND, 1.0)
+        assert isinstance(ticket, int)
+        ledger.settle(ticket, rule(Outcome(Kind.RETRY, "connection", None, "lost after billing")), None, BOUND,
+                      2.0)  # billed, never read: booked at its bound
+        assert ledger.admit(1.5, 2.5) is None  # does not fit; the reading that settles it is due at 3.0
+        assert ledger.reading_due(3.5)
+        under_way = asyncio.ensure_future(ledger.read(None, 3.5))
+        await asyncio.sleep(0)  # the reading has started and waits for the service
+        assert ledger.admit(1.5, 3.6) is None  # no stop on the books while the reading is out
+        answer.set_result(Account(0.05, 9.95))  # the account charged 0.05 for the lost answer
+        await under_way
+        assert ledger.books.spent() == pytest.approx(0.05)
+        assert isinstance(ledger.admit(1.5, 3.7), int)  # the money was there all along
+
+    asyncio.run(go())
+
+
 def test_usage_nobody_in_the_run_booked_is_foreign():
     books = Books(lag_s=0.0)
     books.read(AccountReading(0.0, usage_usd=5.0, balance_usd=20.0))

@@ -49,6 +49,7 @@ class Ledger:
         self.spender: SpenderLock | None = None
         self._want_reading = False
         self._read_at = float("-inf")  # when the last reading was asked for (it may have failed)
+        self._settled_at = float("-inf")  # when the last reading that came back was asked for: what it settles
 
     @property
     def in_flight(self) -> int:
@@ -84,8 +85,8 @@ class Ledger:
         # have charged: ask for the reading that settles them as soon as it can (once the newest is older than the
         # account's lag), and never stop on figures that still hold them.
         due = self.books.pending_reconciliation()
-        if due is not None and self._read_at < due:
-            self._want_reading = True
+        if due is not None and self._settled_at < due:  # no reading asked for after it has come back yet (one
+            self._want_reading = True                     # under way does not settle anything until it has)
             return None
         if self.readback is not None and self.readback.holding():  # or its cost read back by id, any moment now
             return None
@@ -137,6 +138,7 @@ class Ledger:
                 raise
             return
         self.books.read(AccountReading(now, account.usage_usd, account.balance_usd), spent)
+        self._settled_at = now
         if strict:
             self.balance_start = self.books.last.balance_usd if self.books.last else None
 
