@@ -58,3 +58,17 @@ def tiny_config(tmp_path: Path, **overrides) -> QualityConfig:
                     validation_conversations=3, vllm_check=False)  # no vLLM in make test / test-interop
     settings.update(overrides)
     return QualityConfig(**settings)
+
+
+def make_data(exp):
+    """The experiment's data stages run in order (prompts, both arms' records, assembly, extraction): what a
+    trainer's or τ's test starts from."""
+    from eagledata.quality.arms import ARMS
+
+    asks = exp.prompts()
+    for arm in ARMS:
+        exp.arm_records(arm, asks)
+    exp.assemble_arms()
+    for arm in ARMS:
+        exp.extract_arm(arm)
+    return exp

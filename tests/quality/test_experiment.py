@@ -17,7 +17,7 @@ from eagledata.quality.commands import run_logged
 from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.quality.stages import share_data
 from eagledata.quality.trainer import epoch_losses, split_ratio, train_args
-from tests.helpers.quality_experiment import tiny_config
+from tests.helpers.quality_experiment import make_data, tiny_config
 
 
 def no_commands(cmd, env, log_file, label):
@@ -229,12 +229,7 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
     """`data_from`: the same prompts, records, samples and hidden states (hard links, not copies), so that a second
     seed costs training and τ only; the trainer's and τ's stages stay this experiment's own."""
     first = Experiment(tiny_config(tmp_path), ExperimentSeams(run=no_commands, say=lambda s: None))
-    asks = first.prompts()
-    for arm in ARMS:
-        first.arm_records(arm, asks)
-    first.assemble_arms()
-    for arm in ARMS:
-        first.extract_arm(arm)
+    asks = make_data(first).prompts()
     (first.files.stage("train/on_policy")).write_text("{}")  # a trainer's stage of the first: never linked
 
     def never(path):

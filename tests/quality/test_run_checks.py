@@ -20,7 +20,7 @@ from eagledata.quality.layout import ExperimentFiles
 from eagledata.quality.measure import parser as measure_parser
 from eagledata.quality.tau import QuestionRun, read_tau, summarize, write_tau
 from eagledata.quality.vllm_tau import CountMismatch, SpecCounts
-from tests.helpers.quality_experiment import tiny_config
+from tests.helpers.quality_experiment import make_data, tiny_config
 
 CATEGORIES = ("writing", "math", "coding")
 # drafts accepted per verifying forward, cycled, by drafter: on-policy accepts more than off-policy (pooled τ 1.75
@@ -98,12 +98,7 @@ def base(tmp_path_factory):
     """The data stages made once (`tiny`); each test's experiment links them in (`data_from`)."""
     root = tmp_path_factory.mktemp("checks")
     exp = Experiment(tiny_config(root), ExperimentSeams(run=no_commands, say=lambda s: None))
-    asks = exp.prompts()
-    for arm in ARMS:
-        exp.arm_records(arm, asks)
-    exp.assemble_arms()
-    for arm in ARMS:
-        exp.extract_arm(arm)
+    make_data(exp)
     return root
 
 
