@@ -17,8 +17,16 @@ counts `--kill-at` requests in flight (`/admin/stats`), `--kills` times, then it
 Goals (issue 42): on endpoints with stream cancellation ≤ 10 % (today, JSON answers: 50.1 %); overall ≤ 30 %
 (38.6 %). `--stream both` runs the same with JSON answers (`stream: false`) after it, the "today" figure.
 
+Issue 60's scenario (`--whole-share 0.56`: 56 % of the pool on endpoints that bill whole answers, the job bench's
+catalog, `throughput_bench.job_endpoints`); goal ≤ 25 % overall. The figures add what the kept prefixes (pause samples,
+`meta.cut: killed`) recovered, the share had none been kept, and the answers abandoned on endpoints that bill whole
+ones: how much of them had been sent when the client went away (the emulator's `sent_tokens`), how much the records
+hold, which were not kept. `--kill-after S` kills S seconds after the run first has `--kill-at` in flight (at 0 no
+answer has begun to stream: nothing can be kept).
+
     PYTHONPATH=lib .venv/bin/python bench/kill_bench.py                 # 5,000 prompts, 10 kills at 1,500 of 2,000
     PYTHONPATH=lib .venv/bin/python bench/kill_bench.py --stream both
+    PYTHONPATH=lib .venv/bin/python bench/kill_bench.py --whole-share 0.56 --kill-after 10
 
 With JSON answers a killed run's requests stay in the emulator's in-flight count until their answers end (they are
 generated and billed whole): the next run starts once at most `--residual` are left, and is killed at `--kill-at`
@@ -274,9 +282,10 @@ def kills_run(*, prompts: int, concurrency: int, kill_at: int, kills: int, strea
 
 def whole_kills(truth: dict[str, dict], held: dict[str, Held], journaled: set[str], emu_cfg: dict) -> dict:
     """The clean answers abandoned on endpoints that bill whole ones (the emulator's `sent_tokens`: what it had sent
-    when the client went away): how many, what they cost; those a pause sample holds a prefix of (its ids against what
-    had been sent and against the whole answer); those none holds, journaled by a killed run or not."""
-    whole = {e.provider for e in parse_config(emu_cfg).endpoints if not e.stream_cancellation}
+    when the client went away): how many, what they cost, what the tokens never sent cost (no client can keep those);
+    those a pause sample holds a prefix of (its ids against what had been sent and against the whole answer); those
+    none holds, journaled by a killed run or not."""
+    whole = {e.provider: e for e in parse_config(emu_cfg).endpoints if not e.stream_cancellation}
     out: Counter = Counter()
     for gid, g in truth.items():
         if g["provider"] not in whole or "sent_tokens" not in g or g.get("fault") not in (None, "slow"):
@@ -284,6 +293,7 @@ def whole_kills(truth: dict[str, dict], held: dict[str, Held], journaled: set[st
         n, sent, h = len(g["output_ids"]), g["sent_tokens"], held.get(gid)
         out["abandoned"] += 1
         out["abandoned_usd"] += g["cost"]
+        out["unsent_usd"] += max(0, n - sent) * whole[g["provider"]].price_completion  # billed, never sent
         out["ids"] += n
         out["sent"] += sent
         if h is not None and h.pause:
@@ -332,7 +342,9 @@ def report(r: dict) -> str:
             f"{a['share_unkept_prefixes']:.1%}"
             + (f"\n    answers abandoned on endpoints that bill whole ones: {wk.get('abandoned', 0):,} "
                f"(${wk.get('abandoned_usd', 0.0):.2f}; {wk.get('sent', 0) / max(1, wk.get('ids', 0)):.1%} of their "
-               f"tokens sent when the client went away); a prefix kept of {wk.get('kept', 0):,} (their records hold "
+               f"tokens sent when the client went away; the tokens never sent ${wk.get('unsent_usd', 0.0):.2f}, "
+               f"{wk.get('unsent_usd', 0.0) / max(1e-9, a['spend']):.1%} of all spend); a prefix kept of "
+               f"{wk.get('kept', 0):,} (their records hold "
                f"{wk.get('kept_ids', 0) / max(1, wk.get('kept_sent', 0)):.1%} of what was sent, "
                f"{wk.get('kept_ids', 0) / max(1, wk.get('kept_whole_ids', 0)):.1%} of the whole answers); none kept of "
                f"{wk.get('journaled', 0):,} journaled (${wk.get('journaled_usd', 0.0):.2f}) and "
