@@ -58,6 +58,23 @@ def test_pacing_replay_streamed_cuts_at_the_targets_through_the_engine(benches, 
         assert last <= 1.15 * pacing_replay.ideal_s(saved, pairs)
 
 
+def test_kill_bench_counts_the_rest_of_an_answer_billed_whole_beyond_its_kept_prefix(benches):
+    """A killed stream on an endpoint that bills whole answers, its prefix kept as a pause sample: the record holds its
+    prompt and prefix, the rest of the bill is waste (the summary's waste counts it so; counted as none before)."""
+    import kill_bench
+
+    from eagledata.emulator import parse_config
+
+    ep = next(e for e in parse_config({}).endpoints if e.provider == "SiliconFlow")
+    billed = 10 * ep.price_prompt + 100 * ep.price_completion
+    truth = {"g": {"provider": "SiliconFlow", "prompt_tokens": 10, "output_ids": [0] * 100, "cost": billed,
+                   "fault": None}}
+    w = kill_bench.waste(truth, {"g": kill_bench.Held(ids=20, prefix=True, pause=True)}, {})
+    whole, kept = w[kill_bench.WHOLE], 10 * ep.price_prompt + 20 * ep.price_completion
+    assert whole["cut"] == pytest.approx(billed - kept) and whole["recovered"] == pytest.approx(kept)
+    assert whole["share"] == pytest.approx((billed - kept) / billed)
+
+
 def test_kill_bench_keeps_records_exact_and_cancelled_streams_cheap(benches, tokenizer_dir):
     """bench/kill_bench.py at a small scale (issue 42's "Kills"): a streamed generate command SIGKILLed twice with
     most of its requests in flight, then run to the end: every prompt exactly once, ids exact, the streams the kills

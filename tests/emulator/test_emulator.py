@@ -649,6 +649,7 @@ def test_abandoned_requests_are_billed_as_openrouter_bills_them(em):
     stats = _settled(em, "abandoned")
     (truth,) = [t for t in em.ground_truth() if not t.get("cancelled")]
     assert stats["charged_usd"] == pytest.approx(partial + truth["cost"]) and truth["cost"] > partial
+    assert 0 < truth["sent_tokens"] < len(truth["output_ids"])  # billed whole, though the client had only a prefix
     assert _generation(em, other)["cancelled"] is False  # generated to its end: billed whole
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{em.base_url}/chat/completions", headers=AUTH, timeout=0.2,

@@ -45,6 +45,34 @@ def test_the_journal_keeps_what_started_and_never_ended(tmp_path):
     assert leftovers(path) == ["gen-2", "gen-3"] and StreamJournal(path).delivered == {}  # text read once
 
 
+def test_reasoning_served_only_in_reasoning_details_is_journaled_and_its_prefix_kept(tmp_path):
+    """A provider that serves reasoning only in `reasoning_details` (`reasoning` null: SiliconFlow's quirk, 5 % of its
+    answers) delivers text too: the journal keeps it and the next run rebuilds the cut prefix from it, as from a
+    `reasoning` field (kill_bench: 47 of 49 killed streams on SiliconFlow kept nothing while it did not). A stream
+    that serves both fields is journaled once."""
+    from eagledata.generation.realtime.salvage import rebuilt
+    from eagledata.openrouter.stream import NO_MARK, StreamState, cut_completion
+
+    def piece(text: str, reasoning: bool = False) -> dict:
+        return {"id": "gen-1", "provider": "SiliconFlow", "model": "m", "choices": [{"delta": {
+            "role": "assistant", "content": "", "reasoning": text if reasoning else None,
+            "reasoning_details": [{"type": "reasoning.text", "text": text, "format": "unknown", "index": 0}]}}]}
+
+    path = tmp_path / "streams.jsonl"
+    journal, state = StreamJournal(path), StreamState()
+    journal.started("gen-1", "t", "t")
+    mark = NO_MARK
+    for text in ("First I read ", "the question, then"):  # two flushes
+        state.chunk(piece(text))
+        delta, mark = state.delivered_since(mark)
+        journal.append_text([{"text": "gen-1", "provider": "SiliconFlow", "model": "m", **delta}])
+    completion, why = cut_completion(rebuilt(StreamJournal(path).delivered["gen-1"]))
+    assert completion is not None and completion.answer.reasoning == "First I read the question,", why
+    both = StreamState()
+    both.chunk(piece("I think ", reasoning=True))
+    assert both.delivered_since(NO_MARK)[0] == {"reasoning": "I think "}
+
+
 def test_the_first_killed_runs_baseline_is_kept_until_a_summary_is_written(tmp_path):
     path = tmp_path / "streams.jsonl"
     first = StreamJournal(path)

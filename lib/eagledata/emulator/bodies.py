@@ -175,6 +175,7 @@ class JobStream(StreamingResponse):
             em.settle(job, "cancelled", charged=False,
                       partial_tokens=job.generated_by(time.monotonic(), em.tok) if job.gen else 0)
             return
+        job.abandoned_sent = job.streamed
         ttft, gen_time = em.delays(job)
         left = max(0.0, job.started + ttft + gen_time - time.monotonic())
         asyncio.get_running_loop().call_later(left, em.settle, job, "abandoned", True)

@@ -30,6 +30,9 @@ from .answers import Completion, Kind, Outcome, classify_body, classify_exceptio
 DONE = b"[DONE]"
 _STRING_PARTS = ("text", "summary", "data")  # reasoning_details fields that arrive in pieces
 DELIVERED = ("reasoning", "reasoning_content", "content")  # the delta fields `delivered_since` gives
+# ... and the reasoning a stream serves only in `reasoning_details` (no `reasoning` field), as one string
+DETAILS_TEXT = "reasoning_details_text"
+NO_MARK = (0, 0, 0, 0)  # `delivered_since`'s mark before anything was journaled
 
 
 class SSEDecoder:
@@ -239,13 +242,23 @@ class StreamState:
             elif args is not None:  # an object, whole (some servers): as a JSON body would hold it
                 call["function"]["arguments"] = args
 
-    def delivered_since(self, mark: tuple[int, int, int]) -> tuple[dict[str, str], tuple[int, int, int]]:
-        """The text delivered since `mark` (what an earlier call returned; (0, 0, 0) at first) as a delta with
-        `reasoning`, `reasoning_content` and `content` pieces (empty ones left out), and the new mark: what the
-        streams journal keeps of a stream as it arrives, so that a kill loses at most what came since the last call."""
+    def delivered_since(self, mark: tuple[int, int, int, int]) -> tuple[dict[str, str], tuple[int, int, int, int]]:
+        """The text delivered since `mark` (what an earlier call returned; NO_MARK at first) as a delta with
+        `reasoning`, `reasoning_content` and `content` pieces, and DETAILS_TEXT for reasoning served only in
+        `reasoning_details` (a provider that leaves `reasoning` null; empty pieces left out), and the new mark: what
+        the streams journal keeps of a stream as it arrives, so that a kill loses at most what came since the last
+        call."""
         parts = (self._reasoning, self._reasoning_content, self._content)
         delta = {name: "".join(got[m:]) for name, got, m in zip(DELIVERED, parts, mark) if len(got) > m}
-        return delta, (len(parts[0]), len(parts[1]), len(parts[2]))
+        details = "" if self._reasoning_seen or self._reasoning_content else self._details_reasoning()
+        if len(details) > mark[3]:
+            delta[DETAILS_TEXT] = details[mark[3]:]
+        return delta, (len(parts[0]), len(parts[1]), len(parts[2]), len(details))
+
+    def _details_reasoning(self) -> str:
+        """The reasoning text `reasoning_details` holds (its `reasoning.text` entries), as a body's reader joins it."""
+        return "".join(d["text"] for d in self._details.values()
+                       if d.get("type") in (None, "reasoning.text") and isinstance(d.get("text"), str))
 
     def body(self) -> dict[str, Any]:
         """The non-streaming body these chunks add up to (what `answers.classify_body` reads)."""

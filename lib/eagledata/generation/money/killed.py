@@ -10,7 +10,8 @@ no record holds them. An id the service does not know yet (an answer still being
 its end) is read again when the run ends, and kept for the next run if still unknown then.
 
 What each stream delivers is journaled too, as it arrives (`{"text": id, "reasoning"|"reasoning_content"|"content":
-piece}`, every stream's new text in one write a second: `Journals.flush`, so a kill loses at most the last second).
+piece}`, and `"reasoning_details_text"` for reasoning a provider serves only in `reasoning_details`; every stream's
+new text in one write a second: `Journals.flush`, so a kill loses at most the last second).
 The run after a kill keeps each killed stream's delivered prefix as a pause sample (`meta.cut: killed`, exact ids to its
 last whole word, as a Ctrl-C's; realtime/salvage.py) where the provider served it faithfully, and asks its turn again.
 The text lines go with the first rewrite after that run's start.
@@ -29,11 +30,12 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from ...openrouter.client import read_generation
-from ...openrouter.stream import DELIVERED
+from ...openrouter.stream import DELIVERED, DETAILS_TEXT
 from .readback import read_generations
 
 CARRIED = ("streams", "read", "cancelled", "usd")  # a `carried` line's figures
@@ -111,8 +113,12 @@ class Delivered:
     model: str = ""
     text: dict[str, list[str]] = field(default_factory=dict)  # delta field -> its pieces, in order
 
-    def delta(self) -> dict[str, str]:
-        return {name: "".join(pieces) for name, pieces in self.text.items()}
+    def delta(self) -> dict[str, Any]:
+        """Its text as one stream delta (reasoning served only in `reasoning_details` back in that field)."""
+        out: dict[str, Any] = {name: "".join(pieces) for name, pieces in self.text.items()}
+        if (details := out.pop(DETAILS_TEXT, None)) is not None:
+            out["reasoning_details"] = [{"type": "reasoning.text", "text": details, "index": 0}]
+        return out
 
 
 def _delivered(events: Iterable[dict], ids: Iterable[str]) -> dict[str, Delivered]:
@@ -126,7 +132,7 @@ def _delivered(events: Iterable[dict], ids: Iterable[str]) -> dict[str, Delivere
             got = out[gid]
             got.provider = got.provider or str(d.get("provider") or "")
             got.model = got.model or str(d.get("model") or "")
-            for name in DELIVERED:
+            for name in (*DELIVERED, DETAILS_TEXT):
                 if isinstance(piece := d.get(name), str):
                     got.text.setdefault(name, []).append(piece)
     return {gid: got for gid, got in out.items() if got.text}

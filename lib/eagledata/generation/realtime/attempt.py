@@ -16,7 +16,7 @@ import httpx
 
 from ...openrouter import Outcome, complete
 from ...openrouter.fast_stream import FastStreams
-from ...openrouter.stream import StreamState
+from ...openrouter.stream import NO_MARK, StreamState
 from ..conversations.work import Work
 
 
@@ -57,7 +57,7 @@ class Attempt:
         self._task, self.state, self.work = task, state, work
         self.cancels = cancels  # every endpoint its provider filter allows stops billing on a closed stream
         self.journaled = False
-        self.journal_mark = (0, 0, 0)  # how much of its text the journal holds (StreamState.delivered_since)
+        self.journal_mark = NO_MARK  # how much of its text the journal holds (StreamState.delivered_since)
         self.cut_reason: str | None = None  # the run closed it to keep what it streamed (`cut`): why
 
     def cut(self, reason: str) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Iterable
 
 import httpx
 
+from ...openrouter.stream import NO_MARK
 from ..lanes import DatasetRun
 from ..money.killed import Baseline, Delivered, KilledBefore, StreamJournal, read_killed
 from .attempt import Attempt
@@ -45,7 +46,7 @@ class Journals:
             if not delta:
                 continue
             line = {"text": state.generation_id, **delta}
-            if attempt.journal_mark == (0, 0, 0):
+            if attempt.journal_mark == NO_MARK:
                 line.update(provider=state.provider, model=state.model)
             attempt.journal_mark = mark
             texts.setdefault(work.lane.name, []).append(line)

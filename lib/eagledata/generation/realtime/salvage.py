@@ -6,9 +6,11 @@ A prefix is kept only where it is one for sure, by the rule a Ctrl-C's cut follo
 reasoning served in its own field, nothing repaired, the content to its last whole word, calls that had begun left
 out), from a provider the run does not hold suspect, and for the turn its conversation is at now (a turn recorded
 before the kill wrote its end has moved on). Its record carries what it holds, its prompt and prefix at the provider's
-price (`cost_of`), never more than the service billed for the generation (`KilledBefore.costs`, read by its id), as a
-Ctrl-C's cut sample does: the rest of what was billed (tokens generated past the journal's last flush, or to the end
-on a provider that bills whole answers) stays the killed run's waste.
+price (`cost_of`), never more than the service billed for the generation (`KilledBefore.costs`, read by its id) where
+it knows the id by then, as a Ctrl-C's cut sample does: the rest of what was billed (tokens generated past the
+journal's last flush, or to the end on a provider that bills whole answers) stays the killed run's waste. An id it does
+not know yet is an answer still generating upstream, or one that ended in an error the killed run had not read: billed
+nothing, though its record carries its prefix's price (bench/README.md, issue 60's scenario: 4-20 of ~17,000 samples).
 Keeping is idempotent: a stream whose generation id a pause sample of its turn already holds (a run killed while
 keeping, before its journal was rewritten) is not kept twice."""
 from __future__ import annotations
