@@ -101,14 +101,7 @@ def test_losses_per_epoch_from_the_trainers_metric_records():
 
 
 def made_data(config):
-    exp = Experiment(config, ExperimentSeams(run=no_commands, say=lambda s: None))
-    asks = exp.prompts()
-    for arm in ARMS:
-        exp.arm_records(arm, asks)
-    exp.assemble_arms()
-    for arm in ARMS:
-        exp.extract_arm(arm)
-    return exp
+    return make_data(Experiment(config, ExperimentSeams(run=no_commands, say=lambda s: None)))
 
 
 def test_each_arm_trains_on_all_its_samples_validated_on_the_same_held_out_conversations(tmp_path):
