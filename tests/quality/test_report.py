@@ -58,3 +58,36 @@ def test_a_trained_drafter_that_does_not_beat_ngram_is_reported_as_such():
     s["rows"].append(dict(s["rows"][-1], drafter="ngram", tau_mean=1.6, tau_ci95=[1.5, 1.7]))
     assert baseline_verdict(s) == ("on_policy 1.900 beats ngram (1.600); off_policy 1.500 does not beat ngram "
                                    "(1.600).")
+
+
+def test_tau_per_turn_beside_what_each_arm_trained_on():
+    from eagledata.quality.report import turn_table
+
+    doc = summary(1.9, [1.8, 2.0], 1.5, [1.4, 1.6])
+    turns = {"on_policy": ({"1": (10, 2.0), "2": (8, 1.75)}, {"1": 0.6, "2": 0.4}),
+             "off_policy": ({"1": (12, 1.5), "2": (9, 1.5)}, {"1": 0.7, "2": 0.3})}
+    for r in doc["rows"]:
+        if r["drafter"] in turns:
+            r["per_turn"] = {t: {"verify_forwards": n, "tau_pooled": tau}
+                             for t, (n, tau) in turns[r["drafter"]][0].items()}
+        else:  # the bounds, on 3 questions: not the arms' questions, so not beside them
+            r["per_turn"] = {"1": {"verify_forwards": 3, "tau_pooled": 6.0}}
+    doc["arms"] = [{"arm": a, "turn_shares": shares} for a, (_, shares) in turns.items()]
+    rows = turn_table(doc)
+    assert [(r["drafter"], r["turn"], r["tau_pooled"], r["trained_share"]) for r in rows] == [
+        ("on_policy", 1, 2.0, 0.6), ("on_policy", 2, 1.75, 0.4), ("off_policy", 1, 1.5, 0.7),
+        ("off_policy", 2, 1.5, 0.3)]
+    del doc["rows"][1]["per_turn"]  # a summary made before rows carried per_turn: that drafter has no row
+    assert [r["drafter"] for r in turn_table(doc)] == ["on_policy", "on_policy"]
+
+
+def test_the_losses_are_drawn_per_arm_train_and_validation():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from eagledata.quality.report import plot_losses
+
+    epochs = [{"epoch": e, "train_loss": 10.0 - e, "validation_loss": 12.0 - e / 2} for e in range(3)]
+    ax = plot_losses({"epoch_losses": {"on_policy": epochs, "off_policy": epochs[:2]}})
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert lines["on_policy validation"] == [12.0, 11.5, 11.0] and lines["off_policy train"] == [10.0, 9.0]

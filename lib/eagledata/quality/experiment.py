@@ -155,7 +155,8 @@ def summary_rows(taus: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"drafter": name, "samples": doc.get("samples"), "supervised_tokens": doc.get("supervised_tokens"),
                      "train_seconds": doc.get("train_seconds"), "questions": doc["questions"], "turns": doc["turns"],
                      "k": doc["k"], "tau_mean": doc["tau_mean"], "tau_ci95": doc["tau_ci95"],
-                     "tau_pooled": doc.get("tau_pooled"), "per_position_acceptance": doc["per_position_acceptance"]})
+                     "tau_pooled": doc.get("tau_pooled"), "per_position_acceptance": doc["per_position_acceptance"],
+                     "per_turn": doc.get("per_turn")})
     return rows
 
 

@@ -1,6 +1,7 @@
 """quality.ipynb's views of the experiment's `summary.json`: the table per drafter, τ per MT-Bench category, vLLM's
-count beside ours, the plot of τ with its interval and per-position acceptance, and the conclusion in words, stated
-from the numbers whichever way they point (the free baselines' verdict and vLLM's agreement included)."""
+count beside ours, τ per turn beside what each arm trained on, the losses per epoch, the plot of τ with its interval
+and per-position acceptance, and the conclusion in words, stated from the numbers whichever way they point (the free
+baselines' verdict and vLLM's agreement included)."""
 from __future__ import annotations
 
 from typing import Any
@@ -114,6 +115,41 @@ def baseline_verdict(summary: dict[str, Any], baseline: str = "ngram") -> str:
             said.append(f"{arm} {rows[arm]['tau_mean']:.3f} " + ("beats" if lo > base else "does not beat")
                         + f" {baseline} ({base:.3f})")
     return "; ".join(said) + "."
+
+
+def turn_table(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """τ pooled per turn number for every drafter measured on the arms' questions, beside each arm's share of turn-1
+    and turn-2 training samples (`turn_shares`): what a drafter was trained on against what it is measured on. An
+    experiment summarized before `per_turn` reached its rows has no row here."""
+    arms = {a["arm"]: a for a in summary.get("arms", [])}
+    questions = next((r["questions"] for r in summary["rows"] if r["drafter"] in ARMS), None)
+    out = []
+    for r in summary["rows"]:
+        if r.get("per_turn") is None or r["questions"] != questions:
+            continue
+        shares = arms.get(r["drafter"], {}).get("turn_shares", {})
+        for turn, t in sorted(r["per_turn"].items(), key=lambda kv: int(kv[0])):
+            out.append({"drafter": r["drafter"], "turn": int(turn), "verify_forwards": t["verify_forwards"],
+                        "tau_pooled": None if t["tau_pooled"] is None else round(t["tau_pooled"], 3),
+                        "trained_share": shares.get(turn)})
+    return out
+
+
+def plot_losses(summary: dict[str, Any], ax: Any = None) -> Any:
+    """Training and validation loss per epoch for each arm (validation: the held-out conversations, the same ids in
+    both arms, never trained on): the epochs are picked by this curve, not by τ."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3))
+    for arm, epochs in summary["epoch_losses"].items():
+        xs = [e["epoch"] + 1 for e in epochs or []]
+        ax.plot(xs, [e["train_loss"] for e in epochs or []], "-o", label=f"{arm} train")
+        ax.plot(xs, [e["validation_loss"] for e in epochs or []], "--o", label=f"{arm} validation")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    ax.legend()
+    return ax
 
 
 def plot_summary(summary: dict[str, Any], axes: Any = None) -> Any:
