@@ -65,10 +65,10 @@ def make_data(exp):
     trainer's or τ's test starts from."""
     from eagledata.quality.arms import ARMS
 
-    asks = exp.prompts()
+    asks = exp.arm_data.prompts()
     for arm in ARMS:
-        exp.arm_records(arm, asks)
-    exp.assemble_arms()
+        exp.arm_data.arm_records(arm, asks)
+    exp.arm_data.assemble_arms()
     for arm in ARMS:
-        exp.extract_arm(arm)
+        exp.arm_data.extract_arm(arm)
     return exp

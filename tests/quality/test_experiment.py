@@ -1,7 +1,7 @@
-"""The experiment runner's stages that need no speculators (quality/experiment.py), on a tiny target: the prompts
-both arms share, both arms' records, equal supervised tokens, the speculators export with token_freq.pt, and resume
-(a finished stage is kept, its model never loaded again). Training and τ run in `make test-interop`
-(test_quality_interop.py)."""
+"""The experiment runner's stages that need no speculators (quality/arm_data.py, as experiment.py composes them), on
+a tiny target: the prompts both arms share, both arms' records, equal supervised tokens, the speculators export with
+token_freq.pt, and resume (a finished stage is kept, its model never loaded again). Training and τ run in
+`make test-interop` (test_quality_interop.py)."""
 from __future__ import annotations
 
 import json
@@ -28,14 +28,14 @@ def test_the_stages_before_training_and_their_resume(tmp_path):
     config = tiny_config(tmp_path)
     said = []
     exp = Experiment(config, ExperimentSeams(run=no_commands, say=said.append))
-    asks = exp.prompts()
+    asks = exp.arm_data.prompts()
     ids = [a.id for a in asks]  # drawn by data_seed 0 from the 12 usable conversations (and one without an answer)
     assert len(set(ids)) == 11 and set(ids) <= {f"conv{i:03d}" for i in range(12)} and ids != sorted(ids)
-    assert exp.validation_ids() == set(ids[8:])  # the held-out ones: the next three of the same draw
+    assert exp.arm_data.validation_ids() == set(ids[8:])  # the held-out ones: the next three of the same draw
     prompts_stage = json.loads(exp.files.stage("prompts").read_text())
     assert prompts_stage["passed_over"] in ({}, {"no data-set answer to its first ask": 1})
     for arm in ARMS:
-        exp.arm_records(arm, asks)
+        exp.arm_data.arm_records(arm, asks)
     off = [json.loads(line) for line in exp.files.records("off_policy").read_text().splitlines()]
     on = [json.loads(line) for line in exp.files.records("on_policy").read_text().splitlines()]
     off_stage = json.loads(exp.files.stage("records/off_policy").read_text())
@@ -44,15 +44,15 @@ def test_the_stages_before_training_and_their_resume(tmp_path):
     assert len(off) == 21 and {r["conversation_id"] for r in on} == {a.id for a in asks}
     assert all(r["turn"] == 1 for r in off if r["finish_reason"] == "length")
     assert all(r["meta"]["sampling"]["greedy"] for r in on)
-    assembled = exp.assemble_arms()
+    assembled = exp.arm_data.assemble_arms()
     rows = {row["arm"]: row for row in assembled["table"]}
     assert rows["on_policy"]["supervised_tokens"] == rows["off_policy"]["supervised_tokens"] \
         == assembled["supervised_tokens"] > 0
     for arm in ARMS:
-        exp.extract_arm(arm)
+        exp.arm_data.extract_arm(arm)
         export = exp.files.export(arm)
         freq = torch.load(export / "token_freq.pt", weights_only=True)
-        assert sum(freq.values()) == supervised(exp.samples(arm))  # the extraction's own count, all samples
+        assert sum(freq.values()) == supervised(exp.arm_data.samples(arm))  # the extraction's own count, all samples
         assert json.loads((export / "manifest.json").read_text())["layout"] == "speculators"
     kept = {p: p.stat().st_mtime_ns for p in exp.files.root.rglob("*") if p.is_file()}
 
@@ -60,12 +60,12 @@ def test_the_stages_before_training_and_their_resume(tmp_path):
         raise AssertionError("a finished stage loaded the model again")
 
     again = Experiment(config, ExperimentSeams(load_model=never, load_chat=never, run=no_commands, say=said.append))
-    assert [a.id for a in again.prompts()] == [a.id for a in asks]
+    assert [a.id for a in again.arm_data.prompts()] == [a.id for a in asks]
     for arm in ARMS:
-        again.arm_records(arm, asks)
-    assert again.assemble_arms() == json.loads(exp.files.stage("assemble").read_text())
+        again.arm_data.arm_records(arm, asks)
+    assert again.arm_data.assemble_arms() == json.loads(exp.files.stage("assemble").read_text())
     for arm in ARMS:
-        again.extract_arm(arm)
+        again.arm_data.extract_arm(arm)
     assert {p: p.stat().st_mtime_ns for p in exp.files.root.rglob("*") if p.is_file()} == kept
     assert sum("done before: kept" in line for line in said) == 6
 
@@ -125,16 +125,16 @@ def test_each_arm_trains_on_all_its_samples_validated_on_the_same_held_out_conve
 
     exp = made_data(tiny_config(tmp_path))
     exp.seams.run = trainer
-    held = exp.validation_ids()
+    held = exp.arm_data.validation_ids()
     train_rows, validation_rows, vocab = {}, {}, {}
     for arm in ARMS:
-        exp.train_arm(arm)
+        exp.drafter_stages.train_arm(arm)
         flags, rows = calls[f"train {arm}"]
-        samples = exp.samples(arm)
+        samples = exp.arm_data.samples(arm)
         assert rows == [x.id for x in samples]  # the rows the trainer splits, in the order written
         cut = int(len(samples) * float(flags["--train-data-ratio"]))  # speculators' own expression
         train_rows[arm], validation_rows[arm] = samples[:cut], samples[cut:]
-        assert train_rows[arm] == exp.train_samples(arm)
+        assert train_rows[arm] == exp.arm_data.train_samples(arm)
         assert not {s.conversation_id for s in train_rows[arm]} & held
         assert validation_rows[arm] and {s.conversation_id for s in validation_rows[arm]} <= held
         vocab[arm] = torch.load(flags["--token-freq-path"], weights_only=True)
@@ -147,7 +147,7 @@ def test_each_arm_trains_on_all_its_samples_validated_on_the_same_held_out_conve
     assert supervised(train_rows["on_policy"]) == supervised(train_rows["off_policy"]) == reported
     keys = {arm: [(s.conversation_id, s.turn) for s in rows] for arm, rows in validation_rows.items()}
     assert keys["on_policy"] == keys["off_policy"]
-    assert vocab["on_policy"] == vocab["off_policy"] == exp.shared_vocabulary()
+    assert vocab["on_policy"] == vocab["off_policy"] == exp.arm_data.shared_vocabulary()
     assert sum(vocab["on_policy"].values()) == 2 * supervised(train_rows["on_policy"])
 
 
@@ -197,12 +197,12 @@ def test_a_kept_stage_made_with_other_settings_is_refused(tmp_path):
     from eagledata.errors import InputError
 
     config = tiny_config(tmp_path)
-    Experiment(config, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()
+    Experiment(config, ExperimentSeams(run=no_commands, say=lambda s: None)).arm_data.prompts()
     wider = tiny_config(tmp_path, conversations=9)
     with pytest.raises(InputError, match=r"stage prompts was made with other settings \(conversations 8 there, 9"):
-        Experiment(wider, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()
+        Experiment(wider, ExperimentSeams(run=no_commands, say=lambda s: None)).arm_data.prompts()
     later = tiny_config(tmp_path, questions=1)  # a later stage's setting: the prompts are kept
-    assert len(Experiment(later, ExperimentSeams(run=no_commands, say=lambda s: None)).prompts()) == 11
+    assert len(Experiment(later, ExperimentSeams(run=no_commands, say=lambda s: None)).arm_data.prompts()) == 11
 
 
 def test_settings_that_cannot_work_are_refused_by_field():
@@ -222,7 +222,7 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
     """`data_from`: the same prompts, records, samples and hidden states (hard links, not copies), so that a second
     seed costs training and τ only; the trainer's and τ's stages stay this experiment's own."""
     first = Experiment(tiny_config(tmp_path), ExperimentSeams(run=no_commands, say=lambda s: None))
-    asks = make_data(first).prompts()
+    asks = make_data(first).arm_data.prompts()
     (first.files.stage("train/on_policy")).write_text("{}")  # a trainer's stage of the first: never linked
 
     def never(path):
@@ -236,14 +236,14 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
                                                                 "records/off_policy", "assemble",
                                                                 "extract/on_policy", "extract/off_policy")]
     again = Experiment(seeded, ExperimentSeams(load_model=never, load_chat=never, run=no_commands, say=said.append))
-    assert [a.id for a in again.prompts()] == [a.id for a in asks]
+    assert [a.id for a in again.arm_data.prompts()] == [a.id for a in asks]
     for arm in ARMS:
-        again.arm_records(arm, asks)
-        again.extract_arm(arm)
+        again.arm_data.arm_records(arm, asks)
+        again.arm_data.extract_arm(arm)
         freq = "hidden_states/speculators/token_freq.pt"
         assert (again.files.arm(arm) / freq).stat().st_ino == (first.files.arm(arm) / freq).stat().st_ino
-        assert again.samples(arm) == first.samples(arm)
-    assert again.assemble_arms() == json.loads(first.files.stage("assemble").read_text())
+        assert again.arm_data.samples(arm) == first.arm_data.samples(arm)
+    assert again.arm_data.assemble_arms() == json.loads(first.files.stage("assemble").read_text())
     assert not again.files.stage("train/on_policy").exists()
     said.clear()
     share_data(seeded, said.append)  # a rerun keeps what it has
@@ -270,7 +270,7 @@ def test_conversations_are_drawn_from_the_whole_file_by_the_data_seed():
     draws the first N."""
     from types import SimpleNamespace
 
-    from eagledata.quality.experiment import choose_conversations
+    from eagledata.quality.arm_data import choose_conversations
 
     file = [SimpleNamespace(id=f"c{i:03d}", messages=[{"role": "user", "content": f"q{i}"},
                                                       {"role": "assistant", "content": f"a{i}"}]) for i in range(300)]
@@ -291,7 +291,7 @@ def test_a_drawn_conversation_holding_an_mtbench_question_is_passed_over():
     spacing aside) is passed over, counted. Planted: no exclusion draws it."""
     from types import SimpleNamespace
 
-    from eagledata.quality.experiment import choose_conversations
+    from eagledata.quality.arm_data import choose_conversations
 
     question = "Compose an engaging travel blog post about a recent trip to Hawaii."
     file = [SimpleNamespace(id=f"c{i}", messages=[{"role": "user", "content": f"q{i}"},
@@ -309,7 +309,7 @@ def test_a_conversation_whose_first_prompt_leaves_no_room_for_an_answer_is_passe
     check draws it."""
     from types import SimpleNamespace
 
-    from eagledata.quality.experiment import choose_conversations
+    from eagledata.quality.arm_data import choose_conversations
 
     file = [SimpleNamespace(id=f"c{i}", messages=[{"role": "user", "content": "word " * (500 if i == 4 else 5)},
                                                   {"role": "assistant", "content": f"a{i}"}]) for i in range(10)]

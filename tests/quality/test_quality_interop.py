@@ -48,7 +48,7 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
         assert doc["drafter"] == f"eagle3:{files.checkpoint(arm)}" and (files.checkpoint(arm) / "config.json").is_file()
         assert (files.export(arm) / "token_freq.pt").is_file()
         # all of the arm's training samples trained on, the held-out ones validated on, per epoch in tau.json
-        assert doc["train_samples"] == Experiment(config).split(arm)[0] and doc["validation_samples"] > 0
+        assert doc["train_samples"] == Experiment(config).arm_data.split(arm)[0] and doc["validation_samples"] > 0
         assert [e["epoch"] for e in doc["epoch_losses"]] == list(range(config.epochs))
         assert all(e["train_loss"] > 0 and e["validation_loss"] > 0 for e in doc["epoch_losses"])
         assert summary["epoch_losses"][arm] == doc["epoch_losses"]

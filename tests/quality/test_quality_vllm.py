@@ -24,9 +24,9 @@ def test_the_on_policy_arm_regenerated_by_vllm_through_generate(smollm2_dir, smo
                            target=str(smollm2_dir), conversations=3, max_turns=2, answer_tokens=32, sample_tokens=1024,
                            regenerate="vllm", vllm_python=vllm_python, vllm_concurrency=8, threads=2)
     exp = Experiment(config, ExperimentSeams(generate=generate_notebook))
-    asks = exp.prompts()
+    asks = exp.arm_data.prompts()
     for arm in ("on_policy", "off_policy"):
-        exp.arm_records(arm, asks)
+        exp.arm_data.arm_records(arm, asks)
     on = [json.loads(line) for line in exp.files.records("on_policy").read_text().splitlines()]
     off = [json.loads(line) for line in exp.files.records("off_policy").read_text().splitlines()]
     tok = load_tokenizer(smollm2_dir)

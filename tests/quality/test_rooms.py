@@ -46,6 +46,8 @@ def test_a_planted_upward_import_is_found():
     ("commands", ["run_logged", "Runner"]), ("layout", ["ExperimentFiles", "experiment_files"]),
     ("stages", ["Stages", "share_data", "STAGE_SETTINGS"]), ("trainer", ["train_args", "last_checkpoint"]),
     ("serve", ["serve_chat", "chat_server_command"]),
+    ("workspace", ["Workspace", "ExperimentSeams"]), ("arm_data", ["ArmData", "choose_conversations"]),
+    ("drafter_stages", ["DrafterStages"]),
 ])
 def test_each_room_defines_its_own_names(module, names):
     tree = ast.parse((QUALITY / f"{module}.py").read_text())

@@ -1,7 +1,8 @@
-"""What the run itself checks and reports past each arm's τ (quality/experiment.py, issue 59 items 6 and 7): vLLM's own
-count of each trained checkpoint kept as a stage and held to ours (a count that disagrees, or one measured on the
-other arm's checkpoint, fails the run naming both figures), the free baselines (n-gram, the EAGLE-3 drafter with
-random layers) on the arms' questions with the verdict against n-gram, and τ per MT-Bench category.
+"""What the run itself checks and reports past each arm's τ (quality/experiment.py and drafter_stages.py, issue 59
+items 6 and 7): vLLM's own count of each trained checkpoint kept as a stage and held to ours (a count that disagrees,
+or one measured on the other arm's checkpoint, fails the run naming both figures), the free baselines (n-gram, the
+EAGLE-3 drafter with random layers) on the arms' questions with the verdict against n-gram, and τ per MT-Bench
+category.
 
 The data stages run for real on the tiny target (once per module, then linked in by `data_from`); the three commands
 in other processes are fakes through `ExperimentSeams.run`: speculators' trainer, τ (a tau.json whose counts depend

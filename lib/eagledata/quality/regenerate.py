@@ -6,7 +6,7 @@
 - `in_process`: transformers' batched `generate` (`arms.regenerate_greedy`), where no vLLM can run (a GPU machine
   without it, the tests).
 
-How the server is started and how the notebook runs are seams (`experiment.ExperimentSeams.serve` / `.generate`):
+How the server is started and how the notebook runs are seams (`workspace.ExperimentSeams.serve` / `.generate`):
 the notebook runner is `eagledata.notebooks.generate_notebook`, passed in by the callers (quality.ipynb, the CLI),
 never imported here (notebooks.py reads `quality.config`).
 """

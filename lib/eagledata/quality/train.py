@@ -1,5 +1,5 @@
 """Run speculators' own trainer (what `speculators train` runs), on CPU too, and keep the metrics it logs: the
-experiment's training stage (`Experiment.train_arm`, its flags from `trainer.train_args`).
+experiment's training stage (`DrafterStages.train_arm`, its flags from `trainer.train_args`).
 
 Runs in the speculators environment (`.venv-interop`: speculators 0.9.0), never in the project's own, with only
 this package's lib/ on its path (`measure.measure_command`'s PYTHONPATH): stdlib and torch here, and of the project

@@ -1,0 +1,160 @@
+"""The experiment's drafter stages (`DrafterStages`), each kept in the resume store: each arm's drafter trained by
+speculators 0.9.0's own loop in its environment (`train.py`, on the arm's training samples with the one shared draft
+vocabulary), its τ on MT-Bench (`measure.py`, eagle3), its τ as vLLM counts it, checked against ours on every run
+(`vllm_tau.py`), and τ of the reference drafters (`self`, `random`, `ngram`, `eagle3-random`). Each runs as a
+command through `ExperimentSeams.run`."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..files import atomic_write_text
+from ..training.exports import save_token_freq
+from .arm_data import ArmData
+from .arms import ARMS, supervised
+from .config import BASELINES
+from .measure import measure_command
+from .tau import read_tau
+from .trainer import epoch_losses, last_checkpoint, read_metrics, train_args
+from .vllm_tau import CountMismatch, check_kept
+from .workspace import Workspace
+
+
+def tau_line(doc: dict[str, Any]) -> dict[str, Any]:
+    """What a τ stage keeps of its tau.json."""
+    return {k: doc.get(k) for k in ("tau_mean", "tau_ci95", "tau_pooled", "per_position_acceptance", "questions",
+                                    "turns", "k")}
+
+
+@dataclass
+class DrafterStages:
+    """Training and τ, after the data stages (`ArmData`: each arm's split and the shared vocabulary)."""
+
+    ws: Workspace
+    data: ArmData
+
+    def threads_env(self) -> dict[str, str]:
+        return {"OMP_NUM_THREADS": str(self.ws.config.threads)} if self.ws.config.threads else {}
+
+    def train_arm(self, arm: str) -> None:
+        ws = self.ws
+
+        def body() -> dict[str, Any]:
+            out = ws.files.arm(arm) / "train"
+            if out.exists():
+                shutil.rmtree(out)  # an earlier try that stopped midway: training starts over
+            out.mkdir(parents=True)
+            export = ws.files.export(arm)
+            for cached in [*export.glob("d2t-*.npy"), *export.glob("t2d-*.npy")]:
+                cached.unlink()  # the trainer would load a cached mapping before reading --token-freq-path
+            save_token_freq(self.data.shared_vocabulary(), ws.files.arm(arm))  # <arm>/token_freq.pt
+            train, total = self.data.split(arm)
+            cmd, env = measure_command(ws.config.interop_python)
+            cmd = [ws.config.interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"),
+                   *train_args(ws.config, ws.verifier, export, out, train_samples=train, total_samples=total,
+                               token_freq=ws.files.token_freq(arm))]
+            started = time.monotonic()
+            ws.seams.run(cmd, {**env, **self.threads_env()}, out / "train.log", f"train {arm}")
+            seconds = time.monotonic() - started
+            checkpoint = ws.files.checkpoint(arm)
+            if checkpoint.exists():
+                shutil.rmtree(checkpoint)
+            shutil.copytree(last_checkpoint(out / "checkpoints"), checkpoint)
+            steps = read_metrics(out / "metrics.jsonl")
+            losses = [m["train"]["loss"] for m in steps if "train" in m]
+            return {"train_seconds": round(seconds, 1), "steps": len(losses),
+                    "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
+                    "train_samples": train, "validation_samples": total - train,
+                    "epoch_losses": epoch_losses(steps), "checkpoint": str(checkpoint)}
+
+        ws.stages.run(f"train/{arm}", body)
+
+    def tau_arm(self, arm: str) -> dict[str, Any]:
+        files = self.ws.files
+
+        def body() -> dict[str, Any]:
+            trained = json.loads(files.stage(f"train/{arm}").read_text())
+            samples = self.data.train_samples(arm)
+            cmd, env = measure_command(self.ws.config.interop_python, *self.measure_args(
+                f"eagle3:{files.checkpoint(arm)}", files.tau(arm), self.ws.config.questions),
+                "--samples", str(len(samples)), "--supervised-tokens", str(supervised(samples)),
+                "--train-seconds", str(trained["train_seconds"]))
+            self.ws.seams.run(cmd, {**env, **self.threads_env()}, files.arm(arm) / "tau.log", f"τ {arm}")
+            doc = read_tau(files.tau(arm))  # the contract's fields, then the training's (extra, at the end)
+            doc.update({"train_samples": trained["train_samples"], "validation_samples": trained["validation_samples"],
+                        "epoch_losses": trained["epoch_losses"]})
+            atomic_write_text(files.tau(arm), json.dumps(doc, indent=1) + "\n")
+            return tau_line(read_tau(files.tau(arm)))
+
+        return self.ws.stages.run(f"tau/{arm}", body)
+
+    def reference(self, drafter: str) -> tuple[str, str, int | None]:
+        """How a reference drafter is measured: its `--drafter`, the interpreter and its questions. `self` and
+        `random` (τ known: k + 1, ≈ 1; `random` drafts with a whole model and costs several times an arm) on
+        `bound_questions`, here; the baselines on the arms' questions, so the arms are compared with them question
+        by question, `eagle3-random` on the on-policy arm's checkpoint through the EAGLE-3 path in the speculators
+        environment, as the arms are measured."""
+        config = self.ws.config
+        if drafter == "eagle3-random":
+            return f"eagle3-random:{self.ws.files.checkpoint(ARMS[0])}", config.interop_python, config.questions
+        if drafter in BASELINES:
+            return drafter, sys.executable, config.questions
+        return drafter, sys.executable, config.bound_questions or config.questions
+
+    def tau_bound(self, drafter: str) -> dict[str, Any]:
+        def body() -> dict[str, Any]:
+            out = self.ws.files.bound(drafter)
+            spec, python, questions = self.reference(drafter)
+            cmd, env = measure_command(python, *self.measure_args(spec, out, questions))
+            self.ws.seams.run(cmd, {**env, **self.threads_env()}, out.parent / "tau.log", f"τ {drafter}")
+            return tau_line(read_tau(out))
+
+        return self.ws.stages.run(f"bound/{drafter}", body)
+
+    def vllm_arm(self, arm: str) -> dict[str, Any]:
+        """vLLM's own count of the arm's checkpoint (`vllm_tau.py`: the verifier served by vLLM from
+        `vllm_python` with the checkpoint as its EAGLE-3 speculative model; the same questions, k and new-token cap
+        as `tau_arm`), kept as a stage, then checked against the arm's tau.json on every run (`check_kept`): a
+        count measured otherwise, or more than 0.02 from ours, fails the run naming both figures and files."""
+        ws = self.ws
+        out = ws.files.vllm_tau(arm)
+
+        def body() -> dict[str, Any]:
+            args = ["--verifier", str(ws.verifier), "--drafter", str(ws.files.checkpoint(arm)),
+                    "--questions", str(ws.questions_file()), "--k", str(ws.config.k),
+                    "--max-new-tokens", str(ws.config.max_new_tokens), "--out", str(out),
+                    "--vllm-python", ws.config.vllm_python]
+            if ws.config.questions is not None:
+                args += ["--limit", str(ws.config.questions)]
+            _, env = measure_command(sys.executable)  # this package on the path; the server's is vllm_python's
+            ws.seams.run([sys.executable, "-m", "eagledata.quality.vllm_tau", *args], env,
+                         ws.files.arm(arm) / "vllm_tau.log", f"vLLM τ {arm}")
+            doc = json.loads(out.read_text(encoding="utf-8"))
+            return {k: doc.get(k) for k in ("drafter", "questions", "k", "max_new_tokens", "output_tokens",
+                                            "tau_pooled", "counts")}
+
+        kept = ws.stages.run(f"vllm/{arm}", body)
+        try:
+            row = check_kept(read_tau(ws.files.tau(arm)), kept)
+        except CountMismatch as e:
+            raise CountMismatch(f"{arm}: {e} (ours: {ws.files.tau(arm)}; vLLM's: {out}, kept in "
+                                f"{ws.files.stage(f'vllm/{arm}')}: delete that file to measure it again)") from None
+        ws.seams.say(f"[vllm/{arm}] τ pooled: ours {row['tau_pooled']['ours']:.4f}, vLLM "
+                     f"{row['tau_pooled']['vllm']:.4f}: agree within 0.02")
+        return row
+
+    def measure_args(self, drafter: str, out: Path, questions: int | None) -> list[str]:
+        config = self.ws.config
+        args = ["--verifier", str(self.ws.verifier), "--drafter", drafter, "--questions", str(self.ws.questions_file()),
+                "--out", str(out), "--k", str(config.k), "--max-new-tokens", str(config.max_new_tokens),
+                "--seed", str(config.seed), "--transcripts", str(out.with_name(out.stem + ".transcripts.jsonl"))]
+        if questions is not None:
+            args += ["--limit", str(questions)]
+        if config.threads:
+            args += ["--threads", str(config.threads)]
+        return args
