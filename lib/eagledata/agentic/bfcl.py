@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..wheels import Downloader, MissingPackage, extract_once, fetch_wheel, pip_download
-from .backends import BFCL, BFCL_MODULES
+from .backends import BFCL, BFCL_MODULES, BFCL_PACKAGE
 from .calls import Call
 from .tasks import Task
 
@@ -27,18 +27,9 @@ BFCL_REQUIREMENT = "bfcl-eval==2026.3.23"
 TASKS_MEMBER = "bfcl_eval/data/BFCL_v4_multi_turn_base.json"
 ANSWERS_MEMBER = "bfcl_eval/data/possible_answer/BFCL_v4_multi_turn_base.json"
 FUNC_DOC_DIR = "bfcl_eval/data/multi_turn_func_doc/"
-CODE_PREFIX = "bfcl_eval/eval_checker/multi_turn_eval/func_source_code/"
-CLASS_DOCS = {  # class -> its function docs (bfcl_eval/constants/executable_backend_config.py)
-    "GorillaFileSystem": "gorilla_file_system.json",
-    "MathAPI": "math_api.json",
-    "MessageAPI": "message_api.json",
-    "TwitterAPI": "posting_api.json",
-    "TicketAPI": "ticket_api.json",
-    "TradingBot": "trading_bot.json",
-    "TravelAPI": "travel_booking.json",
-    "VehicleControlAPI": "vehicle_control.json",
-}
-assert set(CLASS_DOCS) == set(BFCL_MODULES)
+CODE_PREFIX = BFCL_PACKAGE.replace(".", "/") + "/"  # the backends' sources in the wheel
+# class -> its function docs: named as its backend module is (bfcl_eval/constants/executable_backend_config.py)
+CLASS_DOCS = {name: f"{module}.json" for name, module in BFCL_MODULES.items()}
 # BFCL's type names -> JSON Schema's (bfcl_eval/constants/type_mappings.py GORILLA_TO_OPENAPI); others -> string
 OPENAPI_TYPES = {"integer": "integer", "number": "number", "float": "number", "double": "number",
                  "string": "string", "char": "string", "any": "string", "Any": "string", "String": "string",
