@@ -74,6 +74,12 @@ class TimedBatchVerifier(BatchVerifier):
         self.clock.add("verifier prefill" if last_only else "verifier verify", time.perf_counter() - started)
         return out
 
+    def verify(self, chains: Any) -> Any:
+        started = time.perf_counter()
+        out = super().verify(chains)
+        self.clock.add("verifier verify", time.perf_counter() - started)
+        return out
+
 
 class TimedDrafter:
     """A drafter (one-turn or batched) with its proposals timed."""

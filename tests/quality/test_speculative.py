@@ -243,6 +243,56 @@ def test_a_batched_forward_gives_each_row_what_it_gives_alone(target_model):
     assert [verifier.length(r) for r in range(3)] == [len(rows[0]) + 3, len(rows[1]), len(rows[2]) + 1]
 
 
+def test_verify_reads_the_lm_head_only_through_each_rows_first_rejected_draft(target_model):
+    """`verify` gives each row the verifier's greedy tokens through its first rejected draft (or its last), what
+    the full logits' argmax gives there, and runs the LM head on exactly those positions, position by position over
+    the rows still accepting; the aux states of every chain position come back, transformers' hidden states (the
+    embeddings, a layer's input, the final norm's output) to float rounding."""
+    rows = uneven_prompts(3, seed=41)
+    greedy = [hf_greedy(target_model, p, 8) for p in rows]
+    layers = len(target_model.model.layers)
+    aux = (0, 2, layers)
+    verifier, full = BatchVerifier(target_model, 3, aux_layers=aux), BatchVerifier(target_model, 3)
+    for v in (verifier, full):
+        first = v.forward(dict(enumerate(rows)), last_only=True)
+        assert [int(first[r].logits[-1].argmax()) for r in range(3)] == [g[0] for g in greedy]
+    wrong = (greedy[0][3] + 1) % 256
+    chains = {0: [greedy[0][0], greedy[0][1], greedy[0][2], wrong, greedy[0][4]],  # 2 accepted, then rejected
+              1: [greedy[1][0]],  # no draft
+              2: greedy[2][:6]}  # all 5 accepted
+    seen = []
+    hook = verifier.head.register_forward_hook(lambda module, args, output: seen.append(args[0].shape[0]))
+    try:
+        verdicts = verifier.verify(chains)
+    finally:
+        hook.remove()
+    assert [verdicts[r].best for r in range(3)] == [greedy[0][1:4], greedy[1][1:2], greedy[2][1:7]]
+    assert seen == [3, 2, 2, 1, 1, 1] and sum(seen) == 3 + 1 + 6
+    logits = full.forward(chains)
+    for r in range(3):
+        best = logits[r].logits.argmax(-1).tolist()
+        assert verdicts[r].best == best[:len(verdicts[r].best)]
+    for r, prompt in enumerate(rows):
+        ids = [*prompt, *chains[r]]
+        with torch.no_grad():
+            hidden = target_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        expected = torch.cat([hidden[i][0, len(prompt):] for i in aux], dim=-1)
+        assert verdicts[r].states.shape == expected.shape and torch.allclose(verdicts[r].states, expected, atol=1e-5)
+
+
+def test_a_row_keeps_its_positions_when_the_cache_grows(target_model):
+    """The key/value buffers grow (256 positions at a time) while rows hold positions: a long row and a short one
+    decode past the first growth and on, each still its own greedy decode."""
+    long, short = prompts(3, seed=43)[2] * 14, prompts(2, seed=47)[1]
+    assert 240 < len(long) < 256
+    some = [long, short, short[::-1]]
+    expected = [hf_greedy(target_model, p, MAX_NEW) for p in some]
+    verifier = BatchVerifier(target_model, 2)
+    assert [d.output_ids for d in batched(verifier, BatchModelDrafter(target_model, 2), some, k=3)] == expected
+    assert verifier.capacity >= len(long) + MAX_NEW > 256
+    assert [d.output_ids for d in batched(BatchVerifier(target_model, 2), NoDrafts(), some, k=3)] == expected
+
+
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_batched_output_is_greedy_output_whatever_the_drafter(target_model, random_model, k):
     """More prompts than rows (finished rows take new turns), prompts of different lengths, rows whose chains are

@@ -242,7 +242,8 @@ class RowCache:
     a forward writes each row's new tokens at that row's own next slots and cropping a row only lowers its length
     (what lies past it is masked, then overwritten). No row's cache is ever copied to crop or to pad another.
 
-    Duck-typed for transformers' decoders (`update`, `get_seq_length`): the forward passes explicit position ids
+    Duck-typed for transformers' decoder layers (`update`, `get_seq_length`), for a caller that runs them itself
+    (`eagle3.BatchEagle3Drafter`): it sets `write` and `span` around each forward and passes explicit position ids
     and a 4-D mask, so transformers neither counts positions nor builds a mask from it."""
 
     def __init__(self, rows: int):
@@ -260,7 +261,7 @@ class RowCache:
         """Write the forward's [R, H, S, D] keys and values at each row's slots; return the R rows' [R, H, span, D]
         (a view when every row takes part)."""
         if self.write is None:
-            raise RuntimeError("RowCache.update outside BatchVerifier.forward")
+            raise RuntimeError("RowCache.update outside a forward that set its write slots")
         rows, slots = self.write
         while len(self.keys) <= layer_idx:
             self.keys.append(key.new_zeros(0))
@@ -289,70 +290,197 @@ class RowOutput:
     states: torch.Tensor | None
 
 
+@dataclass
+class Verdict:
+    """One row's verification (`BatchVerifier.verify`): `best`, the verifier's greedy token after the chain's first
+    token and each accepted draft, through the first draft it rejects (or its last), so the drafts accepted are
+    `best[:-1]` and the bonus `best[-1]`; `states`, the aux states [n, S] of all n positions of the chain."""
+
+    best: list[int]
+    states: torch.Tensor | None
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
 class BatchVerifier:
     """The verifier over `rows` sequences at once: each forward appends a token list to any subset of rows (lengths
-    differ; shorter lists are right-padded, their padding masked and never kept), every row at its own positions
-    (`RowCache`). The LM head runs only over the positions whose logits are used (a prefill: its last), so a long
-    prompt costs its decoder layers only. A transformers decoder-only LM with `get_decoder`/`get_output_embeddings`
-    (Llama-like: the final norm inside the decoder)."""
+    differ), every row at its own positions, in one pass over the weights.
+
+    The rows' new tokens go through the decoder's projections and MLPs packed, [T, H] for T tokens in all (no
+    padding: a row with a 1-token chain costs 1 token); only attention lays them out per row, [rows, width], each
+    query over its own row's keys up to its position. Keys and values live in one preallocated buffer per layer,
+    [rows, kv heads, capacity, head dim]: a forward writes each new token's at its row's next slot, cropping a row
+    only lowers its length (what lies past it is masked, then overwritten), no row is ever copied or padded, and the
+    grouped query heads read their key/value head where it lies (no repeated K/V). The LM head runs only where a
+    logit is read: a prefill's last position; `verify`, each row's positions up to the first rejected draft.
+
+    Written for transformers' Llama (`LlamaForCausalLM`: its modules and rotary embedding called as they are, the
+    attention computed here as its eager attention computes it)."""
 
     def __init__(self, model: Any, rows: int, aux_layers: Sequence[int] | None = None):
         self.model = model.eval()
         self.rows = rows
         self.aux_layers = tuple(aux_layers) if aux_layers is not None else None
-        self.cache = RowCache(rows)
+        decoder = model.get_decoder()
+        config = model.config
+        if getattr(config, "model_type", None) != "llama" or not all(
+                hasattr(decoder, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+            raise ValueError(f"BatchVerifier runs Llama decoders (transformers' LlamaForCausalLM), not "
+                             f"{getattr(config, 'model_type', type(model).__name__)!r}")
+        self.decoder = decoder
+        self.head = model.get_output_embeddings()
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        layers = len(decoder.layers)
+        if self.aux_layers is not None and not all(0 <= i <= layers for i in self.aux_layers):
+            raise ValueError(f"aux layers {self.aux_layers}: the verifier's hidden states are 0 … {layers}")
+        self.lengths = [0] * rows
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
         self.forwards = 0
 
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
+
     def length(self, row: int) -> int:
-        return self.cache.lengths[row]
+        return self.lengths[row]
 
     def reset(self, row: int) -> None:
         """A new sequence in `row`."""
-        self.cache.lengths[row] = 0
+        self.lengths[row] = 0
 
     def crop(self, row: int, length: int) -> None:
-        if not 0 <= length <= self.cache.lengths[row]:
-            raise ValueError(f"cannot crop row {row} of {self.cache.lengths[row]} positions to {length}")
-        self.cache.lengths[row] = length
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"cannot crop row {row} of {self.lengths[row]} positions to {length}")
+        self.lengths[row] = length
 
-    @torch.no_grad()
-    def forward(self, chains: Mapping[int, Sequence[int]], *, last_only: bool = False) -> dict[int, RowOutput]:
-        """`chains[row]` appended to each row's positions in one forward."""
+    def _reserve(self, span: int) -> None:
+        """Room for `span` positions in every row (grown in steps of 256, the rows' positions copied over)."""
+        if span <= self.capacity:
+            return
+        capacity = -(-max(span, self.capacity + self.capacity // 4) // 256) * 256
+        weight = self.head.weight
+        for store in (self.keys, self.values):
+            for i in range(len(self.decoder.layers)):
+                grown = weight.new_zeros(self.rows, self.kv_heads, capacity, self.head_dim)
+                if i < len(store):
+                    grown[:, :, :store[i].shape[2]] = store[i]
+                    store[i] = grown
+                else:
+                    store.append(grown)
+
+    def _run(self, chains: Mapping[int, Sequence[int]]) -> tuple[list[int], list[int], torch.Tensor,
+                                                                   torch.Tensor | None]:
+        """`chains[row]` appended to each row's positions: (the rows in order, their chain lengths, the final
+        normed hidden states [T, H] of all T new tokens, row after row, and their aux states [T, S])."""
         order = sorted(chains)
         if not order or any(not chains[r] for r in order):
             raise ValueError("every row in a forward needs at least one token")
-        device = self.model.device
-        width = max(len(chains[r]) for r in order)
-        starts = torch.tensor([self.cache.lengths[r] for r in order], device=device)
-        ids = torch.zeros(len(order), width, dtype=torch.long, device=device)
-        for i, r in enumerate(order):
-            ids[i, :len(chains[r])] = torch.tensor(list(chains[r]), device=device)
-        positions = starts[:, None] + torch.arange(width, device=device)[None]
-        span = int(positions.max()) + 1
-        # a query sees its row's slots up to its own position: earlier positions and itself, never padding or
-        # what a crop left behind (those lie past the row's length)
-        mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None])[:, None]
-        self.cache.write = (torch.tensor(order, device=device)[:, None], positions)
-        self.cache.span = span
-        try:
-            out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                           past_key_values=self.cache, use_cache=True,
-                                           output_hidden_states=self.aux_layers is not None)
-        finally:
-            self.cache.write = None
-        self.forwards += 1
-        hidden = out.last_hidden_state
+        device = self.head.weight.device
         lengths = [len(chains[r]) for r in order]
-        picked = ([hidden[i, n - 1:n] for i, n in enumerate(lengths)] if last_only
-                  else [hidden[i, :n] for i, n in enumerate(lengths)])
-        logits = self.model.get_output_embeddings()(torch.cat(picked)).split([p.shape[0] for p in picked])
-        aux = (torch.cat([out.hidden_states[layer] for layer in self.aux_layers], dim=-1)
-               if self.aux_layers is not None else None)
-        result = {}
-        for i, r in enumerate(order):
-            self.cache.lengths[r] += lengths[i]
-            result[r] = RowOutput(logits[i], aux[i, :lengths[i]] if aux is not None else None)
-        return result
+        n, width = len(order), max(lengths)
+        starts = torch.tensor([self.lengths[r] for r in order], device=device)
+        sizes = torch.tensor(lengths, device=device)
+        batch = torch.repeat_interleave(torch.arange(n, device=device), sizes)  # each token's place in the batch
+        column = torch.arange(int(sizes.sum()), device=device) - torch.repeat_interleave(sizes.cumsum(0) - sizes,
+                                                                                            sizes)
+        positions = starts[batch] + column
+        span = int((starts + sizes).max())
+        self._reserve(span)
+        slots_rows = torch.tensor(order, device=device)[batch]
+        # a query sees its row's slots up to its own position: earlier positions and itself, never what a crop
+        # left behind or another row's (padding queries, past a row's chain, are computed and dropped)
+        queries = starts[:, None] + torch.arange(width, device=device)[None]
+        hidden_mask = torch.arange(span, device=device)[None, None, :] > queries[:, :, None]  # [n, width, span]
+        contiguous = order == list(range(order[0], order[0] + n))
+        group = self.heads // self.kv_heads
+        tokens = torch.tensor([t for r in order for t in chains[r]], device=device)
+        x = self.decoder.embed_tokens(tokens)
+        cos, sin = self.decoder.rotary_emb(x, positions[None])
+        cos, sin = cos[0][:, None], sin[0][:, None]
+        states: dict[int, torch.Tensor] = {}  # transformers' hidden states: index i, the input of layer i
+        for i, layer in enumerate(self.decoder.layers):
+            if self.aux_layers is not None and i in self.aux_layers:
+                states[i] = x
+            attention = layer.self_attn
+            residual = x
+            h = layer.input_layernorm(x)
+            q = attention.q_proj(h).view(-1, self.heads, self.head_dim)
+            k = attention.k_proj(h).view(-1, self.kv_heads, self.head_dim)
+            v = attention.v_proj(h).view(-1, self.kv_heads, self.head_dim)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.keys[i][slots_rows, :, positions] = k
+            self.values[i][slots_rows, :, positions] = v
+            if contiguous:
+                keys = self.keys[i][order[0]:order[0] + n, :, :span]
+                values = self.values[i][order[0]:order[0] + n, :, :span]
+            else:
+                index = torch.tensor(order, device=device)
+                keys = self.keys[i][:, :, :span].index_select(0, index)
+                values = self.values[i][:, :, :span].index_select(0, index)
+            # the queries of key/value head g, its `group` query heads × the row's width, against its keys
+            padded = q.new_zeros(n, width, self.heads, self.head_dim)
+            padded[batch, column] = q
+            padded = padded.view(n, width, self.kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
+            padded = padded.reshape(n * self.kv_heads, group * width, self.head_dim)
+            scores = torch.bmm(padded, keys.reshape(n * self.kv_heads, span, self.head_dim).transpose(1, 2))
+            scores = (scores * attention.scaling).view(n, self.kv_heads, group, width, span)
+            scores = scores.masked_fill(hidden_mask[:, None, None], float("-inf"))
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.bmm(weights.view(n * self.kv_heads, group * width, span),
+                            values.reshape(n * self.kv_heads, span, self.head_dim))
+            out = out.view(n, self.kv_heads, group, width, self.head_dim).permute(0, 3, 1, 2, 4)
+            out = out.reshape(n, width, self.heads * self.head_dim)[batch, column]
+            x = residual + attention.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.decoder.norm(x)
+        aux = None
+        if self.aux_layers is not None:
+            states[len(self.decoder.layers)] = x  # the last: the final norm's output
+            aux = torch.cat([states[i] for i in self.aux_layers], dim=-1)
+        for r, size in zip(order, lengths):
+            self.lengths[r] += size
+        self.forwards += 1
+        return order, lengths, x, aux
+
+    @torch.no_grad()
+    def forward(self, chains: Mapping[int, Sequence[int]], *, last_only: bool = False) -> dict[int, RowOutput]:
+        """`chains[row]` appended to each row's positions in one forward: each row's logits at all its new
+        positions (its last alone with `last_only`) and its aux states."""
+        order, lengths, hidden, aux = self._run(chains)
+        ends = torch.tensor(lengths).cumsum(0).tolist()
+        picked = ([hidden[e - 1:e] for e in ends] if last_only
+                  else [hidden[e - n:e] for e, n in zip(ends, lengths)])
+        logits = self.head(torch.cat(picked)).split([p.shape[0] for p in picked])
+        return {r: RowOutput(logits[i], aux[ends[i] - lengths[i]:ends[i]] if aux is not None else None)
+                for i, r in enumerate(order)}
+
+    @torch.no_grad()
+    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        """`chains[row]` (the row's last verified token, then its drafts) appended to each row in one forward, and
+        verified greedily: the LM head runs position by position over the rows still accepting (each row's first
+        position, then the next of the rows whose draft there equals the verifier's token, …), never over a
+        position past a rejected draft."""
+        order, lengths, hidden, aux = self._run(chains)
+        offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()[:-1]]
+        best: list[list[int]] = [[] for _ in order]
+        alive, at = list(range(len(order))), 0
+        while alive:
+            tokens = self.head(hidden[[offsets[i] + at for i in alive]]).argmax(-1).tolist()
+            still = []
+            for i, token in zip(alive, tokens):
+                best[i].append(int(token))
+                if at + 1 < lengths[i] and chains[order[i]][at + 1] == token:
+                    still.append(i)
+            alive, at = still, at + 1
+        return {r: Verdict(best[i], aux[offsets[i]:offsets[i] + lengths[i]] if aux is not None else None)
+                for i, r in enumerate(order)}
 
 
 class BatchDrafter(Protocol):
@@ -506,18 +634,17 @@ def speculative_decode_batch(verifier: BatchVerifier, drafter: BatchDrafter, fee
         for d in drafts.values():
             if len(d) > k:
                 raise ValueError(f"the drafter proposed {len(d)} tokens, more than k = {k}")
-        outputs = verifier.forward({r: [row.ids[-1], *drafts[r]] for r, row in busy.items()})
-        for r, o in outputs.items():
+        verdicts = verifier.verify({r: [row.ids[-1], *drafts[r]] for r, row in busy.items()})
+        for r, v in verdicts.items():
             row, chain = busy[r], drafts[r]
-            best = o.logits.argmax(-1).tolist()
-            a = 0
-            while a < len(chain) and chain[a] == best[a]:
-                a += 1
+            a = len(v.best) - 1  # best[:a] are the accepted drafts (chain[:a]), best[a] the bonus
+            if v.best[:a] != chain[:a] or (a < len(chain) and chain[a] == v.best[a]):
+                raise RuntimeError(f"row {r}: the verifier's verdict {v.best} does not fit the drafts {chain}")
             row.decoded.accepted.append(a)
             row.decoded.drafted.append(len(chain))
             verifier.crop(r, len(row.ids) + a)
-            row.states = o.states[:a + 1] if o.states is not None else None
-            for token in [*chain[:a], best[a]]:
+            row.states = v.states[:a + 1] if v.states is not None else None
+            for token in v.best:
                 row.ids.append(token)
                 row.decoded.output_ids.append(token)
                 if _stops(token, row.decoded.output_ids, stop_ids, max_new_tokens):
