@@ -237,17 +237,17 @@ def eagle3_model(spec: str, *, seed: int = 0, load_eagle3: Callable[[str], Any] 
 def make_batch_drafter(spec: str, verifier_model: Any, rows: int, *, seed: int = 0,
                        load_eagle3: Callable[[str], Any] | None = None) -> BatchDrafter:
     """`make_drafter`'s drafters for `rows` rows at once: `self` and `random` draft all rows in batched forwards
-    (`BatchModelDrafter`); EAGLE-3 (one model loaded, a drafter state per row) and n-gram draft row by row
-    (`PerRow`)."""
+    (`BatchModelDrafter`), EAGLE-3 too (`BatchEagle3Drafter`: one model loaded, each chain step one forward for all
+    the rows); n-gram drafts row by row (`PerRow`: no model)."""
     if spec == "self":
         return BatchModelDrafter(verifier_model, rows)
     if spec == "random":
         return BatchModelDrafter(random_model(verifier_model, seed), rows)
     model = eagle3_model(spec, seed=seed, load_eagle3=load_eagle3)
     if model is not None:
-        from .eagle3 import Eagle3Drafter
+        from .eagle3 import BatchEagle3Drafter
 
-        return PerRow(lambda _: Eagle3Drafter(model), rows)
+        return BatchEagle3Drafter(model, rows)
     return PerRow(lambda _: make_drafter(spec, verifier_model, seed=seed), rows)
 
 
