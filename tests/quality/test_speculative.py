@@ -9,6 +9,7 @@ import torch
 from eagledata.quality.speculative import (
     BatchModelDrafter,
     BatchVerifier,
+    GreedyVerifier,
     ModelDrafter,
     NgramDrafter,
     NoDrafts,
@@ -212,7 +213,11 @@ class Mixed:
         return [Junk(length=0), ModelDrafter(self.target_model)][row] if row < 2 else Junk()
 
 
-def batched(verifier, drafter, prompts_, *, k, max_new_tokens=MAX_NEW, stop_ids=()):
+def batched(verifier, drafter, prompts_, *, k, max_new_tokens=MAX_NEW, stop_ids=(), greedy=False):
+    """Every prompt decoded by `speculative_decode_batch`, its chains verified by `verifier`'s forwards, or with
+    `greedy` against its greedy decode run ahead (`GreedyVerifier`)."""
+    if greedy:
+        verifier = GreedyVerifier(verifier, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
     feed = PromptFeed(prompts_)
     speculative_decode_batch(verifier, drafter, feed, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
     return feed.results()
@@ -293,47 +298,107 @@ def test_a_row_keeps_its_positions_when_the_cache_grows(target_model):
     assert [d.output_ids for d in batched(BatchVerifier(target_model, 2), NoDrafts(), some, k=3)] == expected
 
 
+@pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_batched_output_is_greedy_output_whatever_the_drafter(target_model, random_model, k):
+def test_batched_output_is_greedy_output_whatever_the_drafter(target_model, random_model, k, greedy):
     """More prompts than rows (finished rows take new turns), prompts of different lengths, rows whose chains are
-    empty, full or rejected side by side: every turn is transformers' own greedy decode."""
+    empty, full or rejected side by side: every turn is transformers' own greedy decode, verified by forwards over
+    the chains or against the greedy decode run ahead."""
     some = uneven_prompts(7, seed=23)
     expected = [hf_greedy(target_model, p, MAX_NEW) for p in some]
     for drafter in (NoDrafts(), BatchModelDrafter(target_model, 3), BatchModelDrafter(random_model, 3),
                     PerRow(lambda _: NgramDrafter(), 3), PerRow(Mixed(target_model), 3)):
-        got = batched(BatchVerifier(target_model, 3), drafter, some, k=k)
+        got = batched(BatchVerifier(target_model, 3), drafter, some, k=k, greedy=greedy)
         assert [d.output_ids for d in got] == expected, type(drafter).__name__
         assert all(d.tokens - (len(d.output_ids) - 1) in range(k + 1) for d in got)
 
 
-def test_batched_rows_finish_at_different_times_where_greedy_ends_them(target_model):
+@pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])
+def test_batched_rows_finish_at_different_times_where_greedy_ends_them(target_model, greedy):
     """A stop id reached by some turns early (mid-chain included) and by others never; a cap of one token (every
-    turn done at its prefill): each turn ends where plain greedy decoding ends it."""
+    turn done at its prefill): each turn ends where plain greedy decoding ends it, and counts what one turn at a
+    time counts (a last chain's drafts accepted past the stop included)."""
     some = uneven_prompts(6, seed=29)
     free = [hf_greedy(target_model, p, MAX_NEW) for p in some]
     stop = free[0][len(free[0]) // 3]
     expected = [hf_greedy(target_model, p, MAX_NEW, eos=stop) for p in some]
     assert len({len(e) for e in expected}) > 1  # the rows do finish at different steps
     for drafter in (BatchModelDrafter(target_model, 4), PerRow(Mixed(target_model), 4)):
-        got = batched(BatchVerifier(target_model, 4), drafter, some, k=4, stop_ids={stop})
+        got = batched(BatchVerifier(target_model, 4), drafter, some, k=4, stop_ids={stop}, greedy=greedy)
         assert [d.output_ids for d in got] == expected
-    got = batched(BatchVerifier(target_model, 4), BatchModelDrafter(target_model, 4), some, k=4, max_new_tokens=1)
+        if isinstance(drafter, BatchModelDrafter):
+            one = [speculative_decode(Verifier(target_model), ModelDrafter(target_model), p, k=4,
+                                      max_new_tokens=MAX_NEW, stop_ids={stop}) for p in some]
+            assert [(d.accepted, d.drafted) for d in got] == [(d.accepted, d.drafted) for d in one]
+    got = batched(BatchVerifier(target_model, 4), BatchModelDrafter(target_model, 4), some, k=4, max_new_tokens=1,
+                  greedy=greedy)
     assert [d.output_ids for d in got] == [f[:1] for f in free] and all(d.steps == 0 for d in got)
 
 
-def test_batched_tau_is_counted_as_one_turn_at_a_time(target_model, random_model):
+@pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])
+def test_batched_tau_is_counted_as_one_turn_at_a_time(target_model, random_model, greedy):
     """The same drafts, acceptance and τ per turn as `speculative_decode` (self: k + 1 exactly; random ≈ 1; the
     empty chains of prompt lookup counted)."""
     some = uneven_prompts(5, seed=31)
     for k in (1, 4):
-        got = batched(BatchVerifier(target_model, 2), BatchModelDrafter(target_model, 2), some, k=k)
+        got = batched(BatchVerifier(target_model, 2), BatchModelDrafter(target_model, 2), some, k=k, greedy=greedy)
         assert all(d.accepted == [k] * d.steps and d.tau == k + 1 for d in got)
-    got = batched(BatchVerifier(target_model, 3), BatchModelDrafter(random_model, 3), some, k=5)
+    got = batched(BatchVerifier(target_model, 3), BatchModelDrafter(random_model, 3), some, k=5, greedy=greedy)
     assert 1 + sum(sum(d.accepted) for d in got) / sum(d.steps for d in got) < 1.05
     alone = [speculative_decode(Verifier(target_model), NgramDrafter(), p, k=4, max_new_tokens=MAX_NEW) for p in some]
-    got = batched(BatchVerifier(target_model, 3), PerRow(lambda _: NgramDrafter(), 3), some, k=4)
+    got = batched(BatchVerifier(target_model, 3), PerRow(lambda _: NgramDrafter(), 3), some, k=4, greedy=greedy)
     assert [(d.accepted, d.drafted) for d in got] == [(d.accepted, d.drafted) for d in alone]
     assert any(0 in d.drafted for d in got)
+
+
+class StatesChecked:
+    """Drafts the target's greedy tokens with one made wrong at a place that moves (0 … k accepted), after holding
+    the aux states it is given to transformers' own forward over the verified ids: the Drafter protocol's positions
+    (len(ids) − 1 − n … len(ids) − 2 for n states, each position once, in order)."""
+
+    def __init__(self, model, aux):
+        self.model, self.aux_layers, self.inner = model, aux, ModelDrafter(model)
+        self.worst, self.seen = 0.0, 0
+
+    def start(self):
+        self.inner.start()
+        self.seen = 0
+
+    def propose(self, ids, states, k):
+        n = states.shape[0]
+        assert len(ids) - 1 - n == self.seen, "states for positions other than the next ones"
+        self.seen += n
+        with torch.no_grad():
+            hidden = self.model(torch.tensor([list(ids[:-1])]), output_hidden_states=True).hidden_states
+        expected = torch.cat([hidden[i][0, len(ids) - 1 - n:] for i in self.aux_layers], dim=-1)
+        self.worst = max(self.worst, float((states - expected).abs().max()))
+        drafts = self.inner.propose(ids, None, k)
+        wrong = len(ids) % (k + 2)
+        if wrong < k:
+            drafts[wrong] = (drafts[wrong] + 1) % 256
+        return drafts
+
+
+def test_greedy_verification_gives_the_drafter_the_states_and_counts_of_verifying_forwards(target_model):
+    """Against the greedy decode run ahead, a drafter reading aux states gets those of the positions it is owed
+    (transformers' hidden states to float rounding), and every turn's tokens, drafts accepted and chain lengths are
+    verifying forwards' and one turn at a time's; the verifier runs one token per row a forward."""
+    some = uneven_prompts(7, seed=53)
+    aux = (0, 2, len(target_model.model.layers))
+    stop = hf_greedy(target_model, some[0], MAX_NEW)[10]
+    results = []
+    for greedy in (False, True):
+        inner = BatchVerifier(target_model, 3, aux_layers=aux)
+        drafter = PerRow(lambda _: StatesChecked(target_model, aux), 3)
+        got = batched(inner, drafter, some, k=4, stop_ids={stop}, greedy=greedy)
+        assert max(d.worst for d in drafter.drafters) < 1e-4
+        results.append([(d.output_ids, d.accepted, d.drafted) for d in got])
+        if greedy:  # prefills, then forwards of one token per row: at most each turn's tokens and k more
+            assert inner.forwards <= len(some) + max(len(d.output_ids) + 4 for d in got) * len(some)
+    one = [speculative_decode(Verifier(target_model, aux), StatesChecked(target_model, aux), p, k=4,
+                              max_new_tokens=MAX_NEW, stop_ids={stop}) for p in some]
+    assert results[0] == results[1] == [(d.output_ids, d.accepted, d.drafted) for d in one]
+    assert {a for _, accepted, _ in results[1] for a in accepted} == set(range(5))
 
 
 def test_a_batched_decoder_that_keeps_a_rows_rejected_drafts_is_caught(target_model, random_model):

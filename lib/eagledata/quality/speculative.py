@@ -294,7 +294,8 @@ class RowOutput:
 class Verdict:
     """One row's verification (`BatchVerifier.verify`): `best`, the verifier's greedy token after the chain's first
     token and each accepted draft, through the first draft it rejects (or its last), so the drafts accepted are
-    `best[:-1]` and the bonus `best[-1]`; `states`, the aux states [n, S] of all n positions of the chain."""
+    `best[:-1]` and the bonus `best[-1]`; `states`, the aux states [≥ a + 1, S] of the chain's positions, at
+    least its first token's and the accepted drafts' (a prefill: the prompt's, `best` its first token)."""
 
     best: list[int]
     states: torch.Tensor | None
@@ -462,6 +463,12 @@ class BatchVerifier:
                 for i, r in enumerate(order)}
 
     @torch.no_grad()
+    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        """Each row's prompt in one forward: its first greedy token and the prompt's aux states."""
+        return {r: Verdict([int(o.logits[-1].argmax())], o.states)
+                for r, o in self.forward(prompts, last_only=True).items()}
+
+    @torch.no_grad()
     def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
         """`chains[row]` (the row's last verified token, then its drafts) appended to each row in one forward, and
         verified greedily: the LM head runs position by position over the rows still accepting (each row's first
@@ -481,6 +488,116 @@ class BatchVerifier:
             alive, at = still, at + 1
         return {r: Verdict(best[i], aux[offsets[i]:offsets[i] + lengths[i]] if aux is not None else None)
                 for i, r in enumerate(order)}
+
+
+class GreedyVerifier:
+    """Chains verified against the verifier's own greedy decode, decoded ahead of them: what `BatchVerifier.verify`
+    answers, for one token per row per forward instead of the whole chain.
+
+    Greedy verification accepts a chain's drafts up to the first that differs from the verifier's greedy token
+    there, and that token is the bonus; every position it reads lies on the verifier's greedy sequence (the drafts
+    before it equal it). So the verifier's tokens a verification needs are that sequence's, whichever drafter
+    proposed the chain: this decodes each row's sequence greedily (`BatchVerifier` forwards of one token per row,
+    every row that has not reached its end moving on together, so the weights are read once per token of all the
+    rows), holds the tokens and aux states not yet verified, and answers `verify` from them; a chain that reads past
+    what has been decoded waits for the forwards it needs. A row runs ahead to its end (its first stop id or
+    `max_new_tokens`), then `k` tokens on (where a last chain's drafts may still be counted, as a verifying forward
+    counts them). The drafter, the chains, the counts and the loop are `speculative_decode_batch`'s, unchanged; what
+    differs from verifying forwards is only the float rounding of each position's logits (a forward of one token
+    against one of the chain's), as batching rows differs from one row alone."""
+
+    def __init__(self, verifier: BatchVerifier, *, k: int, max_new_tokens: int, stop_ids: Collection[int] = ()):
+        self.inner = verifier
+        self.rows = verifier.rows
+        self.aux_layers = verifier.aux_layers
+        self.k, self.max_new_tokens, self.stop_ids = k, max_new_tokens, set(stop_ids)
+        self.tokens: list[list[int]] = [[] for _ in range(self.rows)]  # prompt and greedy tokens decoded so far
+        self.prompt = [0] * self.rows
+        self.verified = [0] * self.rows  # the row's verified positions (all the loop holds but its last token)
+        self.states: list[list[torch.Tensor]] = [[] for _ in range(self.rows)]  # [1, S] per decoded position …
+        self.first_state = [0] * self.rows  # … from this position on
+        self.end: list[int | None] = [None] * self.rows  # the output index of the row's last token, once decoded
+        self.active: set[int] = set()
+        self.forwards = 0
+
+    def reset(self, row: int) -> None:
+        self.inner.reset(row)
+        self.active.discard(row)
+
+    def length(self, row: int) -> int:
+        return self.verified[row]
+
+    def crop(self, row: int, length: int) -> None:
+        """The row's verified positions after a verification (the tokens decoded beyond stay: they are the
+        verifier's greedy ones, the next chains' to read)."""
+        if not self.prompt[row] <= length < len(self.tokens[row]):
+            raise ValueError(f"cannot crop row {row} to {length}")
+        self.verified[row] = length
+        drop = length - self.first_state[row]  # the next chain's states start at position `length`
+        if drop > 0:
+            del self.states[row][:drop]
+            self.first_state[row] += drop
+
+    def _complete(self, row: int) -> bool:
+        end = self.end[row]
+        return end is not None and len(self.tokens[row]) - self.prompt[row] > end + self.k
+
+    def _note_end(self, row: int) -> None:
+        out = len(self.tokens[row]) - self.prompt[row]
+        if self.end[row] is None and (self.tokens[row][-1] in self.stop_ids or out >= self.max_new_tokens):
+            self.end[row] = out - 1
+
+    @torch.no_grad()
+    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        verdicts = self.inner.prefill(prompts)
+        for r, v in verdicts.items():
+            self.tokens[r] = [*prompts[r], v.best[0]]
+            self.prompt[r] = self.verified[r] = len(prompts[r])
+            self.states[r], self.first_state[r], self.end[r] = [], len(prompts[r]), None
+            self.active.add(r)
+            self._note_end(r)
+        return verdicts
+
+    def _advance(self, needed: Collection[int]) -> None:
+        """One forward: the next greedy token of every active row short of its end + k, and of `needed`."""
+        rows = {r for r in self.active if not self._complete(r)} | set(needed)
+        verdicts = self.inner.verify({r: self.tokens[r][-1:] for r in rows})
+        self.forwards += 1
+        for r, v in verdicts.items():
+            self.tokens[r].append(v.best[0])
+            if v.states is not None:
+                self.states[r].append(v.states)
+            self._note_end(r)
+
+    def _walk(self, row: int, chain: Sequence[int]) -> int | None:
+        """How many drafts of `chain` the decoded tokens accept, or None where the walk reads past them."""
+        tokens, at = self.tokens[row], self.verified[row] + 1
+        a = 0
+        while True:
+            if at + a >= len(tokens):
+                return None
+            if a + 1 >= len(chain) or chain[a + 1] != tokens[at + a]:
+                return a
+            a += 1
+
+    @torch.no_grad()
+    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        for r, chain in chains.items():
+            if r not in self.active or not chain or chain[0] != self.tokens[r][self.verified[r]]:
+                raise ValueError(f"row {r}: the chain does not follow the row's verified tokens")
+        while needed := [r for r, chain in chains.items() if self._walk(r, chain) is None]:
+            self._advance(needed)
+        out = {}
+        for r, chain in chains.items():
+            a = self._walk(r, chain)
+            assert a is not None
+            at = self.verified[r]  # the chain's first position
+            states = None
+            if self.aux_layers is not None:
+                first = at - self.first_state[r]
+                states = torch.cat(self.states[r][first:first + a + 1])
+            out[r] = Verdict(self.tokens[r][at + 1:at + a + 2], states)
+        return out
 
 
 class BatchDrafter(Protocol):
@@ -584,12 +701,13 @@ class _Row:
     states: torch.Tensor | None = None
 
 
-def speculative_decode_batch(verifier: BatchVerifier, drafter: BatchDrafter, feed: TurnFeed, *, k: int,
-                             max_new_tokens: int, stop_ids: Collection[int] = ()) -> None:
+def speculative_decode_batch(verifier: BatchVerifier | GreedyVerifier, drafter: BatchDrafter, feed: TurnFeed, *,
+                             k: int, max_new_tokens: int, stop_ids: Collection[int] = ()) -> None:
     """Greedy speculative decoding of every turn `feed` gives, up to `verifier.rows` at once: each row as
     `speculative_decode` decodes one turn (its own drafts, acceptance and crop; τ counted the same way), the rows'
-    verifying forwards in one batched forward; a finished row takes the next ready turn (its prefill a forward of
-    its own). Returns when no row is busy and no turn is ready."""
+    chains verified together (`BatchVerifier`: one batched verifying forward; `GreedyVerifier`: against the
+    verifier's greedy decode run ahead); a finished row takes the next ready turn (its prefill a forward of its
+    own). Returns when no row is busy and no turn is ready."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     if max_new_tokens < 1:
@@ -619,12 +737,12 @@ def speculative_decode_batch(verifier: BatchVerifier, drafter: BatchDrafter, fee
             fresh[r] = prompt
             busy[r] = _Row(key, list(prompt), Decoded(len(prompt), [], k=k))
         if fresh:
-            for r, o in verifier.forward(fresh, last_only=True).items():
+            for r, v in verifier.prefill(fresh).items():
                 row = busy[r]
-                token = int(o.logits[-1].argmax())
+                token = v.best[0]
                 row.ids.append(token)
                 row.decoded.output_ids.append(token)
-                row.states = o.states
+                row.states = v.states
                 if _stops(token, row.decoded.output_ids, stop_ids, max_new_tokens):
                     finish(r)
             continue  # refill what finished at its first token before verifying
