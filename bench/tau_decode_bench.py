@@ -88,8 +88,8 @@ class TimedDrafter:
         self.inner, self.clock = drafter, clock
         self.aux_layers = drafter.aux_layers
 
-    def start(self, *args: Any) -> None:
-        self.inner.start(*args)
+    def start(self, *args: Any) -> Any:
+        return self.inner.start(*args)
 
     def propose(self, *args: Any) -> Any:
         started = time.perf_counter()

@@ -3,6 +3,8 @@ whatever the drafter; the target drafting for itself gives τ = k + 1; random we
 forward's accepted count is exact."""
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 import torch
 
@@ -421,3 +423,86 @@ def test_batched_bad_arguments_are_refused(target_model):
         batched(BatchVerifier(target_model, 2), NoDrafts(), [[]], k=3)
     with pytest.raises(ValueError, match="at least one token"):
         BatchVerifier(target_model, 2).forward({0: []})
+
+
+class FollowUps:
+    """A `TurnFeed` of two-turn chats: each prompt, then (ready once its answer is) the prompt, the answer and
+    `more[i]`, as a chat's next turn carries the earlier ones."""
+
+    def __init__(self, first, more):
+        self.first, self.more, self.given, self.later, self.decoded = list(first), more, 0, deque(), {}
+
+    def next_turn(self):
+        if self.later:
+            return self.later.popleft()
+        if self.given < len(self.first):
+            self.given += 1
+            return (self.given - 1, 0), self.first[self.given - 1]
+        return None
+
+    def finished(self, key, decoded):
+        self.decoded[key] = decoded
+        if key[1] == 0:
+            self.later.append(((key[0], 1), [*self.first[key[0]], *decoded.output_ids, *self.more[key[0]]]))
+
+
+class CountingPrefills(BatchVerifier):
+    """A batched verifier that counts the tokens its prefills feed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fed = []
+
+    def prefill(self, prompts):
+        self.fed += [len(p) for p in prompts.values()]
+        return super().prefill(prompts)
+
+
+class KeepingStates:
+    """`StatesChecked` per row as a batched drafter that keeps what it drew from the positions a new sequence
+    shares with the row's last one (as `BatchEagle3Drafter` keeps its rows): the states it is then given must start
+    where it stopped."""
+
+    def __init__(self, model, aux, rows):
+        self.checks, self.aux_layers = [StatesChecked(model, aux) for _ in range(rows)], aux
+
+    def start(self, row, keep=0):
+        self.checks[row].inner.start()
+        self.checks[row].seen = min(self.checks[row].seen, keep)
+        return self.checks[row].seen
+
+    def propose(self, rows, k):
+        return {r: self.checks[r].propose(ids, states, k) for r, (ids, states) in rows.items()}
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])
+def test_a_next_turn_keeps_the_positions_it_shares_with_the_rows_last_turn(target_model, greedy):
+    """A chat's second turn goes to the row that decoded its first and prefills only what follows their shared
+    positions (the drafter keeping what it drew from them where it can: a drafter that starts over gets every
+    state again); each turn is still transformers' greedy decode of its whole prompt, counted as one turn at a time
+    counts it, and a drafter that keeps its positions gets the states of the positions it is owed."""
+    first = uneven_prompts(5, seed=59)
+    more = [prompts(5, seed=61)[i][:3 + i] for i in range(5)]
+    aux = (1, len(target_model.model.layers))
+    for make in (lambda: (NoDrafts(), None), lambda: (BatchModelDrafter(target_model, 3), None),
+                 lambda: (KeepingStates(target_model, aux, 3), aux),
+                 lambda: (PerRow(lambda _: StatesChecked(target_model, aux), 3), aux)):
+        drafter, layers = make()
+        verifier = CountingPrefills(target_model, 3, aux_layers=layers)
+        feed = FollowUps(first, more)
+        speculative_decode_batch(GreedyVerifier(verifier, k=4, max_new_tokens=MAX_NEW) if greedy else verifier,
+                                 drafter, feed, k=4, max_new_tokens=MAX_NEW)
+        prompts_ = [*first, *([*first[i], *feed.decoded[(i, 0)].output_ids, *more[i]] for i in range(5))]
+        got = [feed.decoded[(i, t)] for t in (0, 1) for i in range(5)]
+        assert [d.output_ids for d in got] == [hf_greedy(target_model, p, MAX_NEW) for p in prompts_]
+        checks = getattr(drafter, "checks", None) or getattr(drafter, "drafters", None)
+        if isinstance(drafter, (KeepingStates, PerRow)):
+            assert max(c.worst for c in checks) < 1e-4
+        if isinstance(drafter, BatchModelDrafter):
+            alone = [speculative_decode(Verifier(target_model), ModelDrafter(target_model), p, k=4,
+                                        max_new_tokens=MAX_NEW) for p in prompts_]
+            assert [(d.accepted, d.drafted) for d in got] == [(d.accepted, d.drafted) for d in alone]
+        if isinstance(drafter, PerRow):  # it starts over: every prompt prefilled whole
+            assert sum(verifier.fed) == sum(len(p) for p in prompts_)
+        else:  # second turns: only their last shared token, the rest of the answer's last chain and `more`
+            assert sum(verifier.fed) <= sum(len(p) for p in first) + sum(len(m) + 1 + 5 + 1 for m in more)

@@ -181,8 +181,11 @@ class BatchEagle3Drafter:
         self.cache = RowCache(rows)
         self.verified = [0] * rows  # verified rows each row holds; its chain's rows follow them
 
-    def start(self, row: int) -> None:
-        self.verified[row] = 0
+    def start(self, row: int, keep: int = 0) -> int:
+        """A new sequence in `row`: its drafter rows before `keep` kept (each row j read the state at position j and
+        token j + 1, all before the new sequence's first difference), as many as it holds."""
+        self.verified[row] = min(self.verified[row], keep)
+        return self.verified[row]
 
     def _forward(self, feed: Mapping[int, tuple[Sequence[int], torch.Tensor, int, int | None]]
                  ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:

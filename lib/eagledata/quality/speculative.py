@@ -351,9 +351,11 @@ class BatchVerifier:
     def length(self, row: int) -> int:
         return self.lengths[row]
 
-    def reset(self, row: int) -> None:
-        """A new sequence in `row`."""
-        self.lengths[row] = 0
+    def reset(self, row: int, keep: int = 0) -> None:
+        """A new sequence in `row` that begins with the first `keep` positions it holds (the same tokens)."""
+        if not 0 <= keep <= self.lengths[row]:
+            raise ValueError(f"row {row} holds {self.lengths[row]} positions, not {keep}")
+        self.lengths[row] = keep
 
     def crop(self, row: int, length: int) -> None:
         if not 0 <= length <= self.lengths[row]:
@@ -520,8 +522,12 @@ class GreedyVerifier:
         self.active: set[int] = set()
         self.forwards = 0
 
-    def reset(self, row: int) -> None:
-        self.inner.reset(row)
+    def reset(self, row: int, keep: int = 0) -> None:
+        """A new sequence in `row` that begins with its first `keep` positions' tokens (`prefill` the rest)."""
+        if keep > self.verified[row]:
+            raise ValueError(f"row {row} holds {self.verified[row]} verified positions, not {keep}")
+        self.inner.reset(row, keep)
+        del self.tokens[row][keep:]
         self.active.discard(row)
 
     def length(self, row: int) -> int:
@@ -549,11 +555,12 @@ class GreedyVerifier:
 
     @torch.no_grad()
     def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        """Each row's prompt after the positions `reset` kept: its first greedy token and those positions' states."""
         verdicts = self.inner.prefill(prompts)
         for r, v in verdicts.items():
-            self.tokens[r] = [*prompts[r], v.best[0]]
-            self.prompt[r] = self.verified[r] = len(prompts[r])
-            self.states[r], self.first_state[r], self.end[r] = [], len(prompts[r]), None
+            self.tokens[r] += [*prompts[r], v.best[0]]
+            self.prompt[r] = self.verified[r] = len(self.tokens[r]) - 1
+            self.states[r], self.first_state[r], self.end[r] = [], self.prompt[r], None
             self.active.add(r)
             self._note_end(r)
         return verdicts
@@ -606,8 +613,11 @@ class BatchDrafter(Protocol):
     @property
     def aux_layers(self) -> tuple[int, ...] | None: ...
 
-    def start(self, row: int) -> None:
-        """A new sequence in `row`."""
+    def start(self, row: int, keep: int = 0) -> int:
+        """A new sequence in `row` whose first `keep` positions are its last sequence's (the same tokens through
+        position `keep`, so the same verifier states before it): how many of them the drafter keeps what it drew from
+        (≤ keep; its first states then start there: the verifier keeps as many)."""
+        ...
 
     def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
         """Up to k drafts per row, each row's (verified ids, new states) as `Drafter.propose` reads them."""
@@ -625,8 +635,10 @@ class PerRow:
             raise ValueError(f"the rows' drafters read different verifier layers: {layers}")
         self.aux_layers = layers.pop()
 
-    def start(self, row: int) -> None:
+    def start(self, row: int, keep: int = 0) -> int:
+        """The row's drafter starts over: a drafter reading states then needs them all (keeps none)."""
         self.drafters[row].start()
+        return keep if self.aux_layers is None else 0
 
     def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
         return {r: [int(t) for t in self.drafters[r].propose(ids, states, k)] for r, (ids, states) in rows.items()}
@@ -642,9 +654,9 @@ class BatchModelDrafter:
         self.lm = BatchVerifier(model, rows)
         self.cached: list[list[int]] = [[] for _ in range(rows)]
 
-    def start(self, row: int) -> None:
-        self.lm.reset(row)
-        self.cached[row] = []
+    def start(self, row: int, keep: int = 0) -> int:
+        """Its cache kept (each proposal keeps what the row's cache shares with the ids)."""
+        return keep
 
     def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
         feed = {}
@@ -675,8 +687,8 @@ class NoDrafts:
 
     aux_layers = None
 
-    def start(self, row: int) -> None:
-        pass
+    def start(self, row: int, keep: int = 0) -> int:
+        return keep
 
     def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
         return {r: [] for r in rows}
@@ -691,6 +703,15 @@ class TurnFeed(Protocol):
 
     def finished(self, key: Hashable, decoded: Decoded) -> None:
         """The turn `key` decoded."""
+
+
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 @dataclass
@@ -716,25 +737,31 @@ def speculative_decode_batch(verifier: BatchVerifier | GreedyVerifier, drafter: 
         raise ValueError(f"the drafter reads the verifier's layers {drafter.aux_layers}, the verifier gives "
                          f"{verifier.aux_layers}")
     busy: dict[int, _Row] = {}
+    held: dict[int, list[int]] = {}  # a free row's last ids: what its verifier and drafter hold
 
     def finish(r: int) -> None:
         row = busy.pop(r)
+        held[r] = row.ids
         feed.finished(row.key, row.decoded)
 
     while True:
         fresh: dict[int, list[int]] = {}
-        for r in range(verifier.rows):
-            if r in busy:
-                continue
+        free = [r for r in range(verifier.rows) if r not in busy]
+        while free:
             turn = feed.next_turn()
             if turn is None:
                 break
             key, prompt = turn[0], [int(t) for t in turn[1]]
             if not prompt:
                 raise ValueError(f"turn {key!r}: needs a prompt")
-            verifier.reset(r)
-            drafter.start(r)
-            fresh[r] = prompt
+            # the free row whose last ids share the longest prefix with the prompt (a question's next turn: its
+            # earlier turns): its positions before the last shared token are kept, the rest prefilled
+            shared = {r: _shared(held.get(r, ()), prompt) for r in free}
+            r = max(free, key=lambda r: (shared[r], -r))
+            free.remove(r)
+            keep = drafter.start(r, max(shared[r] - 1, 0))
+            verifier.reset(r, keep)
+            fresh[r] = prompt[keep:]
             busy[r] = _Row(key, list(prompt), Decoded(len(prompt), [], k=k))
         if fresh:
             for r, v in verifier.prefill(fresh).items():
