@@ -31,7 +31,7 @@ from eagledata.quality.measure import (
     measure_batched,
     read_questions,
 )
-from eagledata.quality.speculative import BatchVerifier, Verifier
+from eagledata.quality.speculative import BatchVerifier, GreedyVerifier, Verifier
 
 
 @dataclass
@@ -74,6 +74,12 @@ class TimedBatchVerifier(BatchVerifier):
         self.clock.add("verifier prefill" if last_only else "verifier verify", time.perf_counter() - started)
         return out
 
+    def verify(self, chains: Any) -> Any:
+        started = time.perf_counter()
+        out = super().verify(chains)
+        self.clock.add("verifier verify", time.perf_counter() - started)
+        return out
+
 
 class TimedDrafter:
     """A drafter (one-turn or batched) with its proposals timed."""
@@ -82,8 +88,8 @@ class TimedDrafter:
         self.inner, self.clock = drafter, clock
         self.aux_layers = drafter.aux_layers
 
-    def start(self, *args: Any) -> None:
-        self.inner.start(*args)
+    def start(self, *args: Any) -> Any:
+        return self.inner.start(*args)
 
     def propose(self, *args: Any) -> Any:
         started = time.perf_counter()
@@ -101,9 +107,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     if args.batch > 1:
         batch_drafter = TimedDrafter(make_batch_drafter(args.drafter, model, args.batch, seed=0), clock)
-        done = measure_batched(TimedBatchVerifier(model, args.batch, batch_drafter.aux_layers, clock), batch_drafter,
-                               chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
-                               stop_ids=chat.stop_ids(model))
+        verifier: Any = TimedBatchVerifier(model, args.batch, batch_drafter.aux_layers, clock)
+        if args.verify == "greedy":  # its one-token forwards timed as "verifier verify"
+            verifier = GreedyVerifier(verifier, k=args.k, max_new_tokens=args.max_new_tokens,
+                                      stop_ids=chat.stop_ids(model))
+        done = measure_batched(verifier, batch_drafter, chat, questions, k=args.k,
+                               max_new_tokens=args.max_new_tokens, stop_ids=chat.stop_ids(model))
     else:
         drafter = TimedDrafter(make_drafter(args.drafter, model, seed=0), clock)
         done = measure(TimedVerifier(model, drafter.aux_layers, clock, args.k + 1), drafter, chat, questions,
@@ -115,7 +124,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     yielded = sum(sum(a) + len(a) for r in runs for a in r.accepted)
     rest = wall - sum(clock.seconds.values())
     return {"drafter": args.drafter, "questions": len(questions), "max_new_tokens": args.max_new_tokens,
-            "k": args.k, "threads": args.threads, "batch": args.batch,
+            "k": args.k, "threads": args.threads, "batch": args.batch, "verify": args.verify,
             "wall_s": round(wall, 2), "output_tokens": tokens,
             "tok_per_s": round(tokens / wall, 2), "tau_pooled": round(yielded / steps, 4) if steps else None,
             "stages_s": {**{k: round(v, 2) for k, v in clock.seconds.items()}, "loop (python)": round(rest, 2)},
@@ -133,6 +142,8 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--batch", type=int, default=1, help="turns decoded at once (measure.py --batch)")
+    p.add_argument("--verify", choices=("greedy", "forwards"), default="forwards",
+                   help="with --batch > 1: measure.py --verify (this bench's default: forwards, its earlier figures')")
     p.add_argument("--keep-outputs", action="store_true", help="put every turn's output ids in the JSON")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args()

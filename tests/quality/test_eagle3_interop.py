@@ -102,3 +102,24 @@ def test_an_eagle3_drafter_trained_by_speculators_drafts_losslessly_and_beats_ra
     doc = read_tau(tau)
     assert (doc["questions"], doc["turns"], doc["k"], doc["samples"]) == (3, 6, K, 64)
     assert doc["drafter"] == f"eagle3:{checkpoint}" and doc["tau_mean"] > 1
+
+
+def test_the_batched_eagle3_drafter_drafts_what_one_drafter_per_row_drafts(interop_python, tmp_path):
+    """`BatchEagle3Drafter` (each chain step one forward for all rows) against `PerRow` of `Eagle3Drafter` (one
+    forward per row and step) on a speculators-built drafter in batched decodes where rows start, accept and finish
+    at different steps: every call's chains are the same and every step's draft logits to float rounding (5e-7 of
+    the largest measured; a chain step one slot off, planted: 0.02), with the sliding window binding or not and
+    `norm_output` on or off (tests/helpers/interop/eagle3_batched.py), and both decodes are plain greedy decoding."""
+    model = sharp_llama(seed=0, num_layers=8)
+    verifier = tmp_path / "target"
+    model.save_pretrained(verifier)
+    word_tokenizer().save_pretrained(verifier)
+    report_file = tmp_path / "batched.json"
+    done = run_interop(interop_python, [str(HELPERS / "interop" / "eagle3_batched.py"), str(verifier),
+                                        str(report_file)], tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cases = json.loads(report_file.read_text())["cases"]
+    assert [(c["norm_output"], c["window"]) for c in cases] == [(True, 2048), (True, 6), (False, 6)]
+    for case in cases:
+        assert case["calls"] > 30 and case["distinct"] > 10 and case["lossless"], case
+        assert case["equal"] and case["max_logit_difference"] < 1e-4, case

@@ -238,9 +238,10 @@ def test_workers_split_the_questions_and_merge_the_same_tau_json(tmp_path, model
 def test_batched_questions_decode_and_count_as_one_at_a_time(chat, model, tmp_path):
     """Two rows for three questions: turns of different questions share forwards, a second turn is asked on its own
     first answer once that has finished. Every drafter gives the same prompts, outputs, answers and per-forward
-    counts as `measure` one turn at a time; the command's `--batch` writes the same per-question τ."""
+    counts as `measure` one turn at a time, the chains verified by batched forwards or against the greedy decode
+    run ahead (`GreedyVerifier`); the command's `--batch` writes the same per-question τ either way."""
     from eagledata.quality.measure import make_batch_drafter, measure_batched
-    from eagledata.quality.speculative import BatchVerifier
+    from eagledata.quality.speculative import BatchVerifier, GreedyVerifier
 
     class Q:
         def __init__(self, d):
@@ -250,13 +251,16 @@ def test_batched_questions_decode_and_count_as_one_at_a_time(chat, model, tmp_pa
     for spec in ("self", "random", "ngram"):
         alone = measure(Verifier(model), make_drafter(spec, model, seed=1), chat, questions, k=3, max_new_tokens=20,
                         stop_ids={2})
-        drafter = make_batch_drafter(spec, model, 2, seed=1)
-        together = measure_batched(BatchVerifier(model, 2, drafter.aux_layers), drafter, chat, questions, k=3,
-                                   max_new_tokens=20, stop_ids={2})
-        assert [t.id for t in together] == [1, 2, 3] and [t.answers for t in together] == [t.answers for t in alone]
-        assert [[(d.prompt_length, d.output_ids, d.accepted, d.drafted) for d in t.turns] for t in together] == [
-            [(d.prompt_length, d.output_ids, d.accepted, d.drafted) for d in t.turns] for t in alone], spec
-        assert [t.run() for t in together] == [t.run() for t in alone]
+        for greedy in (False, True):
+            drafter = make_batch_drafter(spec, model, 2, seed=1)
+            verifier = BatchVerifier(model, 2, drafter.aux_layers)
+            together = measure_batched(GreedyVerifier(verifier, k=3, max_new_tokens=20, stop_ids={2}) if greedy
+                                       else verifier, drafter, chat, questions, k=3, max_new_tokens=20, stop_ids={2})
+            assert [t.id for t in together] == [1, 2, 3]
+            assert [t.answers for t in together] == [t.answers for t in alone]
+            assert [[(d.prompt_length, d.output_ids, d.accepted, d.drafted) for d in t.turns] for t in together] == [
+                [(d.prompt_length, d.output_ids, d.accepted, d.drafted) for d in t.turns] for t in alone], spec
+            assert [t.run() for t in together] == [t.run() for t in alone]
 
     folder = tmp_path / "target"
     model.save_pretrained(folder)
@@ -264,9 +268,10 @@ def test_batched_questions_decode_and_count_as_one_at_a_time(chat, model, tmp_pa
     file = tmp_path / "question.jsonl"
     file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     docs = []
-    for batch in (1, 2):
-        assert main(["--verifier", str(folder), "--drafter", "ngram", "--questions", str(file), "--out",
-                     str(tmp_path / f"b{batch}.json"), "--k", "3", "--max-new-tokens", "16", "--batch",
-                     str(batch)]) == 0
-        docs.append(read_tau(tmp_path / f"b{batch}.json"))
-    assert docs[1]["batch"] == 2 and docs[0]["per_question"] == docs[1]["per_question"]
+    for batch, verify in ((1, "greedy"), (2, "forwards"), (2, "greedy")):
+        out = tmp_path / f"b{batch}-{verify}.json"
+        assert main(["--verifier", str(folder), "--drafter", "ngram", "--questions", str(file), "--out", str(out),
+                     "--k", "3", "--max-new-tokens", "16", "--batch", str(batch), "--verify", verify]) == 0
+        docs.append(read_tau(out))
+    assert [(d["batch"], d["verify"]) for d in docs] == [(1, "forwards"), (2, "forwards"), (2, "greedy")]
+    assert docs[0]["per_question"] == docs[1]["per_question"] == docs[2]["per_question"]

@@ -3,12 +3,15 @@ whatever the drafter; the target drafting for itself gives τ = k + 1; random we
 forward's accepted count is exact."""
 from __future__ import annotations
 
+from collections import deque
+
 import pytest
 import torch
 
 from eagledata.quality.speculative import (
     BatchModelDrafter,
     BatchVerifier,
+    GreedyVerifier,
     ModelDrafter,
     NgramDrafter,
     NoDrafts,
@@ -212,7 +215,11 @@ class Mixed:
         return [Junk(length=0), ModelDrafter(self.target_model)][row] if row < 2 else Junk()
 
 
-def batched(verifier, drafter, prompts_, *, k, max_new_tokens=MAX_NEW, stop_ids=()):
+def batched(verifier, drafter, prompts_, *, k, max_new_tokens=MAX_NEW, stop_ids=(), greedy=False):
+    """Every prompt decoded by `speculative_decode_batch`, its chains verified by `verifier`'s forwards, or with
+    `greedy` against its greedy decode run ahead (`GreedyVerifier`)."""
+    if greedy:
+        verifier = GreedyVerifier(verifier, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
     feed = PromptFeed(prompts_)
     speculative_decode_batch(verifier, drafter, feed, k=k, max_new_tokens=max_new_tokens, stop_ids=stop_ids)
     return feed.results()
@@ -243,47 +250,157 @@ def test_a_batched_forward_gives_each_row_what_it_gives_alone(target_model):
     assert [verifier.length(r) for r in range(3)] == [len(rows[0]) + 3, len(rows[1]), len(rows[2]) + 1]
 
 
+def test_verify_reads_the_lm_head_only_through_each_rows_first_rejected_draft(target_model):
+    """`verify` gives each row the verifier's greedy tokens through its first rejected draft (or its last), what
+    the full logits' argmax gives there, and runs the LM head on exactly those positions, position by position over
+    the rows still accepting; the aux states of every chain position come back, transformers' hidden states (the
+    embeddings, a layer's input, the final norm's output) to float rounding."""
+    rows = uneven_prompts(3, seed=41)
+    greedy = [hf_greedy(target_model, p, 8) for p in rows]
+    layers = len(target_model.model.layers)
+    aux = (0, 2, layers)
+    verifier, full = BatchVerifier(target_model, 3, aux_layers=aux), BatchVerifier(target_model, 3)
+    for v in (verifier, full):
+        first = v.forward(dict(enumerate(rows)), last_only=True)
+        assert [int(first[r].logits[-1].argmax()) for r in range(3)] == [g[0] for g in greedy]
+    wrong = (greedy[0][3] + 1) % 256
+    chains = {0: [greedy[0][0], greedy[0][1], greedy[0][2], wrong, greedy[0][4]],  # 2 accepted, then rejected
+              1: [greedy[1][0]],  # no draft
+              2: greedy[2][:6]}  # all 5 accepted
+    seen = []
+    hook = verifier.head.register_forward_hook(lambda module, args, output: seen.append(args[0].shape[0]))
+    try:
+        verdicts = verifier.verify(chains)
+    finally:
+        hook.remove()
+    assert [verdicts[r].best for r in range(3)] == [greedy[0][1:4], greedy[1][1:2], greedy[2][1:7]]
+    assert seen == [3, 2, 2, 1, 1, 1] and sum(seen) == 3 + 1 + 6
+    logits = full.forward(chains)
+    for r in range(3):
+        best = logits[r].logits.argmax(-1).tolist()
+        assert verdicts[r].best == best[:len(verdicts[r].best)]
+    for r, prompt in enumerate(rows):
+        ids = [*prompt, *chains[r]]
+        with torch.no_grad():
+            hidden = target_model(torch.tensor([ids]), output_hidden_states=True).hidden_states
+        expected = torch.cat([hidden[i][0, len(prompt):] for i in aux], dim=-1)
+        assert verdicts[r].states.shape == expected.shape and torch.allclose(verdicts[r].states, expected, atol=1e-5)
+
+
+def test_a_row_keeps_its_positions_when_the_cache_grows(target_model):
+    """The key/value buffers grow (256 positions at a time) while rows hold positions: a long row and a short one
+    decode past the first growth and on, each still its own greedy decode."""
+    long, short = prompts(3, seed=43)[2] * 14, prompts(2, seed=47)[1]
+    assert 240 < len(long) < 256
+    some = [long, short, short[::-1]]
+    expected = [hf_greedy(target_model, p, MAX_NEW) for p in some]
+    verifier = BatchVerifier(target_model, 2)
+    assert [d.output_ids for d in batched(verifier, BatchModelDrafter(target_model, 2), some, k=3)] == expected
+    assert verifier.capacity >= len(long) + MAX_NEW > 256
+    assert [d.output_ids for d in batched(BatchVerifier(target_model, 2), NoDrafts(), some, k=3)] == expected
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])
 @pytest.mark.parametrize("k", [1, 3, 5])
-def test_batched_output_is_greedy_output_whatever_the_drafter(target_model, random_model, k):
+def test_batched_output_is_greedy_output_whatever_the_drafter(target_model, random_model, k, greedy):
     """More prompts than rows (finished rows take new turns), prompts of different lengths, rows whose chains are
-    empty, full or rejected side by side: every turn is transformers' own greedy decode."""
+    empty, full or rejected side by side: every turn is transformers' own greedy decode, verified by forwards over
+    the chains or against the greedy decode run ahead."""
     some = uneven_prompts(7, seed=23)
     expected = [hf_greedy(target_model, p, MAX_NEW) for p in some]
     for drafter in (NoDrafts(), BatchModelDrafter(target_model, 3), BatchModelDrafter(random_model, 3),
                     PerRow(lambda _: NgramDrafter(), 3), PerRow(Mixed(target_model), 3)):
-        got = batched(BatchVerifier(target_model, 3), drafter, some, k=k)
+        got = batched(BatchVerifier(target_model, 3), drafter, some, k=k, greedy=greedy)
         assert [d.output_ids for d in got] == expected, type(drafter).__name__
         assert all(d.tokens - (len(d.output_ids) - 1) in range(k + 1) for d in got)
 
 
-def test_batched_rows_finish_at_different_times_where_greedy_ends_them(target_model):
+@pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])
+def test_batched_rows_finish_at_different_times_where_greedy_ends_them(target_model, greedy):
     """A stop id reached by some turns early (mid-chain included) and by others never; a cap of one token (every
-    turn done at its prefill): each turn ends where plain greedy decoding ends it."""
+    turn done at its prefill): each turn ends where plain greedy decoding ends it, and counts what one turn at a
+    time counts (a last chain's drafts accepted past the stop included)."""
     some = uneven_prompts(6, seed=29)
     free = [hf_greedy(target_model, p, MAX_NEW) for p in some]
     stop = free[0][len(free[0]) // 3]
     expected = [hf_greedy(target_model, p, MAX_NEW, eos=stop) for p in some]
     assert len({len(e) for e in expected}) > 1  # the rows do finish at different steps
     for drafter in (BatchModelDrafter(target_model, 4), PerRow(Mixed(target_model), 4)):
-        got = batched(BatchVerifier(target_model, 4), drafter, some, k=4, stop_ids={stop})
+        got = batched(BatchVerifier(target_model, 4), drafter, some, k=4, stop_ids={stop}, greedy=greedy)
         assert [d.output_ids for d in got] == expected
-    got = batched(BatchVerifier(target_model, 4), BatchModelDrafter(target_model, 4), some, k=4, max_new_tokens=1)
+        if isinstance(drafter, BatchModelDrafter):
+            one = [speculative_decode(Verifier(target_model), ModelDrafter(target_model), p, k=4,
+                                      max_new_tokens=MAX_NEW, stop_ids={stop}) for p in some]
+            assert [(d.accepted, d.drafted) for d in got] == [(d.accepted, d.drafted) for d in one]
+    got = batched(BatchVerifier(target_model, 4), BatchModelDrafter(target_model, 4), some, k=4, max_new_tokens=1,
+                  greedy=greedy)
     assert [d.output_ids for d in got] == [f[:1] for f in free] and all(d.steps == 0 for d in got)
 
 
-def test_batched_tau_is_counted_as_one_turn_at_a_time(target_model, random_model):
+@pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])
+def test_batched_tau_is_counted_as_one_turn_at_a_time(target_model, random_model, greedy):
     """The same drafts, acceptance and τ per turn as `speculative_decode` (self: k + 1 exactly; random ≈ 1; the
     empty chains of prompt lookup counted)."""
     some = uneven_prompts(5, seed=31)
     for k in (1, 4):
-        got = batched(BatchVerifier(target_model, 2), BatchModelDrafter(target_model, 2), some, k=k)
+        got = batched(BatchVerifier(target_model, 2), BatchModelDrafter(target_model, 2), some, k=k, greedy=greedy)
         assert all(d.accepted == [k] * d.steps and d.tau == k + 1 for d in got)
-    got = batched(BatchVerifier(target_model, 3), BatchModelDrafter(random_model, 3), some, k=5)
+    got = batched(BatchVerifier(target_model, 3), BatchModelDrafter(random_model, 3), some, k=5, greedy=greedy)
     assert 1 + sum(sum(d.accepted) for d in got) / sum(d.steps for d in got) < 1.05
     alone = [speculative_decode(Verifier(target_model), NgramDrafter(), p, k=4, max_new_tokens=MAX_NEW) for p in some]
-    got = batched(BatchVerifier(target_model, 3), PerRow(lambda _: NgramDrafter(), 3), some, k=4)
+    got = batched(BatchVerifier(target_model, 3), PerRow(lambda _: NgramDrafter(), 3), some, k=4, greedy=greedy)
     assert [(d.accepted, d.drafted) for d in got] == [(d.accepted, d.drafted) for d in alone]
     assert any(0 in d.drafted for d in got)
+
+
+class StatesChecked:
+    """Drafts the target's greedy tokens with one made wrong at a place that moves (0 … k accepted), after holding
+    the aux states it is given to transformers' own forward over the verified ids: the Drafter protocol's positions
+    (len(ids) − 1 − n … len(ids) − 2 for n states, each position once, in order)."""
+
+    def __init__(self, model, aux):
+        self.model, self.aux_layers, self.inner = model, aux, ModelDrafter(model)
+        self.worst, self.seen = 0.0, 0
+
+    def start(self):
+        self.inner.start()
+        self.seen = 0
+
+    def propose(self, ids, states, k):
+        n = states.shape[0]
+        assert len(ids) - 1 - n == self.seen, "states for positions other than the next ones"
+        self.seen += n
+        with torch.no_grad():
+            hidden = self.model(torch.tensor([list(ids[:-1])]), output_hidden_states=True).hidden_states
+        expected = torch.cat([hidden[i][0, len(ids) - 1 - n:] for i in self.aux_layers], dim=-1)
+        self.worst = max(self.worst, float((states - expected).abs().max()))
+        drafts = self.inner.propose(ids, None, k)
+        wrong = len(ids) % (k + 2)
+        if wrong < k:
+            drafts[wrong] = (drafts[wrong] + 1) % 256
+        return drafts
+
+
+def test_greedy_verification_gives_the_drafter_the_states_and_counts_of_verifying_forwards(target_model):
+    """Against the greedy decode run ahead, a drafter reading aux states gets those of the positions it is owed
+    (transformers' hidden states to float rounding), and every turn's tokens, drafts accepted and chain lengths are
+    verifying forwards' and one turn at a time's; the verifier runs one token per row a forward."""
+    some = uneven_prompts(7, seed=53)
+    aux = (0, 2, len(target_model.model.layers))
+    stop = hf_greedy(target_model, some[0], MAX_NEW)[10]
+    results = []
+    for greedy in (False, True):
+        inner = BatchVerifier(target_model, 3, aux_layers=aux)
+        drafter = PerRow(lambda _: StatesChecked(target_model, aux), 3)
+        got = batched(inner, drafter, some, k=4, stop_ids={stop}, greedy=greedy)
+        assert max(d.worst for d in drafter.drafters) < 1e-4
+        results.append([(d.output_ids, d.accepted, d.drafted) for d in got])
+        if greedy:  # prefills, then forwards of one token per row: at most each turn's tokens and k more
+            assert inner.forwards <= len(some) + max(len(d.output_ids) + 4 for d in got) * len(some)
+    one = [speculative_decode(Verifier(target_model, aux), StatesChecked(target_model, aux), p, k=4,
+                              max_new_tokens=MAX_NEW, stop_ids={stop}) for p in some]
+    assert results[0] == results[1] == [(d.output_ids, d.accepted, d.drafted) for d in one]
+    assert {a for _, accepted, _ in results[1] for a in accepted} == set(range(5))
 
 
 def test_a_batched_decoder_that_keeps_a_rows_rejected_drafts_is_caught(target_model, random_model):
@@ -306,3 +423,86 @@ def test_batched_bad_arguments_are_refused(target_model):
         batched(BatchVerifier(target_model, 2), NoDrafts(), [[]], k=3)
     with pytest.raises(ValueError, match="at least one token"):
         BatchVerifier(target_model, 2).forward({0: []})
+
+
+class FollowUps:
+    """A `TurnFeed` of two-turn chats: each prompt, then (ready once its answer is) the prompt, the answer and
+    `more[i]`, as a chat's next turn carries the earlier ones."""
+
+    def __init__(self, first, more):
+        self.first, self.more, self.given, self.later, self.decoded = list(first), more, 0, deque(), {}
+
+    def next_turn(self):
+        if self.later:
+            return self.later.popleft()
+        if self.given < len(self.first):
+            self.given += 1
+            return (self.given - 1, 0), self.first[self.given - 1]
+        return None
+
+    def finished(self, key, decoded):
+        self.decoded[key] = decoded
+        if key[1] == 0:
+            self.later.append(((key[0], 1), [*self.first[key[0]], *decoded.output_ids, *self.more[key[0]]]))
+
+
+class CountingPrefills(BatchVerifier):
+    """A batched verifier that counts the tokens its prefills feed."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fed = []
+
+    def prefill(self, prompts):
+        self.fed += [len(p) for p in prompts.values()]
+        return super().prefill(prompts)
+
+
+class KeepingStates:
+    """`StatesChecked` per row as a batched drafter that keeps what it drew from the positions a new sequence
+    shares with the row's last one (as `BatchEagle3Drafter` keeps its rows): the states it is then given must start
+    where it stopped."""
+
+    def __init__(self, model, aux, rows):
+        self.checks, self.aux_layers = [StatesChecked(model, aux) for _ in range(rows)], aux
+
+    def start(self, row, keep=0):
+        self.checks[row].inner.start()
+        self.checks[row].seen = min(self.checks[row].seen, keep)
+        return self.checks[row].seen
+
+    def propose(self, rows, k):
+        return {r: self.checks[r].propose(ids, states, k) for r, (ids, states) in rows.items()}
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])
+def test_a_next_turn_keeps_the_positions_it_shares_with_the_rows_last_turn(target_model, greedy):
+    """A chat's second turn goes to the row that decoded its first and prefills only what follows their shared
+    positions (the drafter keeping what it drew from them where it can: a drafter that starts over gets every
+    state again); each turn is still transformers' greedy decode of its whole prompt, counted as one turn at a time
+    counts it, and a drafter that keeps its positions gets the states of the positions it is owed."""
+    first = uneven_prompts(5, seed=59)
+    more = [prompts(5, seed=61)[i][:3 + i] for i in range(5)]
+    aux = (1, len(target_model.model.layers))
+    for make in (lambda: (NoDrafts(), None), lambda: (BatchModelDrafter(target_model, 3), None),
+                 lambda: (KeepingStates(target_model, aux, 3), aux),
+                 lambda: (PerRow(lambda _: StatesChecked(target_model, aux), 3), aux)):
+        drafter, layers = make()
+        verifier = CountingPrefills(target_model, 3, aux_layers=layers)
+        feed = FollowUps(first, more)
+        speculative_decode_batch(GreedyVerifier(verifier, k=4, max_new_tokens=MAX_NEW) if greedy else verifier,
+                                 drafter, feed, k=4, max_new_tokens=MAX_NEW)
+        prompts_ = [*first, *([*first[i], *feed.decoded[(i, 0)].output_ids, *more[i]] for i in range(5))]
+        got = [feed.decoded[(i, t)] for t in (0, 1) for i in range(5)]
+        assert [d.output_ids for d in got] == [hf_greedy(target_model, p, MAX_NEW) for p in prompts_]
+        checks = getattr(drafter, "checks", None) or getattr(drafter, "drafters", None)
+        if isinstance(drafter, (KeepingStates, PerRow)):
+            assert max(c.worst for c in checks) < 1e-4
+        if isinstance(drafter, BatchModelDrafter):
+            alone = [speculative_decode(Verifier(target_model), ModelDrafter(target_model), p, k=4,
+                                        max_new_tokens=MAX_NEW) for p in prompts_]
+            assert [(d.accepted, d.drafted) for d in got] == [(d.accepted, d.drafted) for d in alone]
+        if isinstance(drafter, PerRow):  # it starts over: every prompt prefilled whole
+            assert sum(verifier.fed) == sum(len(p) for p in prompts_)
+        else:  # second turns: only their last shared token, the rest of the answer's last chain and `more`
+            assert sum(verifier.fed) <= sum(len(p) for p in first) + sum(len(m) + 1 + 5 + 1 for m in more)

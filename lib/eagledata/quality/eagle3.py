@@ -21,13 +21,13 @@ window binding or not) on a checkpoint its trainer saved.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .speculative import crop_cache, new_cache
+from .speculative import RowCache, crop_cache, new_cache
 
 
 def load_eagle3(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> Any:
@@ -57,21 +57,25 @@ def random_layers(model: Any, seed: int = 0) -> Any:
     return model
 
 
-def attention_mask(queries: Sequence[int], anchors: Sequence[int], keys: int, window: int | None,
-                   dtype: torch.dtype) -> torch.Tensor:
-    """The trainer's mask for rows at cache indices `queries` over `keys` cached rows, additive [1, 1, n, keys].
+def attention_mask(queries: Sequence[int] | torch.Tensor, anchors: Sequence[int] | torch.Tensor, keys: int,
+                   window: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """The trainer's mask for rows at cache indices `queries` over `keys` cached rows, additive [1, 1, n, keys]
+    (or [B, 1, n, keys] for [B, n] tensors of queries and anchors, each of B rows over its own cache).
 
     A row sees the verified rows up to its anchor (itself for a verified row, the last verified row for a chain
     step: the trainer's q_idx), within `window` of the anchor for a sliding-window layer, and the chain's rows after
     the anchor up to itself (the trainer's diagonal blocks)."""
-    q = torch.tensor(list(queries))[:, None]
-    anchor = torch.tensor(list(anchors))[:, None]
-    kv = torch.arange(keys)[None, :]
+    q = torch.as_tensor(queries)
+    anchor = torch.as_tensor(anchors)
+    if q.dim() == 1:
+        q, anchor = q[None], anchor[None]
+    q, anchor = q[..., None], anchor[..., None]
+    kv = torch.arange(keys)[None, None, :]
     seen = kv <= anchor
     if window is not None:
         seen &= kv > anchor - window
     allowed = seen | ((kv > anchor) & (kv <= q))
-    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 class Eagle3Drafter:
@@ -161,3 +165,95 @@ class Eagle3Drafter:
         if states is None:
             raise ValueError("an EAGLE-3 drafter needs the verifier's aux states")
         return self.chain(ids, states, k)
+
+
+class BatchEagle3Drafter:
+    """`Eagle3Drafter` for several rows at once (a `BatchDrafter`): one drafter model, each row's drafter rows
+    (verified and chain) at its own cache slots (`RowCache`), and every step of the chain one forward of the
+    drafter's layers for all the rows (their new verified rows first, padded to the longest; then one token per row
+    a step), where `PerRow` of `Eagle3Drafter` runs one forward per row and step. Each row drafts what its own
+    `Eagle3Drafter` drafts: the same rows, positions, masks (`attention_mask`, per row) and steps, batched."""
+
+    def __init__(self, model: Any, rows: int):
+        self.one = Eagle3Drafter(model)  # the configuration, `features` and the draft vocabulary
+        self.model = self.one.model
+        self.aux_layers = self.one.aux_layers
+        self.cache = RowCache(rows)
+        self.verified = [0] * rows  # verified rows each row holds; its chain's rows follow them
+
+    def start(self, row: int, keep: int = 0) -> int:
+        """A new sequence in `row`: its drafter rows before `keep` kept (each row j read the state at position j and
+        token j + 1, all before the new sequence's first difference), as many as it holds."""
+        self.verified[row] = min(self.verified[row], keep)
+        return self.verified[row]
+
+    def _forward(self, feed: Mapping[int, tuple[Sequence[int], torch.Tensor, int, int | None]]
+                 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """`feed[row]` = (tokens, their hidden inputs [n, H], the first row's cache index, the chain's anchor or
+        None for verified rows) in one forward of the drafter's layers: per row, (the hidden outputs [n, H] as the
+        chain carries them, the last row's logits [D])."""
+        m, one = self.model, self.one
+        order = sorted(feed)
+        sizes = [len(feed[r][0]) for r in order]
+        n, width = len(order), max(sizes)
+        tokens = torch.zeros(n, width, dtype=torch.long)
+        hidden = torch.zeros(n, width, feed[order[0]][1].shape[-1], dtype=one.dtype)
+        for i, r in enumerate(order):
+            tokens[i, :sizes[i]] = torch.tensor(list(feed[r][0]))
+            hidden[i, :sizes[i]] = feed[r][1].to(one.dtype)
+        firsts = torch.tensor([feed[r][2] for r in order])
+        slots = firsts[:, None] + torch.arange(width)[None]  # padding: past the row's rows, masked, overwritten
+        chain_anchors = [feed[r][3] for r in order]
+        anchors = torch.stack([slots[i] if a is None else torch.full((width,), a) for i, a in enumerate(chain_anchors)])
+        span = int(slots.max()) + 1
+        x = torch.cat([m.embed_tokens(tokens).to(one.dtype), hidden], dim=-1)
+        positions = slots + 1
+        position_embeddings = m.rotary_emb(x, positions)
+        masks = {w: attention_mask(slots, anchors, span, w, one.dtype) for w in set(one.windows)}
+        self.cache.write = (torch.tensor(order)[:, None], slots)
+        self.cache.span = span
+        try:
+            for layer, window in zip(m.layers, one.windows):
+                x = layer(x, attention_mask=masks[window], position_ids=positions, past_key_values=self.cache,
+                          position_embeddings=position_embeddings)
+        finally:
+            self.cache.write = None
+        if one.norm_output:
+            x = m.norm(x)
+        last = torch.stack([x[i, size - 1] for i, size in enumerate(sizes)])
+        logits = m.lm_head(last if one.norm_output else m.norm(last))
+        return {r: (x[i, :sizes[i]], logits[i]) for i, r in enumerate(order)}
+
+    @torch.no_grad()
+    def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
+        """Each row's verified rows for its new states, then k draft tokens (the verifier's ids), as
+        `Eagle3Drafter.propose` drafts them row by row."""
+        feed = {}
+        for r, (ids, states) in rows.items():
+            if states is None:
+                raise ValueError("an EAGLE-3 drafter needs the verifier's aux states")
+            n = states.shape[0]
+            first = len(ids) - 1 - n
+            if first != self.verified[r]:
+                raise ValueError(f"row {r}: states for positions {first}…: the drafter holds rows up to "
+                                 f"{self.verified[r]}")
+            if not n:
+                raise ValueError(f"row {r}: no new verified position to draft from")
+            feed[r] = (list(ids[first + 1:]), states, first)
+        order = sorted(feed)
+        features = self.one.features(torch.cat([feed[r][1] for r in order])).split(
+            [feed[r][1].shape[0] for r in order])
+        out = self._forward({r: (feed[r][0], features[i], feed[r][2], None) for i, r in enumerate(order)})
+        drafts: dict[int, list[int]] = {}
+        last: dict[int, torch.Tensor] = {}
+        for r in order:
+            self.verified[r] += len(feed[r][0])
+            drafts[r] = [self.one.verifier_id(int(out[r][1].argmax()))]
+            last[r] = out[r][0][-1:]
+        for s in range(1, k):
+            out = self._forward({r: ([drafts[r][-1]], last[r], self.verified[r] - 1 + s, self.verified[r] - 1)
+                                 for r in order})
+            for r in order:
+                drafts[r].append(self.one.verifier_id(int(out[r][1].argmax())))
+                last[r] = out[r][0]
+        return drafts

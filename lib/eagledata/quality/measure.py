@@ -27,6 +27,7 @@ from .speculative import (
     BatchVerifier,
     Decoded,
     Drafter,
+    GreedyVerifier,
     ModelDrafter,
     NgramDrafter,
     PerRow,
@@ -161,7 +162,8 @@ class QuestionFeed:
             self.progress(self.done, self.transcripts[q])
 
 
-def measure_batched(verifier: BatchVerifier, drafter: BatchDrafter, chat: Chat, questions: Sequence[Any], *, k: int,
+def measure_batched(verifier: BatchVerifier | GreedyVerifier, drafter: BatchDrafter, chat: Chat,
+                    questions: Sequence[Any], *, k: int,
                     max_new_tokens: int, stop_ids: Collection[int],
                     progress: Callable[[int, Transcript], None] | None = None) -> list[Transcript]:
     """`measure` with `verifier.rows` turns decoded at once (`speculative_decode_batch`): every turn is decoded and
@@ -237,17 +239,17 @@ def eagle3_model(spec: str, *, seed: int = 0, load_eagle3: Callable[[str], Any] 
 def make_batch_drafter(spec: str, verifier_model: Any, rows: int, *, seed: int = 0,
                        load_eagle3: Callable[[str], Any] | None = None) -> BatchDrafter:
     """`make_drafter`'s drafters for `rows` rows at once: `self` and `random` draft all rows in batched forwards
-    (`BatchModelDrafter`); EAGLE-3 (one model loaded, a drafter state per row) and n-gram draft row by row
-    (`PerRow`)."""
+    (`BatchModelDrafter`), EAGLE-3 too (`BatchEagle3Drafter`: one model loaded, each chain step one forward for all
+    the rows); n-gram drafts row by row (`PerRow`: no model)."""
     if spec == "self":
         return BatchModelDrafter(verifier_model, rows)
     if spec == "random":
         return BatchModelDrafter(random_model(verifier_model, seed), rows)
     model = eagle3_model(spec, seed=seed, load_eagle3=load_eagle3)
     if model is not None:
-        from .eagle3 import Eagle3Drafter
+        from .eagle3 import BatchEagle3Drafter
 
-        return PerRow(lambda _: Eagle3Drafter(model), rows)
+        return BatchEagle3Drafter(model, rows)
     return PerRow(lambda _: make_drafter(spec, verifier_model, seed=seed), rows)
 
 
@@ -302,6 +304,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=8,
                    help="turns decoded at once, their verifying forwards batched (per worker; 1: one turn at a time; "
                    "8 on 2 cores: bench/README.md)")
+    p.add_argument("--verify", choices=("greedy", "forwards"), default="greedy",
+                   help="with --batch > 1, how chains are verified: greedy (against the verifier's greedy decode, run "
+                   "ahead one token per row a forward: GreedyVerifier) or forwards (a verifying forward over each "
+                   "chain, as a serving engine runs them); the same tokens and counts")
     return p
 
 
@@ -312,13 +318,14 @@ def _decode(args: argparse.Namespace, questions: Sequence[Any], load_model: Call
     chat = load_chat(args.verifier)
     if args.batch > 1:
         batch_drafter = make_batch_drafter(args.drafter, model, args.batch, seed=args.seed)
-        return measure_batched(BatchVerifier(model, args.batch, batch_drafter.aux_layers), batch_drafter, chat,
-                               questions, k=args.k, max_new_tokens=args.max_new_tokens,
+        forwards = BatchVerifier(model, args.batch, batch_drafter.aux_layers)
+        rows = forwards if args.verify == "forwards" else GreedyVerifier(
+            forwards, k=args.k, max_new_tokens=args.max_new_tokens, stop_ids=chat.stop_ids(model))
+        return measure_batched(rows, batch_drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
                                stop_ids=chat.stop_ids(model), progress=progress)
     drafter = make_drafter(args.drafter, model, seed=args.seed)
-    verifier = Verifier(model, drafter.aux_layers)
-    return measure(verifier, drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
-                   stop_ids=chat.stop_ids(model), progress=progress)
+    return measure(Verifier(model, drafter.aux_layers), drafter, chat, questions, k=args.k,
+                   max_new_tokens=args.max_new_tokens, stop_ids=chat.stop_ids(model), progress=progress)
 
 
 def _worker(args: argparse.Namespace, questions: Sequence[Any]) -> list[Transcript]:
@@ -370,7 +377,7 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
                     samples=args.samples, supervised_tokens=args.supervised_tokens,
                     train_seconds=args.train_seconds, seed=args.seed, drafter=args.drafter,
                     max_new_tokens=args.max_new_tokens, decode_seconds=round(seconds, 1), workers=args.workers,
-                    batch=args.batch,
+                    batch=args.batch, verify=args.verify if args.batch > 1 else "forwards",
                     seconds_per_question=round(seconds / max(len(questions), 1), 2))
     write_tau(args.out, doc)
     if args.transcripts:

@@ -242,7 +242,8 @@ class RowCache:
     a forward writes each row's new tokens at that row's own next slots and cropping a row only lowers its length
     (what lies past it is masked, then overwritten). No row's cache is ever copied to crop or to pad another.
 
-    Duck-typed for transformers' decoders (`update`, `get_seq_length`): the forward passes explicit position ids
+    Duck-typed for transformers' decoder layers (`update`, `get_seq_length`), for a caller that runs them itself
+    (`eagle3.BatchEagle3Drafter`): it sets `write` and `span` around each forward and passes explicit position ids
     and a 4-D mask, so transformers neither counts positions nor builds a mask from it."""
 
     def __init__(self, rows: int):
@@ -260,7 +261,7 @@ class RowCache:
         """Write the forward's [R, H, S, D] keys and values at each row's slots; return the R rows' [R, H, span, D]
         (a view when every row takes part)."""
         if self.write is None:
-            raise RuntimeError("RowCache.update outside BatchVerifier.forward")
+            raise RuntimeError("RowCache.update outside a forward that set its write slots")
         rows, slots = self.write
         while len(self.keys) <= layer_idx:
             self.keys.append(key.new_zeros(0))
@@ -289,70 +290,321 @@ class RowOutput:
     states: torch.Tensor | None
 
 
+@dataclass
+class Verdict:
+    """One row's verification (`BatchVerifier.verify`): `best`, the verifier's greedy token after the chain's first
+    token and each accepted draft, through the first draft it rejects (or its last), so the drafts accepted are
+    `best[:-1]` and the bonus `best[-1]`; `states`, the aux states [≥ a + 1, S] of the chain's positions, at
+    least its first token's and the accepted drafts' (a prefill: the prompt's, `best` its first token)."""
+
+    best: list[int]
+    states: torch.Tensor | None
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
 class BatchVerifier:
     """The verifier over `rows` sequences at once: each forward appends a token list to any subset of rows (lengths
-    differ; shorter lists are right-padded, their padding masked and never kept), every row at its own positions
-    (`RowCache`). The LM head runs only over the positions whose logits are used (a prefill: its last), so a long
-    prompt costs its decoder layers only. A transformers decoder-only LM with `get_decoder`/`get_output_embeddings`
-    (Llama-like: the final norm inside the decoder)."""
+    differ), every row at its own positions, in one pass over the weights.
+
+    The rows' new tokens go through the decoder's projections and MLPs packed, [T, H] for T tokens in all (no
+    padding: a row with a 1-token chain costs 1 token); only attention lays them out per row, [rows, width], each
+    query over its own row's keys up to its position. Keys and values live in one preallocated buffer per layer,
+    [rows, kv heads, capacity, head dim]: a forward writes each new token's at its row's next slot, cropping a row
+    only lowers its length (what lies past it is masked, then overwritten), no row is ever copied or padded, and the
+    grouped query heads read their key/value head where it lies (no repeated K/V). The LM head runs only where a
+    logit is read: a prefill's last position; `verify`, each row's positions up to the first rejected draft.
+
+    Written for transformers' Llama (`LlamaForCausalLM`: its modules and rotary embedding called as they are, the
+    attention computed here as its eager attention computes it)."""
 
     def __init__(self, model: Any, rows: int, aux_layers: Sequence[int] | None = None):
         self.model = model.eval()
         self.rows = rows
         self.aux_layers = tuple(aux_layers) if aux_layers is not None else None
-        self.cache = RowCache(rows)
+        decoder = model.get_decoder()
+        config = model.config
+        if getattr(config, "model_type", None) != "llama" or not all(
+                hasattr(decoder, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+            raise ValueError(f"BatchVerifier runs Llama decoders (transformers' LlamaForCausalLM), not "
+                             f"{getattr(config, 'model_type', type(model).__name__)!r}")
+        self.decoder = decoder
+        self.head = model.get_output_embeddings()
+        self.heads = int(config.num_attention_heads)
+        self.kv_heads = int(config.num_key_value_heads)
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.heads)
+        layers = len(decoder.layers)
+        if self.aux_layers is not None and not all(0 <= i <= layers for i in self.aux_layers):
+            raise ValueError(f"aux layers {self.aux_layers}: the verifier's hidden states are 0 … {layers}")
+        self.lengths = [0] * rows
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
         self.forwards = 0
 
-    def length(self, row: int) -> int:
-        return self.cache.lengths[row]
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2] if self.keys else 0
 
-    def reset(self, row: int) -> None:
-        """A new sequence in `row`."""
-        self.cache.lengths[row] = 0
+    def length(self, row: int) -> int:
+        return self.lengths[row]
+
+    def reset(self, row: int, keep: int = 0) -> None:
+        """A new sequence in `row` that begins with the first `keep` positions it holds (the same tokens)."""
+        if not 0 <= keep <= self.lengths[row]:
+            raise ValueError(f"row {row} holds {self.lengths[row]} positions, not {keep}")
+        self.lengths[row] = keep
 
     def crop(self, row: int, length: int) -> None:
-        if not 0 <= length <= self.cache.lengths[row]:
-            raise ValueError(f"cannot crop row {row} of {self.cache.lengths[row]} positions to {length}")
-        self.cache.lengths[row] = length
+        if not 0 <= length <= self.lengths[row]:
+            raise ValueError(f"cannot crop row {row} of {self.lengths[row]} positions to {length}")
+        self.lengths[row] = length
 
-    @torch.no_grad()
-    def forward(self, chains: Mapping[int, Sequence[int]], *, last_only: bool = False) -> dict[int, RowOutput]:
-        """`chains[row]` appended to each row's positions in one forward."""
+    def _reserve(self, span: int) -> None:
+        """Room for `span` positions in every row (grown in steps of 256, the rows' positions copied over)."""
+        if span <= self.capacity:
+            return
+        capacity = -(-max(span, self.capacity + self.capacity // 4) // 256) * 256
+        weight = self.head.weight
+        for store in (self.keys, self.values):
+            for i in range(len(self.decoder.layers)):
+                grown = weight.new_zeros(self.rows, self.kv_heads, capacity, self.head_dim)
+                if i < len(store):
+                    grown[:, :, :store[i].shape[2]] = store[i]
+                    store[i] = grown
+                else:
+                    store.append(grown)
+
+    def _run(self, chains: Mapping[int, Sequence[int]]) -> tuple[list[int], list[int], torch.Tensor,
+                                                                   torch.Tensor | None]:
+        """`chains[row]` appended to each row's positions: (the rows in order, their chain lengths, the final
+        normed hidden states [T, H] of all T new tokens, row after row, and their aux states [T, S])."""
         order = sorted(chains)
         if not order or any(not chains[r] for r in order):
             raise ValueError("every row in a forward needs at least one token")
-        device = self.model.device
-        width = max(len(chains[r]) for r in order)
-        starts = torch.tensor([self.cache.lengths[r] for r in order], device=device)
-        ids = torch.zeros(len(order), width, dtype=torch.long, device=device)
-        for i, r in enumerate(order):
-            ids[i, :len(chains[r])] = torch.tensor(list(chains[r]), device=device)
-        positions = starts[:, None] + torch.arange(width, device=device)[None]
-        span = int(positions.max()) + 1
-        # a query sees its row's slots up to its own position: earlier positions and itself, never padding or
-        # what a crop left behind (those lie past the row's length)
-        mask = (torch.arange(span, device=device)[None, None, :] <= positions[:, :, None])[:, None]
-        self.cache.write = (torch.tensor(order, device=device)[:, None], positions)
-        self.cache.span = span
-        try:
-            out = self.model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions,
-                                           past_key_values=self.cache, use_cache=True,
-                                           output_hidden_states=self.aux_layers is not None)
-        finally:
-            self.cache.write = None
-        self.forwards += 1
-        hidden = out.last_hidden_state
+        device = self.head.weight.device
         lengths = [len(chains[r]) for r in order]
-        picked = ([hidden[i, n - 1:n] for i, n in enumerate(lengths)] if last_only
-                  else [hidden[i, :n] for i, n in enumerate(lengths)])
-        logits = self.model.get_output_embeddings()(torch.cat(picked)).split([p.shape[0] for p in picked])
-        aux = (torch.cat([out.hidden_states[layer] for layer in self.aux_layers], dim=-1)
-               if self.aux_layers is not None else None)
-        result = {}
-        for i, r in enumerate(order):
-            self.cache.lengths[r] += lengths[i]
-            result[r] = RowOutput(logits[i], aux[i, :lengths[i]] if aux is not None else None)
-        return result
+        n, width = len(order), max(lengths)
+        starts = torch.tensor([self.lengths[r] for r in order], device=device)
+        sizes = torch.tensor(lengths, device=device)
+        batch = torch.repeat_interleave(torch.arange(n, device=device), sizes)  # each token's place in the batch
+        column = torch.arange(int(sizes.sum()), device=device) - torch.repeat_interleave(sizes.cumsum(0) - sizes,
+                                                                                            sizes)
+        positions = starts[batch] + column
+        span = int((starts + sizes).max())
+        self._reserve(span)
+        slots_rows = torch.tensor(order, device=device)[batch]
+        # a query sees its row's slots up to its own position: earlier positions and itself, never what a crop
+        # left behind or another row's (padding queries, past a row's chain, are computed and dropped)
+        queries = starts[:, None] + torch.arange(width, device=device)[None]
+        hidden_mask = torch.arange(span, device=device)[None, None, :] > queries[:, :, None]  # [n, width, span]
+        contiguous = order == list(range(order[0], order[0] + n))
+        group = self.heads // self.kv_heads
+        tokens = torch.tensor([t for r in order for t in chains[r]], device=device)
+        x = self.decoder.embed_tokens(tokens)
+        cos, sin = self.decoder.rotary_emb(x, positions[None])
+        cos, sin = cos[0][:, None], sin[0][:, None]
+        states: dict[int, torch.Tensor] = {}  # transformers' hidden states: index i, the input of layer i
+        for i, layer in enumerate(self.decoder.layers):
+            if self.aux_layers is not None and i in self.aux_layers:
+                states[i] = x
+            attention = layer.self_attn
+            residual = x
+            h = layer.input_layernorm(x)
+            q = attention.q_proj(h).view(-1, self.heads, self.head_dim)
+            k = attention.k_proj(h).view(-1, self.kv_heads, self.head_dim)
+            v = attention.v_proj(h).view(-1, self.kv_heads, self.head_dim)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            self.keys[i][slots_rows, :, positions] = k
+            self.values[i][slots_rows, :, positions] = v
+            if contiguous:
+                keys = self.keys[i][order[0]:order[0] + n, :, :span]
+                values = self.values[i][order[0]:order[0] + n, :, :span]
+            else:
+                index = torch.tensor(order, device=device)
+                keys = self.keys[i][:, :, :span].index_select(0, index)
+                values = self.values[i][:, :, :span].index_select(0, index)
+            # the queries of key/value head g, its `group` query heads × the row's width, against its keys
+            padded = q.new_zeros(n, width, self.heads, self.head_dim)
+            padded[batch, column] = q
+            padded = padded.view(n, width, self.kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
+            padded = padded.reshape(n * self.kv_heads, group * width, self.head_dim)
+            scores = torch.bmm(padded, keys.reshape(n * self.kv_heads, span, self.head_dim).transpose(1, 2))
+            scores = (scores * attention.scaling).view(n, self.kv_heads, group, width, span)
+            scores = scores.masked_fill(hidden_mask[:, None, None], float("-inf"))
+            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out = torch.bmm(weights.view(n * self.kv_heads, group * width, span),
+                            values.reshape(n * self.kv_heads, span, self.head_dim))
+            out = out.view(n, self.kv_heads, group, width, self.head_dim).permute(0, 3, 1, 2, 4)
+            out = out.reshape(n, width, self.heads * self.head_dim)[batch, column]
+            x = residual + attention.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = self.decoder.norm(x)
+        aux = None
+        if self.aux_layers is not None:
+            states[len(self.decoder.layers)] = x  # the last: the final norm's output
+            aux = torch.cat([states[i] for i in self.aux_layers], dim=-1)
+        for r, size in zip(order, lengths):
+            self.lengths[r] += size
+        self.forwards += 1
+        return order, lengths, x, aux
+
+    @torch.no_grad()
+    def forward(self, chains: Mapping[int, Sequence[int]], *, last_only: bool = False) -> dict[int, RowOutput]:
+        """`chains[row]` appended to each row's positions in one forward: each row's logits at all its new
+        positions (its last alone with `last_only`) and its aux states."""
+        order, lengths, hidden, aux = self._run(chains)
+        ends = torch.tensor(lengths).cumsum(0).tolist()
+        picked = ([hidden[e - 1:e] for e in ends] if last_only
+                  else [hidden[e - n:e] for e, n in zip(ends, lengths)])
+        logits = self.head(torch.cat(picked)).split([p.shape[0] for p in picked])
+        return {r: RowOutput(logits[i], aux[ends[i] - lengths[i]:ends[i]] if aux is not None else None)
+                for i, r in enumerate(order)}
+
+    @torch.no_grad()
+    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        """Each row's prompt in one forward: its first greedy token and the prompt's aux states."""
+        return {r: Verdict([int(o.logits[-1].argmax())], o.states)
+                for r, o in self.forward(prompts, last_only=True).items()}
+
+    @torch.no_grad()
+    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        """`chains[row]` (the row's last verified token, then its drafts) appended to each row in one forward, and
+        verified greedily: the LM head runs position by position over the rows still accepting (each row's first
+        position, then the next of the rows whose draft there equals the verifier's token, …), never over a
+        position past a rejected draft."""
+        order, lengths, hidden, aux = self._run(chains)
+        offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()[:-1]]
+        best: list[list[int]] = [[] for _ in order]
+        alive, at = list(range(len(order))), 0
+        while alive:
+            tokens = self.head(hidden[[offsets[i] + at for i in alive]]).argmax(-1).tolist()
+            still = []
+            for i, token in zip(alive, tokens):
+                best[i].append(int(token))
+                if at + 1 < lengths[i] and chains[order[i]][at + 1] == token:
+                    still.append(i)
+            alive, at = still, at + 1
+        return {r: Verdict(best[i], aux[offsets[i]:offsets[i] + lengths[i]] if aux is not None else None)
+                for i, r in enumerate(order)}
+
+
+class GreedyVerifier:
+    """Chains verified against the verifier's own greedy decode, decoded ahead of them: what `BatchVerifier.verify`
+    answers, for one token per row per forward instead of the whole chain.
+
+    Greedy verification accepts a chain's drafts up to the first that differs from the verifier's greedy token
+    there, and that token is the bonus; every position it reads lies on the verifier's greedy sequence (the drafts
+    before it equal it). So the verifier's tokens a verification needs are that sequence's, whichever drafter
+    proposed the chain: this decodes each row's sequence greedily (`BatchVerifier` forwards of one token per row,
+    every row that has not reached its end moving on together, so the weights are read once per token of all the
+    rows), holds the tokens and aux states not yet verified, and answers `verify` from them; a chain that reads past
+    what has been decoded waits for the forwards it needs. A row runs ahead to its end (its first stop id or
+    `max_new_tokens`), then `k` tokens on (where a last chain's drafts may still be counted, as a verifying forward
+    counts them). The drafter, the chains, the counts and the loop are `speculative_decode_batch`'s, unchanged; what
+    differs from verifying forwards is only the float rounding of each position's logits (a forward of one token
+    against one of the chain's), as batching rows differs from one row alone."""
+
+    def __init__(self, verifier: BatchVerifier, *, k: int, max_new_tokens: int, stop_ids: Collection[int] = ()):
+        self.inner = verifier
+        self.rows = verifier.rows
+        self.aux_layers = verifier.aux_layers
+        self.k, self.max_new_tokens, self.stop_ids = k, max_new_tokens, set(stop_ids)
+        self.tokens: list[list[int]] = [[] for _ in range(self.rows)]  # prompt and greedy tokens decoded so far
+        self.prompt = [0] * self.rows
+        self.verified = [0] * self.rows  # the row's verified positions (all the loop holds but its last token)
+        self.states: list[list[torch.Tensor]] = [[] for _ in range(self.rows)]  # [1, S] per decoded position …
+        self.first_state = [0] * self.rows  # … from this position on
+        self.end: list[int | None] = [None] * self.rows  # the output index of the row's last token, once decoded
+        self.active: set[int] = set()
+        self.forwards = 0
+
+    def reset(self, row: int, keep: int = 0) -> None:
+        """A new sequence in `row` that begins with its first `keep` positions' tokens (`prefill` the rest)."""
+        if keep > self.verified[row]:
+            raise ValueError(f"row {row} holds {self.verified[row]} verified positions, not {keep}")
+        self.inner.reset(row, keep)
+        del self.tokens[row][keep:]
+        self.active.discard(row)
+
+    def length(self, row: int) -> int:
+        return self.verified[row]
+
+    def crop(self, row: int, length: int) -> None:
+        """The row's verified positions after a verification (the tokens decoded beyond stay: they are the
+        verifier's greedy ones, the next chains' to read)."""
+        if not self.prompt[row] <= length < len(self.tokens[row]):
+            raise ValueError(f"cannot crop row {row} to {length}")
+        self.verified[row] = length
+        drop = length - self.first_state[row]  # the next chain's states start at position `length`
+        if drop > 0:
+            del self.states[row][:drop]
+            self.first_state[row] += drop
+
+    def _complete(self, row: int) -> bool:
+        end = self.end[row]
+        return end is not None and len(self.tokens[row]) - self.prompt[row] > end + self.k
+
+    def _note_end(self, row: int) -> None:
+        out = len(self.tokens[row]) - self.prompt[row]
+        if self.end[row] is None and (self.tokens[row][-1] in self.stop_ids or out >= self.max_new_tokens):
+            self.end[row] = out - 1
+
+    @torch.no_grad()
+    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        """Each row's prompt after the positions `reset` kept: its first greedy token and those positions' states."""
+        verdicts = self.inner.prefill(prompts)
+        for r, v in verdicts.items():
+            self.tokens[r] += [*prompts[r], v.best[0]]
+            self.prompt[r] = self.verified[r] = len(self.tokens[r]) - 1
+            self.states[r], self.first_state[r], self.end[r] = [], self.prompt[r], None
+            self.active.add(r)
+            self._note_end(r)
+        return verdicts
+
+    def _advance(self, needed: Collection[int]) -> None:
+        """One forward: the next greedy token of every active row short of its end + k, and of `needed`."""
+        rows = {r for r in self.active if not self._complete(r)} | set(needed)
+        verdicts = self.inner.verify({r: self.tokens[r][-1:] for r in rows})
+        self.forwards += 1
+        for r, v in verdicts.items():
+            self.tokens[r].append(v.best[0])
+            if v.states is not None:
+                self.states[r].append(v.states)
+            self._note_end(r)
+
+    def _walk(self, row: int, chain: Sequence[int]) -> int | None:
+        """How many drafts of `chain` the decoded tokens accept, or None where the walk reads past them."""
+        tokens, at = self.tokens[row], self.verified[row] + 1
+        a = 0
+        while True:
+            if at + a >= len(tokens):
+                return None
+            if a + 1 >= len(chain) or chain[a + 1] != tokens[at + a]:
+                return a
+            a += 1
+
+    @torch.no_grad()
+    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+        for r, chain in chains.items():
+            if r not in self.active or not chain or chain[0] != self.tokens[r][self.verified[r]]:
+                raise ValueError(f"row {r}: the chain does not follow the row's verified tokens")
+        while needed := [r for r, chain in chains.items() if self._walk(r, chain) is None]:
+            self._advance(needed)
+        out = {}
+        for r, chain in chains.items():
+            a = self._walk(r, chain)
+            assert a is not None
+            at = self.verified[r]  # the chain's first position
+            states = None
+            if self.aux_layers is not None:
+                first = at - self.first_state[r]
+                states = torch.cat(self.states[r][first:first + a + 1])
+            out[r] = Verdict(self.tokens[r][at + 1:at + a + 2], states)
+        return out
 
 
 class BatchDrafter(Protocol):
@@ -361,8 +613,11 @@ class BatchDrafter(Protocol):
     @property
     def aux_layers(self) -> tuple[int, ...] | None: ...
 
-    def start(self, row: int) -> None:
-        """A new sequence in `row`."""
+    def start(self, row: int, keep: int = 0) -> int:
+        """A new sequence in `row` whose first `keep` positions are its last sequence's (the same tokens through
+        position `keep`, so the same verifier states before it): how many of them the drafter keeps what it drew from
+        (≤ keep; its first states then start there: the verifier keeps as many)."""
+        ...
 
     def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
         """Up to k drafts per row, each row's (verified ids, new states) as `Drafter.propose` reads them."""
@@ -380,8 +635,10 @@ class PerRow:
             raise ValueError(f"the rows' drafters read different verifier layers: {layers}")
         self.aux_layers = layers.pop()
 
-    def start(self, row: int) -> None:
+    def start(self, row: int, keep: int = 0) -> int:
+        """The row's drafter starts over: a drafter reading states then needs them all (keeps none)."""
         self.drafters[row].start()
+        return keep if self.aux_layers is None else 0
 
     def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
         return {r: [int(t) for t in self.drafters[r].propose(ids, states, k)] for r, (ids, states) in rows.items()}
@@ -397,9 +654,9 @@ class BatchModelDrafter:
         self.lm = BatchVerifier(model, rows)
         self.cached: list[list[int]] = [[] for _ in range(rows)]
 
-    def start(self, row: int) -> None:
-        self.lm.reset(row)
-        self.cached[row] = []
+    def start(self, row: int, keep: int = 0) -> int:
+        """Its cache kept (each proposal keeps what the row's cache shares with the ids)."""
+        return keep
 
     def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
         feed = {}
@@ -430,8 +687,8 @@ class NoDrafts:
 
     aux_layers = None
 
-    def start(self, row: int) -> None:
-        pass
+    def start(self, row: int, keep: int = 0) -> int:
+        return keep
 
     def propose(self, rows: Mapping[int, tuple[Sequence[int], torch.Tensor | None]], k: int) -> dict[int, list[int]]:
         return {r: [] for r in rows}
@@ -448,6 +705,15 @@ class TurnFeed(Protocol):
         """The turn `key` decoded."""
 
 
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 @dataclass
 class _Row:
     key: Hashable
@@ -456,12 +722,13 @@ class _Row:
     states: torch.Tensor | None = None
 
 
-def speculative_decode_batch(verifier: BatchVerifier, drafter: BatchDrafter, feed: TurnFeed, *, k: int,
-                             max_new_tokens: int, stop_ids: Collection[int] = ()) -> None:
+def speculative_decode_batch(verifier: BatchVerifier | GreedyVerifier, drafter: BatchDrafter, feed: TurnFeed, *,
+                             k: int, max_new_tokens: int, stop_ids: Collection[int] = ()) -> None:
     """Greedy speculative decoding of every turn `feed` gives, up to `verifier.rows` at once: each row as
     `speculative_decode` decodes one turn (its own drafts, acceptance and crop; τ counted the same way), the rows'
-    verifying forwards in one batched forward; a finished row takes the next ready turn (its prefill a forward of
-    its own). Returns when no row is busy and no turn is ready."""
+    chains verified together (`BatchVerifier`: one batched verifying forward; `GreedyVerifier`: against the
+    verifier's greedy decode run ahead); a finished row takes the next ready turn (its prefill a forward of its
+    own). Returns when no row is busy and no turn is ready."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     if max_new_tokens < 1:
@@ -470,33 +737,39 @@ def speculative_decode_batch(verifier: BatchVerifier, drafter: BatchDrafter, fee
         raise ValueError(f"the drafter reads the verifier's layers {drafter.aux_layers}, the verifier gives "
                          f"{verifier.aux_layers}")
     busy: dict[int, _Row] = {}
+    held: dict[int, list[int]] = {}  # a free row's last ids: what its verifier and drafter hold
 
     def finish(r: int) -> None:
         row = busy.pop(r)
+        held[r] = row.ids
         feed.finished(row.key, row.decoded)
 
     while True:
         fresh: dict[int, list[int]] = {}
-        for r in range(verifier.rows):
-            if r in busy:
-                continue
+        free = [r for r in range(verifier.rows) if r not in busy]
+        while free:
             turn = feed.next_turn()
             if turn is None:
                 break
             key, prompt = turn[0], [int(t) for t in turn[1]]
             if not prompt:
                 raise ValueError(f"turn {key!r}: needs a prompt")
-            verifier.reset(r)
-            drafter.start(r)
-            fresh[r] = prompt
+            # the free row whose last ids share the longest prefix with the prompt (a question's next turn: its
+            # earlier turns): its positions before the last shared token are kept, the rest prefilled
+            shared = {r: _shared(held.get(r, ()), prompt) for r in free}
+            r = max(free, key=lambda r: (shared[r], -r))
+            free.remove(r)
+            keep = drafter.start(r, max(shared[r] - 1, 0))
+            verifier.reset(r, keep)
+            fresh[r] = prompt[keep:]
             busy[r] = _Row(key, list(prompt), Decoded(len(prompt), [], k=k))
         if fresh:
-            for r, o in verifier.forward(fresh, last_only=True).items():
+            for r, v in verifier.prefill(fresh).items():
                 row = busy[r]
-                token = int(o.logits[-1].argmax())
+                token = v.best[0]
                 row.ids.append(token)
                 row.decoded.output_ids.append(token)
-                row.states = o.states
+                row.states = v.states
                 if _stops(token, row.decoded.output_ids, stop_ids, max_new_tokens):
                     finish(r)
             continue  # refill what finished at its first token before verifying
@@ -506,18 +779,17 @@ def speculative_decode_batch(verifier: BatchVerifier, drafter: BatchDrafter, fee
         for d in drafts.values():
             if len(d) > k:
                 raise ValueError(f"the drafter proposed {len(d)} tokens, more than k = {k}")
-        outputs = verifier.forward({r: [row.ids[-1], *drafts[r]] for r, row in busy.items()})
-        for r, o in outputs.items():
+        verdicts = verifier.verify({r: [row.ids[-1], *drafts[r]] for r, row in busy.items()})
+        for r, v in verdicts.items():
             row, chain = busy[r], drafts[r]
-            best = o.logits.argmax(-1).tolist()
-            a = 0
-            while a < len(chain) and chain[a] == best[a]:
-                a += 1
+            a = len(v.best) - 1  # best[:a] are the accepted drafts (chain[:a]), best[a] the bonus
+            if v.best[:a] != chain[:a] or (a < len(chain) and chain[a] == v.best[a]):
+                raise RuntimeError(f"row {r}: the verifier's verdict {v.best} does not fit the drafts {chain}")
             row.decoded.accepted.append(a)
             row.decoded.drafted.append(len(chain))
             verifier.crop(r, len(row.ids) + a)
-            row.states = o.states[:a + 1] if o.states is not None else None
-            for token in [*chain[:a], best[a]]:
+            row.states = v.states[:a + 1] if v.states is not None else None
+            for token in v.best:
                 row.ids.append(token)
                 row.decoded.output_ids.append(token)
                 if _stops(token, row.decoded.output_ids, stop_ids, max_new_tokens):
