@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tok_per_s": round(tokens / wall, 2), "tau_pooled": round(yielded / steps, 4) if steps else None,
             "stages_s": {**{k: round(v, 2) for k, v in clock.seconds.items()}, "loop (python)": round(rest, 2)},
             "calls": clock.calls,
-            "outputs": [[d.output_ids for d in t.turns] for t in done] if args.keep_outputs else None}
+            "outputs": [[d.output_ids for d in t.turns] for t in done] if args.keep_outputs else None,
+            "accepted": [[d.accepted for d in t.turns] for t in done] if args.keep_outputs else None}
 
 
 def main() -> None:
@@ -144,12 +145,13 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1, help="turns decoded at once (measure.py --batch)")
     p.add_argument("--verify", choices=("greedy", "forwards"), default="forwards",
                    help="with --batch > 1: measure.py --verify (this bench's default: forwards, its earlier figures')")
-    p.add_argument("--keep-outputs", action="store_true", help="put every turn's output ids in the JSON")
+    p.add_argument("--keep-outputs", action="store_true",
+                   help="put every turn's output ids and drafts accepted per verification in the JSON")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args()
     result = run(args)
     text = json.dumps(result)
-    print(json.dumps({k: v for k, v in result.items() if k != "outputs"}))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("outputs", "accepted")}))
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             f.write(text + "\n")

@@ -107,10 +107,11 @@ def test_an_eagle3_drafter_trained_by_speculators_drafts_losslessly_and_beats_ra
 def test_the_batched_eagle3_drafter_drafts_what_one_drafter_per_row_drafts(interop_python, tmp_path):
     """`BatchEagle3Drafter` (each chain step one forward for all rows) against `PerRow` of `Eagle3Drafter` (one
     forward per row and step) on a speculators-built drafter in batched decodes where rows start, accept and finish
-    at different steps: every call's chains are the same and every step's draft logits to float rounding (5e-7 of
-    the largest measured; a chain step one slot off, planted: 0.02), with the sliding window binding or not and
-    `norm_output` on or off (tests/helpers/interop/eagle3_batched.py), and both decodes are plain greedy decoding."""
-    model = sharp_llama(seed=0, num_layers=8)
+    at different steps: every call's chains are the same and every step's draft logits to float rounding (7e-7 of
+    the largest measured; a chain step one slot off, planted: 0.02; query heads paired with the wrong key/value
+    head: 0.05), with the sliding window binding or not and `norm_output` on or off
+    (tests/helpers/interop/eagle3_batched.py), and both decodes are plain greedy decoding."""
+    model = sharp_llama(seed=0, num_layers=8, hidden_size=128)  # 4 query heads on 2 key/value heads
     verifier = tmp_path / "target"
     model.save_pretrained(verifier)
     word_tokenizer().save_pretrained(verifier)

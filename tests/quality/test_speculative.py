@@ -250,6 +250,28 @@ def test_a_batched_forward_gives_each_row_what_it_gives_alone(target_model):
     assert [verifier.length(r) for r in range(3)] == [len(rows[0]) + 3, len(rows[1]), len(rows[2]) + 1]
 
 
+def test_each_attention_layout_gives_each_row_what_it_gives_alone(target_model):
+    """A forward's attention runs row by row for a long chain (a prefill), else over the range of rows from its
+    first to its last (rows left out computed and dropped) or, where it leaves most of that range out, over a copy
+    of its rows' keys: each gives every row its own one-row forward's logits."""
+    some = uneven_prompts(3, seed=67)  # 4, 11 and 18 tokens: a short prefill in a batch, two long ones row by row
+    verifier = BatchVerifier(target_model, 8)
+    alone = {r: Verifier(target_model) for r in (0, 3, 7)}
+    first = verifier.forward(dict(zip((0, 3, 7), some)))
+    for r, prompt in zip((0, 3, 7), some):
+        alone[r].start()
+        logits, _ = alone[r].forward(prompt)
+        assert torch.allclose(first[r].logits, logits, atol=1e-5)
+    steps = [{0: [5, 6], 7: [9]},  # rows 0 … 7 for two of them: their keys copied
+             {3: [11, 12, 13], 7: [14]},  # rows 3 … 7: the range, rows 4 … 6 dropped
+             {0: [15], 3: [16, 17], 7: [18, 19, 20]}]  # the range again
+    for chains in steps:
+        got = verifier.forward(chains)
+        for r, chain in chains.items():
+            logits, _ = alone[r].forward(chain)
+            assert torch.allclose(got[r].logits, logits, atol=1e-5), (chains, r)
+
+
 def test_verify_reads_the_lm_head_only_through_each_rows_first_rejected_draft(target_model):
     """`verify` gives each row the verifier's greedy tokens through its first rejected draft (or its last), what
     the full logits' argmax gives there, and runs the LM head on exactly those positions, position by position over

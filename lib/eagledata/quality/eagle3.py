@@ -167,14 +167,41 @@ class Eagle3Drafter:
         return self.chain(ids, states, k)
 
 
+GROUPED = "eagledata_grouped"
+
+
+def grouped_attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface (query [B, heads, n, D], key and value [B, kv heads, S, D], an additive
+    mask [B, 1, n, S]) computed as SDPA's math computes it, but each key/value head read in place by its group of
+    query heads together, where SDPA on CPU first copies it once per query head (`repeat_kv`). Registered as
+    `GROUPED`; `BatchEagle3Drafter` runs its layers with it."""
+    b, heads, n, d = query.shape
+    kv, span = key.shape[1], key.shape[2]
+    group = heads // kv
+    scale = d ** -0.5 if scaling is None else scaling
+    scores = torch.bmm(query.reshape(b * kv, group * n, d), key.reshape(b * kv, span, d).transpose(1, 2))
+    scores = scores.view(b, kv, group, n, span) * scale
+    if attention_mask is not None:
+        scores = scores + attention_mask[:, :, None, :, :span]
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    out = torch.bmm(weights.view(b * kv, group * n, span), value.reshape(b * kv, span, d))
+    return out.view(b, heads, n, d).transpose(1, 2).contiguous(), None
+
+
 class BatchEagle3Drafter:
     """`Eagle3Drafter` for several rows at once (a `BatchDrafter`): one drafter model, each row's drafter rows
     (verified and chain) at its own cache slots (`RowCache`), and every step of the chain one forward of the
     drafter's layers for all the rows (their new verified rows first, padded to the longest; then one token per row
-    a step), where `PerRow` of `Eagle3Drafter` runs one forward per row and step. Each row drafts what its own
-    `Eagle3Drafter` drafts: the same rows, positions, masks (`attention_mask`, per row) and steps, batched."""
+    a step; attention by `grouped_attention`), where `PerRow` of `Eagle3Drafter` runs one forward per row and step.
+    Each row drafts what its own `Eagle3Drafter` drafts: the same rows, positions, masks (`attention_mask`, per
+    row) and steps, batched."""
 
     def __init__(self, model: Any, rows: int):
+        from transformers import AttentionInterface
+
+        AttentionInterface.register(GROUPED, grouped_attention)
         self.one = Eagle3Drafter(model)  # the configuration, `features` and the draft vocabulary
         self.model = self.one.model
         self.aux_layers = self.one.aux_layers
@@ -212,12 +239,18 @@ class BatchEagle3Drafter:
         masks = {w: attention_mask(slots, anchors, span, w, one.dtype) for w in set(one.windows)}
         self.cache.write = (torch.tensor(order)[:, None], slots)
         self.cache.span = span
+        configs = [layer.self_attn.config for layer in m.layers]
+        kept = [c._attn_implementation for c in configs]
         try:
+            for c in configs:
+                c._attn_implementation = GROUPED
             for layer, window in zip(m.layers, one.windows):
                 x = layer(x, attention_mask=masks[window], position_ids=positions, past_key_values=self.cache,
                           position_embeddings=position_embeddings)
         finally:
             self.cache.write = None
+            for c, implementation in zip(configs, kept):
+                c._attn_implementation = implementation
         if one.norm_output:
             x = m.norm(x)
         last = torch.stack([x[i, size - 1] for i, size in enumerate(sizes)])

@@ -12,6 +12,14 @@ then runs over the chain it has (the last token alone when there is none), and t
 its accepted drafts and the bonus. τ is tokens per verifier forward, what the user's latency sees; vLLM's counters
 count only forwards that carried a draft (`Decoded.drafted` keeps each chain's length, `tau.py` reports both).
 
+Many turns at once (`speculative_decode_batch`, `measure.py --batch`): each row decodes one turn as
+`speculative_decode` does (its own drafts, acceptance, crop and count), the rows' chains verified together, either
+by one batched verifying forward over them (`BatchVerifier.verify`) or against the verifier's own greedy decode run
+ahead, one token per row a forward (`GreedyVerifier`): every position a greedy verification reads lies on that
+sequence, so both give the same tokens and counts, and the second costs a token's forward per emitted token instead
+of a chain's per verification (τ ≈ 1.3–1.8: 2–3× less arithmetic). A chat's next turn keeps the positions it shares
+with its earlier turns in its row.
+
 Torch only (plus `transformers.DynamicCache`): the same file runs in the project's environment and in the
 speculators one (`eagle3.py`, `measure.py`), so every drafter goes through one decode loop.
 """
@@ -377,6 +385,64 @@ class BatchVerifier:
                 else:
                     store.append(grown)
 
+    def _plan(self, order: list[int], lengths: list[int], batch: torch.Tensor, column: torch.Tensor,
+              span: int) -> dict[str, Any]:
+        """How a forward's attention is laid out: a long chain (a prefill) row by row, over its own positions only;
+        short chains (verifications, greedy steps) in one batch of rows, each padded to the longest chain, over the
+        rows' keys where they lie (the range of rows from the first to the last in the forward, rows outside it
+        computed and dropped) or, where the forward leaves most of that range out, over a copy of its rows'."""
+        device = batch.device
+        width = max(lengths)
+        if width > 8:
+            ends = torch.tensor(lengths).cumsum(0).tolist()
+            return {"rows": [(r, e - n, e, self.lengths[r] + n) for r, e, n in zip(order, ends, lengths)]}
+        lo, hi = order[0], order[-1] + 1
+        if hi - lo <= 3 * len(order):
+            place = torch.tensor(order, device=device) - lo
+            starts = torch.tensor(self.lengths[lo:hi], device=device)
+            rows: slice | torch.Tensor = slice(lo, hi)
+        else:
+            place = torch.arange(len(order), device=device)
+            starts = torch.tensor([self.lengths[r] for r in order], device=device)
+            rows = torch.tensor(order, device=device)
+        # a query sees its row's slots up to its own position: earlier positions and itself, never what a crop
+        # left behind (padding queries, past a row's chain, and rows outside the forward are computed and dropped)
+        queries = starts[:, None] + torch.arange(width, device=device)[None]
+        hidden = torch.arange(span, device=device)[None, None, :] > queries[:, :, None]  # [rows, width, span]
+        return {"batch": place[batch], "column": column, "width": width, "span": span, "rows": rows,
+                "hidden": hidden[:, None, None]}
+
+    def _attend(self, layer: int, q: torch.Tensor, plan: dict[str, Any]) -> torch.Tensor:
+        """Attention of the forward's scaled queries [T, heads, D] over their rows' keys in `layer`: [T, heads · D].
+        Each key/value head is read where it lies by its `group` query heads together (no repeated keys)."""
+        group, kv, d = self.heads // self.kv_heads, self.kv_heads, self.head_dim
+        keys, values = self.keys[layer], self.values[layer]
+        if "batch" not in plan:
+            outs = []
+            for r, t0, t1, end in plan["rows"]:
+                n, start = t1 - t0, end - (t1 - t0)
+                grouped = q[t0:t1].view(n, kv, group, d).permute(1, 2, 0, 3).reshape(kv, group * n, d)
+                scores = torch.bmm(grouped, keys[r, :, :end].transpose(1, 2)).view(kv, group, n, end)
+                causal = torch.arange(end, device=q.device)[None, :] > start + torch.arange(n, device=q.device)[:, None]
+                weights = torch.softmax(scores.masked_fill(causal, float("-inf")), dim=-1, dtype=torch.float32)
+                out = torch.bmm(weights.to(q.dtype).view(kv, group * n, end), values[r, :, :end])
+                outs.append(out.view(kv, group, n, d).permute(2, 0, 1, 3).reshape(n, kv * group * d))
+            return torch.cat(outs)
+        width, span, rows = plan["width"], plan["span"], plan["rows"]
+        if isinstance(rows, slice):
+            keys, values = keys[rows, :, :span], values[rows, :, :span]
+        else:
+            keys, values = keys[:, :, :span].index_select(0, rows), values[:, :, :span].index_select(0, rows)
+        m = keys.shape[0]
+        padded = q.new_zeros(m, width, self.heads, d)
+        padded[plan["batch"], plan["column"]] = q
+        padded = padded.view(m, width, kv, group, d).permute(0, 2, 3, 1, 4).reshape(m * kv, group * width, d)
+        scores = torch.bmm(padded, keys.reshape(m * kv, span, d).transpose(1, 2)).view(m, kv, group, width, span)
+        weights = torch.softmax(scores.masked_fill(plan["hidden"], float("-inf")), dim=-1, dtype=torch.float32)
+        out = torch.bmm(weights.to(q.dtype).view(m * kv, group * width, span), values.reshape(m * kv, span, d))
+        out = out.view(m, kv, group, width, d).permute(0, 3, 1, 2, 4).reshape(m, width, self.heads * d)
+        return out[plan["batch"], plan["column"]]
+
     def _run(self, chains: Mapping[int, Sequence[int]]) -> tuple[list[int], list[int], torch.Tensor,
                                                                    torch.Tensor | None]:
         """`chains[row]` appended to each row's positions: (the rows in order, their chain lengths, the final
@@ -386,7 +452,7 @@ class BatchVerifier:
             raise ValueError("every row in a forward needs at least one token")
         device = self.head.weight.device
         lengths = [len(chains[r]) for r in order]
-        n, width = len(order), max(lengths)
+        n = len(order)
         starts = torch.tensor([self.lengths[r] for r in order], device=device)
         sizes = torch.tensor(lengths, device=device)
         batch = torch.repeat_interleave(torch.arange(n, device=device), sizes)  # each token's place in the batch
@@ -396,12 +462,7 @@ class BatchVerifier:
         span = int((starts + sizes).max())
         self._reserve(span)
         slots_rows = torch.tensor(order, device=device)[batch]
-        # a query sees its row's slots up to its own position: earlier positions and itself, never what a crop
-        # left behind or another row's (padding queries, past a row's chain, are computed and dropped)
-        queries = starts[:, None] + torch.arange(width, device=device)[None]
-        hidden_mask = torch.arange(span, device=device)[None, None, :] > queries[:, :, None]  # [n, width, span]
-        contiguous = order == list(range(order[0], order[0] + n))
-        group = self.heads // self.kv_heads
+        plan = self._plan(order, lengths, batch, column, span)
         tokens = torch.tensor([t for r in order for t in chains[r]], device=device)
         x = self.decoder.embed_tokens(tokens)
         cos, sin = self.decoder.rotary_emb(x, positions[None])
@@ -420,26 +481,7 @@ class BatchVerifier:
             k = k * cos + _rotate_half(k) * sin
             self.keys[i][slots_rows, :, positions] = k
             self.values[i][slots_rows, :, positions] = v
-            if contiguous:
-                keys = self.keys[i][order[0]:order[0] + n, :, :span]
-                values = self.values[i][order[0]:order[0] + n, :, :span]
-            else:
-                index = torch.tensor(order, device=device)
-                keys = self.keys[i][:, :, :span].index_select(0, index)
-                values = self.values[i][:, :, :span].index_select(0, index)
-            # the queries of key/value head g, its `group` query heads × the row's width, against its keys
-            padded = q.new_zeros(n, width, self.heads, self.head_dim)
-            padded[batch, column] = q
-            padded = padded.view(n, width, self.kv_heads, group, self.head_dim).permute(0, 2, 3, 1, 4)
-            padded = padded.reshape(n * self.kv_heads, group * width, self.head_dim)
-            scores = torch.bmm(padded, keys.reshape(n * self.kv_heads, span, self.head_dim).transpose(1, 2))
-            scores = (scores * attention.scaling).view(n, self.kv_heads, group, width, span)
-            scores = scores.masked_fill(hidden_mask[:, None, None], float("-inf"))
-            weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.bmm(weights.view(n * self.kv_heads, group * width, span),
-                            values.reshape(n * self.kv_heads, span, self.head_dim))
-            out = out.view(n, self.kv_heads, group, width, self.head_dim).permute(0, 3, 1, 2, 4)
-            out = out.reshape(n, width, self.heads * self.head_dim)[batch, column]
+            out = self._attend(i, q * attention.scaling, plan)
             x = residual + attention.o_proj(out)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
         x = self.decoder.norm(x)
