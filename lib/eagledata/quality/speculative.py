@@ -299,7 +299,7 @@ class RowOutput:
 
 
 @dataclass
-class Verdict:
+class Verification:
     """One row's verification (`BatchVerifier.verify`): `best`, the verifier's greedy token after the chain's first
     token and each accepted draft, through the first draft it rejects (or its last), so the drafts accepted are
     `best[:-1]` and the bonus `best[-1]`; `states`, the aux states [≥ a + 1, S] of the chain's positions, at
@@ -507,13 +507,13 @@ class BatchVerifier:
                 for i, r in enumerate(order)}
 
     @torch.no_grad()
-    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verification]:
         """Each row's prompt in one forward: its first greedy token and the prompt's aux states."""
-        return {r: Verdict([int(o.logits[-1].argmax())], o.states)
+        return {r: Verification([int(o.logits[-1].argmax())], o.states)
                 for r, o in self.forward(prompts, last_only=True).items()}
 
     @torch.no_grad()
-    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verification]:
         """`chains[row]` (the row's last verified token, then its drafts) appended to each row in one forward, and
         verified greedily: the LM head runs position by position over the rows still accepting (each row's first
         position, then the next of the rows whose draft there equals the verifier's token, …), never over a
@@ -530,7 +530,7 @@ class BatchVerifier:
                 if at + 1 < lengths[i] and chains[order[i]][at + 1] == token:
                     still.append(i)
             alive, at = still, at + 1
-        return {r: Verdict(best[i], aux[offsets[i]:offsets[i] + lengths[i]] if aux is not None else None)
+        return {r: Verification(best[i], aux[offsets[i]:offsets[i] + lengths[i]] if aux is not None else None)
                 for i, r in enumerate(order)}
 
 
@@ -596,7 +596,7 @@ class GreedyVerifier:
             self.end[row] = out - 1
 
     @torch.no_grad()
-    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verification]:
         """Each row's prompt after the positions `reset` kept: its first greedy token and those positions' states."""
         verdicts = self.inner.prefill(prompts)
         for r, v in verdicts.items():
@@ -630,7 +630,7 @@ class GreedyVerifier:
             a += 1
 
     @torch.no_grad()
-    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verdict]:
+    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verification]:
         for r, chain in chains.items():
             if r not in self.active or not chain or chain[0] != self.tokens[r][self.verified[r]]:
                 raise ValueError(f"row {r}: the chain does not follow the row's verified tokens")
@@ -645,7 +645,7 @@ class GreedyVerifier:
             if self.aux_layers is not None:
                 first = at - self.first_state[r]
                 states = torch.cat(self.states[r][first:first + a + 1])
-            out[r] = Verdict(self.tokens[r][at + 1:at + a + 2], states)
+            out[r] = Verification(self.tokens[r][at + 1:at + a + 2], states)
         return out
 
 
