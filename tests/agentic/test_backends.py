@@ -46,3 +46,45 @@ def test_a_module_named_environment_imports_from_the_path_given(tmp_path):
         assert env.execute("keys", "{}").text == "[]"
     finally:
         env.close()
+
+
+def test_a_user_file_opened_from_several_threads_at_once_gives_each_its_class(tmp_path):
+    """The executor's threads open a task's environment at once: a file module is in `sys.modules` before its body
+    has run, so without the loader's lock a second thread found it without its class ("has no class", seen once on a
+    loaded fresh `make test`). Its body sleeps here, so the threads overlap on every machine."""
+    import threading
+
+    from eagledata.agentic.backends import user_class
+
+    path = tmp_path / "slow_env.py"
+    path.write_text("import time\ntime.sleep(0.3)\n\n\nclass Slow:\n    pass\n")
+    got, errors = [], []
+
+    def load():
+        try:
+            got.append(user_class(f"{path}:Slow", ()))
+        except Exception as e:  # noqa: BLE001 - the race's error is what the test reports
+            errors.append(e)
+
+    threads = [threading.Thread(target=load) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(got) == 4 and len(set(got)) == 1 and got[0].__name__ == "Slow"
+
+
+def test_a_user_file_whose_body_raises_is_loaded_again_next_time(tmp_path):
+    from eagledata.agentic.backends import user_class
+    from eagledata.agentic.dispatch import BuildError
+
+    path = tmp_path / "flaky_env.py"
+    path.write_text("raise RuntimeError('not yet')\n")
+    try:
+        user_class(f"{path}:Env", ())
+    except BuildError as e:
+        assert "not yet" in str(e)
+    else:
+        raise AssertionError("a module whose body raised was taken as loaded")
+    path.write_text("class Env:\n    pass\n")
+    assert user_class(f"{path}:Env", ()).__name__ == "Env"

@@ -18,6 +18,7 @@ import hashlib
 import importlib
 import importlib.util
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,6 +122,30 @@ def bfcl_instances(spec: EnvironmentSpec) -> list[object]:
     return instances
 
 
+_FILE_MODULES = threading.Lock()
+
+
+def _file_module(target: str, where: str) -> Any:
+    """A user's file loaded once as a module: under a lock, since the executor's threads open environments at once and
+    a module is in `sys.modules` before its body has run (another thread would find it without its class); one
+    whose body raised is taken out again."""
+    module_name = "eagledata_user_env_" + hashlib.sha1(where.encode()).hexdigest()[:12]
+    with _FILE_MODULES:
+        module = sys.modules.get(module_name)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(module_name, where)
+            if loader_spec is None or loader_spec.loader is None:
+                raise BuildError(f"environment '{target}': cannot load {where}")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[module_name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[module_name]
+                raise
+        return module
+
+
 def user_class(target: str, code_path: Sequence[str]) -> type:
     """A user's environment class from `package.module:Class` or `/path/file.py:Class`."""
     where, sep, name = target.rpartition(":")
@@ -129,15 +154,7 @@ def user_class(target: str, code_path: Sequence[str]) -> type:
     _use_path(code_path)
     try:
         if where.endswith(".py"):
-            module_name = "eagledata_user_env_" + hashlib.sha1(where.encode()).hexdigest()[:12]
-            module = sys.modules.get(module_name)
-            if module is None:
-                loader_spec = importlib.util.spec_from_file_location(module_name, where)
-                if loader_spec is None or loader_spec.loader is None:
-                    raise BuildError(f"environment '{target}': cannot load {where}")
-                module = importlib.util.module_from_spec(loader_spec)
-                sys.modules[module_name] = module
-                loader_spec.loader.exec_module(module)
+            module = _file_module(target, where)
         else:
             module = importlib.import_module(where)
     except BuildError:
