@@ -543,10 +543,11 @@ class GreedyVerifier:
     before it equal it). So the verifier's tokens a verification needs are that sequence's, whichever drafter
     proposed the chain: this decodes each row's sequence greedily (`BatchVerifier` forwards of one token per row,
     every row that has not reached its end moving on together, so the weights are read once per token of all the
-    rows), holds the tokens and aux states not yet verified, and answers `verify` from them; a chain that reads past
-    what has been decoded waits for the forwards it needs. A row runs ahead to its end (its first stop id or
-    `max_new_tokens`), then `k` tokens on (where a last chain's drafts may still be counted, as a verifying forward
-    counts them). The drafter, the chains, the counts and the loop are `speculative_decode_batch`'s, unchanged; what
+    rows), holds the tokens and aux states not yet verified, and answers `verify` from them: the chains it can answer
+    now, the others waiting (the loop brings them again) while rows that have run ahead go on, finish and give their
+    row to a new turn; a forward happens when no chain can be answered. A row runs ahead to its end (its first stop
+    id or `max_new_tokens`), then `k` tokens on (where a last chain's drafts may still be counted, as a verifying
+    forward counts them). The drafter, the chains, the counts and the loop are `speculative_decode_batch`'s; what
     differs from verifying forwards is only the float rounding of each position's logits (a forward of one token
     against one of the chain's), as batching rows differs from one row alone."""
 
@@ -631,15 +632,17 @@ class GreedyVerifier:
 
     @torch.no_grad()
     def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verification]:
+        """The verdicts of the chains the tokens decoded so far answer, after one forward where none could be
+        answered before it (as many as it takes: a chain may read several tokens on). A chain left unanswered is
+        the caller's to bring again; so rows that have run ahead are verified on without waiting for the others,
+        finish, and give their rows to new turns, and every forward moves on all rows short of their end."""
         for r, chain in chains.items():
             if r not in self.active or not chain or chain[0] != self.tokens[r][self.verified[r]]:
                 raise ValueError(f"row {r}: the chain does not follow the row's verified tokens")
-        while needed := [r for r, chain in chains.items() if self._walk(r, chain) is None]:
-            self._advance(needed)
+        while not (answered := {r: a for r, chain in chains.items() if (a := self._walk(r, chain)) is not None}):
+            self._advance(list(chains))
         out = {}
-        for r, chain in chains.items():
-            a = self._walk(r, chain)
-            assert a is not None
+        for r, a in answered.items():
             at = self.verified[r]  # the chain's first position
             states = None
             if self.aux_layers is not None:
@@ -780,6 +783,7 @@ def speculative_decode_batch(verifier: BatchVerifier | GreedyVerifier, drafter: 
                          f"{verifier.aux_layers}")
     busy: dict[int, _Row] = {}
     held: dict[int, list[int]] = {}  # a free row's last ids: what its verifier and drafter hold
+    drafts: dict[int, list[int]] = {}  # chains proposed and not yet verified
 
     def finish(r: int) -> None:
         row = busy.pop(r)
@@ -817,13 +821,18 @@ def speculative_decode_batch(verifier: BatchVerifier | GreedyVerifier, drafter: 
             continue  # refill what finished at its first token before verifying
         if not busy:
             return
-        drafts = drafter.propose({r: (row.ids, row.states) for r, row in busy.items()}, k)
-        for d in drafts.values():
-            if len(d) > k:
-                raise ValueError(f"the drafter proposed {len(d)} tokens, more than k = {k}")
+        waiting = {r: (row.ids, row.states) for r, row in busy.items() if r not in drafts}
+        if waiting:
+            for r, d in drafter.propose(waiting, k).items():
+                if len(d) > k:
+                    raise ValueError(f"the drafter proposed {len(d)} tokens, more than k = {k}")
+                drafts[r] = d
+        # a verifier may answer some chains only (`GreedyVerifier`): the others wait, drafted, for the next round
         verdicts = verifier.verify({r: [row.ids[-1], *drafts[r]] for r, row in busy.items()})
+        if not verdicts:
+            raise RuntimeError("the verifier answered none of the chains")
         for r, v in verdicts.items():
-            row, chain = busy[r], drafts[r]
+            row, chain = busy[r], drafts.pop(r)
             a = len(v.best) - 1  # best[:a] are the accepted drafts (chain[:a]), best[a] the bonus
             if v.best[:a] != chain[:a] or (a < len(chain) and chain[a] == v.best[a]):
                 raise RuntimeError(f"row {r}: the verifier's verdict {v.best} does not fit the drafts {chain}")
