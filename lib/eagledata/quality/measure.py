@@ -301,9 +301,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="torch threads (per worker with --workers)")
     p.add_argument("--workers", type=int, default=1,
                    help="processes decoding a share of the questions each (one per core), merged in order")
-    p.add_argument("--batch", type=int, default=8,
-                   help="turns decoded at once, their verifying forwards batched (per worker; 1: one turn at a time; "
-                   "8 on 2 cores: bench/README.md)")
+    p.add_argument("--batch", type=int, default=32,
+                   help="turns decoded at once, their verifications batched (per worker; 1: one turn at a time; 32 on "
+                   "2 cores, ~3-5 GB: bench/README.md)")
     p.add_argument("--verify", choices=("greedy", "forwards"), default="greedy",
                    help="with --batch > 1, how chains are verified: greedy (against the verifier's greedy decode, run "
                    "ahead one token per row a forward: GreedyVerifier) or forwards (a verifying forward over each "
