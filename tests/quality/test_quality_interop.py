@@ -63,6 +63,9 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
     assert rows["ngram"]["questions"] == rows["eagle3-random"]["questions"] == rows["on_policy"]["questions"]
     assert read_tau(files.bound("eagle3-random"))["drafter"] == f"eagle3-random:{files.checkpoint('on_policy')}"
     assert set(summary["per_category"]) >= {*ARMS, "ngram", "eagle3-random"} and summary["vllm"] is None
+    # every drafter measured against the one greedy trace, recorded by plain greedy decoding (τ = 1)
+    assert {read_tau(p)["verify"] for p in [*map(files.tau, ARMS), *map(files.bound, config.bounds)]} == {"trace"}
+    assert read_tau(files.bound("none"))["tau_mean"] == 1.0 and files.trace.is_file()
 
     # lossless: every drafter emitted plain greedy decoding's tokens, turn by turn
     def outputs(path):

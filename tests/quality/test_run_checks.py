@@ -27,7 +27,7 @@ CATEGORIES = ("writing", "math", "coding")
 # drafts accepted per verifying forward, cycled, by drafter: on-policy accepts more than off-policy (pooled τ 1.75
 # against 1.25), n-gram about 1.33, between them
 ACCEPTS = {"on_policy": [1, 0, 2, 0], "off_policy": [1, 0, 0, 0], "self": [3], "random": [0], "ngram": [0, 1, 0],
-           "eagle3-random": [0]}
+           "eagle3-random": [0], "none": [0]}
 
 
 def no_commands(cmd, env, log_file, label):
@@ -57,7 +57,7 @@ class FakeCommands:
     def train(self, cmd):
         save = Path(dict(zip(cmd[4::2], cmd[5::2], strict=True))["--save-path"])
         (save / "1").mkdir(parents=True)
-        (save / "1" / "config.json").write_text("{}")
+        (save / "1" / "config.json").write_text('{"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}')
         Path(cmd[3]).write_text(json.dumps({"train": {"loss": 3.0}, "epoch": 0}) + "\n"
                                 + json.dumps({"val": {"loss_epoch": 4.0}, "epoch": 0}) + "\n")
 
@@ -65,6 +65,12 @@ class FakeCommands:
         return next(arm for arm in ARMS if Path(checkpoint) == self.files.checkpoint(arm))
 
     def measure(self, a):
+        """Every drafter measured against the greedy trace recorded first (plain greedy, the drafters' layers)."""
+        if a.record_trace:
+            assert (a.drafter, a.aux_layers, a.trace) == ("none", "1,2,3", None)
+            Path(a.record_trace).write_text("trace")
+        else:
+            assert a.trace == str(self.files.trace) and self.files.trace.exists(), a.drafter
         name = a.drafter.split(":")[0]
         name = self.arm_of(a.drafter.removeprefix("eagle3:")) if name == "eagle3" else name
         write_tau(a.out, summarize(decoded(name, a.limit), k=a.k, verifier=a.verifier, eval_set="mt_bench",
@@ -120,8 +126,8 @@ def test_vllms_count_and_the_free_baselines_in_the_run(base):
     config = exp.config
     summary = exp.run()
     labels = [label for label, _ in fake.calls]
-    assert labels == ["train on_policy", "train off_policy", "τ on_policy", "vLLM τ on_policy", "τ off_policy",
-                      "vLLM τ off_policy", "τ self", "τ random", "τ ngram", "τ eagle3-random"]
+    assert labels == ["train on_policy", "train off_policy", "greedy trace", "τ on_policy", "vLLM τ on_policy",
+                      "τ off_policy", "vLLM τ off_policy", "τ self", "τ random", "τ ngram", "τ eagle3-random"]
     cmds = dict(fake.calls)
     for arm in ARMS:
         flags = dict(zip(cmds[f"vLLM τ {arm}"][3::2], cmds[f"vLLM τ {arm}"][4::2], strict=True))
@@ -179,3 +185,13 @@ def test_a_vllm_count_that_disagrees_fails_the_run_naming_both_figures(base, pla
     assert not exp.files.summary.exists()
     with pytest.raises(CountMismatch, match=said):
         Experiment(exp.config, ExperimentSeams(run=no_commands, say=lambda s: None)).run()
+
+
+def test_a_greedy_trace_that_is_not_plain_greedy_stops_the_run_before_any_tau(base, monkeypatch):
+    """The trace is recorded with no drafter, so its τ is 1 exactly; planted: a recording that accepted drafts (a
+    drafter wired in by mistake) stops the run at the trace, before any drafter is measured against it."""
+    exp, fake = experiment(base, "plant-trace", vllm_check=False, bounds=[])
+    monkeypatch.setitem(ACCEPTS, "none", [0, 1])
+    with pytest.raises(RuntimeError, match=r"plain greedy decoding gave τ 1\.5 \(1 exactly expected\)"):
+        exp.run()
+    assert [label for label, _ in fake.calls][-1] == "greedy trace"

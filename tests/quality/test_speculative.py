@@ -3,8 +3,6 @@ whatever the drafter; the target drafting for itself gives τ = k + 1; random we
 forward's accepted count is exact."""
 from __future__ import annotations
 
-from collections import deque
-
 import pytest
 import torch
 
@@ -22,7 +20,7 @@ from eagledata.quality.speculative import (
     speculative_decode,
     speculative_decode_batch,
 )
-from tests.helpers.quality import prompts, sharp_llama
+from tests.helpers.quality import FollowUps, KeepingStates, StatesChecked, hf_greedy, prompts, sharp_llama
 
 MAX_NEW = 40
 
@@ -35,13 +33,6 @@ def target_model():
 @pytest.fixture(scope="module")
 def random_model():
     return sharp_llama(seed=1)
-
-
-def hf_greedy(model, prompt, max_new_tokens, eos=None):
-    """transformers' own greedy `generate`: the reference no code of ours computes."""
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 class Oracle:
@@ -375,34 +366,6 @@ def test_batched_tau_is_counted_as_one_turn_at_a_time(target_model, random_model
     assert any(0 in d.drafted for d in got)
 
 
-class StatesChecked:
-    """Drafts the target's greedy tokens with one made wrong at a place that moves (0 … k accepted), after holding
-    the aux states it is given to transformers' own forward over the verified ids: the Drafter protocol's positions
-    (len(ids) − 1 − n … len(ids) − 2 for n states, each position once, in order)."""
-
-    def __init__(self, model, aux):
-        self.model, self.aux_layers, self.inner = model, aux, ModelDrafter(model)
-        self.worst, self.seen = 0.0, 0
-
-    def start(self):
-        self.inner.start()
-        self.seen = 0
-
-    def propose(self, ids, states, k):
-        n = states.shape[0]
-        assert len(ids) - 1 - n == self.seen, "states for positions other than the next ones"
-        self.seen += n
-        with torch.no_grad():
-            hidden = self.model(torch.tensor([list(ids[:-1])]), output_hidden_states=True).hidden_states
-        expected = torch.cat([hidden[i][0, len(ids) - 1 - n:] for i in self.aux_layers], dim=-1)
-        self.worst = max(self.worst, float((states - expected).abs().max()))
-        drafts = self.inner.propose(ids, None, k)
-        wrong = len(ids) % (k + 2)
-        if wrong < k:
-            drafts[wrong] = (drafts[wrong] + 1) % 256
-        return drafts
-
-
 def test_greedy_verification_gives_the_drafter_the_states_and_counts_of_verifying_forwards(target_model):
     """Against the greedy decode run ahead, a drafter reading aux states gets those of the positions it is owed
     (transformers' hidden states to float rounding), and every turn's tokens, drafts accepted and chain lengths are
@@ -447,27 +410,6 @@ def test_batched_bad_arguments_are_refused(target_model):
         BatchVerifier(target_model, 2).forward({0: []})
 
 
-class FollowUps:
-    """A `TurnFeed` of two-turn chats: each prompt, then (ready once its answer is) the prompt, the answer and
-    `more[i]`, as a chat's next turn carries the earlier ones."""
-
-    def __init__(self, first, more):
-        self.first, self.more, self.given, self.later, self.decoded = list(first), more, 0, deque(), {}
-
-    def next_turn(self):
-        if self.later:
-            return self.later.popleft()
-        if self.given < len(self.first):
-            self.given += 1
-            return (self.given - 1, 0), self.first[self.given - 1]
-        return None
-
-    def finished(self, key, decoded):
-        self.decoded[key] = decoded
-        if key[1] == 0:
-            self.later.append(((key[0], 1), [*self.first[key[0]], *decoded.output_ids, *self.more[key[0]]]))
-
-
 class CountingPrefills(BatchVerifier):
     """A batched verifier that counts the tokens its prefills feed."""
 
@@ -478,23 +420,6 @@ class CountingPrefills(BatchVerifier):
     def prefill(self, prompts):
         self.fed += [len(p) for p in prompts.values()]
         return super().prefill(prompts)
-
-
-class KeepingStates:
-    """`StatesChecked` per row as a batched drafter that keeps what it drew from the positions a new sequence
-    shares with the row's last one (as `BatchEagle3Drafter` keeps its rows): the states it is then given must start
-    where it stopped."""
-
-    def __init__(self, model, aux, rows):
-        self.checks, self.aux_layers = [StatesChecked(model, aux) for _ in range(rows)], aux
-
-    def start(self, row, keep=0):
-        self.checks[row].inner.start()
-        self.checks[row].seen = min(self.checks[row].seen, keep)
-        return self.checks[row].seen
-
-    def propose(self, rows, k):
-        return {r: self.checks[r].propose(ids, states, k) for r, (ids, states) in rows.items()}
 
 
 @pytest.mark.parametrize("greedy", [False, True], ids=["forwards", "greedy"])

@@ -74,6 +74,28 @@ class DrafterStages:
 
         ws.stages.run(f"train/{arm}", body)
 
+    def trace(self) -> dict[str, Any]:
+        """The verifier's greedy decode of the arms' questions, recorded once (`measure.py --drafter none
+        --record-trace`: plain greedy decoding, τ = 1, every turn through its end and k on, with the aux states of
+        the layers the trained drafters read): every τ stage then verifies against it (`--trace`), so each drafter
+        costs only its own forwards, and all read the very same states."""
+        files = self.ws.files
+
+        def body() -> dict[str, Any]:
+            config = json.loads((files.checkpoint(ARMS[0]) / "config.json").read_text(encoding="utf-8"))
+            layers = ",".join(str(i) for i in config["eagle_aux_hidden_state_layer_ids"])
+            out = files.bound("none")
+            cmd, env = measure_command(sys.executable, *self.measure_args("none", out, self.ws.config.questions,
+                                                                          trace=False),
+                                       "--record-trace", str(files.trace), "--aux-layers", layers)
+            self.ws.seams.run(cmd, {**env, **self.threads_env()}, out.parent / "tau.log", "greedy trace")
+            line = tau_line(read_tau(out))
+            if line["tau_mean"] != 1.0:
+                raise RuntimeError(f"plain greedy decoding gave τ {line['tau_mean']} (1 exactly expected): {out}")
+            return {**line, "trace": str(files.trace), "aux_layers": layers}
+
+        return self.ws.stages.run("trace", body)
+
     def tau_arm(self, arm: str) -> dict[str, Any]:
         files = self.ws.files
 
@@ -148,7 +170,8 @@ class DrafterStages:
                      f"{row['tau_pooled']['vllm']:.4f}: agree within 0.02")
         return row
 
-    def measure_args(self, drafter: str, out: Path, questions: int | None) -> list[str]:
+    def measure_args(self, drafter: str, out: Path, questions: int | None, *, trace: bool = True) -> list[str]:
+        """`measure.py`'s flags; `trace`: verified against the experiment's greedy trace (the `trace` stage)."""
         config = self.ws.config
         args = ["--verifier", str(self.ws.verifier), "--drafter", drafter, "--questions", str(self.ws.questions_file()),
                 "--out", str(out), "--k", str(config.k), "--max-new-tokens", str(config.max_new_tokens),
@@ -157,4 +180,6 @@ class DrafterStages:
             args += ["--limit", str(questions)]
         if config.threads:
             args += ["--threads", str(config.threads)]
+        if trace:
+            args += ["--trace", str(self.ws.files.trace)]
         return args

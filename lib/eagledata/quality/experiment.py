@@ -8,8 +8,9 @@ must beat (`ngram`: prompt lookup; `eagle3-random`: the EAGLE-3 path untrained).
 
 Everything lands under `<output_dir>/quality/<name>/` (DESIGN.md's canonical experiment): `prompts.jsonl`,
 `<arm>/records.jsonl`, `<arm>/samples.jsonl`, `<arm>/hidden_states/speculators/` (the export trained on),
-`<arm>/checkpoint/` (the trained drafter as speculators saves it), `<arm>/tau.json`, `<arm>/vllm_tau.json`,
-`bounds/<drafter>/tau.json`,
+`<arm>/checkpoint/` (the trained drafter as speculators saves it), `greedy_trace.pt` (the verifier's greedy decode of
+the questions, recorded once: every drafter's τ is measured against it, `greedy_trace.py`), `<arm>/tau.json`,
+`<arm>/vllm_tau.json`, `bounds/<drafter>/tau.json`,
 `stages/<stage>.json` (each finished stage's result: a rerun skips it) and `summary.json`. A stage that stopped
 midway runs again (extraction resumes by sample; training and τ start over).
 
@@ -87,6 +88,7 @@ class Experiment:
         self.workspace.free_model()  # the trainer and τ run in other processes: free the verifier here
         for arm in ARMS:
             self.drafter_stages.train_arm(arm)
+        self.drafter_stages.trace()
         taus, vllm = {}, {}
         for arm in ARMS:
             taus[arm] = self.drafter_stages.tau_arm(arm)

@@ -45,6 +45,11 @@ class ExperimentFiles:
         """vLLM's own count of the arm's checkpoint (`vllm_tau.py`), checked against `tau(arm)`."""
         return self.arm(arm) / "vllm_tau.json"
 
+    @property
+    def trace(self) -> Path:
+        """The verifier's greedy decode of the questions, every drafter's τ measured against it (`greedy_trace.py`)."""
+        return self.root / "greedy_trace.pt"
+
     def bound(self, drafter: str) -> Path:
         return self.root / "bounds" / drafter / "tau.json"
 

