@@ -534,6 +534,20 @@ class BatchVerifier:
                 for i, r in enumerate(order)}
 
 
+class RowForwards(Protocol):
+    """What `GreedyVerifier` runs its one-token steps on: `BatchVerifier`, or its steps recorded or replayed
+    (`greedy_trace.TraceRecorder`, `TraceReplay`)."""
+
+    rows: int
+    aux_layers: tuple[int, ...] | None
+
+    def reset(self, row: int, keep: int = 0) -> None: ...
+
+    def prefill(self, prompts: Mapping[int, Sequence[int]]) -> dict[int, Verification]: ...
+
+    def verify(self, chains: Mapping[int, Sequence[int]]) -> dict[int, Verification]: ...
+
+
 class GreedyVerifier:
     """Chains verified against the verifier's own greedy decode, decoded ahead of them: what `BatchVerifier.verify`
     answers, for one token per row per forward instead of the whole chain.
@@ -551,9 +565,9 @@ class GreedyVerifier:
     differs from verifying forwards is only the float rounding of each position's logits (a forward of one token
     against one of the chain's), as batching rows differs from one row alone."""
 
-    def __init__(self, verifier: BatchVerifier | Any, *, k: int, max_new_tokens: int, stop_ids: Collection[int] = (),
+    def __init__(self, verifier: RowForwards, *, k: int, max_new_tokens: int, stop_ids: Collection[int] = (),
                  complete_rows: bool = False):
-        self.inner = verifier  # a BatchVerifier, or its seam recorded or replayed (`greedy_trace.py`)
+        self.inner = verifier
         self.complete_rows = complete_rows  # decode each row through its end and k on before it is reset
         self.rows = verifier.rows
         self.aux_layers = verifier.aux_layers
