@@ -195,3 +195,18 @@ def test_a_greedy_trace_that_is_not_plain_greedy_stops_the_run_before_any_tau(ba
     with pytest.raises(RuntimeError, match=r"plain greedy decoding gave τ 1\.5 \(1 exactly expected\)"):
         exp.run()
     assert [label for label, _ in fake.calls][-1] == "greedy trace"
+
+
+def test_a_trace_is_recorded_only_for_a_tau_stage_that_runs(base):
+    """The trace file (~0.5 GB at full size) may be deleted after a run: a rerun with every τ stage kept records
+    nothing; one τ stage to measure again records it first, then measures against it."""
+    exp, fake = experiment(base, "trace-gone", vllm_check=False, bounds=["ngram"])
+    exp.run()
+    exp.files.trace.unlink()
+    again, refake = experiment(base, "trace-gone", vllm_check=False, bounds=["ngram"])
+    again.run()
+    assert refake.calls == [] and not exp.files.trace.exists()
+    exp.files.stage("bound/ngram").unlink()
+    third, calls = experiment(base, "trace-gone", vllm_check=False, bounds=["ngram"])
+    third.run()
+    assert [label for label, _ in calls.calls] == ["greedy trace", "τ ngram"] and exp.files.trace.is_file()

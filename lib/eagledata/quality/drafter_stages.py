@@ -78,8 +78,11 @@ class DrafterStages:
         """The verifier's greedy decode of the arms' questions, recorded once (`measure.py --drafter none
         --record-trace`: plain greedy decoding, τ = 1, every turn through its end and k on, with the aux states of
         the layers the trained drafters read): every τ stage then verifies against it (`--trace`), so each drafter
-        costs only its own forwards, and all read the very same states."""
+        costs only its own forwards, and all read the very same states. Run by the first τ stage that runs (one
+        kept with its τ stages needs no trace); a kept stage whose file is gone is recorded again."""
         files = self.ws.files
+        if not files.trace.is_file():  # a kept stage whose file is gone (deleted to save space): record it again
+            files.stage("trace").unlink(missing_ok=True)
 
         def body() -> dict[str, Any]:
             config = json.loads((files.checkpoint(ARMS[0]) / "config.json").read_text(encoding="utf-8"))
@@ -95,6 +98,11 @@ class DrafterStages:
             return {**line, "trace": str(files.trace), "aux_layers": layers}
 
         return self.ws.stages.run("trace", body)
+
+    def trace_for(self, stage: str) -> None:
+        """The trace, before a τ stage that is not kept (its own stage, so its seconds are its own)."""
+        if not self.ws.files.stage(stage).is_file():
+            self.trace()
 
     def tau_arm(self, arm: str) -> dict[str, Any]:
         files = self.ws.files
@@ -113,6 +121,7 @@ class DrafterStages:
             atomic_write_text(files.tau(arm), json.dumps(doc, indent=1) + "\n")
             return tau_line(read_tau(files.tau(arm)))
 
+        self.trace_for(f"tau/{arm}")
         return self.ws.stages.run(f"tau/{arm}", body)
 
     def reference(self, drafter: str) -> tuple[str, str, int | None]:
@@ -136,6 +145,7 @@ class DrafterStages:
             self.ws.seams.run(cmd, {**env, **self.threads_env()}, out.parent / "tau.log", f"τ {drafter}")
             return tau_line(read_tau(out))
 
+        self.trace_for(f"bound/{drafter}")
         return self.ws.stages.run(f"bound/{drafter}", body)
 
     def vllm_arm(self, arm: str) -> dict[str, Any]:

@@ -88,7 +88,6 @@ class Experiment:
         self.workspace.free_model()  # the trainer and τ run in other processes: free the verifier here
         for arm in ARMS:
             self.drafter_stages.train_arm(arm)
-        self.drafter_stages.trace()
         taus, vllm = {}, {}
         for arm in ARMS:
             taus[arm] = self.drafter_stages.tau_arm(arm)
