@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from eagledata.quality.batch_verifier import BatchVerifier
+from eagledata.quality.batched import GreedyVerifier
 from eagledata.quality.measure import (
     HFChat,
     load_causal_lm,
@@ -31,7 +33,7 @@ from eagledata.quality.measure import (
     measure_batched,
     read_questions,
 )
-from eagledata.quality.speculative import BatchVerifier, GreedyVerifier, Verifier
+from eagledata.quality.speculative import Verifier
 
 
 @dataclass

@@ -19,8 +19,8 @@ import time
 
 import torch
 
+from eagledata.quality.batch_verifier import BatchVerifier
 from eagledata.quality.measure import HFChat, load_causal_lm, load_hf_tokenizer, read_questions
-from eagledata.quality.speculative import BatchVerifier
 
 
 def main() -> None:

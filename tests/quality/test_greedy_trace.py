@@ -8,17 +8,11 @@ import json
 import pytest
 import torch
 
+from eagledata.quality.batch_verifier import BatchVerifier
+from eagledata.quality.batched import BatchModelDrafter, GreedyVerifier, NoDrafts, PerRow, speculative_decode_batch
 from eagledata.quality.greedy_trace import GreedyTrace, TraceRecorder, TraceReplay
 from eagledata.quality.measure import main
-from eagledata.quality.speculative import (
-    BatchModelDrafter,
-    BatchVerifier,
-    GreedyVerifier,
-    NgramDrafter,
-    NoDrafts,
-    PerRow,
-    speculative_decode_batch,
-)
+from eagledata.quality.speculative import NgramDrafter
 from eagledata.quality.tau import read_tau
 from tests.helpers.quality import (
     FollowUps,

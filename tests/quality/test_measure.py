@@ -240,8 +240,9 @@ def test_batched_questions_decode_and_count_as_one_at_a_time(chat, model, tmp_pa
     first answer once that has finished. Every drafter gives the same prompts, outputs, answers and per-forward
     counts as `measure` one turn at a time, the chains verified by batched forwards or against the greedy decode
     run ahead (`GreedyVerifier`); the command's `--batch` writes the same per-question τ either way."""
+    from eagledata.quality.batch_verifier import BatchVerifier
+    from eagledata.quality.batched import GreedyVerifier
     from eagledata.quality.measure import make_batch_drafter, measure_batched
-    from eagledata.quality.speculative import BatchVerifier, GreedyVerifier
 
     class Q:
         def __init__(self, d):

@@ -6,20 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagledata.quality.speculative import (
+from eagledata.quality.batch_verifier import BatchVerifier
+from eagledata.quality.batched import (
     BatchModelDrafter,
-    BatchVerifier,
     GreedyVerifier,
-    ModelDrafter,
-    NgramDrafter,
     NoDrafts,
     PerRow,
     PromptFeed,
-    Verifier,
-    greedy_decode,
-    speculative_decode,
     speculative_decode_batch,
 )
+from eagledata.quality.speculative import ModelDrafter, NgramDrafter, Verifier, greedy_decode, speculative_decode
 from tests.helpers.quality import FollowUps, KeepingStates, StatesChecked, hf_greedy, prompts, sharp_llama
 
 MAX_NEW = 40

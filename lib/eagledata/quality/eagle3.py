@@ -27,7 +27,8 @@ from typing import Any
 
 import torch
 
-from .speculative import RowCache, crop_cache, new_cache
+from .batch_verifier import RowCache
+from .speculative import crop_cache, new_cache
 
 
 def load_eagle3(checkpoint: str | Path, dtype: torch.dtype = torch.float32) -> Any:

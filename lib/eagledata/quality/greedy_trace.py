@@ -1,6 +1,6 @@
 """The verifier's greedy decode of an evaluation set, recorded once and replayed for every drafter.
 
-Greedy verification reads only the verifier's greedy sequence (`speculative.GreedyVerifier`): every drafter measured
+Greedy verification reads only the verifier's greedy sequence (`batched.GreedyVerifier`): every drafter measured
 on the same questions with the same k and answer cap reads the same tokens and the same aux states. So the experiment
 decodes that sequence once (`TraceRecorder`, under `GreedyVerifier`: each turn's prompt, its greedy tokens through its
 end and k on, and the aux states of every position) and measures each drafter against it (`TraceReplay`: the same
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .speculative import BatchVerifier, Verification
+from .batch_verifier import BatchVerifier, Verification
 
 FORMAT = "eagledata-greedy-trace/1"
 

@@ -21,22 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from .batch_verifier import BatchVerifier
+from .batched import BatchDrafter, BatchModelDrafter, GreedyVerifier, NoDrafts, PerRow, speculative_decode_batch
 from .greedy_trace import GreedyTrace, TraceRecorder, TraceReplay
-from .speculative import (
-    BatchDrafter,
-    BatchModelDrafter,
-    BatchVerifier,
-    Decoded,
-    Drafter,
-    GreedyVerifier,
-    ModelDrafter,
-    NgramDrafter,
-    NoDrafts,
-    PerRow,
-    Verifier,
-    speculative_decode,
-    speculative_decode_batch,
-)
+from .speculative import Decoded, Drafter, ModelDrafter, NgramDrafter, Verifier, speculative_decode
 from .tau import QuestionRun, summarize, write_tau
 
 log = logging.getLogger(__name__)

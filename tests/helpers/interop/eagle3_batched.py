@@ -21,14 +21,10 @@ from speculators.models.eagle3 import Eagle3DraftModel
 from speculators.train.cli import create_transformer_layer_config
 from transformers import AutoModelForCausalLM
 
+from eagledata.quality.batch_verifier import BatchVerifier
+from eagledata.quality.batched import PerRow, speculative_decode_batch
 from eagledata.quality.eagle3 import BatchEagle3Drafter, Eagle3Drafter, random_layers
-from eagledata.quality.speculative import (
-    BatchVerifier,
-    PerRow,
-    Verifier,
-    greedy_decode,
-    speculative_decode_batch,
-)
+from eagledata.quality.speculative import Verifier, greedy_decode
 
 K, ROWS, MAX_NEW, DRAFT_VOCAB = 4, 3, 24, 64
 
