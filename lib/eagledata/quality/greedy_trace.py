@@ -109,8 +109,8 @@ class TraceRecorder:
         self._close(row)
         self.inner.reset(row, keep)
         del self.fed[row][keep:]
-        if self.aux_layers is not None and self.states[row]:
-            self.states[row] = [torch.cat(self.states[row])[:keep]]
+        if self.states[row]:  # one tensor since `_close`: the kept positions, a view (the next entry's cat copies)
+            self.states[row] = [self.states[row][0][:keep]]
 
     def _record(self, fed: Mapping[int, Sequence[int]], verdicts: dict[int, Verification]) -> None:
         for r, v in verdicts.items():
