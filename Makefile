@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lint smollm2 test test-interop test-vllm test-lab demo lab bench clean quality quality-grid
+.PHONY: setup lint smollm2 test test-interop test-vllm test-lab demo lab bench clean quality quality-setup quality-grid
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -81,12 +81,16 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP) smollm2
 # the arms over the seeds.
 QUALITY_NAME ?= smollm2-sharegpt
 QUALITY_ARGS ?=
-quality: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
+# Its three environments and the converted model are built side by side (`-j3`: pip mostly waits on the disk).
+quality:
+	$(MAKE) -j3 quality-setup
 	mkdir -p outputs/quality
 	$(PY) -m papermill --log-output notebooks/quality.ipynb outputs/quality/$(QUALITY_NAME).ipynb \
 		-p experiment $(QUALITY_NAME) -p cache_dir $(abspath $(QUALITY_CACHE)) \
 		-p interop_python $(abspath $(INTEROP_VENV))/bin/python -p vllm_python $(abspath $(VLLM_VENV))/bin/python \
 		$(QUALITY_ARGS)
+
+quality-setup: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
 
 # The arms over data draws x trainer seeds (issue 59 item 5): one `make quality` per (draw, seed), named
 # $(QUALITY_NAME)-d<draw>-s<seed>; a draw's later seeds reuse its first seed's data (`data_from`: training and τ only);

@@ -66,7 +66,7 @@ class QualityConfig(Settings):
         "reference drafters measured beside the arms: self (τ is k + 1) and random (≈ 1) on bound_questions; the "
         "free baselines ngram (prompt lookup, vLLM's method ngram) and eagle3-random (the on-policy arm's EAGLE-3 "
         "checkpoint with its fc and decoder layers redrawn, in the speculators environment) on the arms' questions")
-    bound_questions: int | None = setting(3, "MT-Bench questions for self and random, whose τ is known (None -> "
+    bound_questions: int | None = setting(1, "MT-Bench questions for self and random, whose τ is known (None -> "
                                              "questions); the baselines are measured on the arms' questions")
     vllm_check: bool = setting(True, "each arm's checkpoint measured again by vLLM's own EAGLE-3 speculative decoding "
                                      "(vllm_python; the same verifier, questions, k and max_new_tokens): the run fails "
