@@ -10,6 +10,7 @@ on the drafter) and vLLM's count (its counters read off the tau.json of the chec
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -185,6 +186,69 @@ def test_a_vllm_count_that_disagrees_fails_the_run_naming_both_figures(base, pla
     assert not exp.files.summary.exists()
     with pytest.raises(CountMismatch, match=said):
         Experiment(exp.config, ExperimentSeams(run=no_commands, say=lambda s: None)).run()
+
+
+def test_vllms_count_on_fewer_questions_is_held_to_ours_on_the_same_ones(base, monkeypatch):
+    """`vllm_questions` fewer than the arms': each arm's drafter measured again on those questions against the same
+    greedy trace (its own file), vLLM asked the same ones, and the two held together. Here the on-policy arm's τ
+    differs from question to question (2.000 on all three, 1.9375 on the first two), so the check against the arm's
+    tau.json on all of them would not agree (planted by hand: `vllm_ours` returning it fails, not measured alike);
+    a count 0.0625 off on the fewer questions, planted, fails naming that file."""
+    monkeypatch.setitem(ACCEPTS, "on_policy", [1, 0, 2])
+    exp, fake = experiment(base, "fewer", vllm_check=True, vllm_questions=2, bounds=[])
+    summary = exp.run()
+    assert [label for label, _ in fake.calls] == [
+        "train on_policy", "train off_policy", "greedy trace", "τ on_policy", "τ on_policy on vLLM's questions",
+        "vLLM τ on_policy", "τ off_policy", "τ off_policy on vLLM's questions", "vLLM τ off_policy"]
+    cmds = dict(fake.calls)
+    for arm in ARMS:
+        again = measure_parser().parse_args(cmds[f"τ {arm} on vLLM's questions"][3:])
+        assert (again.drafter, again.limit, again.trace, again.out) == (
+            f"eagle3:{exp.files.checkpoint(arm)}", 2, str(exp.files.trace), str(exp.files.vllm_ours(arm)))
+        flags = dict(zip(cmds[f"vLLM τ {arm}"][3::2], cmds[f"vLLM τ {arm}"][4::2], strict=True))
+        assert flags["--limit"] == "2"
+        row = summary["vllm"][arm]
+        assert row["questions"] == 2 and row["tau_pooled"]["ours"] == read_tau(exp.files.vllm_ours(arm))["tau_pooled"]
+    assert summary["vllm"]["on_policy"]["tau_pooled"]["ours"] == 1.9375
+    assert read_tau(exp.files.tau("on_policy"))["tau_pooled"] == 2.0
+    from eagledata.quality.report import vllm_agreement
+
+    assert "on_policy 1.9375 ours, 1.9375 vLLM's on 2 questions" in vllm_agreement(summary)
+
+    planted, _ = experiment(base, "fewer-count", "count", vllm_check=True, vllm_questions=2, bounds=[])
+    with pytest.raises(CountMismatch, match=r"on_policy: pooled acceptance length differs by 0\.0938 > 0\.02: "
+                                            r"ours 1\.9375 over 32 verifying forwards") as failed:
+        planted.run()
+    assert str(planted.files.vllm_ours("on_policy")) in str(failed.value)
+
+
+def test_both_arms_train_side_by_side_on_half_the_threads(base):
+    """On CPU both arms' trainers run at once, one thread each of two: each fake trainer waits until the other has
+    started (one after the other, planted, times out there). An arm kept trains alone on all the threads."""
+    both = threading.Barrier(2, timeout=20)
+    threads: dict[str, str | None] = {}
+
+    def threads_of(fake, wait=True):
+        def run(cmd, env, log_file, label):
+            if cmd[2] == "eagledata.quality.train":
+                threads[label] = env.get("OMP_NUM_THREADS")
+                if wait:
+                    both.wait()
+            fake(cmd, env, log_file, label)
+        return run
+
+    exp, fake = experiment(base, "together", vllm_check=False, bounds=[], threads=2)
+    exp.seams.run = threads_of(fake)
+    exp.run()
+    assert threads == {"train on_policy": "1", "train off_policy": "1"}
+    assert all(exp.files.checkpoint(arm).is_dir() for arm in ARMS)
+
+    threads.clear()
+    exp.files.stage("train/off_policy").unlink()
+    again, refake = experiment(base, "together", vllm_check=False, bounds=[], threads=2)
+    again.seams.run = threads_of(refake, wait=False)
+    again.run()
+    assert [label for label, _ in refake.calls] == ["train off_policy"] and threads == {"train off_policy": "2"}
 
 
 def test_a_greedy_trace_that_is_not_plain_greedy_stops_the_run_before_any_tau(base, monkeypatch):

@@ -69,12 +69,19 @@ class QualityConfig(Settings):
     bound_questions: int | None = setting(1, "MT-Bench questions for self and random, whose τ is known (None -> "
                                              "questions); the baselines are measured on the arms' questions")
     vllm_check: bool = setting(True, "each arm's checkpoint measured again by vLLM's own EAGLE-3 speculative decoding "
-                                     "(vllm_python; the same verifier, questions, k and max_new_tokens): the run fails "
-                                     "when its pooled acceptance length and ours differ by more than 0.02; False "
-                                     "where no vLLM environment exists")
+                                     "(vllm_python; the same verifier, k and max_new_tokens, on vllm_questions): the "
+                                     "run fails when its pooled acceptance length and ours on the same questions "
+                                     "differ by more than 0.02; False where no vLLM environment exists")
+    vllm_questions: int | None = setting(16, "MT-Bench questions vLLM's count is checked on, drawn as questions are "
+                                             "(16: 2 a category; None -> the arms' questions); ours is counted again "
+                                             "on the same ones against the same greedy trace")
     target_device: str = setting("cpu", "where the verifier regenerates and its hidden states are extracted (cpu, "
                                  "cuda); speculators trains on the accelerator when there is one; τ is measured on CPU")
     threads: int | None = setting(None, "torch threads for every stage; None -> torch's default")
+    train_together: bool = setting(True, "on CPU, both arms' trainers at once, each on half the threads (two "
+                                         "one-thread trainers take 1.55 s a step an arm here, one two-thread trainer "
+                                         "after the other 1.68); train_seconds is then each arm's wall time beside "
+                                         "the other")
     interop_python: str = setting(".venv-interop/bin/python", "the speculators 0.9.0 environment's interpreter "
                                                               "(training and the EAGLE-3 τ)")
     validation_conversations: int = setting(20, "ShareGPT conversations held out as the trainer's validation set: "
@@ -91,7 +98,7 @@ class QualityConfig(Settings):
                      "validation_conversations"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
-        for name in ("questions", "bound_questions"):
+        for name in ("questions", "bound_questions", "vllm_questions"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"must be 1 or more (or None), got {value}", field=name)

@@ -6,9 +6,11 @@ command through `ExperimentSeams.run`."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +40,28 @@ class DrafterStages:
     ws: Workspace
     data: ArmData
 
-    def threads_env(self) -> dict[str, str]:
-        return {"OMP_NUM_THREADS": str(self.ws.config.threads)} if self.ws.config.threads else {}
+    def threads_env(self, threads: int | None = None) -> dict[str, str]:
+        threads = threads or self.ws.config.threads
+        return {"OMP_NUM_THREADS": str(threads)} if threads else {}
 
-    def train_arm(self, arm: str) -> None:
+    def train_arms(self) -> None:
+        """Each arm's drafter trained (`train_arm`). On CPU with `train_together` and both arms still to train,
+        both trainers at once on half the threads each: speculators' step is matmul bound and gains 1.85x from one
+        thread to two on this machine, so two one-thread trainers side by side finish both arms sooner than one
+        two-thread trainer after the other. An arm that fails lets the other finish, then raises."""
+        config = self.ws.config
+        todo = [arm for arm in ARMS if not self.ws.files.stage(f"train/{arm}").is_file()]
+        threads = config.threads or os.cpu_count() or 1
+        if not (config.train_together and config.target_device == "cpu" and len(todo) > 1 and threads > 1):
+            for arm in ARMS:
+                self.train_arm(arm)
+            return
+        with ThreadPoolExecutor(max_workers=len(todo)) as pool:
+            running = [pool.submit(self.train_arm, arm, threads // len(todo)) for arm in todo]
+        for done in running:
+            done.result()
+
+    def train_arm(self, arm: str, threads: int | None = None) -> None:
         ws = self.ws
 
         def body() -> dict[str, Any]:
@@ -59,7 +79,7 @@ class DrafterStages:
                    *train_args(ws.config, ws.verifier, export, out, train_samples=train, total_samples=total,
                                token_freq=ws.files.token_freq(arm))]
             started = time.monotonic()
-            ws.seams.run(cmd, {**env, **self.threads_env()}, out / "train.log", f"train {arm}")
+            ws.seams.run(cmd, {**env, **self.threads_env(threads)}, out / "train.log", f"train {arm}")
             seconds = time.monotonic() - started
             checkpoint = ws.files.checkpoint(arm)
             if checkpoint.exists():
@@ -148,21 +168,39 @@ class DrafterStages:
         self.trace_for(f"bound/{drafter}")
         return self.ws.stages.run(f"bound/{drafter}", body)
 
+    def vllm_limit(self) -> int | None:
+        """How many questions vLLM's check asks (`--limit`): `vllm_questions`, the arms' where it asks no fewer."""
+        config = self.ws.config
+        n = config.vllm_questions
+        return config.questions if n is None or (config.questions is not None and n >= config.questions) else n
+
+    def vllm_ours(self, arm: str) -> Path:
+        """Our count that vLLM's is checked against: the arm's tau.json, or its count on vLLM's fewer questions."""
+        files = self.ws.files
+        return files.tau(arm) if self.vllm_limit() == self.ws.config.questions else files.vllm_ours(arm)
+
     def vllm_arm(self, arm: str) -> dict[str, Any]:
         """vLLM's own count of the arm's checkpoint (`vllm_tau.py`: the verifier served by vLLM from
-        `vllm_python` with the checkpoint as its EAGLE-3 speculative model; the same questions, k and new-token cap
-        as `tau_arm`), kept as a stage, then checked against the arm's tau.json on every run (`check_kept`): a
-        count measured otherwise, or more than 0.02 from ours, fails the run naming both figures and files."""
+        `vllm_python` with the checkpoint as its EAGLE-3 speculative model; the same k and new-token cap as
+        `tau_arm`, on `vllm_limit` questions), kept as a stage, then checked against ours on the same questions
+        (`vllm_ours`: where they are fewer than the arms', the arm's drafter measured on them against the same
+        greedy trace, in this stage) on every run (`check_kept`): a count measured otherwise, or more than 0.02
+        from ours, fails the run naming both figures and files."""
         ws = self.ws
-        out = ws.files.vllm_tau(arm)
+        out, ours, limit = ws.files.vllm_tau(arm), self.vllm_ours(arm), self.vllm_limit()
 
         def body() -> dict[str, Any]:
+            if ours != ws.files.tau(arm):
+                cmd, env = measure_command(ws.config.interop_python, *self.measure_args(
+                    f"eagle3:{ws.files.checkpoint(arm)}", ours, limit))
+                ws.seams.run(cmd, {**env, **self.threads_env()}, ours.with_suffix(".log"),
+                             f"τ {arm} on vLLM's questions")
             args = ["--verifier", str(ws.verifier), "--drafter", str(ws.files.checkpoint(arm)),
                     "--questions", str(ws.questions_file()), "--k", str(ws.config.k),
                     "--max-new-tokens", str(ws.config.max_new_tokens), "--out", str(out),
                     "--vllm-python", ws.config.vllm_python, "--concurrency", str(ws.config.vllm_concurrency)]
-            if ws.config.questions is not None:
-                args += ["--limit", str(ws.config.questions)]
+            if limit is not None:
+                args += ["--limit", str(limit)]
             _, env = measure_command(sys.executable)  # this package on the path; the server's is vllm_python's
             ws.seams.run([sys.executable, "-m", "eagledata.quality.vllm_tau", *args], env,
                          ws.files.arm(arm) / "vllm_tau.log", f"vLLM τ {arm}")
@@ -170,14 +208,17 @@ class DrafterStages:
             return {k: doc.get(k) for k in ("drafter", "questions", "k", "max_new_tokens", "output_tokens",
                                             "tau_pooled", "counts")}
 
+        if ours != ws.files.tau(arm):
+            self.trace_for(f"vllm/{arm}")
         kept = ws.stages.run(f"vllm/{arm}", body)
         try:
-            row = check_kept(read_tau(ws.files.tau(arm)), kept)
+            row = check_kept(read_tau(ours), kept)
         except CountMismatch as e:
-            raise CountMismatch(f"{arm}: {e} (ours: {ws.files.tau(arm)}; vLLM's: {out}, kept in "
+            raise CountMismatch(f"{arm}: {e} (ours: {ours}; vLLM's: {out}, kept in "
                                 f"{ws.files.stage(f'vllm/{arm}')}: delete that file to measure it again)") from None
-        ws.seams.say(f"[vllm/{arm}] τ pooled: ours {row['tau_pooled']['ours']:.4f}, vLLM "
-                     f"{row['tau_pooled']['vllm']:.4f}: agree within 0.02")
+        row["questions"] = kept.get("questions")
+        ws.seams.say(f"[vllm/{arm}] τ pooled on {row['questions']} questions: ours {row['tau_pooled']['ours']:.4f}, "
+                     f"vLLM {row['tau_pooled']['vllm']:.4f}: agree within 0.02")
         return row
 
     def measure_args(self, drafter: str, out: Path, questions: int | None, *, trace: bool = True) -> list[str]:

@@ -86,8 +86,7 @@ class Experiment:
         for arm in ARMS:
             self.arm_data.extract_arm(arm)
         self.workspace.free_model()  # the trainer and τ run in other processes: free the verifier here
-        for arm in ARMS:
-            self.drafter_stages.train_arm(arm)
+        self.drafter_stages.train_arms()
         taus, vllm = {}, {}
         for arm in ARMS:
             taus[arm] = self.drafter_stages.tau_arm(arm)

@@ -42,8 +42,13 @@ class ExperimentFiles:
         return self.arm(arm) / "tau.json"
 
     def vllm_tau(self, arm: str) -> Path:
-        """vLLM's own count of the arm's checkpoint (`vllm_tau.py`), checked against `tau(arm)`."""
+        """vLLM's own count of the arm's checkpoint (`vllm_tau.py`), checked against ours on the same questions."""
         return self.arm(arm) / "vllm_tau.json"
+
+    def vllm_ours(self, arm: str) -> Path:
+        """Our count of the arm's checkpoint on vLLM's questions, where they are fewer than the arms' (`tau(arm)`
+        where they are not)."""
+        return self.arm(arm) / "tau.vllm_questions.json"
 
     @property
     def trace(self) -> Path:

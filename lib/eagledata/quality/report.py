@@ -64,14 +64,16 @@ def vllm_agreement(summary: dict[str, Any]) -> str:
     if not vllm:
         return ""
     said = [f"{arm} {row['tau_pooled']['ours']:.4f} ours, {row['tau_pooled']['vllm']:.4f} vLLM's"
-            for arm, row in vllm.items()]
+            + (f" on {row['questions']} questions" if row.get("questions") else "") for arm, row in vllm.items()]
     return "vLLM's own speculative decoding counts the same pooled acceptance length (within 0.02): " \
         + "; ".join(said) + "."
 
 
 def vllm_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per arm: pooled τ, verifying steps and output tokens, ours and vLLM's (empty when not checked)."""
-    return [{"arm": arm, "tau_pooled_ours": row["tau_pooled"]["ours"], "tau_pooled_vllm": row["tau_pooled"]["vllm"],
+    """One row per arm: the questions vLLM was asked, pooled τ, verifying steps and output tokens on them, ours and
+    vLLM's (empty when not checked)."""
+    return [{"arm": arm, "questions": row.get("questions"), "tau_pooled_ours": row["tau_pooled"]["ours"],
+             "tau_pooled_vllm": row["tau_pooled"]["vllm"],
              "difference": row["tau_pooled"].get("difference"), "steps_ours": row["verifying_steps"]["ours"],
              "steps_vllm": row["verifying_steps"]["vllm"], "tokens_ours": row["output_tokens"]["ours"],
              "tokens_vllm": row["output_tokens"]["vllm"]} for arm, row in (summary.get("vllm") or {}).items()]

@@ -26,7 +26,7 @@ STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns
                   "trace": ("k", "questions", "max_new_tokens"),
                   "tau": ("k", "questions", "max_new_tokens", "seed"),
                   "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed"),
-                  "vllm": ("k", "questions", "max_new_tokens")}
+                  "vllm": ("k", "questions", "vllm_questions", "max_new_tokens")}
 
 
 def stage_settings(config: QualityConfig, stage: str) -> dict[str, Any]:
