@@ -15,7 +15,7 @@ from eagledata.errors import InputError
 from eagledata.quality.arms import ARMS, supervised
 from eagledata.quality.commands import run_logged
 from eagledata.quality.experiment import Experiment, ExperimentSeams
-from eagledata.quality.stages import share_data
+from eagledata.quality.stages import share_data, stage_settings
 from eagledata.quality.trainer import epoch_losses, split_ratio, train_args
 from tests.helpers.quality_experiment import make_data, tiny_config
 
@@ -262,6 +262,28 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
         share_data(tiny_config(tmp_path, experiment="x", data_from="nope"), said.append)
     with pytest.raises(InputError, match="data_from.*is this experiment itself"):
         tiny_config(tmp_path, data_from="tiny")
+
+
+def test_a_greedy_trace_the_data_experiment_kept_is_linked_too(tmp_path):
+    """The trace (the verifier's greedy decode of MT-Bench: no data or trainer setting reaches it) is linked with
+    the data where that experiment kept it with the same settings; one made with other questions is not (said);
+    none kept there, this experiment records its own."""
+    first = Experiment(tiny_config(tmp_path), ExperimentSeams(run=no_commands, say=lambda s: None))
+    make_data(first)
+    seeded = tiny_config(tmp_path, experiment="tiny-seed1", seed=1, data_from="tiny")
+    share_data(seeded, lambda s: None)
+    here = Experiment(seeded).files
+    assert not here.trace.exists() and not here.stage("trace").exists()
+    first.files.trace.write_bytes(b"the trace")
+    first.files.stage("trace").write_text(json.dumps({"settings": stage_settings(first.config, "trace")}))
+    said: list[str] = []
+    share_data(seeded, said.append)
+    assert said == [f"[trace] linked from {first.files.root}"]
+    assert here.trace.stat().st_ino == first.files.trace.stat().st_ino and here.stage("trace").is_file()
+    other = tiny_config(tmp_path, experiment="tiny-q2", seed=1, data_from="tiny", questions=1)
+    share_data(other, said.append)
+    assert said[-1].startswith(f"[trace] not linked from {first.files.root}, made with other settings (questions ")
+    assert not Experiment(other).files.trace.exists()
 
 
 def test_conversations_are_drawn_from_the_whole_file_by_the_data_seed():

@@ -1,6 +1,6 @@
 """The resume store: each finished stage's result and the settings it was made with (`stages/<stage>.json`), a rerun
 keeps it and other settings are refused (`Stages`); `share_data` links another experiment's data stages in
-(`data_from`)."""
+(`data_from`), and its greedy trace where it kept one (`share_trace`)."""
 from __future__ import annotations
 
 import json
@@ -89,6 +89,26 @@ def share_data(config: QualityConfig, say: Callable[[str], None]) -> None:
         here.stage(name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(there.stage(name), here.stage(name))  # last: a stage is kept only once its files are here
         say(f"[{name}] linked from {there.root}")
+    share_trace(config, here, there, say)
+
+
+def share_trace(config: QualityConfig, here: ExperimentFiles, there: ExperimentFiles,
+                say: Callable[[str], None]) -> None:
+    """The greedy trace too (the verifier's decode of MT-Bench with the states of the layers the drafters read: no
+    data or trainer setting reaches it), where that experiment kept it, file and all, with the same settings;
+    otherwise this experiment records its own when a τ stage needs one. A trace of other layers than this
+    experiment's drafters read is refused where they are measured (`speculative_decode_batch`)."""
+    stage = there.stage("trace")
+    if here.stage("trace").is_file() or not (stage.is_file() and there.trace.is_file()):
+        return
+    if differ := settings_differ(json.loads(stage.read_text()), stage_settings(config, "trace")):
+        say(f"[trace] not linked from {there.root}, made with other settings ({differ}): recorded here")
+        return
+    here.root.mkdir(parents=True, exist_ok=True)
+    link_or_copy(str(there.trace), str(here.trace))
+    here.stage("trace").parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(stage, here.stage("trace"))
+    say(f"[trace] linked from {there.root}")
 
 
 @dataclass
