@@ -5,7 +5,10 @@ token_freq.pt, and resume (a finished stage is kept, its model never loaded agai
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ import torch
 
 from eagledata.errors import InputError
 from eagledata.quality.arms import ARMS, supervised
-from eagledata.quality.commands import run_logged
+from eagledata.quality.commands import run_logged, stop_commands
 from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.quality.stages import share_data, stage_settings
 from eagledata.quality.trainer import epoch_losses, split_ratio, train_args
@@ -170,6 +173,59 @@ def test_a_failed_command_names_its_log_and_last_lines(tmp_path):
     with pytest.raises(RuntimeError, match=r"(?s)train on_policy failed \(exit 3\).*x\.log.*the last words"):
         run_logged([sys.executable, "-c", "print('the last words'); raise SystemExit(3)"], {}, log,
                    "train on_policy", say=lambda s: None)
+
+
+def sleeper(pid_file: Path) -> list[str]:
+    """A command that writes its pid, says a line, then sleeps for two minutes."""
+    return [sys.executable, "-u", "-c", "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); "
+            "time.sleep(0.3); print('step 1'); time.sleep(120)", str(pid_file)]
+
+
+def ended(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def pid_in(path: Path) -> int:
+    for _ in range(400):
+        if path.exists() and path.read_text():
+            return int(path.read_text())
+        time.sleep(0.05)
+    raise AssertionError(f"the command wrote no pid to {path}")
+
+
+def test_a_command_does_not_outlive_an_interrupt_and_stop_commands_ends_those_of_other_threads(tmp_path):
+    """A kernel's interrupt signals the kernel alone: the command `run_logged` started ends with the interrupted
+    call (planted by hand: without it the sleeper outlives the call). Commands run from other threads (the arms'
+    trainers side by side) are ended by `stop_commands`, their calls failing as a failed command does."""
+    def interrupt(line):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_logged(sleeper(tmp_path / "a.pid"), {}, tmp_path / "a.log", "train on_policy", interval_s=0.1,
+                   say=interrupt)
+    assert ended(pid_in(tmp_path / "a.pid"))
+
+    failed: list[str] = []
+
+    def run(name):
+        try:
+            run_logged(sleeper(tmp_path / f"{name}.pid"), {}, tmp_path / f"{name}.log", name, say=lambda s: None)
+        except RuntimeError as e:
+            failed.append(str(e).splitlines()[0])
+
+    threads = [threading.Thread(target=run, args=(arm,)) for arm in ARMS]
+    for t in threads:
+        t.start()
+    pids = [pid_in(tmp_path / f"{arm}.pid") for arm in ARMS]
+    stop_commands()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads) and all(ended(pid) for pid in pids)
+    assert sorted(failed) == [f"{arm} failed (exit -15); its log: {tmp_path / f'{arm}.log'}" for arm in sorted(ARMS)]
 
 
 def test_the_prompt_row_asks_exactly_the_chosen_turns():

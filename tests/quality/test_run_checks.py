@@ -9,6 +9,7 @@ in other processes are fakes through `ExperimentSeams.run`: speculators' trainer
 on the drafter) and vLLM's count (its counters read off the tau.json of the checkpoint it was given)."""
 from __future__ import annotations
 
+import _thread
 import json
 import threading
 from dataclasses import asdict
@@ -249,6 +250,26 @@ def test_both_arms_train_side_by_side_on_half_the_threads(base):
     again.seams.run = threads_of(refake, wait=False)
     again.run()
     assert [label for label, _ in refake.calls] == ["train off_policy"] and threads == {"train off_policy": "2"}
+
+
+def test_an_interrupt_while_the_arms_train_side_by_side_ends_both_trainers(base):
+    """An interrupt reaches the main thread only; while the arms train side by side it ends both trainers
+    (`ExperimentSeams.stop`: planted by hand as a no-op, the trainers never end and this test fails), the run
+    raises it, and no train stage is kept."""
+    both, stopped = threading.Barrier(2, timeout=20), threading.Event()
+
+    def run(cmd, env, log_file, label):
+        if both.wait() == 0:
+            _thread.interrupt_main()
+        if not stopped.wait(20):
+            raise AssertionError(f"{label}: never stopped")
+        raise RuntimeError(f"{label} failed (exit -15)")
+
+    exp, _ = experiment(base, "interrupted", vllm_check=False, bounds=[], threads=2)
+    exp.seams.run, exp.seams.stop = run, stopped.set
+    with pytest.raises(KeyboardInterrupt):
+        exp.run()
+    assert stopped.is_set() and not any(exp.files.stage(f"train/{arm}").exists() for arm in ARMS)
 
 
 def test_a_greedy_trace_that_is_not_plain_greedy_stops_the_run_before_any_tau(base, monkeypatch):

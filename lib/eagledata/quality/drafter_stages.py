@@ -10,7 +10,7 @@ import os
 import shutil
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,8 @@ class DrafterStages:
         """Each arm's drafter trained (`train_arm`). On CPU with `train_together` and both arms still to train,
         both trainers at once on half the threads each: speculators' step is matmul bound and gains 1.85x from one
         thread to two on this machine, so two one-thread trainers side by side finish both arms sooner than one
-        two-thread trainer after the other. An arm that fails lets the other finish, then raises."""
+        two-thread trainer after the other. An arm that fails lets the other finish, then raises; an interrupt ends
+        both trainers (`ExperimentSeams.stop`) and raises."""
         config = self.ws.config
         todo = [arm for arm in ARMS if not self.ws.files.stage(f"train/{arm}").is_file()]
         threads = config.threads or os.cpu_count() or 1
@@ -58,6 +59,12 @@ class DrafterStages:
             return
         with ThreadPoolExecutor(max_workers=len(todo)) as pool:
             running = [pool.submit(self.train_arm, arm, threads // len(todo)) for arm in todo]
+            try:
+                while wait(running, timeout=1.0).not_done:  # awake each second: a signal's handler runs here
+                    pass
+            except BaseException:  # an interrupt lands here, in the main thread: the trainers end with it
+                self.ws.seams.stop()
+                raise
         for done in running:
             done.result()
 

@@ -11,7 +11,7 @@ from typing import Any
 from ..wheels import fetch_wheel
 from . import regenerate
 from .arms import ArmChat, TextStageChat
-from .commands import Runner, print_line, run_logged
+from .commands import Runner, print_line, run_logged, stop_commands
 from .config import QualityConfig
 from .layout import experiment_files
 from .measure import load_causal_lm
@@ -40,6 +40,7 @@ class ExperimentSeams:
     load_model: Callable[[str], Any] = load_causal_lm
     load_chat: Callable[[str], ArmChat] = text_chat
     run: Runner = field(default=lambda cmd, env, log_file, label: run_logged(cmd, env, log_file, label))
+    stop: Callable[[], None] = stop_commands  # what `run` started and still runs, ended (after an interrupt)
     make_verifier: Callable[[Path], Path] = default_verifier
     serve: regenerate.Serve = regenerate.serve_verifier
     generate: regenerate.RunNotebook | None = None  # eagledata.notebooks.generate_notebook, from the caller
