@@ -39,6 +39,7 @@ class DrafterStages:
 
     ws: Workspace
     data: ArmData
+    _traced: bool = False  # the trace stage run or found kept in this run
 
     def threads_env(self, threads: int | None = None) -> dict[str, str]:
         threads = threads or self.ws.config.threads
@@ -127,9 +128,12 @@ class DrafterStages:
         return self.ws.stages.run("trace", body)
 
     def trace_for(self, stage: str) -> None:
-        """The trace, before a τ stage that is not kept (its own stage, so its seconds are its own)."""
-        if not self.ws.files.stage(stage).is_file():
+        """The trace, before a τ stage that is not kept (its own stage, so its seconds are its own); said once, when
+        it is recorded or first found kept, not again before each later τ stage."""
+        files = self.ws.files
+        if not files.stage(stage).is_file() and not (self._traced and files.trace.is_file()):
             self.trace()
+            self._traced = True
 
     def tau_arm(self, arm: str) -> dict[str, Any]:
         files = self.ws.files
