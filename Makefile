@@ -93,7 +93,7 @@ quality:
 quality-setup: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
 
 # The arms over data draws x trainer seeds (issue 59 item 5): one `make quality` per (draw, seed), named
-# $(QUALITY_NAME)-d<draw>-s<seed>; a draw's later seeds reuse its first seed's data (`data_from`: training and τ only);
+# $(QUALITY_NAME)-d<draw>-s<seed>; a draw's later seeds reuse its first seed's data and greedy trace (`data_from`);
 # then `python -m eagledata.quality.tau` over all of them (draws, seeds and questions resampled) into
 # outputs/quality/$(QUALITY_NAME)-grid.jsonl. Each finished experiment is kept: a rerun resumes.
 QUALITY_DRAWS ?= 0 1 2
