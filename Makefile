@@ -76,8 +76,8 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP) smollm2
 # here, as the tests build them). Sizes: QualityConfig's defaults, the CPU
 # run (bench/README.md has its time and memory); larger ones through QUALITY_ARGS, e.g. QUALITY_ARGS="-p conversations
 # 400 -p questions 80". Every finished stage is kept under outputs/quality/$(QUALITY_NAME)/: a rerun resumes. Another
-# trainer seed on the same data (training and τ only): QUALITY_NAME=smollm2-sharegpt-seed1 QUALITY_ARGS="-p seed 1
-# -p data_from smollm2-sharegpt"; then `python -m eagledata.quality.tau outputs/quality/smollm2-sharegpt*/` compares
+# trainer seed on the same data: QUALITY_NAME=smollm2-sharegpt-seed1 QUALITY_ARGS="-p seed 1
+# -p data_from smollm2-sharegpt" (its data and greedy trace linked); then `python -m eagledata.quality.tau outputs/quality/smollm2-sharegpt*/` compares
 # the arms over the seeds.
 QUALITY_NAME ?= smollm2-sharegpt
 QUALITY_ARGS ?=
