@@ -77,8 +77,8 @@ test-vllm: $(STAMP) $(VLLM_STAMP) $(INTEROP_STAMP) smollm2
 # run (bench/README.md has its time and memory); larger ones through QUALITY_ARGS, e.g. QUALITY_ARGS="-p conversations
 # 400 -p questions 80". Every finished stage is kept under outputs/quality/$(QUALITY_NAME)/: a rerun resumes. Another
 # trainer seed on the same data: QUALITY_NAME=smollm2-sharegpt-seed1 QUALITY_ARGS="-p seed 1
-# -p data_from smollm2-sharegpt" (its data and greedy trace linked); then `python -m eagledata.quality.tau outputs/quality/smollm2-sharegpt*/` compares
-# the arms over the seeds.
+# -p data_from smollm2-sharegpt" (its data and greedy trace linked); then
+# `python -m eagledata.quality.tau outputs/quality/smollm2-sharegpt*/` compares the arms over the seeds.
 QUALITY_NAME ?= smollm2-sharegpt
 QUALITY_ARGS ?=
 # Its three environments and the converted model are built side by side (`-j3`: pip mostly waits on the disk).
