@@ -12,6 +12,7 @@ from __future__ import annotations
 import _thread
 import json
 import threading
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -111,11 +112,11 @@ def base(tmp_path_factory):
     return root
 
 
-def experiment(base, name, plant=None, **settings):
+def experiment(base, name, plant=None, say=lambda s: None, **settings):
     config = tiny_config(base, experiment=name, data_from="tiny", questions=3, bound_questions=1, **settings)
     files = ExperimentFiles(Path(config.output_dir) / "quality" / name)
     fake = FakeCommands(files, plant)
-    return Experiment(config, ExperimentSeams(run=fake, say=lambda s: None)), fake
+    return Experiment(config, ExperimentSeams(run=fake, say=say)), fake
 
 
 def test_vllms_count_and_the_free_baselines_in_the_run(base):
@@ -225,7 +226,8 @@ def test_vllms_count_on_fewer_questions_is_held_to_ours_on_the_same_ones(base, m
 
 def test_both_arms_train_side_by_side_on_half_the_threads(base):
     """On CPU both arms' trainers run at once, one thread each of two: each fake trainer waits until the other has
-    started (one after the other, planted, times out there). An arm kept trains alone on all the threads."""
+    started (one after the other, planted, times out there). The target's stage is said once, not by each trainer's
+    thread. An arm kept trains alone on all the threads."""
     both = threading.Barrier(2, timeout=20)
     threads: dict[str, str | None] = {}
 
@@ -238,10 +240,18 @@ def test_both_arms_train_side_by_side_on_half_the_threads(base):
             fake(cmd, env, log_file, label)
         return run
 
-    exp, fake = experiment(base, "together", vllm_check=False, bounds=[], threads=2)
+    said: list[str] = []
+
+    def say(line):  # slow on the target's line: two threads asking for it at once would both say it
+        said.append(line)
+        if line.startswith("[target] done before"):
+            time.sleep(0.5)
+
+    exp, fake = experiment(base, "together", say=say, vllm_check=False, bounds=[], threads=2)
     exp.seams.run = threads_of(fake)
     exp.run()
     assert threads == {"train on_policy": "1", "train off_policy": "1"}
+    assert len([line for line in said if line.startswith("[target] done before")]) == 1, said
     assert all(exp.files.checkpoint(arm).is_dir() for arm in ARMS)
 
     threads.clear()

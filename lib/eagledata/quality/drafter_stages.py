@@ -58,6 +58,7 @@ class DrafterStages:
             for arm in ARMS:
                 self.train_arm(arm)
             return
+        _ = self.ws.verifier  # its stage resolved once, before the trainers' threads both ask for it
         with ThreadPoolExecutor(max_workers=len(todo)) as pool:
             running = [pool.submit(self.train_arm, arm, threads // len(todo)) for arm in todo]
             try:
