@@ -19,7 +19,7 @@ from eagledata.quality.arms import ARMS, supervised
 from eagledata.quality.commands import run_logged, stop_commands
 from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.quality.stages import share_data, stage_settings
-from eagledata.quality.trainer import epoch_losses, split_ratio, train_args
+from eagledata.quality.trainer import EPOCH_FILES, epoch_losses, read_metrics, split_ratio, train_args, whole_epochs
 from tests.helpers.quality_experiment import make_data, tiny_config
 
 
@@ -101,6 +101,82 @@ def test_losses_per_epoch_from_the_trainers_metric_records():
                {"val": {"loss_epoch": 6.5}, "epoch": 1}]
     assert epoch_losses(records) == [{"epoch": 0, "train_loss": 3.0, "validation_loss": 5.0},
                                      {"epoch": 1, "train_loss": 1.0, "validation_loss": 6.5}]
+
+
+def saved_epoch(out: Path, epoch: int, val_loss: float | None, *, best: bool = False, files=EPOCH_FILES) -> None:
+    """What speculators leaves of one epoch in `out` (a `train_arm` folder): its step records, the epoch's folder
+    with `files`, its link, and where `val_loss` is given its validation record (and `val_metrics.json` if `best`)."""
+    folder = out / "checkpoints" / str(epoch)
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in files:
+        (folder / name).write_text("saved")
+    (out / "checkpoints" / f"epoch{epoch}_end").symlink_to(str(epoch))
+    records = [{"train": {"loss": 10.0 - epoch - step / 10}, "epoch": epoch, "global_step": 3 * epoch + step}
+               for step in range(3)]
+    if val_loss is not None:
+        records.append({"val": {"loss_epoch": val_loss}, "epoch": epoch})
+        if best:
+            (folder / "val_metrics.json").write_text(json.dumps({"loss_epoch": val_loss}))
+            (out / "checkpoints" / "checkpoint_best").unlink(missing_ok=True)
+            (out / "checkpoints" / "checkpoint_best").symlink_to(str(epoch))
+    with open(out / "metrics.jsonl", "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+COMMAND = ["python", "-m", "eagledata.quality.train", "metrics.jsonl", "--epochs", "6"]
+
+
+def try_left(tmp_path: Path, *epochs: tuple[float | None, bool]) -> Path:
+    """A training folder as a stopped try of COMMAND left it: one (validation loss, best) per epoch saved."""
+    out = tmp_path / "train"
+    out.mkdir()
+    (out / "command.json").write_text(json.dumps(COMMAND))
+    (out / "metrics.jsonl").write_text(json.dumps({"speculator_type": "eagle3", "seed": 0}) + "\n")
+    for epoch, (val, best) in enumerate(epochs):
+        saved_epoch(out, epoch, val, best=best)
+    return out
+
+
+def test_a_stopped_training_goes_on_after_its_last_whole_epoch(tmp_path):
+    """`whole_epochs`: stopped inside epoch 2 (its steps logged, nothing saved), a try goes on after epoch 2; the
+    epoch-2 step records are gone, the config record and epochs 0–1 stay exactly as they were."""
+    out = try_left(tmp_path, (9.0, True), (8.0, True))
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"train": {"loss": 7.0}, "epoch": 2, "global_step": 6}) + "\n")
+    (out / "checkpoints" / "interrupted").mkdir()  # a mid-epoch save on a signal: never resumed from here
+    before = (out / "metrics.jsonl").read_text().splitlines()
+    assert whole_epochs(out, COMMAND) == 2
+    assert (out / "metrics.jsonl").read_text().splitlines() == before[:-1]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["0", "1", "checkpoint_best", "epoch0_end",
+                                                                      "epoch1_end"]
+    assert epoch_losses(read_metrics(out / "metrics.jsonl"))[-1] == {"epoch": 1, "train_loss": 8.9,
+                                                                     "validation_loss": 8.0}
+
+
+@pytest.mark.parametrize("left", ["files-missing", "unvalidated", "best-unmarked"])
+def test_an_epoch_not_whole_is_trained_again(tmp_path, left):
+    """Epoch 2 left not whole: its folder without two of its files, though validated (`files-missing`), saved but its
+    validation not logged (`unvalidated`, as a mid-epoch save), validated lowest yet but not yet marked best
+    (`best-unmarked`: speculators would resume with an older best). Each time the try goes on after epoch 1,
+    and epoch 2's folder, link and records are gone. A worse epoch needs no mark: 2 is whole then."""
+    out = try_left(tmp_path, (9.0, True), (8.0, True))
+    if left == "files-missing":
+        saved_epoch(out, 2, 8.5, files=EPOCH_FILES[:2])
+    elif left == "unvalidated":
+        saved_epoch(out, 2, None)
+    else:
+        saved_epoch(out, 2, 7.0, best=False)
+    assert whole_epochs(out, COMMAND) == 2
+    assert not (out / "checkpoints" / "2").exists() and not (out / "checkpoints" / "epoch2_end").is_symlink()
+    assert {r.get("epoch") for r in read_metrics(out / "metrics.jsonl")} == {None, 0, 1}
+
+
+def test_a_worse_epoch_is_whole_unmarked_and_another_command_starts_over(tmp_path):
+    out = try_left(tmp_path, (9.0, True), (8.0, True), (8.5, False))
+    assert whole_epochs(out, COMMAND) == 3
+    assert whole_epochs(out, [*COMMAND, "--seed", "1"]) == 0
+    (out / "command.json").unlink()
+    assert whole_epochs(out, COMMAND) == 0
 
 
 def made_data(config):

@@ -23,6 +23,7 @@ from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.quality.layout import ExperimentFiles
 from eagledata.quality.measure import parser as measure_parser
 from eagledata.quality.tau import QuestionRun, read_tau, summarize, write_tau
+from eagledata.quality.trainer import EPOCH_FILES
 from eagledata.quality.vllm_tau import CountMismatch, SpecCounts
 from tests.helpers.quality_experiment import make_data, tiny_config
 
@@ -260,6 +261,49 @@ def test_both_arms_train_side_by_side_on_half_the_threads(base):
     again.seams.run = threads_of(refake, wait=False)
     again.run()
     assert [label for label, _ in refake.calls] == ["train off_policy"] and threads == {"train off_policy": "2"}
+
+
+def test_a_training_stopped_midway_goes_on_after_its_last_whole_epoch(base):
+    """The trainer stopped in its second epoch (planted: it raises after saving and validating epoch 0); the rerun
+    gives it the same command, in the folder it left, with epoch 0 kept (`whole_epochs`), says so, and the stage
+    records the epoch it went on after and each epoch's losses once."""
+    said: list[str] = []
+    exp, fake = experiment(base, "resumed", say=said.append, vllm_check=False, bounds=[], threads=1)
+    commands = []
+
+    def stopping(cmd, env, log_file, label):
+        if cmd[2] != "eagledata.quality.train":
+            return fake(cmd, env, log_file, label)
+        commands.append(cmd)
+        save = Path(dict(zip(cmd[4::2], cmd[5::2], strict=True))["--save-path"])
+        first = label == "train on_policy" and not (save / "0").is_dir()  # the other arm trains through
+        for epoch in [0] if first else [e for e in (0, 1) if not (save / str(e)).is_dir()]:
+            (save / str(epoch)).mkdir(parents=True)
+            for name in [*EPOCH_FILES, "val_metrics.json"]:
+                (save / str(epoch) / name).write_text("{}")
+            (save / str(epoch) / "config.json").write_text('{"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}')
+            with open(cmd[3], "a") as f:
+                f.write(json.dumps({"train": {"loss": 5.0 - epoch}, "epoch": epoch}) + "\n")
+                f.write(json.dumps({"val": {"loss_epoch": 6.0 - epoch}, "epoch": epoch}) + "\n")
+        if first:
+            with open(cmd[3], "a") as f:
+                f.write(json.dumps({"train": {"loss": 4.5}, "epoch": 1}) + "\n")
+            raise RuntimeError(f"{label} failed (exit -9)")
+
+    exp.seams.run = stopping
+    with pytest.raises(RuntimeError, match="train on_policy failed"):
+        exp.run()
+    again, _ = experiment(base, "resumed", say=said.append, vllm_check=False, bounds=[], threads=1)
+    again.seams.run = stopping
+    again.run()
+    assert commands[1] == commands[0] and len(commands) == 3  # on-policy twice, off-policy once
+    assert any(line.startswith("[train/on_policy] goes on after epoch 1 of 2, kept from an earlier try")
+               for line in said), said
+    kept = json.loads(again.files.stage("train/on_policy").read_text())
+    assert kept["resumed_after_epoch"] == 1 and kept["steps"] == 2
+    assert kept["epoch_losses"] == [{"epoch": 0, "train_loss": 5.0, "validation_loss": 6.0},
+                                    {"epoch": 1, "train_loss": 4.0, "validation_loss": 5.0}]
+    assert json.loads(again.files.stage("train/off_policy").read_text())["resumed_after_epoch"] == 0
 
 
 def test_an_interrupt_while_the_arms_train_side_by_side_ends_both_trainers(base):

@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from eagledata.notebooks import run_notebook
 from eagledata.quality.measure import measure_command
+from eagledata.quality.trainer import epoch_losses, read_metrics, whole_epochs
 from eagledata.records import Record, load_records
 from eagledata.text.roundtrip import tool_cases
 from eagledata.text.sequences import output_ids, prompt_ids
@@ -129,7 +130,7 @@ def speculators_train(interop_python, tmp_path, run, data_path, verifier, *flags
     """`speculators train` (`python -m eagledata.quality.train`: its own CLI and loop, with the two CPU stand-ins)
     into tmp_path/run; (the process, its metric records)."""
     out = tmp_path / run
-    out.mkdir()
+    out.mkdir(exist_ok=True)
     _, lib_path = measure_command(interop_python)  # eagledata's lib/ alone on the speculators environment's path
     env = dict(os.environ, OMP_NUM_THREADS="1", **lib_path)  # 2.2x less CPU than two threads fighting on 2 cores
     done = subprocess.run([interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"), *TRAIN_FLAGS,
@@ -173,7 +174,8 @@ def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok
     done, _ = speculators_train(interop_python, tmp_path, "build", data_path, verifier, "--dry-run")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[0]) == {"stand_ins": [
-        "speculators.train.trainer.get_local_rank -> 'cpu'", "torch.accelerator.synchronize -> no-op"]}
+        "speculators.train.trainer.get_local_rank -> 'cpu'", "torch.accelerator.synchronize -> no-op",
+        "speculators.train.checkpointer.get_current_device -> 'cpu'"]}
     vocab = tmp_path / "vocab"
     vocab.mkdir()
     for name in (f"d2t-{DRAFT_VOCAB}.npy", f"t2d-{DRAFT_VOCAB}.npy"):
@@ -225,3 +227,32 @@ def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok
     # the drafter it saved carries the mapping it was given
     saved = load_file(tmp_path / "train" / "checkpoints" / "1" / "model.safetensors")
     assert saved["d2t"].tolist() == d2t.tolist() and saved["t2d"].tolist() == t2d.tolist()
+
+    # 4. a try stopped while validating its last epoch (saved, its validation not logged) goes on after epoch 0
+    # (`whole_epochs`: the later epoch's folder, link and records gone) and ends near the uninterrupted run
+    stopped = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "train", stopped, symlinks=True)
+    vocab_flags = ["--d2t-path", str(vocab / f"d2t-{DRAFT_VOCAB}.npy"),
+                   "--t2d-path", str(vocab / f"t2d-{DRAFT_VOCAB}.npy")]
+    (stopped / "command.json").write_text(json.dumps(vocab_flags))
+    with open(stopped / "metrics.jsonl") as f:
+        lines = [line for line in f if not ('"val"' in line and json.loads(line)["epoch"] == 1)]
+    (stopped / "metrics.jsonl").write_text("".join(lines))
+    assert whole_epochs(stopped, vocab_flags) == 1
+    assert sorted(p.name for p in (stopped / "checkpoints").iterdir() if p.name[0].isdigit() or "epoch" in p.name) == [
+        "0", "epoch0_end"]
+    assert {m.get("epoch") for m in read_metrics(stopped / "metrics.jsonl")} == {None, 0}
+    done, resumed = speculators_train(interop_python, tmp_path, "resumed", data_path, verifier, "--epochs", "2",
+                                      *vocab_flags)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Resuming training on epoch 1" in done.stdout + done.stderr
+    # speculators saves an epoch's weights and optimizer state in bf16, and the uninterrupted run went on in fp32:
+    # close, not equal (measured: epoch 1's losses 1.1 % and 1.3 % apart, weights at most 0.008 apart; resumed from
+    # nothing, or from the wrong epoch, its validation loss would be 7.4, not 4.7)
+    again = load_file(stopped / "checkpoints" / "1" / "model.safetensors")
+    assert again.keys() == saved.keys()
+    assert max((again[k].float() - saved[k].float()).abs().max().item() for k in saved) < 0.05
+    straight, went_on = epoch_losses(metrics), epoch_losses(resumed)
+    assert went_on[0] == straight[0] and len(went_on) == 2
+    for name in ("train_loss", "validation_loss"):
+        assert went_on[1][name] == pytest.approx(straight[1][name], rel=0.05), (went_on, straight)

@@ -22,7 +22,7 @@ from .arms import ARMS, supervised
 from .config import BASELINES
 from .measure import measure_command
 from .tau import read_tau
-from .trainer import epoch_losses, last_checkpoint, read_metrics, train_args
+from .trainer import epoch_losses, last_checkpoint, read_metrics, train_args, whole_epochs
 from .vllm_tau import CountMismatch, check_kept
 from .workspace import Workspace
 
@@ -75,9 +75,6 @@ class DrafterStages:
 
         def body() -> dict[str, Any]:
             out = ws.files.arm(arm) / "train"
-            if out.exists():
-                shutil.rmtree(out)  # an earlier try that stopped midway: training starts over
-            out.mkdir(parents=True)
             export = ws.files.export(arm)
             for cached in [*export.glob("d2t-*.npy"), *export.glob("t2d-*.npy")]:
                 cached.unlink()  # the trainer would load a cached mapping before reading --token-freq-path
@@ -87,6 +84,17 @@ class DrafterStages:
             cmd = [ws.config.interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"),
                    *train_args(ws.config, ws.verifier, export, out, train_samples=train, total_samples=total,
                                token_freq=ws.files.token_freq(arm))]
+            # an earlier try that stopped midway goes on after its last whole epoch, or starts over
+            if resumed := whole_epochs(out, cmd):
+                ws.seams.say(f"[train/{arm}] goes on after epoch {resumed} of {ws.config.epochs}, kept from an "
+                             f"earlier try (reloaded as speculators saved it, in bf16: close to an unstopped run, not "
+                             f"equal; delete {out} to start over)")
+                if (out / "train.log").is_file():
+                    (out / "train.log").replace(out / f"train.to-epoch-{resumed}.log")
+            else:
+                shutil.rmtree(out, ignore_errors=True)
+                out.mkdir(parents=True)
+                atomic_write_text(out / "command.json", json.dumps(cmd) + "\n")
             started = time.monotonic()
             ws.seams.run(cmd, {**env, **self.threads_env(threads)}, out / "train.log", f"train {arm}")
             seconds = time.monotonic() - started
@@ -96,7 +104,7 @@ class DrafterStages:
             shutil.copytree(last_checkpoint(out / "checkpoints"), checkpoint)
             steps = read_metrics(out / "metrics.jsonl")
             losses = [m["train"]["loss"] for m in steps if "train" in m]
-            return {"train_seconds": round(seconds, 1), "steps": len(losses),
+            return {"train_seconds": round(seconds, 1), "resumed_after_epoch": resumed, "steps": len(losses),
                     "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                     "train_samples": train, "validation_samples": total - train,
                     "epoch_losses": epoch_losses(steps), "checkpoint": str(checkpoint)}

@@ -9,11 +9,13 @@ ARGS exactly the flags of `speculators train`. It resolves them with
 `speculators train` command does (`speculators/cli/train.py`): the data loader, the model, the loss, the optimizer
 and the loop are the trainer's own.
 
-Where no accelerator is present it puts two stand-ins in place, in this process only:
+Where no accelerator is present it puts three stand-ins in place, in this process only:
 - `speculators.train.trainer.get_local_rank` returns "cpu": the trainer moves the model and every batch to
   `get_local_rank()` (0, i.e. cuda:0, outside torchrun);
 - `torch.accelerator.synchronize` does nothing: the trainer's step timer calls it on every logged step, and it
-  raises without an accelerator.
+  raises without an accelerator;
+- `speculators.train.checkpointer.get_current_device` returns "cpu": resuming from a saved epoch loads the
+  weights and the optimizer's state onto it ("cuda:0" without an accelerator, where loading fails).
 With an accelerator it changes nothing (and on a GPU one runs `speculators train` itself).
 
 Every record the trainer logs to its metric logger (`speculators.metrics`: `{"train": {...}, "global_step": n,
@@ -86,11 +88,14 @@ def cpu_stand_ins() -> list[str]:
 
     if torch.accelerator.is_available():
         return []
+    import speculators.train.checkpointer as checkpointer
     import speculators.train.trainer as trainer
 
     trainer.get_local_rank = lambda: "cpu"
     torch.accelerator.synchronize = lambda *args, **kwargs: None
-    return ["speculators.train.trainer.get_local_rank -> 'cpu'", "torch.accelerator.synchronize -> no-op"]
+    checkpointer.get_current_device = lambda: "cpu"
+    return ["speculators.train.trainer.get_local_rank -> 'cpu'", "torch.accelerator.synchronize -> no-op",
+            "speculators.train.checkpointer.get_current_device -> 'cpu'"]
 
 
 def main(metrics: str, argv: list[str]) -> None:

@@ -1,6 +1,7 @@
 """speculators' trainer as the experiment calls it: its flags for one arm (`train_args`), the split it is told to make
-(`split_ratio`), the epoch folder it saved last (`last_checkpoint`) and the losses it logged per epoch
-(`epoch_losses`). The trainer itself runs in the speculators environment (`train.py`).
+(`split_ratio`), the epoch folder it saved last (`last_checkpoint`), the losses it logged per epoch
+(`epoch_losses`) and where a stopped try goes on (`whole_epochs`). The trainer itself runs in the speculators
+environment (`train.py`).
 
 speculators 0.9.0 has no separate validation file: it splits its one data set by position, the first
 `int(len(data) * train_data_ratio)` rows for training and the rest for validation (`speculators.train.data`,
@@ -10,6 +11,7 @@ training sample is trained on, no validation sample is."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,47 @@ def last_checkpoint(save_path: Path) -> Path:
         raise InputError("speculators saved no epoch folder", save_path)
     return max(epochs, key=lambda p: int(p.name))
 
+
+# what speculators writes into <save-path>/<epoch>/ at an epoch's end, its validation logged after them
+EPOCH_FILES = ("model.safetensors", "optimizer_state_dict.pt", "scheduler_state_dict.pt", "training_state.json")
+
+
+def whole_epochs(out: Path, command: list[str]) -> int:
+    """How many epochs an earlier try of `command` left whole in `out` (`train_arm`'s folder: `command.json`, the
+    trainer's metrics.jsonl and checkpoints/), so that the next try goes on after them; 0 where there was none or it
+    ran another command. speculators resumes by itself from its highest epoch folder (model, optimizer, scheduler,
+    the step count; each epoch's batches drawn from the seed and the epoch alone), but it saves an epoch before
+    validating it and marks a new best after that: epoch e is whole when its four files are there, its validation
+    loss is logged, and, where that loss is the lowest yet (speculators' test: below every earlier one), its
+    `val_metrics.json` is written too. Every whole epoch before it must be whole as well (the curve has no gap).
+
+    Removes what the next try makes again: epoch folders after the last whole one, an `interrupted` folder (a
+    mid-epoch save, never resumed from here), links into removed folders, and the metric records of the epochs
+    after it; the config record of each try stays."""
+    saved = out / "command.json"
+    if not saved.is_file() or json.loads(saved.read_text()) != command:
+        return 0
+    metrics, checkpoints = out / "metrics.jsonl", out / "checkpoints"
+    records = read_metrics(metrics) if metrics.is_file() else []
+    val = {int(r["epoch"]): float(r["val"]["loss_epoch"]) for r in records if "val" in r and "loss_epoch" in r["val"]}
+    kept, best = 0, float("inf")
+    while kept in val and all((checkpoints / str(kept) / name).is_file() for name in EPOCH_FILES):
+        if val[kept] < best:
+            if not (checkpoints / str(kept) / "val_metrics.json").is_file():
+                break
+            best = val[kept]
+        kept += 1
+    if checkpoints.is_dir():
+        for path in sorted(checkpoints.iterdir()):
+            stale = path.name == "interrupted" or (path.name.isdigit() and int(path.name) >= kept)
+            if path.is_dir() and not path.is_symlink() and stale:
+                shutil.rmtree(path)
+        for path in checkpoints.iterdir():
+            if path.is_symlink() and not path.exists():
+                path.unlink()
+    if metrics.is_file():
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in records if int(r.get("epoch", -1)) < kept))
+    return kept
 
 
 def epoch_losses(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
