@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: setup lint smollm2 test test-interop test-vllm test-lab demo lab bench clean quality quality-setup quality-grid
+.PHONY: setup lint smollm2 test test-interop test-vllm test-lab demo lab bench clean quality quality-setup quality-grid \
+	quality-report
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -94,8 +95,9 @@ quality-setup: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
 
 # The arms over data draws x trainer seeds (issue 59 item 5): one `make quality` per (draw, seed), named
 # $(QUALITY_NAME)-d<draw>-s<seed>; a draw's later seeds reuse its first seed's data and greedy trace (`data_from`);
-# then `python -m eagledata.quality.tau` over all of them (draws, seeds and questions resampled) into
-# outputs/quality/$(QUALITY_NAME)-grid.jsonl. Each finished experiment is kept: a rerun resumes.
+# then the report card over all of them, notebooks/quality_grid.ipynb (the primary analysis as quality/README.md
+# fixed it: draws, seeds and questions resampled) into outputs/quality/$(QUALITY_NAME)-grid.ipynb. Each finished
+# experiment is kept: a rerun resumes.
 QUALITY_DRAWS ?= 0 1 2
 QUALITY_SEEDS ?= 0 1
 quality-grid:
@@ -104,8 +106,16 @@ quality-grid:
 		$(MAKE) quality QUALITY_NAME=$$name QUALITY_ARGS="$(QUALITY_ARGS) -p data_seed $$d -p seed $$s \
 			$${first:+-p data_from $$first}"; \
 		first=$${first:-$$name}; done; done
-	$(PY) -m eagledata.quality.tau $(foreach d,$(QUALITY_DRAWS),$(foreach s,$(QUALITY_SEEDS),\
-		outputs/quality/$(QUALITY_NAME)-d$(d)-s$(s))) | tee outputs/quality/$(QUALITY_NAME)-grid.jsonl
+	$(MAKE) quality-report
+
+# The report card alone, over the grid's finished experiments (one not finished is named, and nothing is reported).
+comma := ,
+empty :=
+space := $(empty) $(empty)
+commas = $(subst $(space),$(comma),$(strip $(1)))
+quality-report: $(STAMP)
+	$(PY) -m papermill --log-output notebooks/quality_grid.ipynb outputs/quality/$(QUALITY_NAME)-grid.ipynb \
+		-p grid $(QUALITY_NAME) -y "{draws: [$(call commas,$(QUALITY_DRAWS))], seeds: [$(call commas,$(QUALITY_SEEDS))]}"
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.

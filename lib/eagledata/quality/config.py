@@ -107,3 +107,24 @@ class QualityConfig(Settings):
         if self.total_seq_len < self.sample_tokens:
             raise InputError(f"{self.total_seq_len} is shorter than sample_tokens {self.sample_tokens}: the trainer "
                              "packs whole samples into sequences of this length", field="total_seq_len")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GridConfig(Settings):
+    """The report card over the grid (quality_grid.ipynb): which finished experiments it reads."""
+
+    grid: str = setting("smollm2-sharegpt", "the grid's experiments are <grid>-d<draw>-s<seed> under "
+                                            "<output_dir>/quality/, as make quality-grid names them")
+    draws: list[int] = setting([0, 1, 2], "the data draws (data_seed) of the grid")
+    seeds: list[int] = setting([0, 1], "the trainer seeds of each draw")
+    output_dir: str = shared("output_dir")
+    resamples: int = setting(10_000, "bootstrap resamples of the primary analysis")
+    bootstrap_seed: int = setting(0, "the primary analysis's bootstrap seed")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("draws", "seeds"):
+            if not getattr(self, name) or len(set(getattr(self, name))) != len(getattr(self, name)):
+                raise InputError(f"must name at least one, each once, got {getattr(self, name)}", field=name)
+        if self.resamples < 100:
+            raise InputError(f"must be 100 or more, got {self.resamples}", field="resamples")

@@ -1,0 +1,131 @@
+"""The report card over the grid (quality/grid.py, notebooks/quality_grid.ipynb): finished experiments read back,
+the primary analysis as quality/README.md fixed it (the draws named, the interval's side of zero), a partial grid
+refused. The cells are made here as a run writes them: each arm's tau.json (`tau.summarize`), summary.json's fields
+the report reads, stages/prompts.json's draw."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagledata.errors import InputError
+from eagledata.quality import grid as report
+from eagledata.quality.arms import ARMS
+from eagledata.quality.tau import QuestionRun, paired_difference, seeds_difference, summarize, write_tau
+
+CATEGORIES = ("writing", "math")
+
+
+def runs(accepts: list[int]) -> list[QuestionRun]:
+    """One question per entry: two turns of 4 verifying forwards, each accepting that many drafts."""
+    return [QuestionRun(81 + q, [[a] * 4, [a] * 4], output_tokens=20, category=CATEGORIES[q % 2])
+            for q, a in enumerate(accepts)]
+
+
+def make_cell(root: Path, name: str, draw: int, seed: int, on: list[int], off: list[int],
+              ngram: list[int] | None = None) -> None:
+    """A finished experiment: on- and off-policy accepting `on` / `off` drafts per question (and n-gram)."""
+    folder = root / name
+    docs = {}
+    for drafter, accepts in [("on_policy", on), ("off_policy", off), ("ngram", ngram)]:
+        if accepts is None:
+            continue
+        docs[drafter] = summarize(runs(accepts), k=3, verifier="tiny", eval_set="mt_bench", seed=seed,
+                                  supervised_tokens=1000 + draw, resamples=500)
+        write_tau(folder / (drafter if drafter in ARMS else f"bounds/{drafter}") / "tau.json", docs[drafter])
+    summary = {"config": {"seed": seed, "data_seed": draw}, "supervised_tokens": 1000 + draw,
+               "rows": [{"drafter": d, "tau_mean": doc["tau_mean"], "tau_ci95": doc["tau_ci95"]}
+                        for d, doc in docs.items()],
+               "difference": paired_difference(docs["on_policy"], docs["off_policy"], resamples=500),
+               "per_category": {arm: docs[arm]["per_category"] for arm in ARMS},
+               "epoch_losses": {arm: [{"epoch": 0, "train_loss": 5.0, "validation_loss": 9.0 + seed},
+                                      {"epoch": 1, "train_loss": 3.0, "validation_loss": None}] for arm in ARMS}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    (folder / "stages").mkdir()
+    (folder / "stages" / "prompts.json").write_text(json.dumps({"settings": {"conversations": 8, "data_seed": draw}}))
+
+
+def grid(root: Path, shift: int, noise: list[list[int]] | None = None) -> list[str]:
+    """Three draws × two seeds: on-policy accepting `shift` more drafts than off-policy on every question (within
+    0..k = 3), plus a per-cell pattern (`noise`: one list of 8 per cell)."""
+    names = report.cell_names("g", [0, 1, 2], [0, 1])
+    for i, name in enumerate(names):
+        base = [(q * i + q) % 4 for q in range(8)]  # at the cap (3) on some questions of some cells
+        extra = noise[i] if noise else [0] * 8
+        make_cell(root, name, i // 2, i % 2, [min(3, max(0, b + shift + e)) for b, e in zip(base, extra)], base,
+                  ngram=[2] * 8)
+    return names
+
+
+def test_the_primary_analysis_names_the_draws_and_decides_by_the_intervals_side(tmp_path):
+    """Six cells in three draws: `primary` is `seeds_difference` with the draws named (three draws of two seeds;
+    planted, all one draw, it counts one); on-policy one draft ahead on every question is "on-policy better",
+    behind is "off-policy better", and a difference that flips between the draws is unresolved."""
+    cells = report.read_cells(tmp_path, grid(tmp_path, 1))
+    result = report.primary(cells, resamples=2000)
+    assert (result["draws"], result["seeds"], result["questions"]) == (3, 6, 8)
+    assert result["verdict"] == "on-policy better" and result["ci95"][0] > 0
+    pairs = [(c.taus["on_policy"], c.taus["off_policy"]) for c in cells]
+    assert result["ci95"] == seeds_difference(pairs, draws=[0, 0, 1, 1, 2, 2], resamples=2000)["ci95"]
+    assert [(c.data_seed, c.seed) for c in cells] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+
+    behind = tmp_path / "behind"
+    behind.mkdir()
+    assert report.primary(report.read_cells(behind, grid(behind, -1)), resamples=2000)["verdict"] == "off-policy better"
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    flips = [[1] * 8, [1] * 8, [-1] * 8, [-1] * 8, [0] * 8, [0] * 8]
+    assert report.primary(report.read_cells(mixed, grid(mixed, 0, flips)), resamples=2000)["verdict"] == "unresolved"
+    assert [report.verdict(ci) for ci in ([0.01, 0.2], [-0.2, -0.01], [-0.01, 0.2], [0.0, 0.2])] == [
+        "on-policy better", "off-policy better", "unresolved", "unresolved"]
+
+
+def test_a_grid_with_a_cell_not_finished_is_refused_naming_it(tmp_path):
+    names = grid(tmp_path, 1)
+    (tmp_path / names[3] / "summary.json").unlink()
+    (tmp_path / names[5] / "summary.json").unlink()
+    with pytest.raises(InputError, match=r"2 of the grid's 6 experiments have not finished \(no summary.json\): "
+                                         r"g-d1-s1, g-d2-s1"):
+        report.read_cells(tmp_path, names)
+    (tmp_path / names[0] / "stages" / "prompts.json").unlink()
+    with pytest.raises(InputError, match="no data draw recorded") as e:
+        report.read_cells(tmp_path, names[:1])
+    assert str(tmp_path / names[0] / "stages" / "prompts.json") in str(e.value)
+
+
+def test_the_secondary_tables_and_the_conclusion_come_from_the_cells(tmp_path):
+    names = grid(tmp_path, 1)
+    cells = report.read_cells(tmp_path, names)
+    rows = report.cell_rows(cells)
+    assert [r["experiment"] for r in rows] == names
+    assert rows[0]["on_policy"] - rows[0]["off_policy"] == pytest.approx(rows[0]["difference"])
+    assert rows[1]["on_policy last validation loss"] == 10.0 and rows[2]["supervised_tokens"] == 1001
+    by = {r["category"]: r for r in report.category_rows(cells)}
+    assert set(by) == set(CATEGORIES) and all(r["questions"] == 4 for r in by.values())
+    assert all(r["difference"] > 0 and r["lower"] == 0 for r in by.values())  # one draft more, but at the cap
+    beats = {arm: sum(c.row(arm)["tau_ci95"][0] > 3.0 for c in cells) for arm in ARMS}
+    assert report.against_ngram(cells) == {"cells": 6, "ngram": 3.0, **beats} and beats["off_policy"] == 0
+    result = report.primary(cells, resamples=2000)
+    said = report.conclusion(cells, result)
+    lo, hi = result["ci95"]
+    assert f"**{result['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]**" in said and "on-policy is better" in said
+    assert "Over 3 data draws and 6 trainings of each arm" in said
+    assert f"on-policy beats it in {beats['on_policy']} of 6 cells, off-policy in 0" in said
+
+
+def test_the_grid_notebook_reports_the_primary_analysis(tmp_path, execute_notebook):
+    """quality_grid.ipynb over six finished cells under <output_dir>/quality/: its published result is the
+    library's; a cell missing fails the notebook naming it."""
+    from eagledata.notebooks import read_results
+
+    quality = tmp_path / "outputs" / "quality"
+    quality.mkdir(parents=True)
+    names = grid(quality, 1)
+    out = execute_notebook("quality_grid", grid="g", resamples=2000)
+    published = read_results(out)["quality_grid"]
+    expected = report.primary(report.read_cells(quality, names), resamples=2000)
+    assert published["primary"]["ci95"] == pytest.approx(expected["ci95"])
+    assert published["primary"]["verdict"] == "on-policy better" and len(published["cells"]) == 6
+    with pytest.raises(Exception, match="3 of the grid's 9 experiments have not finished"):
+        execute_notebook("quality_grid", grid="g", seeds=[0, 1, 2])
