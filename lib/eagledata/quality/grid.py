@@ -150,8 +150,8 @@ def conclusion(cells: Sequence[Cell], result: dict[str, Any]) -> str:
             f"MT-Bench questions (both turns): on-policy minus off-policy is "
             f"**{result['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]** (draws, seeds and questions resampled), higher on "
             f"{result['higher']} questions and lower on {result['lower']}: {said}. Per cell the paired difference "
-            f"runs from {min(diffs):+.3f} to {max(diffs):+.3f}; τ on-policy {np.mean([r[ARMS[0]] for r in rows]):.3f} and off-policy "
-            f"{np.mean([r[ARMS[1]] for r in rows]):.3f} on average over the cells.")
+            f"runs from {min(diffs):+.3f} to {max(diffs):+.3f}; τ on-policy {np.mean([r[ARMS[0]] for r in rows]):.3f} "
+            f"and off-policy {np.mean([r[ARMS[1]] for r in rows]):.3f} on average over the cells.")
     ngram = against_ngram(cells)
     if ngram["cells"]:
         text += (f" Prompt lookup (n-gram) gives τ {ngram['ngram']:.3f}: on-policy beats it in {ngram[ARMS[0]]} of "
