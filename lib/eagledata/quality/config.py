@@ -87,6 +87,10 @@ class QualityConfig(Settings):
     validation_conversations: int = setting(20, "ShareGPT conversations held out as the trainer's validation set: "
                                                 "the same ids in both arms (each arm's rendering of them), never "
                                                 "trained on; each arm trains on all of its own training samples")
+    train_tokens: int | None = setting(None, "supervised tokens each arm's drafter trains on: its first training "
+                                             "samples in (conversation, turn) order up to exactly this many, the "
+                                             "crossing one trimmed, the same validation set (a learning curve's "
+                                             "sizes on one experiment's data, through data_from); None -> all")
     data_seed: int | None = setting(0, "which ShareGPT conversations are drawn: a seeded shuffle of the whole file, "
                                        "the training conversations first, the held-out ones next (None -> the "
                                        "file's order); the seed of the data draw, as seed is the trainer's")
@@ -98,7 +102,7 @@ class QualityConfig(Settings):
                      "validation_conversations"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
-        for name in ("questions", "bound_questions", "vllm_questions"):
+        for name in ("questions", "bound_questions", "vllm_questions", "train_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"must be 1 or more (or None), got {value}", field=name)

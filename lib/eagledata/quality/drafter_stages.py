@@ -75,11 +75,10 @@ class DrafterStages:
 
         def body() -> dict[str, Any]:
             out = ws.files.arm(arm) / "train"
-            export = ws.files.export(arm)
+            export, train, total = self.data.training_data(arm)
             for cached in [*export.glob("d2t-*.npy"), *export.glob("t2d-*.npy")]:
                 cached.unlink()  # the trainer would load a cached mapping before reading --token-freq-path
             save_token_freq(self.data.shared_vocabulary(), ws.files.arm(arm))  # <arm>/token_freq.pt
-            train, total = self.data.split(arm)
             cmd, env = measure_command(ws.config.interop_python)
             cmd = [ws.config.interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"),
                    *train_args(ws.config, ws.verifier, export, out, train_samples=train, total_samples=total,

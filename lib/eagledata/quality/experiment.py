@@ -94,12 +94,16 @@ class Experiment:
                 vllm[arm] = self.drafter_stages.vllm_arm(arm)
         for drafter in self.config.bounds:
             self.drafter_stages.tau_bound(drafter)
+        tokens, table = assembled["supervised_tokens"], assembled["table"]
+        if self.config.train_tokens is not None:  # a learning curve's size: some of the data experiment's samples
+            tokens = self.config.train_tokens
+            table = [{**row, "trained_samples": len(self.arm_data.train_samples(row["arm"])), "trained_tokens": tokens}
+                     for row in table]
         docs = {arm: read_tau(self.files.tau(arm)) for arm in ARMS}
         docs.update({d: read_tau(self.files.bound(d)) for d in self.config.bounds})
         summary = {"name": self.config.experiment, "target": str(self.workspace.verifier),  # the key tau.json has too
                    "config": dataclasses.asdict(self.config),
-                   "supervised_tokens": assembled["supervised_tokens"],
-                   "arms": assembled["table"], "rows": summary_rows(docs),
+                   "supervised_tokens": tokens, "arms": table, "rows": summary_rows(docs),
                    "epoch_losses": {arm: docs[arm].get("epoch_losses") for arm in ARMS},
                    "difference": paired_difference(docs["on_policy"], docs["off_policy"], seed=self.config.seed),
                    "per_category": {name: doc.get("per_category", {}) for name, doc in docs.items()
@@ -111,7 +115,7 @@ class Experiment:
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")
         for arm, line in taus.items():
             self.seams.say(f"{arm}: τ {line['tau_mean']:.3f} [{line['tau_ci95'][0]:.3f}, {line['tau_ci95'][1]:.3f}]"
-                           f" over {line['questions']} questions, supervised tokens {assembled['supervised_tokens']}")
+                           f" over {line['questions']} questions, supervised tokens {tokens}")
         return summary
 
 

@@ -31,6 +31,11 @@ class ExperimentFiles:
     def export(self, arm: str) -> Path:
         return self.arm(arm) / "hidden_states" / "speculators"
 
+    def train_view(self, arm: str) -> Path:
+        """The rows the arm's drafter trains on where `train_tokens` takes some of its training samples: the export's
+        rows linked, not extracted again (`storage.speculators.rows_view`)."""
+        return self.arm(arm) / "train_data"
+
     def token_freq(self, arm: str) -> Path:
         """The draft vocabulary's counts the arm is trained with (both arms' the same: `shared_vocabulary`)."""
         return self.arm(arm) / "token_freq.pt"

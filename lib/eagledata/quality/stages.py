@@ -22,7 +22,7 @@ from .layout import ExperimentFiles, experiment_files
 STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns", "validation_conversations",
                                                          "data_seed", "sample_tokens", "answer_tokens"),
                   "records": ("answer_tokens", "regenerate"), "assemble": ("sample_tokens",), "extract": (),
-                  "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed"),
+                  "train": ("epochs", "lr", "draft_vocab_size", "total_seq_len", "seed", "train_tokens"),
                   "trace": ("k", "questions", "max_new_tokens"),
                   "tau": ("k", "questions", "max_new_tokens", "seed"),
                   "bound": ("k", "bound_questions", "questions", "max_new_tokens", "seed"),

@@ -10,11 +10,14 @@ its `--draft-vocab-size` builds the draft vocabulary from.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import struct
 from pathlib import Path
 
 import torch
 
+from ...errors import InputError
 from ...files import DirectFile
 from ..assembly import Sample
 from ..exports import TOKEN_FREQ_FILE, save_arrow
@@ -53,11 +56,15 @@ class RowFileWriter(PerSampleWriter):
         return state_file(position)
 
     def save(self, sample: Sample, states: torch.Tensor, path: Path) -> None:
-        tensors = {"token_ids": torch.tensor(sample.input_ids, dtype=torch.long), "hidden_states": states}
-        with DirectFile(path) as f:
-            f.write(safetensors_header(tensors))
-            for t in tensors.values():
-                write_tensor(f, t)
+        write_row_file(sample, states, path)
+
+
+def write_row_file(sample: Sample, states: torch.Tensor, path: Path) -> None:
+    tensors = {"token_ids": torch.tensor(sample.input_ids, dtype=torch.long), "hidden_states": states}
+    with DirectFile(path) as f:
+        f.write(safetensors_header(tensors))
+        for t in tensors.values():
+            write_tensor(f, t)
 
 
 def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: list[Sample]) -> None:
@@ -71,6 +78,35 @@ def finish(directory: Path, manifest: dict, entries: list[IndexEntry], samples: 
         "data_path": str(directory), "hidden_states_backend": "file",
         "target_layer_ids": manifest["layers"], "verifier_name_or_path": manifest["model"],
         "token_freq_path": str(directory / TOKEN_FREQ_FILE)}
+
+
+def rows_view(source: Path, destination: Path, rows: list[tuple[int, Sample]]) -> Path:
+    """A speculators set made of some of `source`'s rows, without a forward: row j of `destination` is
+    `rows[j] = (source row, sample)`, whose sample is that row's or a prefix of it (a sample trimmed after its
+    last kept token). A whole row's states file is hard-linked (copied across file systems); a prefix's is
+    written with the first T positions, which a causal verifier computes from them alone. Refused when a sample's
+    tokens are not its source row's. Then the Arrow dataset of the samples, as `finish` writes it."""
+    from safetensors.torch import load_file
+
+    states = destination / STATES_DIR
+    if destination.exists():
+        shutil.rmtree(destination)
+    states.mkdir(parents=True)
+    for j, (row, sample) in enumerate(rows):
+        src, dst = source / state_file(row), destination / state_file(j)
+        got = load_file(str(src))
+        ids = got["token_ids"].tolist()
+        if ids[:len(sample)] != list(sample.input_ids):
+            raise InputError(f"sample {sample.id} is not row {row}'s tokens (or a prefix of them)", src)
+        if len(ids) == len(sample):
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
+        else:
+            write_row_file(sample, got["hidden_states"][:len(sample)].contiguous(), dst)
+    save_arrow([sample for _, sample in rows], destination)
+    return destination
 
 
 class RowFileReader(Reader):
