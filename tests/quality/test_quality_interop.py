@@ -97,7 +97,22 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
                                               "max_new_tokens", "bound_questions", "threads", "interop_python",
                                               "regenerate", "validation_conversations", "data_seed", "bounds",
                                               "vllm_check")}
+    half = summary["supervised_tokens"] // 2  # and a learning curve's smaller size on its data: speculators' own
+    params["curve_tokens"] = [half]  # trainer reads the view of each arm's rows, τ of both arms against the trace
     out = run_notebook("quality", tmp_path / "quality.out.ipynb", params, cwd=tmp_path, project_root=tmp_path)
-    published = read_results(out)["quality"]
+    results = read_results(out)
+    published = results["quality"]
     assert published["rows"] == summary["rows"] and "supervised tokens per arm" in published["conclusion"]
     assert published["per_category"] == summary["per_category"] and "ngram" in published["baseline_verdict"]
+    sized = Experiment(tiny_config(tmp_path, experiment=f"{config.experiment}-t{half}")).files
+    assert [(r["supervised_tokens"], r["arm"]) for r in results["curve"]["rows"]] == [
+        (half, "on_policy"), (half, "off_policy"), (summary["supervised_tokens"], "on_policy"),
+        (summary["supervised_tokens"], "off_policy")]
+    assert results["curve"]["fit"]["sizes"] == [half, summary["supervised_tokens"]]
+    for arm in ARMS:
+        doc = read_tau(sized.tau(arm))
+        assert doc["supervised_tokens"] == half and doc["verify"] == "trace" and 1 <= doc["tau_mean"] <= config.k + 1
+        assert doc["train_samples"] < summary["arms"][ARMS.index(arm)]["samples"]
+        steps = [json.loads(line) for line in (sized.arm(arm) / "train" / "metrics.jsonl").read_text().splitlines()]
+        errors = [m["train"]["error_records"] for m in steps if "train" in m]
+        assert errors and not any(errors)  # its reader took every row of the view (a mismatch is skipped, counted)

@@ -13,11 +13,13 @@ import _thread
 import json
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
 
+from eagledata.errors import InputError
+from eagledata.quality import curve
 from eagledata.quality.arms import ARMS
 from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.quality.layout import ExperimentFiles
@@ -349,3 +351,29 @@ def test_a_trace_is_recorded_only_for_a_tau_stage_that_runs(base):
     third, calls = experiment(base, "trace-gone", vllm_check=False, bounds=["ngram"])
     third.run()
     assert [label for label, _ in calls.calls] == ["greedy trace", "τ ngram"] and exp.files.trace.is_file()
+
+
+def test_a_curve_runs_each_size_on_the_experiments_data_and_reads_its_points(base):
+    """The experiment, then a size on its data: the size trains at its tokens and measures only its arms, against
+    the experiment's greedy trace (recorded once for both); the points come back by tokens, each from its tau.json."""
+    exp, _ = experiment(base, "curve", vllm_check=False, bounds=["ngram"])
+    have = exp.run()["supervised_tokens"]
+    size = have // 2
+    calls = []
+    for c in curve.curve_configs(replace(exp.config, curve_tokens=[size])):
+        fake = FakeCommands(ExperimentFiles(base / "outputs" / "quality" / c.experiment))
+        Experiment(c, ExperimentSeams(run=fake, say=lambda s: None)).run()
+        calls += [label for label, _ in fake.calls]
+    assert calls == ["train on_policy", "train off_policy", "τ on_policy", "τ off_policy"]  # the trace linked
+    root = exp.files.root.parent
+    points = curve.read_points(root, ["curve", f"curve-t{size}"])
+    assert [t for t, _ in points] == [size, have]
+    rows = curve.curve_rows(points)
+    assert [(r["supervised_tokens"], r["arm"]) for r in rows] == [(size, a) for a in ARMS] + [(have, a) for a in ARMS]
+    stage = json.loads(ExperimentFiles(root / f"curve-t{size}").stage("train/on_policy").read_text())
+    assert stage["settings"]["train_tokens"] == size
+    bad = read_tau(root / "curve" / "off_policy" / "tau.json")
+    bad["supervised_tokens"] = have + 1
+    (root / "curve" / "off_policy" / "tau.json").write_text(json.dumps(bad))
+    with pytest.raises(InputError, match="not trained on one count of supervised tokens"):
+        curve.read_points(root, ["curve"])

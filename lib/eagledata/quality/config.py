@@ -91,6 +91,10 @@ class QualityConfig(Settings):
                                              "samples in (conversation, turn) order up to exactly this many, the "
                                              "crossing one trimmed, the same validation set (a learning curve's "
                                              "sizes on one experiment's data, through data_from); None -> all")
+    curve_tokens: list[int] = setting([], "a learning curve's smaller sizes in supervised tokens per arm: each an "
+                                          "experiment <experiment>-t<tokens> on this one's data (train_tokens; "
+                                          "data_from), its arms trained and measured, plotted with this one and "
+                                          "fitted; [] -> no curve")
     data_seed: int | None = setting(0, "which ShareGPT conversations are drawn: a seeded shuffle of the whole file, "
                                        "the training conversations first, the held-out ones next (None -> the "
                                        "file's order); the seed of the data draw, as seed is the trainer's")
@@ -102,6 +106,8 @@ class QualityConfig(Settings):
                      "validation_conversations"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
+        if any(t < 1 for t in self.curve_tokens) or len(set(self.curve_tokens)) != len(self.curve_tokens):
+            raise InputError(f"sizes must be 1 or more, each once, got {self.curve_tokens}", field="curve_tokens")
         for name in ("questions", "bound_questions", "vllm_questions", "train_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -12,7 +12,7 @@ Everything lands under `<output_dir>/quality/<name>/` (DESIGN.md's canonical exp
 the questions, recorded once: every drafter's τ is measured against it, `greedy_trace.py`), `<arm>/tau.json`,
 `<arm>/vllm_tau.json`, `bounds/<drafter>/tau.json`,
 `stages/<stage>.json` (each finished stage's result: a rerun skips it) and `summary.json`. A stage that stopped
-midway runs again (extraction resumes by sample; training and τ start over).
+midway runs again (extraction resumes by sample, training after its last whole epoch; τ starts over).
 
 The stages live in rooms of their own, composed here by `Experiment.run`: the data stages (`arm_data.ArmData`), the
 trainer's and τ's (`drafter_stages.DrafterStages`), and what both read (`workspace.Workspace`: settings, files, resume

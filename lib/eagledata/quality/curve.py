@@ -1,0 +1,151 @@
+"""A learning curve (issue 62): τ of both arms against the supervised tokens they are trained on, every point a
+finished experiment with its tau.json. The experiment itself makes the data once and is the curve's largest point
+(at `train_tokens`, or all its tokens); each size of `curve_tokens` is an experiment of its own,
+`<experiment>-t<tokens>`, on that data (`data_from`: prompts, records, hidden states and the greedy trace linked) with
+`train_tokens` set (`curve_configs`), so a size costs its two trainings and their τ. vLLM's count and the reference
+drafters are the largest point's; a size measures the two arms only.
+
+The trend is a fit, and said to be one (`fit_curve`): τ = a + b · log2(tokens / 1,000) per arm by least squares over
+the sizes, and the same for on-policy minus off-policy (does the lead grow or vanish with data?); its 95 % intervals
+from refitting on the questions resampled (the same questions at every size, resampled together). With one trainer
+seed a size, a seed's spread is not in them."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from .arms import ARMS
+from .config import QualityConfig
+from .tau import read_tau
+
+DIFFERENCE = "on_policy - off_policy"
+
+
+def size_name(experiment: str, tokens: int) -> str:
+    return f"{experiment}-t{tokens}"
+
+
+def curve_configs(config: QualityConfig) -> list[QualityConfig]:
+    """The experiments of the curve's smaller sizes, smallest first: each on `config`'s data, at its size."""
+    if config.train_tokens is not None and any(t >= config.train_tokens for t in config.curve_tokens):
+        raise InputError(f"every size must be under train_tokens {config.train_tokens:,} (the largest point, the "
+                         f"experiment itself), got {sorted(config.curve_tokens)}", field="curve_tokens")
+    return [replace(config, experiment=size_name(config.experiment, t), data_from=config.experiment, train_tokens=t,
+                    curve_tokens=[], vllm_check=False, bounds=[])
+            for t in sorted(config.curve_tokens)]
+
+
+def run_sizes(config: QualityConfig, seams: Any = None) -> list[str]:
+    """Each smaller size's experiment, smallest first (after `config`'s own run, which made the data): finished ones
+    kept, as any experiment's stages are. The names of every point, the experiment's own first."""
+    from .experiment import run_experiment
+
+    sizes = curve_configs(config)
+    for size in sizes:
+        run_experiment(size, seams)
+    return [config.experiment, *(c.experiment for c in sizes)]
+
+
+def read_points(root: Path, names: Sequence[str]) -> list[tuple[int, dict[str, dict[str, Any]]]]:
+    """(supervised tokens, each arm's tau.json) of each finished experiment named, by tokens."""
+    points = []
+    for name in names:
+        docs = {arm: read_tau(root / name / arm / "tau.json") for arm in ARMS}
+        counts = [doc.get("supervised_tokens") for doc in docs.values()]
+        if len(set(counts)) != 1 or not isinstance(counts[0], int):
+            raise InputError(f"the arms were not trained on one count of supervised tokens: {counts}", root / name)
+        points.append((counts[0], docs))
+    return sorted(points, key=lambda p: p[0])
+
+
+def curve_rows(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Per size and arm: τ with its interval over questions and first-position acceptance, measured."""
+    return [{"supervised_tokens": tokens, "arm": arm, "tau_mean": docs[arm]["tau_mean"],
+             "tau_ci95": docs[arm]["tau_ci95"], "first_position_acceptance": docs[arm]["per_position_acceptance"][0],
+             "questions": docs[arm]["questions"]}
+            for tokens, docs in points for arm in ARMS]
+
+
+def _question_taus(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> tuple[list[str], np.ndarray]:
+    """The questions every point measured with a τ, and τ[arm, size, question]."""
+    per = [{arm: {str(q["id"]): q["tau"] for q in docs[arm]["per_question"] if q["tau"] is not None} for arm in ARMS}
+           for _, docs in points]
+    shared = sorted(set.intersection(*(set(p[arm]) for p in per for arm in ARMS)))
+    if not shared:
+        raise InputError("the curve's points share no question with a τ")
+    return shared, np.array([[[p[arm][q] for q in shared] for p in per] for arm in ARMS])
+
+
+def fit_curve(points: Sequence[tuple[int, dict[str, dict[str, Any]]]], *, resamples: int = 2000,
+              seed: int = 0) -> dict[str, Any]:
+    """τ = a + b · log2(tokens / 1,000) for each arm and for their difference, least squares over the sizes; `b`
+    (τ per doubling of the supervised tokens) and `a` with 95 % intervals from refitting on resampled questions.
+    A fit over few sizes: it describes the points, it does not measure a size it was not given."""
+    if len(points) < 2:
+        raise InputError(f"a fit needs two sizes or more, got {len(points)}", field="curve_tokens")
+    questions, taus = _question_taus(points)
+    x = np.log2(np.array([t for t, _ in points], dtype=float) / 1000)
+    series = {**{arm: taus[i] for i, arm in enumerate(ARMS)}, DIFFERENCE: taus[0] - taus[1]}  # [size, question]
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(questions), size=(resamples, len(questions)))
+    out: dict[str, Any] = {"sizes": [t for t, _ in points], "questions": len(questions), "resamples": resamples,
+                           "form": "tau = a + b * log2(supervised_tokens / 1000)"}
+    for name, y in series.items():
+        b, a = np.polyfit(x, y.mean(axis=1), 1)
+        boot = np.array([np.polyfit(x, y[:, p].mean(axis=1), 1) for p in picks])  # [resamples, (b, a)]
+        (b_lo, a_lo), (b_hi, a_hi) = np.quantile(boot, [0.025, 0.975], axis=0)
+        out[name] = {"per_doubling": float(b), "per_doubling_ci95": [float(b_lo), float(b_hi)],
+                     "at_1000": float(a), "at_1000_ci95": [float(a_lo), float(a_hi)]}
+    return out
+
+
+def curve_statement(fit: dict[str, Any]) -> str:
+    """The fit in words, labelled as one."""
+    def said(name: str) -> str:
+        f = fit[name]
+        lo, hi = f["per_doubling_ci95"]
+        return f"{f['per_doubling']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+    d = fit[DIFFERENCE]["per_doubling_ci95"]
+    lead = ("the lead of on-policy grows with data" if d[0] > 0 else "the lead of on-policy shrinks with data"
+            if d[1] < 0 else "no change of the difference with data is resolved")
+    sizes = ", ".join(f"{t:,}" for t in fit["sizes"])
+    return (f"Fit (not a measurement) over {len(fit['sizes'])} sizes ({sizes} supervised tokens an arm), "
+            f"τ = a + b·log2(tokens / 1,000), 95 % intervals from {fit['resamples']:,} resamplings of the "
+            f"{fit['questions']} questions: τ per doubling of the data {said('on_policy')} on-policy, "
+            f"{said('off_policy')} off-policy; on-policy minus off-policy {said(DIFFERENCE)} per doubling: {lead}.")
+
+
+def plot_curve(points: Sequence[tuple[int, dict[str, dict[str, Any]]]], fit: dict[str, Any] | None = None,
+               axes: Any = None) -> Any:
+    """Left: τ of both arms (95 % interval over questions) against the supervised tokens, log scale, with the fit's
+    lines where given; right: first-position acceptance."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        _, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    left, right = axes
+    tokens = np.array([t for t, _ in points], dtype=float)
+    for arm in ARMS:
+        means = [docs[arm]["tau_mean"] for _, docs in points]
+        lo = [m - docs[arm]["tau_ci95"][0] for m, (_, docs) in zip(means, points)]
+        hi = [docs[arm]["tau_ci95"][1] - m for m, (_, docs) in zip(means, points)]
+        line = left.errorbar(tokens, means, yerr=[lo, hi], fmt="o", capsize=4, label=f"{arm} (measured)")
+        if fit is not None:
+            xs = np.geomspace(tokens.min(), tokens.max(), 50)
+            left.plot(xs, fit[arm]["at_1000"] + fit[arm]["per_doubling"] * np.log2(xs / 1000), "--",
+                      color=line[0].get_color(), label=f"{arm} (fit)")
+        right.plot(tokens, [docs[arm]["per_position_acceptance"][0] for _, docs in points], "-o", label=arm)
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("supervised tokens per arm")
+        ax.legend()
+    left.set_ylabel("τ (tokens per verifier forward)")
+    left.set_title("τ on MT-Bench against the training data")
+    right.set_ylabel("first-position acceptance")
+    return axes

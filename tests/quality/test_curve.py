@@ -1,0 +1,58 @@
+"""The learning curve (quality/curve.py, issue 62): its sizes as experiments of their own on one experiment's data,
+and the fit, which recovers a known trend and says what it cannot resolve (a curve's run: test_run_checks.py)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from eagledata.errors import InputError
+from eagledata.quality import curve
+from eagledata.quality.arms import ARMS
+from eagledata.quality.config import QualityConfig
+
+
+def point(tokens: int, slope: dict[str, float], noise: float = 0.0) -> tuple[int, dict]:
+    """τ per question = 1.2 + slope · log2(tokens / 1,000) + a question's own offset (± noise, alternating)."""
+    docs = {}
+    for arm in ARMS:
+        taus = [1.2 + slope[arm] * math.log2(tokens / 1000) + 0.01 * q + noise * (-1) ** (q + tokens // 1000)
+                for q in range(20)]
+        docs[arm] = {"tau_mean": sum(taus) / 20, "tau_ci95": [min(taus), max(taus)], "questions": 20,
+                     "per_position_acceptance": [0.3, 0.1], "supervised_tokens": tokens,
+                     "per_question": [{"id": 81 + q, "tau": t} for q, t in enumerate(taus)]}
+    return tokens, docs
+
+
+def test_the_fit_recovers_a_known_trend_and_the_difference_of_the_arms():
+    """Points on τ = a + b·log2(tokens/1000) exactly: b per arm and their difference come back, with intervals that
+    hold them; the statement says the lead grows. Equal slopes with noise: the difference is not resolved."""
+    slope = {"on_policy": 0.08, "off_policy": 0.05}
+    points = [point(t, slope) for t in (4000, 8000, 16000, 32000)]
+    fit = curve.fit_curve(points, resamples=500)
+    for name, b in [*slope.items(), (curve.DIFFERENCE, 0.03)]:
+        assert fit[name]["per_doubling"] == pytest.approx(b, abs=1e-9)
+        lo, hi = fit[name]["per_doubling_ci95"]
+        assert lo - 1e-9 <= b <= hi + 1e-9
+    assert fit["on_policy"]["at_1000"] == pytest.approx(1.2 + 0.01 * 9.5)
+    said = curve.curve_statement(fit)
+    assert said.startswith("Fit (not a measurement) over 4 sizes (4,000, 8,000, 16,000, 32,000 supervised tokens")
+    assert "+0.030 [+0.030, +0.030] per doubling: the lead of on-policy grows with data" in said
+
+    flat = [point(t, {"on_policy": 0.05, "off_policy": 0.05}, noise=0.2) for t in (4000, 8000, 16000, 32000)]
+    assert "no change of the difference with data is resolved" in curve.curve_statement(
+        curve.fit_curve(flat, resamples=500))
+    with pytest.raises(InputError, match="two sizes or more"):
+        curve.fit_curve(points[:1])
+
+
+def test_the_sizes_are_experiments_on_the_data_of_the_largest():
+    big = QualityConfig(experiment="c", train_tokens=300, curve_tokens=[150, 40, 75])
+    sizes = curve.curve_configs(big)
+    assert [(c.experiment, c.data_from, c.train_tokens, c.vllm_check, c.bounds, c.curve_tokens) for c in sizes] == [
+        ("c-t40", "c", 40, False, [], []), ("c-t75", "c", 75, False, [], []), ("c-t150", "c", 150, False, [], [])]
+    assert all(c.seed == big.seed and c.epochs == big.epochs and c.conversations == big.conversations for c in sizes)
+    with pytest.raises(InputError, match="every size must be under train_tokens 300"):
+        curve.curve_configs(QualityConfig(train_tokens=300, curve_tokens=[300]))
+    with pytest.raises(InputError, match="curve_tokens.*each once"):
+        QualityConfig(curve_tokens=[40, 40])
