@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: setup lint smollm2 test test-interop test-vllm test-lab demo lab bench clean quality quality-setup quality-grid \
-	quality-report
+	quality-report quality-curve
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -107,6 +107,13 @@ quality-grid:
 			$${first:+-p data_from $$first}"; \
 		first=$${first:-$$name}; done; done
 	$(MAKE) quality-report
+
+# The learning curve (issue 62) at the sizes quality/README.md fixed before its runs: one experiment
+# $(QUALITY_NAME)-curve makes the data and trains at the largest size; each smaller size is an experiment of its own
+# on that data (`curve_tokens`); quality.ipynb plots and fits them. Resumable as `make quality` is.
+QUALITY_CURVE_ARGS ?= -p conversations 1600 -p epochs 3 -p train_tokens 300000 -y "curve_tokens: [37500, 75000, 150000]"
+quality-curve:
+	$(MAKE) quality QUALITY_NAME=$(QUALITY_NAME)-curve QUALITY_ARGS='$(QUALITY_CURVE_ARGS) $(QUALITY_ARGS)'
 
 # The report card alone, over the grid's finished experiments (one not finished is named, and nothing is reported).
 comma := ,
