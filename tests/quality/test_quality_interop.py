@@ -109,6 +109,7 @@ def test_the_whole_experiment_at_test_size(interop_python, tmp_path, monkeypatch
         (half, "on_policy"), (half, "off_policy"), (summary["supervised_tokens"], "on_policy"),
         (summary["supervised_tokens"], "off_policy")]
     assert results["curve"]["fit"]["sizes"] == [half, summary["supervised_tokens"]]
+    assert results["curve"]["differences"][1]["mean"] == pytest.approx(summary["difference"]["mean"])
     for arm in ARMS:
         doc = read_tau(sized.tau(arm))
         assert doc["supervised_tokens"] == half and doc["verify"] == "trace" and 1 <= doc["tau_mean"] <= config.k + 1

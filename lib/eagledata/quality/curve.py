@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InputError
 from .arms import ARMS
 from .config import QualityConfig
-from .tau import read_tau
+from .tau import paired_difference, read_tau
 
 DIFFERENCE = "on_policy - off_policy"
 
@@ -69,6 +69,13 @@ def curve_rows(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> list[
              "tau_ci95": docs[arm]["tau_ci95"], "first_position_acceptance": docs[arm]["per_position_acceptance"][0],
              "questions": docs[arm]["questions"]}
             for tokens, docs in points for arm in ARMS]
+
+
+def size_differences(points: Sequence[tuple[int, dict[str, dict[str, Any]]]], *,
+                     seed: int = 0) -> list[dict[str, Any]]:
+    """Per size, on-policy minus off-policy question by question (`tau.paired_difference`), measured."""
+    return [{"supervised_tokens": tokens, **paired_difference(docs[ARMS[0]], docs[ARMS[1]], seed=seed)}
+            for tokens, docs in points]
 
 
 def _question_taus(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> tuple[list[str], np.ndarray]:
