@@ -101,6 +101,7 @@ def test_the_secondary_tables_and_the_conclusion_come_from_the_cells(tmp_path):
     assert [r["experiment"] for r in rows] == names
     assert rows[0]["on_policy"] - rows[0]["off_policy"] == pytest.approx(rows[0]["difference"])
     assert rows[1]["on_policy last validation loss"] == 10.0 and rows[2]["supervised_tokens"] == 1001
+    assert rows[0]["off_policy resumed after epoch"] == 0  # a tau.json from before the key: not resumed
     by = {r["category"]: r for r in report.category_rows(cells)}
     assert set(by) == set(CATEGORIES) and all(r["questions"] == 4 for r in by.values())
     assert all(r["difference"] > 0 and r["lower"] == 0 for r in by.values())  # one draft more, but at the cap

@@ -268,7 +268,7 @@ def test_both_arms_train_side_by_side_on_half_the_threads(base):
 def test_a_training_stopped_midway_goes_on_after_its_last_whole_epoch(base):
     """The trainer stopped in its second epoch (planted: it raises after saving and validating epoch 0); the rerun
     gives it the same command, in the folder it left, with epoch 0 kept (`whole_epochs`), says so, and the stage
-    records the epoch it went on after and each epoch's losses once."""
+    records the epoch it went on after and each epoch's losses once; tau.json says it went on too."""
     said: list[str] = []
     exp, fake = experiment(base, "resumed", say=said.append, vllm_check=False, bounds=[], threads=1)
     commands = []
@@ -306,6 +306,7 @@ def test_a_training_stopped_midway_goes_on_after_its_last_whole_epoch(base):
     assert kept["epoch_losses"] == [{"epoch": 0, "train_loss": 5.0, "validation_loss": 6.0},
                                     {"epoch": 1, "train_loss": 4.0, "validation_loss": 5.0}]
     assert json.loads(again.files.stage("train/off_policy").read_text())["resumed_after_epoch"] == 0
+    assert [read_tau(again.files.tau(arm))["resumed_after_epoch"] for arm in ARMS] == [1, 0]  # in the report too
 
 
 def test_an_interrupt_while_the_arms_train_side_by_side_ends_both_trainers(base):

@@ -156,7 +156,8 @@ class DrafterStages:
             self.ws.seams.run(cmd, {**env, **self.threads_env()}, files.arm(arm) / "tau.log", f"τ {arm}")
             doc = read_tau(files.tau(arm))  # the contract's fields, then the training's (extra, at the end)
             doc.update({"train_samples": trained["train_samples"], "validation_samples": trained["validation_samples"],
-                        "epoch_losses": trained["epoch_losses"]})
+                        "epoch_losses": trained["epoch_losses"],
+                        "resumed_after_epoch": trained.get("resumed_after_epoch", 0)})
             atomic_write_text(files.tau(arm), json.dumps(doc, indent=1) + "\n")
             return tau_line(read_tau(files.tau(arm)))
 

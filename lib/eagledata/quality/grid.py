@@ -100,6 +100,7 @@ def cell_rows(cells: Sequence[Cell]) -> list[dict[str, Any]]:
             losses = [e["validation_loss"] for e in c.summary.get("epoch_losses", {}).get(arm, [])
                       if e.get("validation_loss") is not None]
             row[f"{arm} last validation loss"] = losses[-1] if losses else None
+            row[f"{arm} resumed after epoch"] = c.taus[arm].get("resumed_after_epoch", 0)
         rows.append(row)
     return rows
 
