@@ -15,11 +15,15 @@ import pytest
 import torch
 
 from eagledata.errors import InputError
+from eagledata.quality.arm_data import ArmData
 from eagledata.quality.arms import ARMS, supervised
 from eagledata.quality.commands import run_logged, stop_commands
+from eagledata.quality.config import QualityConfig
 from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.quality.stages import share_data, stage_settings
 from eagledata.quality.trainer import EPOCH_FILES, epoch_losses, read_metrics, split_ratio, train_args, whole_epochs
+from eagledata.quality.workspace import Workspace
+from eagledata.training.assembly import Sample
 from tests.helpers.quality_experiment import make_data, tiny_config
 
 
@@ -298,6 +302,69 @@ def test_a_learning_curves_size_trains_on_the_first_samples_of_the_data_experime
     with pytest.raises(InputError, match="is not row 0's tokens") as e:
         rows_view(full.files.export("on_policy"), tmp_path / "wrong", [(0, other)])
     assert str(full.files.export("on_policy") / state_file(0)) in str(e.value)
+
+
+def ablation_data(tmp_path: Path, **settings) -> ArmData:
+    """Assembled data of two arms written by hand (no states: what the ablations choose is read from the samples
+    and records): conversations c0..c3, turn 1 and turn 2 each, training; v0 held out. Answers of 4 supervised
+    tokens on-policy and 3 off-policy; c1's turn-1 answers and c2's turn-2 on-policy answer were cut by the cap."""
+    config = QualityConfig(experiment="ablation", output_dir=str(tmp_path), **settings)
+    data = ArmData(Workspace(config, ExperimentSeams()))
+    files = data.ws.files
+    cut = {"on_policy": {"c1", "c2#2"}, "off_policy": {"c1"}}
+    for arm, n in [("on_policy", 4), ("off_policy", 3)]:
+        samples = [Sample(f"{c}" if t == 1 else f"{c}#{t}", arm, [1, 2] + [10 * t + k for k in range(n)],
+                          [0, 0] + [1] * n, False, conversation_id=c, turn=t)
+                   for c in ("c0", "c1", "c2", "c3", "v0") for t in (1, 2)]
+        files.samples(arm).parent.mkdir(parents=True, exist_ok=True)
+        files.samples(arm).write_text("".join(json.dumps(x.to_speculators()) + "\n" for x in samples))
+        files.records(arm).write_text("".join(json.dumps({"id": x.id, "finish_reason": "length" if x.id in cut[arm]
+                                                          else "stop"}) + "\n" for x in samples))
+    files.stage("assemble").parent.mkdir(parents=True, exist_ok=True)
+    files.stage("assemble").write_text(json.dumps({"train_samples": {a: 8 for a in ARMS},
+                                                   "validation_samples": {a: 2 for a in ARMS}}))
+    return data
+
+
+@pytest.mark.parametrize(("settings", "off", "on", "tokens"), [
+    ({"train_turns": "first"}, ["c0", "c1", "c2", "c3"], ["c0", "c1", "c2"], 12),
+    ({"train_cut_answers": False}, ["c0", "c0#2", "c1#2", "c2", "c2#2", "c3", "c3#2"],
+     ["c0", "c0#2", "c1#2", "c2", "c3", "c3#2"], 21),
+    ({"train_turns": "first", "train_cut_answers": False}, ["c0", "c2", "c3"], ["c0", "c2", "c3"], 9),
+    ({"train_tokens": 10}, ["c0", "c0#2", "c1", "c1#2"], ["c0", "c0#2", "c1"], 10)])
+def test_the_ablations_train_on_first_turns_or_whole_answers_at_equal_tokens(tmp_path, settings, off, on, tokens):
+    """Issue 62's ablations: `train_turns` first keeps turn-1 samples, `train_cut_answers` False leaves out every
+    sample whose record the cap cut (each arm its own: c2's turn 2 on-policy only); then both arms at equal
+    supervised tokens, the smaller arm's or `train_tokens`, in (conversation, turn) order, the crossing one trimmed
+    (on-policy's third sample in the last case). The held-out v0 is never trained on."""
+    data = ablation_data(tmp_path, **settings)
+    trained = {arm: data.train_samples(arm) for arm in ARMS}
+    assert [s.id for s in trained["off_policy"]] == off and [s.id for s in trained["on_policy"]] == on
+    assert supervised(trained["on_policy"]) == supervised(trained["off_policy"]) == tokens
+
+
+def test_one_draft_vocabulary_for_every_ablation_with_draft_vocabulary_data(tmp_path):
+    """`draft_vocabulary` data counts all training samples of both arms, whatever an ablation trains on: the first-
+    turn and the whole-answer ablations get the same counts; `trained` gives each its own."""
+    def vocabulary(name, **settings):
+        return ablation_data(tmp_path / name, **settings).shared_vocabulary()
+
+    first, whole = vocabulary("a", train_turns="first", draft_vocabulary="data"), vocabulary(
+        "b", train_cut_answers=False, draft_vocabulary="data")
+    assert first == whole and sum(first.values()) == 8 * 4 + 8 * 3
+    assert vocabulary("c", train_turns="first") != vocabulary("d", train_cut_answers=False)
+
+
+def test_an_ablation_that_leaves_an_arm_nothing_is_refused(tmp_path):
+    data = ablation_data(tmp_path, train_turns="first", train_cut_answers=False, train_tokens=100)
+    with pytest.raises(InputError, match="100 asked, the arms' training samples hold 9 supervised tokens of those "
+                                         "train_turns and train_cut_answers keep"):
+        data.train_samples("on_policy")
+    (data.ws.files.records("off_policy")).write_text("".join(  # every off-policy answer cut: nothing left
+        json.dumps({"id": x.id, "finish_reason": "length"}) + "\n" for x in data.samples("off_policy")))
+    with pytest.raises(InputError, match="no training sample of off_policy is left by train_turns 'first' and "
+                                         "train_cut_answers False"):
+        data.train_samples("on_policy")
 
 
 def test_a_validation_split_that_differs_between_arms_is_not_shared():

@@ -178,27 +178,59 @@ class ArmData:
         train = int(assembled["train_samples"][arm])
         return train, train + int(assembled["validation_samples"][arm])
 
+    def training_rows(self, arm: str) -> list[Sample]:
+        """All of the arm's training samples as assembled (none of the validation ones)."""
+        return self.samples(arm)[:self.split(arm)[0]]
+
+    def subset(self) -> bool:
+        """Whether the drafters train on some of the training samples (a curve's size, an ablation), not all."""
+        config = self.ws.config
+        return config.train_tokens is not None or config.train_turns != "all" or not config.train_cut_answers
+
+    def chosen(self, arm: str) -> list[Sample]:
+        """The arm's training samples `train_turns` and `train_cut_answers` keep (a cut answer: its record's finish
+        "length"), in order."""
+        config, rows = self.ws.config, self.training_rows(arm)
+        if config.train_turns == "first":
+            rows = [s for s in rows if s.turn == 1]
+        if not config.train_cut_answers:
+            cut = self.cut_ids(arm)
+            rows = [s for s in rows if s.id not in cut]
+        return rows
+
+    def cut_ids(self, arm: str) -> set[str]:
+        """The arm's samples whose answer the cap cut: their records' finish "length" (a sample's id is its
+        record's; samples.jsonl does not keep `truncated`)."""
+        return {o["id"] for _, o in iter_jsonl(self.ws.files.records(arm)) if o.get("finish_reason") == "length"}
+
     def train_samples(self, arm: str) -> list[Sample]:
         """What the arm's drafter is trained on: its training samples, none of the validation ones; all of them, or
-        with `train_tokens` the first in (conversation, turn) order up to exactly that many supervised tokens, the
-        crossing one trimmed (`take_supervised`, as `equalize` cuts: both arms again at the same tokens)."""
-        train = self.samples(arm)[:self.split(arm)[0]]
-        cap = self.ws.config.train_tokens
-        if cap is None:
-            return train
-        if cap > (have := supervised(train)):
-            raise InputError(f"{cap:,} asked, the arms' training samples hold {have:,} supervised tokens",
+        (`subset`) those `chosen` in (conversation, turn) order up to exactly `train_tokens` supervised tokens (else
+        the smaller arm's), the crossing one trimmed (`take_supervised`, as `equalize` cuts: the arms again at the
+        same tokens)."""
+        if not self.subset():
+            return self.training_rows(arm)
+        have = {a: supervised(self.chosen(a)) for a in ARMS}
+        if empty := [a for a, n in have.items() if n == 0]:
+            raise InputError(f"no training sample of {', '.join(empty)} is left by train_turns "
+                             f"{self.ws.config.train_turns!r} and train_cut_answers {self.ws.config.train_cut_answers}",
+                             field="train_turns")
+        tokens = self.ws.config.train_tokens or min(have.values())
+        if tokens > min(have.values()):
+            raise InputError(f"{tokens:,} asked, the arms' training samples hold {min(have.values()):,} supervised "
+                             "tokens" + ("" if self.ws.config.train_turns == "all" and self.ws.config.train_cut_answers
+                                         else " of those train_turns and train_cut_answers keep"),
                              field="train_tokens")
-        return take_supervised(train, cap)
+        return take_supervised(self.chosen(arm), tokens)
 
     def training_data(self, arm: str) -> tuple[Path, int, int]:
         """What the trainer reads for the arm: (its `--data-path`, training rows, all rows), the training rows
-        first. The whole export, or with `train_tokens` a view of its rows (`rows_view`: `train_samples` then
-        every validation sample, their states linked, a trimmed one's cut), so a learning curve's sizes train on
-        one extraction."""
+        first. The whole export, or (`subset`) a view of its rows (`rows_view`: `train_samples` then every
+        validation sample, their states linked, a trimmed one's cut), so a learning curve's sizes and the ablations
+        train on one extraction."""
         files = self.ws.files
         train, total = self.split(arm)
-        if self.ws.config.train_tokens is None:
+        if not self.subset():
             return files.export(arm), train, total
         samples = self.samples(arm)
         row = {s.id: i for i, s in enumerate(samples)}
@@ -209,10 +241,13 @@ class ArmData:
     def shared_vocabulary(self) -> dict[int, int]:
         """One draft vocabulary for both arms: the supervised tokens of both arms' training samples counted
         together (speculators' `token_freq.pt` counts; the arms are equal in supervised tokens, so each weighs the
-        same). The trainer builds its draft vocabulary (d2t/t2d) from these counts for each arm alike."""
+        same): those they train on (`draft_vocabulary` trained), or all they have (data: one vocabulary for every
+        size and ablation made on these samples). The trainer builds its draft vocabulary (d2t/t2d) from these
+        counts for each arm alike."""
         counts: Counter[int] = Counter()
         for arm in ARMS:
-            for s in self.train_samples(arm):
+            for s in self.train_samples(arm) if self.ws.config.draft_vocabulary == "trained" else \
+                    self.training_rows(arm):
                 counts.update(t for t, m in zip(s.input_ids, s.loss_mask, strict=True) if m)
         return dict(counts)
 

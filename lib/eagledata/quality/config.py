@@ -18,6 +18,8 @@ from ..settings import Settings, setting
 ReferenceDrafter = Literal["self", "random", "ngram", "eagle3-random"]
 BASELINES: tuple[ReferenceDrafter, ...] = ("ngram", "eagle3-random")
 Regenerate = Literal["vllm", "transformers"]
+TrainTurns = Literal["all", "first"]
+DraftVocabulary = Literal["trained", "data"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +93,15 @@ class QualityConfig(Settings):
                                              "samples in (conversation, turn) order up to exactly this many, the "
                                              "crossing one trimmed, the same validation set (a learning curve's "
                                              "sizes on one experiment's data, through data_from); None -> all")
+    train_turns: TrainTurns = setting("all", "which turns' samples each arm trains on: all, or first (issue 62's "
+                                             "ablation: the field's single-turn on-policy data); the arms at equal "
+                                             "tokens again (train_tokens, else the smaller arm's)")
+    train_cut_answers: bool = setting(True, "train on answers the cap cut (finish length) too; False leaves them out "
+                                            "of both arms (the cut-samples ablation), equal tokens again")
+    draft_vocabulary: DraftVocabulary = setting("trained", "whose supervised tokens the one shared draft vocabulary "
+                                                           "is counted over: trained (what both arms train on) or "
+                                                           "data (all both arms' training samples: one vocabulary "
+                                                           "for every size or ablation on this data)")
     curve_tokens: list[int] = setting([], "a learning curve's smaller sizes in supervised tokens per arm: each an "
                                           "experiment <experiment>-t<tokens> on this one's data (train_tokens; "
                                           "data_from), its arms trained and measured, plotted with this one and "

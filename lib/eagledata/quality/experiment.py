@@ -31,7 +31,7 @@ from typing import Any
 
 from ..files import atomic_write_text
 from .arm_data import ArmData
-from .arms import ARMS
+from .arms import ARMS, supervised, turn_shares
 from .config import QualityConfig
 from .drafter_stages import DrafterStages
 from .report import baseline_verdict
@@ -95,10 +95,13 @@ class Experiment:
         for drafter in self.config.bounds:
             self.drafter_stages.tau_bound(drafter)
         tokens, table = assembled["supervised_tokens"], assembled["table"]
-        if self.config.train_tokens is not None:  # a learning curve's size: some of the data experiment's samples
-            tokens = self.config.train_tokens
-            table = [{**row, "trained_samples": len(self.arm_data.train_samples(row["arm"])), "trained_tokens": tokens}
-                     for row in table]
+        if self.arm_data.subset():  # a curve's size or an ablation: some of the training samples, as many tokens
+            trained = {arm: self.arm_data.train_samples(arm) for arm in ARMS}
+            tokens = supervised(trained[ARMS[0]])
+            table = [{**row, "trained_samples": len(taken), "trained_tokens": tokens,
+                      "trained_turn_samples": turn_shares(taken)["turn_samples"],
+                      "trained_cut_answers": len({s.id for s in taken} & self.arm_data.cut_ids(row["arm"]))}
+                     for row in table for taken in [trained[row["arm"]]]]
         docs = {arm: read_tau(self.files.tau(arm)) for arm in ARMS}
         docs.update({d: read_tau(self.files.bound(d)) for d in self.config.bounds})
         summary = {"name": self.config.experiment, "target": str(self.workspace.verifier),  # the key tau.json has too
