@@ -110,8 +110,10 @@ quality-grid:
 
 # The learning curve (issue 62) at the sizes quality/README.md fixed before its runs: one experiment
 # $(QUALITY_NAME)-curve makes the data and trains at the largest size; each smaller size is an experiment of its own
-# on that data (`curve_tokens`); quality.ipynb plots and fits them. Resumable as `make quality` is.
-QUALITY_CURVE_ARGS ?= -p conversations 1600 -p epochs 3 -p train_tokens 300000 -y "curve_tokens: [37500, 75000, 150000]"
+# on that data (`curve_tokens`); quality.ipynb plots and fits them; then the field's ablation on the same data
+# (`ablation_tokens`: three experiments). Resumable as `make quality` is.
+QUALITY_CURVE_ARGS ?= -p conversations 1600 -p epochs 3 -p train_tokens 300000 -y "curve_tokens: [37500, 75000, 150000]" \
+	-p ablation_tokens 37500
 quality-curve:
 	$(MAKE) quality QUALITY_NAME=$(QUALITY_NAME)-curve QUALITY_ARGS='$(QUALITY_CURVE_ARGS) $(QUALITY_ARGS)'
 

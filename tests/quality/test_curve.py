@@ -2,6 +2,7 @@
 and the fit, which recovers a known trend and says what it cannot resolve (a curve's run: test_run_checks.py)."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -59,3 +60,45 @@ def test_the_sizes_are_experiments_on_the_data_of_the_largest():
         curve.curve_configs(QualityConfig(train_tokens=300, curve_tokens=[300]))
     with pytest.raises(InputError, match="curve_tokens.*each once"):
         QualityConfig(curve_tokens=[40, 40])
+
+
+def test_the_ablation_is_three_experiments_on_the_data_at_one_size_and_one_vocabulary():
+    from eagledata.quality import ablation
+
+    base = QualityConfig(experiment="c", train_tokens=300, ablation_tokens=75, curve_tokens=[40], train_turns="first")
+    made = {c.experiment: c for c in ablation.ablation_configs(base)}
+    assert list(made) == ["c-abl-all", "c-abl-first", "c-abl-whole"]
+    assert {(c.data_from, c.train_tokens, c.draft_vocabulary, c.ablation_tokens, c.vllm_check) for c in made.values()} \
+        == {("c", 75, "data", None, False)}
+    assert [(c.train_turns, c.train_cut_answers) for c in made.values()] == [("all", True), ("first", True),
+                                                                            ("all", False)]
+    assert ablation.ablation_configs(QualityConfig()) == []
+
+
+def test_the_ablations_comparisons_are_the_fixed_ones_question_by_question(tmp_path):
+    """Each drafter read from its experiment and arm; the comparisons in their fixed order with their verdicts; a
+    drafter at another count of tokens refused."""
+    from eagledata.quality import ablation
+    from eagledata.quality.tau import QuestionRun, summarize, write_tau
+
+    accepts = {"off-policy": 0, "on-policy first turns": 1, "on-policy multi-turn": 2,
+               "off-policy, no cut answers": 0, "on-policy multi-turn, no cut answers": 2}
+    for name, (variant, arm) in ablation.DRAFTERS.items():
+        runs = [QuestionRun(81 + q, [[accepts[name]] * 3 + [q % 2]], output_tokens=9) for q in range(10)]
+        write_tau(tmp_path / f"x-abl-{variant}" / arm / "tau.json",
+                  summarize(runs, k=3, verifier="t", eval_set="mt_bench", supervised_tokens=75, resamples=200))
+    docs = ablation.read_ablation(tmp_path, "x")
+    compared = ablation.comparisons(docs)
+    assert [(c["a"], c["b"], c["verdict"]) for c in compared] == [
+        ("on-policy multi-turn", "off-policy", "a higher"), ("on-policy first turns", "off-policy", "a higher"),
+        ("on-policy multi-turn", "on-policy first turns", "a higher"),
+        ("on-policy multi-turn", "on-policy multi-turn, no cut answers", "unresolved"),
+        ("off-policy", "off-policy, no cut answers", "unresolved")]
+    assert compared[0]["mean"] == pytest.approx(1.5)  # 2 of 4 forwards' drafts more a forward, 3 of 4 forwards
+    said = ablation.ablation_statement(docs, compared)
+    assert said.startswith("At 75 supervised tokens each") and "on-policy multi-turn minus off-policy +1.500" in said
+    doc = json.loads((tmp_path / "x-abl-whole" / "on_policy" / "tau.json").read_text())
+    doc["supervised_tokens"] = 76
+    (tmp_path / "x-abl-whole" / "on_policy" / "tau.json").write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="not trained on one count of supervised tokens"):
+        ablation.read_ablation(tmp_path, "x")

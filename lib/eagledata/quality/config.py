@@ -106,6 +106,10 @@ class QualityConfig(Settings):
                                           "experiment <experiment>-t<tokens> on this one's data (train_tokens; "
                                           "data_from), its arms trained and measured, plotted with this one and "
                                           "fitted; [] -> no curve")
+    ablation_tokens: int | None = setting(None, "the field's ablation at this many supervised tokens per arm, on this "
+                                                "experiment's data: experiments <experiment>-abl-all, -abl-first "
+                                                "(train_turns first) and -abl-whole (train_cut_answers False), one "
+                                                "draft vocabulary (draft_vocabulary data); None -> no ablation")
     data_seed: int | None = setting(0, "which ShareGPT conversations are drawn: a seeded shuffle of the whole file, "
                                        "the training conversations first, the held-out ones next (None -> the "
                                        "file's order); the seed of the data draw, as seed is the trainer's")
@@ -119,7 +123,7 @@ class QualityConfig(Settings):
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
         if any(t < 1 for t in self.curve_tokens) or len(set(self.curve_tokens)) != len(self.curve_tokens):
             raise InputError(f"sizes must be 1 or more, each once, got {self.curve_tokens}", field="curve_tokens")
-        for name in ("questions", "bound_questions", "vllm_questions", "train_tokens"):
+        for name in ("questions", "bound_questions", "vllm_questions", "train_tokens", "ablation_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InputError(f"must be 1 or more (or None), got {value}", field=name)

@@ -36,7 +36,7 @@ def curve_configs(config: QualityConfig) -> list[QualityConfig]:
         raise InputError(f"every size must be under train_tokens {config.train_tokens:,} (the largest point, the "
                          f"experiment itself), got {sorted(config.curve_tokens)}", field="curve_tokens")
     return [replace(config, experiment=size_name(config.experiment, t), data_from=config.experiment, train_tokens=t,
-                    curve_tokens=[], vllm_check=False, bounds=[])
+                    curve_tokens=[], ablation_tokens=None, vllm_check=False, bounds=[])
             for t in sorted(config.curve_tokens)]
 
 
