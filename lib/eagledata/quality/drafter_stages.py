@@ -60,8 +60,9 @@ class DrafterStages:
             return
         _ = self.ws.verifier  # its stage resolved once, before the trainers' threads both ask for it
         with ThreadPoolExecutor(max_workers=len(todo)) as pool:
-            running = [pool.submit(self.train_arm, arm, threads // len(todo)) for arm in todo]
-            try:
+            running = []
+            try:  # from the first submit on: an interrupt may come before both have started
+                running += [pool.submit(self.train_arm, arm, threads // len(todo)) for arm in todo]
                 while wait(running, timeout=1.0).not_done:  # awake each second: a signal's handler runs here
                     pass
             except BaseException:  # an interrupt lands here, in the main thread: the trainers end with it
