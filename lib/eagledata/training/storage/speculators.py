@@ -86,7 +86,7 @@ def rows_view(source: Path, destination: Path, rows: list[tuple[int, Sample]]) -
     last kept token). A whole row's states file is hard-linked (copied across file systems); a prefix's is
     written with the first T positions, which a causal verifier computes from them alone. Refused when a sample's
     tokens are not its source row's. Then the Arrow dataset of the samples, as `finish` writes it."""
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     states = destination / STATES_DIR
     if destination.exists():
@@ -94,17 +94,18 @@ def rows_view(source: Path, destination: Path, rows: list[tuple[int, Sample]]) -
     states.mkdir(parents=True)
     for j, (row, sample) in enumerate(rows):
         src, dst = source / state_file(row), destination / state_file(j)
-        got = load_file(str(src))
-        ids = got["token_ids"].tolist()
-        if ids[:len(sample)] != list(sample.input_ids):
-            raise InputError(f"sample {sample.id} is not row {row}'s tokens (or a prefix of them)", src)
-        if len(ids) == len(sample):
+        with safe_open(str(src), framework="pt") as f:  # the ids alone; the states only where cut
+            ids = f.get_tensor("token_ids").tolist()
+            if ids[:len(sample)] != list(sample.input_ids):
+                raise InputError(f"sample {sample.id} is not row {row}'s tokens (or a prefix of them)", src)
+            prefix = f.get_slice("hidden_states")[:len(sample)] if len(ids) != len(sample) else None
+        if prefix is None:
             try:
                 os.link(src, dst)
             except OSError:
                 shutil.copy2(src, dst)
         else:
-            write_row_file(sample, got["hidden_states"][:len(sample)].contiguous(), dst)
+            write_row_file(sample, prefix.contiguous(), dst)
     save_arrow([sample for _, sample in rows], destination)
     return destination
 
