@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InputError
 from .arms import ARMS
 from .config import QualityConfig
-from .tau import paired_difference, read_tau
+from .tau import paired_difference, question_taus, read_tau
 
 DIFFERENCE = "on_policy - off_policy"
 
@@ -80,8 +80,7 @@ def size_differences(points: Sequence[tuple[int, dict[str, dict[str, Any]]]], *,
 
 def _question_taus(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> tuple[list[str], np.ndarray]:
     """The questions every point measured with a τ, and τ[arm, size, question]."""
-    per = [{arm: {str(q["id"]): q["tau"] for q in docs[arm]["per_question"] if q["tau"] is not None} for arm in ARMS}
-           for _, docs in points]
+    per = [{arm: question_taus(docs[arm]) for arm in ARMS} for _, docs in points]
     shared = sorted(set.intersection(*(set(p[arm]) for p in per for arm in ARMS)))
     if not shared:
         raise InputError("the curve's points share no question with a τ")

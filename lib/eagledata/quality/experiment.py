@@ -98,10 +98,7 @@ class Experiment:
         if self.arm_data.subset():  # a curve's size or an ablation: some of the training samples, as many tokens
             trained = {arm: self.arm_data.train_samples(arm) for arm in ARMS}
             tokens = supervised(trained[ARMS[0]])
-            table = [{**row, "trained_samples": len(taken), "trained_tokens": tokens,
-                      "trained_turn_samples": turn_shares(taken)["turn_samples"],
-                      "trained_cut_answers": len({s.id for s in taken} & self.arm_data.cut_ids(row["arm"]))}
-                     for row in table for taken in [trained[row["arm"]]]]
+            table = [{**row, **self.trained_row(row["arm"], trained[row["arm"]])} for row in table]
         docs = {arm: read_tau(self.files.tau(arm)) for arm in ARMS}
         docs.update({d: read_tau(self.files.bound(d)) for d in self.config.bounds})
         summary = {"name": self.config.experiment, "target": str(self.workspace.verifier),  # the key tau.json has too
@@ -120,6 +117,12 @@ class Experiment:
             self.seams.say(f"{arm}: τ {line['tau_mean']:.3f} [{line['tau_ci95'][0]:.3f}, {line['tau_ci95'][1]:.3f}]"
                            f" over {line['questions']} questions, supervised tokens {tokens}")
         return summary
+
+    def trained_row(self, arm: str, trained: list[Any]) -> dict[str, Any]:
+        """What an arm trained on where it trained on some of its samples (summary.json's `arms`)."""
+        return {"trained_samples": len(trained), "trained_tokens": supervised(trained),
+                "trained_turn_samples": turn_shares(trained)["turn_samples"],
+                "trained_cut_answers": len({s.id for s in trained} & self.arm_data.cut_ids(arm))}
 
 
 def run_experiment(config: QualityConfig, seams: ExperimentSeams | None = None) -> dict[str, Any]:

@@ -66,10 +66,14 @@ def bootstrap_ci(values: Sequence[float], *, level: float = 0.95, resamples: int
     return float(lo), float(hi)
 
 
+def question_taus(doc: dict[str, Any]) -> dict[str, float]:
+    """A tau.json's τ per question that has one (`per_question`), by question id."""
+    return {str(q["id"]): q["tau"] for q in doc.get("per_question", []) if q["tau"] is not None}
+
+
 def question_differences(a: dict[str, Any], b: dict[str, Any]) -> dict[str, float]:
     """τ of `a` minus τ of `b`, per question both measured (each tau.json's `per_question`), by question id."""
-    taus_a, taus_b = ({str(q["id"]): q["tau"] for q in doc.get("per_question", []) if q["tau"] is not None}
-                      for doc in (a, b))
+    taus_a, taus_b = question_taus(a), question_taus(b)
     return {q: taus_a[q] - taus_b[q] for q in taus_a if q in taus_b}
 
 
