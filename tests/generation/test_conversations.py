@@ -22,7 +22,7 @@ from eagledata.prompts import normalize_prompt, scan_prompts
 from eagledata.records import Answer, Record, load_records
 from eagledata.text import parse_output_ids, prompt_ids
 from tests.helpers.kills import kill_while_writing
-from tests.helpers.records import check_cut_prefixes, recorded_turns
+from tests.helpers.records import check_cut_prefixes, journaled_text, recorded_turns
 
 SMALL = {"reasoning_median": 60, "reasoning_sigma": 0.5, "content_median": 20, "content_sigma": 0.5, "max_total": 400}
 BASE = {"speed": 0, "content": SMALL, "generation_delay": 0.1, "balance": 1000}
@@ -322,6 +322,7 @@ def test_a_ctrl_c_pauses_the_turns_it_cut_and_the_rerun_finishes_every_conversat
     import time
 
     from eagledata.generation.conversations.turns import pauses
+    from eagledata.generation.money.killed import leftovers
 
     emu.reset({**BASE, "speed": 0.05, "seed": 5, "content": {"reasoning_median": 300, "reasoning_sigma": 0.4,
                                                                "content_median": 80, "content_sigma": 0.4,
@@ -333,10 +334,15 @@ def test_a_ctrl_c_pauses_the_turns_it_cut_and_the_rerun_finishes_every_conversat
            "--concurrency", "48", "--max-tokens", "1500", "--progress", "false", "--reserve-usd", "0",
            "--stream", "true"]
     records_file = out / "datasets" / "C" / "records.jsonl"
+    journal = out / "datasets" / "C" / "streams.jsonl"
+
+    def cut_enough() -> bool:  # a later turn can be cut, and many open streams have text to keep (load or not)
+        done = len(records_file.read_text().splitlines()) if records_file.exists() else 0
+        return done >= 20 and len(set(leftovers(journal)) & journaled_text(journal)) >= 15
+
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and (not records_file.exists() or
-                                           len(records_file.read_text().splitlines()) < 20):
+    while time.monotonic() < deadline and not cut_enough():
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
 
 import httpx
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from eagledata.emulator import run_emulator
 from eagledata.generation.money.killed import Baseline, KilledBefore, StreamJournal, baseline, leftovers, read_killed
 from eagledata.openrouter.client import LOCAL_KEY
+from tests.helpers.records import journaled_text
 
 NOTHING_KEPT = {"kept": 0, "kept_usd": 0.0, "not_kept": {}}  # no text journaled: no prefix kept
 
@@ -94,15 +94,6 @@ def test_the_first_killed_runs_baseline_is_kept_until_a_summary_is_written(tmp_p
     fresh = StreamJournal(tmp_path / "other.jsonl")
     fresh.rewrite([], summarized=True)  # a run that journaled nothing leaves no file behind
     assert not (tmp_path / "other.jsonl").exists()
-
-
-def journaled_text(journal, flushes: int = 1) -> set[str]:
-    """The streams whose delivered text the journal holds, from at least `flushes` flushes."""
-    if not journal.exists():
-        return set()
-    lines = Counter(json.loads(line)["text"] for line in journal.read_text().splitlines()
-                    if line.endswith("}") and '"text"' in line)
-    return {gid for gid, n in lines.items() if n >= flushes}
 
 
 def test_a_killed_runs_streams_are_read_back_shown_and_what_they_delivered_kept(tokenizer_dir, tmp_path):

@@ -3,6 +3,7 @@ dataset folder's records read back turn by turn."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from eagledata.generation.conversations.turns import pauses
@@ -84,3 +85,13 @@ def check_cut_prefixes(emu, records: list[Record]) -> None:
         assert r.output_ids[-1] != IM_END and r.finish_reason == "cut"
         assert r.output_ids == truth["output_ids"][:len(r.output_ids)], r.id
         assert 0 < len(r.output_ids) < len(truth["output_ids"])
+
+
+def journaled_text(journal: Path, flushes: int = 1) -> set[str]:
+    """The streams whose delivered text a dataset's `streams.jsonl` holds, from at least `flushes` of its flushes
+    (one a second): streams that have delivered text, as the engine saw it."""
+    if not journal.exists():
+        return set()
+    lines = Counter(json.loads(line)["text"] for line in journal.read_text().splitlines()
+                    if line.endswith("}") and '"text"' in line)
+    return {gid for gid, n in lines.items() if n >= flushes}
