@@ -95,16 +95,19 @@ quality-setup: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
 
 # The arms over data draws x trainer seeds (issue 59 item 5): one `make quality` per (draw, seed), named
 # $(QUALITY_NAME)-d<draw>-s<seed>; a draw's later seeds reuse its first seed's data and greedy trace (`data_from`);
-# then the report card over all of them, notebooks/quality_grid.ipynb (the primary analysis as quality/README.md
-# fixed it: draws, seeds and questions resampled) into outputs/quality/$(QUALITY_NAME)-grid.ipynb. Each finished
-# experiment is kept: a rerun resumes.
+# each finished cell's small files (summary, stages, tau.json: ~200 KB) copied into git's bench/results/quality/
+# (`python -m eagledata.quality.grid`); then the report card over the kept cells, notebooks/quality_grid.ipynb (the
+# primary analysis as quality/README.md fixed it: draws, seeds and questions resampled) into
+# outputs/quality/$(QUALITY_NAME)-grid.ipynb. Each finished experiment is kept under outputs/ too: a rerun resumes.
 QUALITY_DRAWS ?= 0 1 2
 QUALITY_SEEDS ?= 0 1
+QUALITY_RESULTS ?= bench/results
 quality-grid:
 	set -e; for d in $(QUALITY_DRAWS); do first=""; for s in $(QUALITY_SEEDS); do \
 		name=$(QUALITY_NAME)-d$$d-s$$s; \
 		$(MAKE) quality QUALITY_NAME=$$name QUALITY_ARGS="$(QUALITY_ARGS) -p data_seed $$d -p seed $$s \
 			$${first:+-p data_from $$first}"; \
+		$(PY) -m eagledata.quality.grid outputs/quality/$$name --into $(QUALITY_RESULTS)/quality; \
 		first=$${first:-$$name}; done; done
 	$(MAKE) quality-report
 
@@ -117,14 +120,15 @@ QUALITY_CURVE_ARGS ?= -p conversations 1600 -p epochs 3 -p train_tokens 300000 -
 quality-curve:
 	$(MAKE) quality QUALITY_NAME=$(QUALITY_NAME)-curve QUALITY_ARGS='$(QUALITY_CURVE_ARGS) $(QUALITY_ARGS)'
 
-# The report card alone, over the grid's finished experiments (one not finished is named, and nothing is reported).
+# The report card alone, over the grid's kept experiments ($(QUALITY_RESULTS)/quality/; one not finished is named, and
+# nothing is reported).
 comma := ,
 empty :=
 space := $(empty) $(empty)
 commas = $(subst $(space),$(comma),$(strip $(1)))
 quality-report: $(STAMP)
 	$(PY) -m papermill --log-output notebooks/quality_grid.ipynb outputs/quality/$(QUALITY_NAME)-grid.ipynb \
-		-p grid $(QUALITY_NAME) -y "{draws: [$(call commas,$(QUALITY_DRAWS))], seeds: [$(call commas,$(QUALITY_SEEDS))]}"
+		-p grid $(QUALITY_NAME) -p output_dir $(QUALITY_RESULTS) -y "{draws: [$(call commas,$(QUALITY_DRAWS))], seeds: [$(call commas,$(QUALITY_SEEDS))]}"
 
 # JupyterLab in a real browser (tests marked `lab`, left out of `make test`): playwright into the venv, apt's
 # chromium when it is missing and we are root. Where neither can be had the tests fail and say why.

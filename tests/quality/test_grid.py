@@ -130,3 +130,30 @@ def test_the_grid_notebook_reports_the_primary_analysis(tmp_path, execute_notebo
     assert published["primary"]["verdict"] == "on-policy better" and len(published["cells"]) == 6
     with pytest.raises(Exception, match="3 of the grid's 9 experiments have not finished"):
         execute_notebook("quality_grid", grid="g", seeds=[0, 1, 2])
+
+
+def test_a_kept_cell_is_read_as_the_run_left_it_and_an_unfinished_one_is_not_kept(tmp_path, capsys):
+    """`keep` (make quality-grid after each cell) copies what the report card reads into git's folder; the report
+    read there equals the report read from the runs, a second keep replaces the first whole, and an experiment
+    without its summary is refused naming it."""
+    runs_root, kept_root = tmp_path / "runs", tmp_path / "kept"
+    names = grid(runs_root, shift=1)
+    (runs_root / names[0] / "on_policy" / "checkpoint").mkdir(parents=True)  # what stays under outputs/
+    (runs_root / names[0] / "on_policy" / "checkpoint" / "model.safetensors").write_bytes(b"weights")
+    assert report.main([str(runs_root / n) for n in names] + ["--into", str(kept_root)]) == 0
+    assert f"kept 5 files of {runs_root / names[0]}" in capsys.readouterr().out
+    assert sorted(str(p.relative_to(kept_root / names[0])) for p in (kept_root / names[0]).rglob("*")
+                  if p.is_file()) == ["bounds/ngram/tau.json", "off_policy/tau.json", "on_policy/tau.json",
+                                      "stages/prompts.json", "summary.json"]
+    read = {root: report.read_cells(root, names) for root in (runs_root, kept_root)}
+    assert report.primary(read[kept_root], resamples=300) == report.primary(read[runs_root], resamples=300)
+    assert report.cell_rows(read[kept_root]) == report.cell_rows(read[runs_root])
+
+    (kept_root / names[0] / "stale.json").write_text("{}")
+    report.keep(runs_root / names[0], kept_root)
+    assert not (kept_root / names[0] / "stale.json").exists()
+    (runs_root / names[1] / "summary.json").unlink()
+    with pytest.raises(InputError, match="no summary.json") as e:
+        report.keep(runs_root / names[1], kept_root)
+    assert str(runs_root / names[1]) in str(e.value)
+    assert report.main([str(runs_root / names[1]), "--into", str(kept_root)]) == 2
