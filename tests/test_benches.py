@@ -1,6 +1,8 @@
 """The benches that measure the engine in virtual time run the engine itself (bench/virtual_service.py), on a small
-scale here so they cannot rot: a bench whose numbers come from a broken run would mislead whoever reads them."""
+scale here so they cannot rot: a bench whose numbers come from a broken run would mislead whoever reads them. The GPU
+script's carrying (bench/device_parts.py, bench/quality_gpu.py) is checked here too: no GPU is at hand to catch it."""
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -124,3 +126,76 @@ def test_once_every_target_is_met_the_streams_billed_whole_get_moments_then_are_
     assert s["run"]["finish_reasons"].get("cut", 0) >= 1  # the long ones, kept as far as they got
     assert timing["slots_end_s"] == pytest.approx(met + FINISH_BEFORE_CUT_S, abs=1)
     assert s["wall_s"] < met + FINISH_BEFORE_CUT_S + 5
+
+
+def test_a_folder_carried_in_parts_arrives_whole_and_a_missing_or_damaged_part_is_named(tmp_path):
+    """bench/device_parts.py (how bench/quality_gpu.py carries its bundle to the GPU machine, 64 MiB a command):
+    no part over its size, every file put together byte for byte; a part not arrived or damaged is named."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import device_parts as dp
+    finally:
+        sys.path.remove(str(BENCH))
+    rng = random.Random(5)
+    folder = tmp_path / "bundle"
+    files = {"cache/a.whl": 2_500, "cache/b.whl": 0, "wheels/c.whl": 999, "install.json": 1_000, "d/e/f.bin": 3_001}
+    for rel, size in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(rng.randbytes(size))
+    manifest = dp.pack(folder, tmp_path / "parts", 1_000)
+    assert manifest.parts == 8 and manifest.total() == sum(files.values())  # 7,500 bytes: 7.5 parts of 1,000
+    sizes = [sum(p.stat().st_size for p in (tmp_path / "parts" / dp.part_name(i)).iterdir() if p.name != dp.MANIFEST)
+             for i in range(manifest.parts)]
+    assert sizes == [1_000] * 7 + [500] and sizes == [manifest.part_size(i) for i in range(manifest.parts)]
+
+    there = tmp_path / "there"
+    for i in (0, 1, 2, 4, 5, 6, 7):  # part 03 never came
+        shutil.copytree(tmp_path / "parts" / dp.part_name(i), there / dp.part_name(i))
+        assert dp.check_part(there, i).parts == 8
+    with pytest.raises(ValueError, match="parts not arrived: 03"):
+        dp.unpack(there, tmp_path / "out")
+    with pytest.raises(ValueError, match="part 03 has not arrived"):
+        dp.check_part(there, 3)
+    shutil.copytree(tmp_path / "parts" / "03", there / "03")
+    chunk = next(p for p in sorted((there / "05").iterdir()) if p.name != dp.MANIFEST)
+    data = bytearray(chunk.read_bytes())
+    data[7] ^= 1
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"part 05: chunk {chunk.name} is missing or damaged"):
+        dp.unpack(there, tmp_path / "out")
+    data[7] ^= 1
+    chunk.write_bytes(bytes(data))
+    dp.unpack(there, tmp_path / "out")
+    for rel in files:
+        assert (tmp_path / "out" / rel).read_bytes() == (folder / rel).read_bytes()
+
+
+def test_the_gpu_bundle_carries_what_the_image_lacks_and_installs_speculators_without_torch():
+    """bench/quality_gpu.py's choice of wheels: the speculators environment but the GPU image's heavy packages, the
+    project's pins the image lacks; speculators installed without its dependencies, what it asks for but torch and
+    its companions through pip's resolver; one device command per part, the last also running the experiment."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import quality_gpu as q
+    finally:
+        sys.path.remove(str(BENCH))
+    interop = q.pins(["speculators==0.9.0", "hs-connectors==0.9.0", "transformers==5.19.0", "datasets==5.1.0",
+                      "loguru==0.7.3", "torch==2.13.0+cpu", "numpy==2.4.6", "pip==23.2.1", "Pydantic_Core==2.50.5"])
+    project = q.pins(["# core", "gguf==0.19.0  # the target's GGUF", "sniffio==1.3.1", "starlette==1.10.0",
+                      "uvicorn==0.54.0", "python-multipart==0.0.34", "httptools==0.9.0", "tiktoken==0.14.0"])
+    wheels, plan = q.carried(interop, project, ["loguru<=0.7.3,>=0.7.2", "torch<=2.14.1,>=2.9.0", "torchaudio",
+                                                "transformers<=5.19.0,>=5.0.0", "hs-connectors==0.9.0", "pydantic"])
+    assert wheels == sorted(["speculators==0.9.0", "hs-connectors==0.9.0", "transformers==5.19.0", "datasets==5.1.0",
+                             "loguru==0.7.3", "Pydantic_Core==2.50.5", "gguf==0.19.0", "sniffio==1.3.1",
+                             "starlette==1.10.0", "uvicorn==0.54.0", "python-multipart==0.0.34", "httptools==0.9.0"])
+    assert plan == {"no_deps": ["speculators==0.9.0", "hs-connectors==0.9.0"],
+                    "resolved": ["transformers==5.19.0", "datasets==5.1.0", "loguru<=0.7.3,>=0.7.2", "pydantic",
+                                 "gguf==0.19.0", "sniffio==1.3.1", "starlette==1.10.0", "uvicorn==0.54.0",
+                                 "python-multipart==0.0.34", "httptools==0.9.0"]}
+    with pytest.raises(SystemExit, match="no pinned version of gguf"):
+        q.carried(interop, {k: v for k, v in project.items() if k != "gguf"}, [])
+    calls = q.device_calls(q.Manifest([{"chunks": [[0, "a", 10, ""], [1, "b", 4, ""]]}], 2, 10), q.WORK / "parts")
+    assert [c["carry"] for c in calls] == [[".gpu/parts/00"], [".gpu/parts/01"]]
+    assert [c["bytes"] for c in calls] == [10, 4]
+    assert calls[0]["command"] == "python3 bench/quality_gpu.py receive --part 0"
+    assert calls[1]["command"].endswith("receive --part 1 && python3 bench/quality_gpu.py run --results $OUT")
