@@ -96,7 +96,7 @@ quality-setup: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
 # The arms over data draws x trainer seeds (issue 59 item 5): one `make quality` per (draw, seed), named
 # $(QUALITY_NAME)-d<draw>-s<seed>; a draw's later seeds reuse its first seed's data and greedy trace (`data_from`);
 # each finished cell's small files (summary, stages, tau.json: ~200 KB) copied into git's bench/results/quality/
-# (`python -m eagledata.quality.grid`); then the report card over the kept cells, notebooks/quality_grid.ipynb (the
+# (`keep_dir`); then the report card over the kept cells, notebooks/quality_grid.ipynb (the
 # primary analysis as quality/README.md fixed it: draws, seeds and questions resampled) into
 # outputs/quality/$(QUALITY_NAME)-grid.ipynb. Each finished experiment is kept under outputs/ too: a rerun resumes.
 QUALITY_DRAWS ?= 0 1 2
@@ -106,17 +106,17 @@ quality-grid:
 	set -e; for d in $(QUALITY_DRAWS); do first=""; for s in $(QUALITY_SEEDS); do \
 		name=$(QUALITY_NAME)-d$$d-s$$s; \
 		$(MAKE) quality QUALITY_NAME=$$name QUALITY_ARGS="$(QUALITY_ARGS) -p data_seed $$d -p seed $$s \
-			$${first:+-p data_from $$first}"; \
-		$(PY) -m eagledata.quality.grid outputs/quality/$$name --into $(QUALITY_RESULTS)/quality; \
+			-p keep_dir $(QUALITY_RESULTS)/quality $${first:+-p data_from $$first}"; \
 		first=$${first:-$$name}; done; done
 	$(MAKE) quality-report
 
 # The learning curve (issue 62) at the sizes quality/README.md fixed before its runs: one experiment
 # $(QUALITY_NAME)-curve makes the data and trains at the largest size; each smaller size is an experiment of its own
 # on that data (`curve_tokens`); quality.ipynb plots and fits them; then the field's ablation on the same data
-# (`ablation_tokens`: three experiments). Resumable as `make quality` is.
+# (`ablation_tokens`: three experiments). Resumable as `make quality` is; each finished experiment's small files kept
+# in git's bench/results/quality/ (`keep_dir`), so finished sizes outlive the machine.
 QUALITY_CURVE_ARGS ?= -p conversations 1600 -p epochs 3 -p train_tokens 300000 -y "curve_tokens: [37500, 75000, 150000]" \
-	-p ablation_tokens 37500
+	-p ablation_tokens 37500 -p keep_dir $(QUALITY_RESULTS)/quality
 quality-curve:
 	$(MAKE) quality QUALITY_NAME=$(QUALITY_NAME)-curve QUALITY_ARGS='$(QUALITY_CURVE_ARGS) $(QUALITY_ARGS)'
 

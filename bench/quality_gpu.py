@@ -210,46 +210,38 @@ def install(bundle: Path, venv: Path, image_python: str = sys.executable) -> Pat
 
 
 def experiment_command(python: str, cache: Path, target: Path, output_dir: Path, sizes: dict, *, device: str,
-                       name: str, interop_python: str) -> list[str]:
+                       name: str, interop_python: str, keep_dir: Path) -> list[str]:
     cmd = [python, "-m", "eagledata.quality.experiment", "--experiment", name, "--output-dir", str(output_dir),
            "--cache-dir", str(cache), "--target", str(target), "--target-device", device,
-           "--interop-python", interop_python]
+           "--interop-python", interop_python, "--keep-dir", str(keep_dir)]
     for key, value in sizes.items():
         cmd += [f"--{key.replace('_', '-')}", value if isinstance(value, str) else json.dumps(value)]
     return cmd
 
 
 def experiment(cache: Path, output_dir: Path, sizes: dict, *, device: str, name: str, python: str,
-               interop_python: str) -> Path:
-    """The target converted from its wheel in `cache`, then the experiment; its folder."""
+               interop_python: str, results: Path) -> Path:
+    """The target converted from its wheel in `cache`, then the experiment; what it keeps (`keep_dir`: summary,
+    stages, tau.json) as one archive in `results` (the device returns at most 8 files), summary.json beside it."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
     target = subprocess.run([python, "-m", "eagledata.quality.smollm2", "--cache", str(cache)], env=env, check=True,
                             capture_output=True, text=True).stdout.strip().splitlines()[-1]
-    cmd = experiment_command(python, cache, Path(target), output_dir, sizes, device=device, name=name,
-                             interop_python=interop_python)
-    say("$ " + " ".join(cmd))
-    started = time.monotonic()
-    subprocess.run(cmd, check=True, env=env)
-    folder = output_dir / "quality" / name
-    summary = json.loads((folder / "summary.json").read_text())
-    say(f"finished in {time.monotonic() - started:.0f} s; {folder / 'summary.json'}")
+    with tempfile.TemporaryDirectory() as kept:
+        cmd = experiment_command(python, cache, Path(target), output_dir, sizes, device=device, name=name,
+                                 interop_python=interop_python, keep_dir=Path(kept))
+        say("$ " + " ".join(cmd))
+        started = time.monotonic()
+        subprocess.run(cmd, check=True, env=env)
+        say(f"finished in {time.monotonic() - started:.0f} s")
+        results.mkdir(parents=True, exist_ok=True)
+        archive = results / f"{name}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            tar.add(Path(kept) / name, arcname=name)
+    summary = json.loads((output_dir / "quality" / name / "summary.json").read_text())
+    (results / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     for row in summary["rows"]:
         say(f"  {row['drafter']}: τ {row['tau_mean']:.3f} {row['tau_ci95']} over {row['questions']} questions; "
             f"acceptance {row['per_position_acceptance']}")
-    return folder
-
-
-def results(folder: Path, python: str, into: Path) -> Path:
-    """The experiment's kept files (`quality.grid.keep`: summary, stages, tau.json) as one archive in `into` (the
-    device returns at most 8 files), and summary.json beside it to read at once."""
-    into.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([python, "-m", "eagledata.quality.grid", str(folder), "--into", tmp], check=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT / "lib")})
-        archive = into / f"{folder.name}.tar.gz"
-        with tarfile.open(archive, "w:gz") as tar:
-            tar.add(Path(tmp) / folder.name, arcname=folder.name)
-    shutil.copy2(folder / "summary.json", into / "summary.json")
     say(f"results: {archive}")
     return archive
 
@@ -273,9 +265,8 @@ def dry_run(work: Path, cache: Path, output_dir: Path, *, wheels: bool, interop_
     say(f"the {manifest.parts} parts put together: {manifest.total() / 1e6:.0f} MB in {len(manifest.files)} files, "
         "each its sha256")
     python = str(install(there / "bundle", there / "venv")) if wheels else sys.executable
-    folder = experiment(there / "bundle" / "cache", output_dir, DRY_RUN_SIZES, device="cpu", name="gpu-dry-run",
-                        python=python, interop_python=python if wheels else interop_python)
-    results(folder, python, output_dir / "gpu-dry-run-results")
+    experiment(there / "bundle" / "cache", output_dir, DRY_RUN_SIZES, device="cpu", name="gpu-dry-run", python=python,
+               interop_python=python if wheels else interop_python, results=output_dir / "gpu-dry-run-results")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,9 +306,8 @@ def main(argv: list[str] | None = None) -> int:
         if not (bundle / "install.json").exists():
             unpack(work / "parts", bundle)
         python = str(install(bundle, work / "venv"))
-        folder = experiment(bundle / "cache", args.output_dir, GPU_SIZES, device=args.device, name=args.name,
-                            python=python, interop_python=python)
-        results(folder, python, args.results)
+        experiment(bundle / "cache", args.output_dir, GPU_SIZES, device=args.device, name=args.name, python=python,
+                   interop_python=python, results=args.results)
     else:
         p.error("prepare, receive --part N, run --results DIR, or --dry-run")
     return 0

@@ -12,6 +12,7 @@ import pytest
 from eagledata.errors import InputError
 from eagledata.quality import grid as report
 from eagledata.quality.arms import ARMS
+from eagledata.quality.layout import keep
 from eagledata.quality.tau import QuestionRun, paired_difference, seeds_difference, summarize, write_tau
 
 CATEGORIES = ("writing", "math")
@@ -132,16 +133,16 @@ def test_the_grid_notebook_reports_the_primary_analysis(tmp_path, execute_notebo
         execute_notebook("quality_grid", grid="g", seeds=[0, 1, 2])
 
 
-def test_a_kept_cell_is_read_as_the_run_left_it_and_an_unfinished_one_is_not_kept(tmp_path, capsys):
-    """`keep` (make quality-grid after each cell) copies what the report card reads into git's folder; the report
-    read there equals the report read from the runs, a second keep replaces the first whole, and an experiment
-    without its summary is refused naming it."""
+def test_a_kept_cell_is_read_as_the_run_left_it_and_an_unfinished_one_is_not_kept(tmp_path):
+    """`layout.keep` (each finished experiment, with `keep_dir`: make quality-grid's bench/results/quality/) copies
+    what the report card reads; the report read there equals the report read from the runs, a second keep replaces
+    the first whole, and an experiment without its summary is refused naming it."""
     runs_root, kept_root = tmp_path / "runs", tmp_path / "kept"
     names = grid(runs_root, shift=1)
     (runs_root / names[0] / "on_policy" / "checkpoint").mkdir(parents=True)  # what stays under outputs/
     (runs_root / names[0] / "on_policy" / "checkpoint" / "model.safetensors").write_bytes(b"weights")
-    assert report.main([str(runs_root / n) for n in names] + ["--into", str(kept_root)]) == 0
-    assert f"kept 5 files of {runs_root / names[0]}" in capsys.readouterr().out
+    for name in names:
+        assert len(keep(runs_root / name, kept_root)) == 5
     assert sorted(str(p.relative_to(kept_root / names[0])) for p in (kept_root / names[0]).rglob("*")
                   if p.is_file()) == ["bounds/ngram/tau.json", "off_policy/tau.json", "on_policy/tau.json",
                                       "stages/prompts.json", "summary.json"]
@@ -150,10 +151,9 @@ def test_a_kept_cell_is_read_as_the_run_left_it_and_an_unfinished_one_is_not_kep
     assert report.cell_rows(read[kept_root]) == report.cell_rows(read[runs_root])
 
     (kept_root / names[0] / "stale.json").write_text("{}")
-    report.keep(runs_root / names[0], kept_root)
+    keep(runs_root / names[0], kept_root)
     assert not (kept_root / names[0] / "stale.json").exists()
     (runs_root / names[1] / "summary.json").unlink()
     with pytest.raises(InputError, match="no summary.json") as e:
-        report.keep(runs_root / names[1], kept_root)
+        keep(runs_root / names[1], kept_root)
     assert str(runs_root / names[1]) in str(e.value)
-    assert report.main([str(runs_root / names[1]), "--into", str(kept_root)]) == 2

@@ -356,8 +356,11 @@ def test_a_trace_is_recorded_only_for_a_tau_stage_that_runs(base):
 
 def test_a_curve_runs_each_size_on_the_experiments_data_and_reads_its_points(base):
     """The experiment, then a size on its data: the size trains at its tokens and measures only its arms, against
-    the experiment's greedy trace (recorded once for both); the points come back by tokens, each from its tau.json."""
-    exp, _ = experiment(base, "curve", vllm_check=False, bounds=["ngram"])
+    the experiment's greedy trace (recorded once for both); the points come back by tokens, each from its tau.json.
+    With `keep_dir` each finished experiment, the size too, leaves its small files there, and the points read there
+    are the same."""
+    kept = base / "kept-curve"
+    exp, _ = experiment(base, "curve", vllm_check=False, bounds=["ngram"], keep_dir=str(kept))
     have = exp.run()["supervised_tokens"]
     size = have // 2
     calls = []
@@ -369,6 +372,9 @@ def test_a_curve_runs_each_size_on_the_experiments_data_and_reads_its_points(bas
     root = exp.files.root.parent
     points = curve.read_points(root, ["curve", f"curve-t{size}"])
     assert [t for t, _ in points] == [size, have]
+    assert curve.read_points(kept, ["curve", f"curve-t{size}"]) == points
+    assert sorted(p.name for p in kept.iterdir()) == ["curve", f"curve-t{size}"]
+    assert not list(kept.rglob("*.safetensors")) and (kept / "curve" / "bounds" / "ngram" / "tau.json").is_file()
     rows = curve.curve_rows(points)
     assert [(r["supervised_tokens"], r["arm"]) for r in rows] == [(size, a) for a in ARMS] + [(have, a) for a in ARMS]
     stage = json.loads(ExperimentFiles(root / f"curve-t{size}").stage("train/on_policy").read_text())

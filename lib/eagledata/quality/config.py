@@ -31,6 +31,10 @@ class QualityConfig(Settings):
                                           "records, samples, hidden states) this one reuses, hard-linked: trained "
                                           "and measured again, e.g. with another seed")
     output_dir: str = shared("output_dir")
+    keep_dir: str | None = setting(None, "where each finished experiment's small files (summary, stages, tau.json: "
+                                         "~200 KB) are copied, <keep_dir>/<experiment>/, to keep in git: make "
+                                         "quality-grid and quality-curve keep them in bench/results/quality; None -> "
+                                         "not copied")
     cache_dir: str = setting(".cache/quality", "wheels (ShareGPT, MT-Bench, SmolLM2) and the converted verifier")
     # `target` and `target_device` keep the speculative-decoding word for the model that verifies the drafts (the
     # verifier everywhere else in quality/ and training/): they are the notebook's parameters, `make quality`'s

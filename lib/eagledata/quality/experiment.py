@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ..files import atomic_write_text
@@ -34,6 +35,7 @@ from .arm_data import ArmData
 from .arms import ARMS, supervised, turn_shares
 from .config import QualityConfig
 from .drafter_stages import DrafterStages
+from .layout import keep
 from .report import baseline_verdict
 from .stages import share_data
 from .tau import paired_difference, read_tau
@@ -113,6 +115,9 @@ class Experiment:
                    "seconds_this_run": round(time.monotonic() - started, 1)}
         summary["baseline_verdict"] = baseline_verdict(summary)
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")
+        if self.config.keep_dir:
+            kept = keep(self.files.root, Path(self.config.keep_dir))
+            self.seams.say(f"kept {len(kept)} files in {Path(self.config.keep_dir) / self.config.experiment}")
         for arm, line in taus.items():
             self.seams.say(f"{arm}: τ {line['tau_mean']:.3f} [{line['tau_ci95'][0]:.3f}, {line['tau_ci95'][1]:.3f}]"
                            f" over {line['questions']} questions, supervised tokens {tokens}")

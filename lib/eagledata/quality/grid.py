@@ -6,15 +6,12 @@ Primary analysis: τ_mean(on_policy) − τ_mean(off_policy) over every cell, th
 weighs the same): on-policy better when the interval lies above 0, worse below, unresolved otherwise (`verdict`).
 Everything else here (per cell, per category, against n-gram, the losses) is secondary: reported, not decided on.
 
-A finished cell's small files are kept in git (`keep`, `make quality-grid`: bench/results/quality/), and the report
-card reads them there: the grid outlives the machine that ran it (a cell takes an hour on 2 cores; four were lost
-with a machine once)."""
+`make quality-grid` keeps each finished cell's small files in git (`keep_dir`: bench/results/quality/, `layout.keep`)
+and the report card reads them there: the grid outlives the machine that ran it (a cell takes an hour on 2 cores;
+four were lost with a machine once)."""
 from __future__ import annotations
 
-import argparse
 import json
-import shutil
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, run_command
+from ..errors import InputError
 from .arms import ARMS
 from .tau import question_differences, read_tau, seeds_difference
 
@@ -71,30 +68,6 @@ def read_cells(root: Path, names: Sequence[str]) -> list[Cell]:
         cells.append(Cell(n, json.loads((root / n / "summary.json").read_text(encoding="utf-8")),
                           {arm: read_tau(root / n / arm / "tau.json") for arm in ARMS}, draw))
     return cells
-
-
-# What the report card reads of a finished experiment, and what it is checked by (each stage's settings and seconds,
-# vLLM's count, the bounds): ~200 KB a cell. Checkpoints, hidden states and records stay under outputs/.
-KEPT = ("summary.json", "stages/*.json", "*/tau.json", "*/vllm_tau.json", "*/tau.vllm_questions.json",
-        "bounds/*/tau.json")
-
-
-def keep(experiment: Path, into: Path) -> list[Path]:
-    """Copy a finished experiment's `KEPT` files to `into/<its name>/` (the same layout, so `read_cells` reads
-    them there), replacing an earlier copy whole; an experiment without its summary.json is refused."""
-    if not (experiment / "summary.json").is_file():
-        raise InputError("not finished (no summary.json): nothing kept", experiment)
-    dest = into / experiment.name
-    if dest.exists():
-        shutil.rmtree(dest)
-    kept = []
-    for pattern in KEPT:
-        for src in sorted(experiment.glob(pattern)):
-            target = dest / src.relative_to(experiment)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, target)
-            kept.append(target)
-    return kept
 
 
 def primary(cells: Sequence[Cell], *, resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
@@ -212,21 +185,3 @@ def plot_grid(cells: Sequence[Cell], result: dict[str, Any], ax: Any = None) -> 
     ax.set_title(f"The grid: {result['verdict']}")
     return ax
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m eagledata.quality.grid EXPERIMENT... --into DIR`: keep each finished experiment's files (`keep`)."""
-    prog = "python -m eagledata.quality.grid"
-    parser = argparse.ArgumentParser(prog=prog, description="Keep finished experiments' files for the report card.")
-    parser.add_argument("experiments", nargs="+", type=Path, help="outputs/quality/<name> folders")
-    parser.add_argument("--into", type=Path, required=True, help="where the cells are kept (bench/results/quality)")
-    args = parser.parse_args(argv)
-
-    def body() -> None:
-        for experiment in args.experiments:
-            kept = keep(experiment, args.into)
-            print(f"kept {len(kept)} files of {experiment} in {args.into / experiment.name}")
-
-    return run_command(prog, body)
-
-if __name__ == "__main__":
-    sys.exit(main())

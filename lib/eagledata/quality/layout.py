@@ -2,9 +2,11 @@
 path per kind of file, nothing else."""
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import InputError
 from .config import QualityConfig
 
 
@@ -71,3 +73,27 @@ class ExperimentFiles:
 def experiment_files(config: QualityConfig) -> ExperimentFiles:
     return ExperimentFiles(Path(config.output_dir) / "quality" / config.experiment)
 
+
+# What the report card reads of a finished experiment, and what it is checked by (each stage's settings and seconds,
+# vLLM's count, the bounds): ~200 KB an experiment, small enough for git (`keep_dir`). Checkpoints, hidden states and
+# records stay under outputs/.
+KEPT = ("summary.json", "stages/*.json", "*/tau.json", "*/vllm_tau.json", "*/tau.vllm_questions.json",
+        "bounds/*/tau.json")
+
+
+def keep(experiment: Path, into: Path) -> list[Path]:
+    """Copy a finished experiment's `KEPT` files to `into/<its name>/` (the same layout, so `grid.read_cells` reads
+    them there), replacing an earlier copy whole; an experiment without its summary.json is refused."""
+    if not (experiment / "summary.json").is_file():
+        raise InputError("not finished (no summary.json): nothing kept", experiment)
+    dest = into / experiment.name
+    if dest.exists():
+        shutil.rmtree(dest)
+    kept = []
+    for pattern in KEPT:
+        for src in sorted(experiment.glob(pattern)):
+            target = dest / src.relative_to(experiment)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
+            kept.append(target)
+    return kept
