@@ -184,4 +184,3 @@ def plot_grid(cells: Sequence[Cell], result: dict[str, Any], ax: Any = None) -> 
     ax.set_xlabel("τ on-policy − τ off-policy (95 % interval)")
     ax.set_title(f"The grid: {result['verdict']}")
     return ax
-
