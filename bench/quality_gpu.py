@@ -189,10 +189,11 @@ def install(bundle: Path, venv: Path, image_python: str = sys.executable) -> Pat
     """A virtual environment over `image_python`'s packages (a .pth adds its site folders after the venv's own, which
     `--system-site-packages` does not do from inside another venv, as the GPU image's python3 is) with what
     `install.json` names, from the carried wheels only: `no_deps` as they are, `resolved` with pip's resolver (what
-    the image satisfies stays the image's; a package neither has is named by pip)."""
+    the image satisfies stays the image's; a package neither has is named by pip). The image's own pip installs
+    (`--python`): a Debian or Ubuntu python3 may lack ensurepip, which a venv with pip needs."""
     python = venv / "bin" / "python"
     if not (venv / ".installed").exists():
-        subprocess.run([image_python, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run([image_python, "-m", "venv", "--clear", "--without-pip", str(venv)], check=True)
         site_dirs = json.loads(subprocess.run([image_python, "-c", "import json, site; "
                                                "print(json.dumps(site.getsitepackages()))"],
                                               capture_output=True, text=True, check=True).stdout)
@@ -201,8 +202,8 @@ def install(bundle: Path, venv: Path, image_python: str = sys.executable) -> Pat
         (Path(own) / "_image.pth").write_text("import site; " + "; ".join(f"site.addsitedir({d!r})"
                                                                           for d in site_dirs) + "\n")
         plan = json.loads((bundle / "install.json").read_text())
-        pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index",
-               "--find-links", str(bundle / "wheels")]
+        pip = [image_python, "-m", "pip", "--python", str(python), "install", "-q", "--disable-pip-version-check",
+               "--no-index", "--find-links", str(bundle / "wheels")]
         subprocess.run([*pip, "--no-deps", *plan["no_deps"]], check=True)
         subprocess.run([*pip, *plan["resolved"]], check=True)
         (venv / ".installed").touch()
