@@ -74,7 +74,7 @@ def primary(cells: Sequence[Cell], *, resamples: int = 10_000, seed: int = 0) ->
     """The primary analysis: on-policy minus off-policy over every cell (`tau.seeds_difference`, the cells' draws
     named), with its `verdict`."""
     result = seeds_difference([(c.taus[ARMS[0]], c.taus[ARMS[1]]) for c in cells],
-                              draws=[json.dumps(c.draw, sort_keys=True) for c in cells],
+                              draws=[c.draw for c in cells],
                               resamples=resamples, seed=seed)
     return {**result, "verdict": verdict(result["ci95"])}
 

@@ -94,10 +94,10 @@ def seeds_difference(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], *, 
                      level: float = 0.95, resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
     """τ of `a` minus τ of `b` over several trainings of both (one pair of tau.json per experiment, the same
     questions), and an interval that resamples every level the result could have come out otherwise at: the data
-    draws (`draws`: the draw each pair was trained on, e.g. its prompts stage's settings; None: all one draw), the
-    trainer seeds within a draw, and the questions (a hierarchical percentile bootstrap). Each draw weighs the same,
-    whatever its seeds. One seed's paired interval holds the questions' spread only; a seed or a draw that moves every
-    question's τ is uncertainty too, and only more of them show it."""
+    draws (`draws`: the draw each pair was trained on, compared by equality, e.g. its prompts stage's settings;
+    None: all one draw), the trainer seeds within a draw, and the questions (a hierarchical percentile bootstrap).
+    Each draw weighs the same, whatever its seeds. One seed's paired interval holds the questions' spread only; a
+    seed or a draw that moves every question's τ is uncertainty too, and only more of them show it."""
     diffs = [question_differences(a, b) for a, b in pairs]
     shared = sorted(set.intersection(*(set(d) for d in diffs))) if diffs else []
     if not shared:
@@ -105,7 +105,11 @@ def seeds_difference(pairs: Sequence[tuple[dict[str, Any], dict[str, Any]]], *, 
     labels = [None] * len(pairs) if draws is None else list(draws)
     if len(labels) != len(pairs):
         raise ValueError(f"{len(labels)} draws for {len(pairs)} pairs")
-    groups = [[i for i, x in enumerate(labels) if x == g] for g in dict.fromkeys(labels)]  # first-seen order
+    firsts: list[Any] = []  # each draw once, in first-seen order (by equality: a draw may be a settings dict)
+    for x in labels:
+        if x not in firsts:
+            firsts.append(x)
+    groups = [[i for i, x in enumerate(labels) if x == g] for g in firsts]
     d = np.array([[per[q] for q in shared] for per in diffs])  # [experiments, questions]
     rng = np.random.default_rng(seed)
     q = rng.integers(0, d.shape[1], size=(resamples, d.shape[1]))  # first: one experiment gives `paired_difference`'s
@@ -283,8 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"experiment": str(d), "seed": x.get("bootstrap", {}).get("seed"), "draw": draw,
                               a: x["tau_mean"], b: y["tau_mean"], "difference": difference}))
         try:
-            print(json.dumps({"experiments": len(pairs), "difference": seeds_difference(
-                pairs, draws=[json.dumps(x, sort_keys=True) for x in draws])}))
+            print(json.dumps({"experiments": len(pairs), "difference": seeds_difference(pairs, draws=draws)}))
         except ValueError as e:
             raise InputError(f"{e}: {', '.join(map(str, args.experiments))}") from None
 
