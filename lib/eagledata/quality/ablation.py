@@ -9,9 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
 from .config import QualityConfig
-from .tau import paired_difference, read_tau
+from .tau import paired_difference, read_tau, trained_tokens
 
 # each variant: its experiment's name suffix and settings
 VARIANTS: dict[str, dict[str, Any]] = {"all": {}, "first": {"train_turns": "first"},
@@ -54,9 +53,7 @@ def read_ablation(root: Path, experiment: str) -> dict[str, dict[str, Any]]:
     tokens are refused."""
     docs = {name: read_tau(root / variant_name(experiment, v) / arm / "tau.json")
             for name, (v, arm) in DRAFTERS.items()}
-    if len({d.get("supervised_tokens") for d in docs.values()}) != 1:
-        raise InputError("the ablation's drafters were not trained on one count of supervised tokens: "
-                         f"{ {n: d.get('supervised_tokens') for n, d in docs.items()} }", root)
+    trained_tokens(docs, root)
     return docs
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InputError
 from .arms import ARMS
 from .config import QualityConfig
-from .tau import paired_difference, question_taus, read_tau
+from .tau import paired_difference, question_taus, read_tau, trained_tokens
 
 DIFFERENCE = "on_policy - off_policy"
 
@@ -56,10 +56,7 @@ def read_points(root: Path, names: Sequence[str]) -> list[tuple[int, dict[str, d
     points = []
     for name in names:
         docs = {arm: read_tau(root / name / arm / "tau.json") for arm in ARMS}
-        counts = [doc.get("supervised_tokens") for doc in docs.values()]
-        if len(set(counts)) != 1 or not isinstance(counts[0], int):
-            raise InputError(f"the arms were not trained on one count of supervised tokens: {counts}", root / name)
-        points.append((counts[0], docs))
+        points.append((trained_tokens(docs, root / name), docs))
     return sorted(points, key=lambda p: p[0])
 
 

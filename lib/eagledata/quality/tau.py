@@ -247,6 +247,16 @@ def read_tau(path: str | Path) -> dict[str, Any]:
     return dict(doc)
 
 
+def trained_tokens(docs: dict[str, dict[str, Any]], where: str | Path) -> int:
+    """The one count of supervised tokens the drafters of `docs` (tau.json documents by name) were trained on:
+    drafters at different counts are not compared, an `InputError` naming `where` and each count."""
+    counts = {name: doc.get("supervised_tokens") for name, doc in docs.items()}
+    values = set(counts.values())
+    if len(values) != 1 or not isinstance(tokens := values.pop(), int):
+        raise InputError(f"the drafters were not trained on one count of supervised tokens: {counts}", where)
+    return tokens
+
+
 def data_draw(experiment: Path) -> dict[str, Any] | None:
     """The settings an experiment's conversations were drawn with (`stages/prompts.json`'s `settings`: the data
     seed and the counts), None where the file is missing (a hand-made folder: such experiments count as one draw)."""
