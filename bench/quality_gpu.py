@@ -284,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dry-run", action="store_true", help="every step on CPU at a few samples (see above)")
     p.add_argument("--no-wheels", action="store_true", help="prepare and --dry-run: leave the machine's wheels out")
+    p.add_argument("--work", type=Path, default=ROOT / WORK, help="--dry-run: its folder (default .gpu/)")
     args = p.parse_args(argv)
     work = ROOT / WORK
     if args.dry_run:
-        dry_run(work / "dry-run", args.cache, args.output_dir, wheels=not args.no_wheels,
+        dry_run(args.work / "dry-run", args.cache, args.output_dir, wheels=not args.no_wheels,
                 interop_python=args.interop_python)
         return 0
     if args.step == "prepare":
