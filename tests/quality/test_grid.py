@@ -157,3 +157,18 @@ def test_a_kept_cell_is_read_as_the_run_left_it_and_an_unfinished_one_is_not_kep
     with pytest.raises(InputError, match="no summary.json") as e:
         keep(runs_root / names[1], kept_root)
     assert str(runs_root / names[1]) in str(e.value)
+
+
+def test_the_cells_kept_in_git_are_whole_and_read_by_the_report_card():
+    """bench/results/quality/ (what `keep_dir` copied from the grid's finished cells): every experiment there reads
+    back as a cell, its tau.json pass the contract's checks, and its summary's rows and paired difference are those
+    of its tau.json: the report card over them reports what the runs measured."""
+    root = Path(__file__).resolve().parents[2] / "bench" / "results" / "quality"
+    names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    assert "smollm2-sharegpt-d0-s0" in names  # the grid's first cell measured again (2026-12-06)
+    for cell in report.read_cells(root, names):
+        for arm in ARMS:
+            assert cell.row(arm)["tau_mean"] == cell.taus[arm]["tau_mean"]
+            assert cell.row(arm)["tau_ci95"] == cell.taus[arm]["tau_ci95"]
+        assert cell.summary["difference"] == paired_difference(cell.taus[ARMS[0]], cell.taus[ARMS[1]],
+                                                               seed=cell.seed)
