@@ -96,9 +96,9 @@ quality-setup: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
 # The arms over data draws x trainer seeds (issue 59 item 5): one `make quality` per (draw, seed), named
 # $(QUALITY_NAME)-d<draw>-s<seed>; a draw's later seeds reuse its first seed's data and greedy trace (`data_from`);
 # each finished cell's small files (summary, stages, tau.json: ~200 KB) copied into git's bench/results/quality/
-# (`keep_dir`); then the report card over the kept cells, notebooks/quality_grid.ipynb (the
-# primary analysis as quality/README.md fixed it: draws, seeds and questions resampled) into
-# outputs/quality/$(QUALITY_NAME)-grid.ipynb. Each finished experiment is kept under outputs/ too: a rerun resumes.
+# (`keep_dir`); then the report card over the kept cells, notebooks/quality_grid.ipynb (the primary analysis as
+# quality/README.md fixed it: draws, seeds and questions resampled) into outputs/quality/$(QUALITY_NAME)-grid.ipynb.
+# Each finished experiment stays under outputs/ too: a rerun resumes.
 QUALITY_DRAWS ?= 0 1 2
 QUALITY_SEEDS ?= 0 1
 QUALITY_RESULTS ?= bench/results
