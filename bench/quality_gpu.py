@@ -107,10 +107,9 @@ def carried(interop: dict[str, str], project: dict[str, str], speculators_needs:
 
 
 def requirement_name(requirement: str) -> str:
-    for i, ch in enumerate(requirement):
-        if not (ch.isalnum() or ch in "-_."):
-            return requirement[:i]
-    return requirement
+    from packaging.requirements import Requirement  # here only: `prepare` runs in the project's environment
+
+    return Requirement(requirement).name
 
 
 def requires(wheel: Path) -> list[str]:

@@ -116,8 +116,8 @@ class Experiment:
         summary["baseline_verdict"] = baseline_verdict(summary)
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")
         if self.config.keep_dir:
-            kept = keep(self.files.root, Path(self.config.keep_dir))
-            self.seams.say(f"kept {len(kept)} files in {Path(self.config.keep_dir) / self.config.experiment}")
+            into = Path(self.config.keep_dir)
+            self.seams.say(f"kept {len(keep(self.files.root, into))} files in {into / self.config.experiment}")
         for arm, line in taus.items():
             self.seams.say(f"{arm}: τ {line['tau_mean']:.3f} [{line['tau_ci95'][0]:.3f}, {line['tau_ci95'][1]:.3f}]"
                            f" over {line['questions']} questions, supervised tokens {tokens}")
