@@ -66,7 +66,9 @@ def whole_epochs(out: Path, command: list[str]) -> int:
     """How many epochs an earlier try of `command` left whole in `out` (`train_arm`'s folder: `command.json`, the
     trainer's metrics.jsonl and checkpoints/), so that the next try goes on after them; 0 where there was none or it
     ran another command. speculators resumes by itself from its highest epoch folder (model, optimizer, scheduler,
-    the step count; each epoch's batches drawn from the seed and the epoch alone), but it saves an epoch before
+    the step count; each epoch's batches drawn from the seed and the epoch alone; the weights and the optimizer's
+    state saved in bfloat16, its `save_checkpoint` default, so a resumed training goes on from them rounded: the grid's
+    d0-s1 came out within τ's third decimal of an uninterrupted run, not bit for bit), but it saves an epoch before
     validating it and marks a new best after that: epoch e is whole when its four files are there, its validation
     loss is logged, and, where that loss is the lowest yet (speculators' test: below every earlier one), its
     `val_metrics.json` is written too. Every whole epoch before it must be whole as well (the curve has no gap).
