@@ -14,6 +14,7 @@ from eagledata.quality import grid as report
 from eagledata.quality.arms import ARMS
 from eagledata.quality.layout import keep
 from eagledata.quality.tau import QuestionRun, paired_difference, seeds_difference, summarize, write_tau
+from eagledata.quality.tau import main as tau_command
 
 CATEGORIES = ("writing", "math")
 
@@ -159,16 +160,21 @@ def test_a_kept_cell_is_read_as_the_run_left_it_and_an_unfinished_one_is_not_kep
     assert str(runs_root / names[1]) in str(e.value)
 
 
-def test_the_cells_kept_in_git_are_whole_and_read_by_the_report_card():
+def test_the_cells_kept_in_git_are_whole_and_read_by_the_report_card(capsys):
     """bench/results/quality/ (what `keep_dir` copied from the grid's finished cells): every experiment there reads
     back as a cell, its tau.json pass the contract's checks, and its summary's rows and paired difference are those
     of its tau.json: the report card over them reports what the runs measured."""
     root = Path(__file__).resolve().parents[2] / "bench" / "results" / "quality"
     names = sorted(p.name for p in root.iterdir() if p.is_dir())
     assert "smollm2-sharegpt-d0-s0" in names  # the grid's first cell measured again (2026-12-06)
-    for cell in report.read_cells(root, names):
+    cells = report.read_cells(root, names)
+    for cell in cells:
         for arm in ARMS:
             assert cell.row(arm)["tau_mean"] == cell.taus[arm]["tau_mean"]
             assert cell.row(arm)["tau_ci95"] == cell.taus[arm]["tau_ci95"]
         assert cell.summary["difference"] == paired_difference(cell.taus[ARMS[0]], cell.taus[ARMS[1]],
                                                                seed=cell.seed)
+    # `python -m eagledata.quality.tau` over them prints each cell's own difference (its run's seed), not another draw
+    assert tau_command([str(root / name) for name in names]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["difference"] for line in lines[:-1]] == [cell.summary["difference"] for cell in cells]

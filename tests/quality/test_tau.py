@@ -166,7 +166,8 @@ def test_the_command_compares_experiments_each_and_over_all(tmp_path, capsys):
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [(x["experiment"], x["seed"], x["draw"]) for x in lines[:2]] == [(str(experiments[0]), 0, None),
                                                                            (str(experiments[1]), 1, None)]
-    assert lines[1]["on_policy"] == pairs[1][0]["tau_mean"] and lines[1]["difference"] == paired_difference(*pairs[1])
+    assert lines[1]["on_policy"] == pairs[1][0]["tau_mean"]
+    assert lines[1]["difference"] == paired_difference(*pairs[1], seed=1)  # the run's seed, as its summary.json
     assert lines[2] == {"experiments": 2, "difference": seeds_difference(pairs)}
     # the draw read from each experiment's prompts stage: two draws, resampled as draws
     for data_seed, exp in enumerate(experiments):

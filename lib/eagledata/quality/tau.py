@@ -272,9 +272,10 @@ def data_draw(experiment: Path) -> dict[str, Any] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m eagledata.quality.tau DIR [DIR ...]`: experiments that differ by the trainer's seed or the data
     draw (each DIR an outputs/quality/<name>/ folder), their arms compared: one JSON line per experiment (each arm's
-    τ, the paired difference, its draw), then the difference over all of them (`seeds_difference`, draws and seeds
-    resampled). An experiment's draw is its prompts stage's settings (`stages/prompts.json`: the same settings, the
-    same conversations; `data_from` links that file, so experiments sharing data share the draw)."""
+    τ, the paired difference resampled with the run's own seed as its summary.json's was, its draw), then the
+    difference over all of them (`seeds_difference`, draws and seeds resampled). An experiment's draw is its prompts
+    stage's settings (`stages/prompts.json`: the same settings, the same conversations; `data_from` links that file,
+    so experiments sharing data share the draw)."""
     import argparse
 
     prog = "python -m eagledata.quality.tau"
@@ -290,11 +291,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairs = [(read_tau(d / a / "tau.json"), read_tau(d / b / "tau.json")) for d in args.experiments]
         draws = [data_draw(d) for d in args.experiments]
         for d, (x, y), draw in zip(args.experiments, pairs, draws):
+            seed = x.get("bootstrap", {}).get("seed")  # the run's seed: its summary.json's difference, drawn alike
             try:
-                difference = paired_difference(x, y)
+                difference = paired_difference(x, y, seed=seed or 0)
             except ValueError as e:
                 raise InputError(str(e), d) from None
-            print(json.dumps({"experiment": str(d), "seed": x.get("bootstrap", {}).get("seed"), "draw": draw,
+            print(json.dumps({"experiment": str(d), "seed": seed, "draw": draw,
                               a: x["tau_mean"], b: y["tau_mean"], "difference": difference}))
         try:
             print(json.dumps({"experiments": len(pairs), "difference": seeds_difference(pairs, draws=draws)}))
