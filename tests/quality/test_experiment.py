@@ -21,7 +21,15 @@ from eagledata.quality.commands import run_logged, stop_commands
 from eagledata.quality.config import QualityConfig
 from eagledata.quality.experiment import Experiment, ExperimentSeams
 from eagledata.quality.stages import share_data, stage_settings
-from eagledata.quality.trainer import EPOCH_FILES, epoch_losses, read_metrics, split_ratio, train_args, whole_epochs
+from eagledata.quality.trainer import (
+    EPOCH_FILES,
+    Resume,
+    epoch_losses,
+    read_metrics,
+    resume_point,
+    split_ratio,
+    train_args,
+)
 from eagledata.quality.workspace import Workspace
 from eagledata.training.assembly import Sample
 from tests.helpers.quality_experiment import make_data, tiny_config
@@ -142,14 +150,14 @@ def try_left(tmp_path: Path, *epochs: tuple[float | None, bool]) -> Path:
 
 
 def test_a_stopped_training_goes_on_after_its_last_whole_epoch(tmp_path):
-    """`whole_epochs`: stopped inside epoch 2 (its steps logged, nothing saved), a try goes on after epoch 2; the
+    """`resume_point`: stopped inside epoch 2 (its steps logged, nothing saved), a try goes on after epoch 2; the
     epoch-2 step records are gone, the config record and epochs 0–1 stay exactly as they were."""
     out = try_left(tmp_path, (9.0, True), (8.0, True))
     with open(out / "metrics.jsonl", "a") as f:
         f.write(json.dumps({"train": {"loss": 7.0}, "epoch": 2, "global_step": 6}) + "\n")
     (out / "checkpoints" / "interrupted").mkdir()  # a mid-epoch save on a signal: never resumed from here
     before = (out / "metrics.jsonl").read_text().splitlines()
-    assert whole_epochs(out, COMMAND) == 2
+    assert resume_point(out, COMMAND) == Resume(2)
     assert (out / "metrics.jsonl").read_text().splitlines() == before[:-1]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["0", "1", "checkpoint_best", "epoch0_end",
                                                                       "epoch1_end"]
@@ -170,17 +178,71 @@ def test_an_epoch_not_whole_is_trained_again(tmp_path, left):
         saved_epoch(out, 2, None)
     else:
         saved_epoch(out, 2, 7.0, best=False)
-    assert whole_epochs(out, COMMAND) == 2
+    assert resume_point(out, COMMAND) == Resume(2)
     assert not (out / "checkpoints" / "2").exists() and not (out / "checkpoints" / "epoch2_end").is_symlink()
     assert {r.get("epoch") for r in read_metrics(out / "metrics.jsonl")} == {None, 0, 1}
 
 
 def test_a_worse_epoch_is_whole_unmarked_and_another_command_starts_over(tmp_path):
     out = try_left(tmp_path, (9.0, True), (8.0, True), (8.5, False))
-    assert whole_epochs(out, COMMAND) == 3
-    assert whole_epochs(out, [*COMMAND, "--seed", "1"]) == 0
+    assert resume_point(out, COMMAND) == Resume(3)
+    assert not resume_point(out, [*COMMAND, "--seed", "1"])
     (out / "command.json").unlink()
-    assert whole_epochs(out, COMMAND) == 0
+    assert not resume_point(out, COMMAND)
+
+
+def mid_epoch_saved(out: Path, epoch: int, local_step: int, global_step: int, *, torn: bool = False) -> None:
+    """A mid-epoch checkpoint of `epoch` in `out` as speculators saves one (`--checkpoint-freq` below 1): the
+    epoch's folder, training_state.json written last with the step it was saved after, its link; the epoch's step
+    records through `global_step + 1` (logged after the save, before the stop). `torn`: the stop cut a later save
+    of the same folder after it had rewritten the weights, before training_state.json."""
+    folder = out / "checkpoints" / str(epoch)
+    folder.mkdir(parents=True)
+    for name in EPOCH_FILES[:-1]:
+        (folder / name).write_text("saved")
+    (folder / "training_state.json").write_text(json.dumps({"epoch": epoch, "local_step": local_step,
+                                                           "global_step": global_step}))
+    if torn:
+        later = folder / "training_state.json"
+        os.utime(folder / EPOCH_FILES[0], ns=(later.stat().st_atime_ns, later.stat().st_mtime_ns + 1_000_000))
+    (out / "checkpoints" / f"epoch{epoch}_step{local_step}").symlink_to(str(epoch))
+    with open(out / "metrics.jsonl", "a") as f:
+        f.writelines(json.dumps({"train": {"loss": 7.0}, "epoch": epoch, "global_step": g}) + "\n"
+                     for g in range(global_step - local_step, global_step + 2))
+
+
+def test_a_stopped_training_goes_on_from_its_mid_epoch_checkpoint(tmp_path):
+    """Epochs 0–1 whole and epoch 2 saved after its step 2 (global step 8): the next try goes on in epoch 2 after
+    that step; the folder and its link stay, an epoch-3 folder (after it) goes, and the step records after the save
+    (global steps 8 and 9, logged before the stop) go, those before it stay."""
+    out = try_left(tmp_path, (9.0, True), (8.0, True))
+    mid_epoch_saved(out, 2, local_step=2, global_step=8)
+    saved_epoch(out, 3, None)
+    before = (out / "metrics.jsonl").read_text().splitlines()
+    resumed = resume_point(out, COMMAND)
+    assert resumed == Resume(2, 2) and resumed.describe(6) == "in epoch 3 of 6 after its step 2"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["0", "1", "2", "checkpoint_best", "epoch0_end",
+                                                                      "epoch1_end", "epoch2_step2"]
+    steps = [r.get("global_step") for r in read_metrics(out / "metrics.jsonl") if r.get("epoch") == 2]
+    assert steps == [6, 7]
+    assert (out / "metrics.jsonl").read_text().splitlines() == [line for line in before if '"epoch": 3' not in line
+                                                                and '"global_step": 8' not in line
+                                                                and '"global_step": 9' not in line]
+
+
+@pytest.mark.parametrize("left", ["torn", "end-unvalidated", "another-epoch"])
+def test_a_mid_epoch_checkpoint_not_saved_whole_is_not_gone_on_from(tmp_path, left):
+    """A checkpoint of epoch 2 a try cannot go on from: its weights rewritten after its training_state.json (a stop
+    while saving over it: `torn`), saved at the epoch's end but not validated (local step 0), or stating another
+    epoch than its folder's. The try goes on after epoch 1; the folder and epoch 2's records are gone."""
+    out = try_left(tmp_path, (9.0, True), (8.0, True))
+    mid_epoch_saved(out, 2, local_step=0 if left == "end-unvalidated" else 2, global_step=8, torn=left == "torn")
+    if left == "another-epoch":
+        (out / "checkpoints" / "2" / "training_state.json").write_text(
+            json.dumps({"epoch": 1, "local_step": 2, "global_step": 8}))
+    assert resume_point(out, COMMAND) == Resume(2)
+    assert not (out / "checkpoints" / "2").exists() and not (out / "checkpoints" / "epoch2_step2").is_symlink()
+    assert {r.get("epoch") for r in read_metrics(out / "metrics.jsonl")} == {None, 0, 1}
 
 
 def made_data(config):

@@ -267,7 +267,7 @@ def test_both_arms_train_side_by_side_on_half_the_threads(base):
 
 def test_a_training_stopped_midway_goes_on_after_its_last_whole_epoch(base):
     """The trainer stopped in its second epoch (planted: it raises after saving and validating epoch 0); the rerun
-    gives it the same command, in the folder it left, with epoch 0 kept (`whole_epochs`), says so, and the stage
+    gives it the same command, in the folder it left, with epoch 0 kept (`resume_point`), says so, and the stage
     records the epoch it went on after and each epoch's losses once; tau.json says it went on too."""
     said: list[str] = []
     exp, fake = experiment(base, "resumed", say=said.append, vllm_check=False, bounds=[], threads=1)
@@ -302,7 +302,7 @@ def test_a_training_stopped_midway_goes_on_after_its_last_whole_epoch(base):
     assert any(line.startswith("[train/on_policy] goes on after epoch 1 of 2, kept from an earlier try")
                for line in said), said
     kept = json.loads(again.files.stage("train/on_policy").read_text())
-    assert kept["resumed_after_epoch"] == 1 and kept["steps"] == 2
+    assert kept["resumed_after_epoch"] == 1 and kept["resumed_after_step"] == 0 and kept["steps"] == 2
     assert kept["epoch_losses"] == [{"epoch": 0, "train_loss": 5.0, "validation_loss": 6.0},
                                     {"epoch": 1, "train_loss": 4.0, "validation_loss": 5.0}]
     assert json.loads(again.files.stage("train/off_policy").read_text())["resumed_after_epoch"] == 0

@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import subprocess
+import time
 from collections import Counter
 from dataclasses import replace
 
@@ -21,7 +22,7 @@ from safetensors.torch import load_file
 
 from eagledata.notebooks import run_notebook
 from eagledata.quality.measure import measure_command
-from eagledata.quality.trainer import epoch_losses, read_metrics, whole_epochs
+from eagledata.quality.trainer import Resume, epoch_losses, read_metrics, resume_point
 from eagledata.records import Record, load_records
 from eagledata.text.roundtrip import tool_cases
 from eagledata.text.sequences import output_ids, prompt_ids
@@ -126,19 +127,41 @@ def varied_record(tok, i, n):
                   output_ids=output_ids(tok, reasoning, content, "stop"))
 
 
-def speculators_train(interop_python, tmp_path, run, data_path, verifier, *flags):
+def train_command(interop_python, out, data_path, verifier, *flags):
     """`speculators train` (`python -m eagledata.quality.train`: its own CLI and loop, with the two CPU stand-ins)
-    into tmp_path/run; (the process, its metric records)."""
-    out = tmp_path / run
+    into `out`: (its command, its environment)."""
     out.mkdir(exist_ok=True)
     _, lib_path = measure_command(interop_python)  # eagledata's lib/ alone on the speculators environment's path
     env = dict(os.environ, OMP_NUM_THREADS="1", **lib_path)  # 2.2x less CPU than two threads fighting on 2 cores
-    done = subprocess.run([interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"), *TRAIN_FLAGS,
-                           "--verifier-name-or-path", str(verifier), "--data-path", str(data_path),
-                           "--save-path", str(out / "checkpoints"), "--log-dir", str(out / "logs"), *flags],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=out)
+    return [interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"), *TRAIN_FLAGS,
+            "--verifier-name-or-path", str(verifier), "--data-path", str(data_path), "--save-path",
+            str(out / "checkpoints"), "--log-dir", str(out / "logs"), *flags], env
+
+
+def speculators_train(interop_python, tmp_path, run, data_path, verifier, *flags):
+    """`train_command` into tmp_path/run, run to its end: (the process, its metric records)."""
+    out = tmp_path / run
+    cmd, env = train_command(interop_python, out, data_path, verifier, *flags)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=out)
     metrics = out / "metrics.jsonl"
     return done, [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+
+
+def killed_after_a_mid_epoch_save(interop_python, out, data_path, verifier, *flags) -> None:
+    """`train_command` into `out`, SIGKILLed as soon as it has saved a checkpoint inside its second epoch (the link
+    `epoch1_step<N>` it makes after the save): a machine going away mid-epoch."""
+    cmd, env = train_command(interop_python, out, data_path, verifier, *flags)
+    with open(out / "train.log", "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out)
+        try:
+            deadline = time.monotonic() + 600
+            while not list((out / "checkpoints").glob("epoch1_step*")):
+                assert proc.poll() is None, (out / "train.log").read_text()[-3000:]
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 def listing(directory):
@@ -229,7 +252,7 @@ def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok
     assert saved["d2t"].tolist() == d2t.tolist() and saved["t2d"].tolist() == t2d.tolist()
 
     # 4. a try stopped while validating its last epoch (saved, its validation not logged) goes on after epoch 0
-    # (`whole_epochs`: the later epoch's folder, link and records gone) and ends near the uninterrupted run
+    # (`resume_point`: the later epoch's folder, link and records gone) and ends near the uninterrupted run
     stopped = tmp_path / "resumed"
     shutil.copytree(tmp_path / "train", stopped, symlinks=True)
     vocab_flags = ["--d2t-path", str(vocab / f"d2t-{DRAFT_VOCAB}.npy"),
@@ -238,7 +261,7 @@ def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok
     with open(stopped / "metrics.jsonl") as f:
         lines = [line for line in f if not ('"val"' in line and json.loads(line)["epoch"] == 1)]
     (stopped / "metrics.jsonl").write_text("".join(lines))
-    assert whole_epochs(stopped, vocab_flags) == 1
+    assert resume_point(stopped, vocab_flags) == Resume(1)
     assert sorted(p.name for p in (stopped / "checkpoints").iterdir() if p.name[0].isdigit() or "epoch" in p.name) == [
         "0", "epoch0_end"]
     assert {m.get("epoch") for m in read_metrics(stopped / "metrics.jsonl")} == {None, 0}
@@ -254,5 +277,30 @@ def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok
     assert max((again[k].float() - saved[k].float()).abs().max().item() for k in saved) < 0.05
     straight, went_on = epoch_losses(metrics), epoch_losses(resumed)
     assert went_on[0] == straight[0] and len(went_on) == 2
+    for name in ("train_loss", "validation_loss"):
+        assert went_on[1][name] == pytest.approx(straight[1][name], rel=0.05), (went_on, straight)
+
+    # 5. a checkpoint every quarter of an epoch (`QualityConfig.checkpoint_every`) trains the very same drafter
+    quarter = [*vocab_flags, "--epochs", "2", "--checkpoint-freq", "0.25"]
+    done, quartered = speculators_train(interop_python, tmp_path, "quarter", data_path, verifier, *quarter)
+    assert done.returncode == 0, done.stderr[-3000:]
+    every = load_file(tmp_path / "quarter" / "checkpoints" / "1" / "model.safetensors")
+    assert all(torch.equal(every[k], saved[k]) for k in saved) and epoch_losses(quartered) == straight
+
+    # 6. killed inside epoch 1 right after such a checkpoint, a try goes on from it (`resume_point`): no step trained
+    # twice or left out, every step record once, and ends near the uninterrupted run (bf16, as in 4)
+    cut = tmp_path / "cut"
+    killed_after_a_mid_epoch_save(interop_python, cut, data_path, verifier, *quarter)
+    (cut / "command.json").write_text(json.dumps(quarter))
+    resumed_at = resume_point(cut, quarter)
+    assert resumed_at.epochs == 1 and resumed_at.steps > 0, resumed_at
+    done, went = speculators_train(interop_python, tmp_path, "cut", data_path, verifier, *quarter)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Resuming mid-epoch from epoch=1 local_step={resumed_at.steps}" in done.stdout + done.stderr
+    assert [m["global_step"] for m in went if "train" in m] == [m["global_step"] for m in quartered if "train" in m]
+    again = load_file(cut / "checkpoints" / "1" / "model.safetensors")
+    assert max((again[k].float() - saved[k].float()).abs().max().item() for k in saved) < 0.05
+    went_on = epoch_losses(went)
+    assert went_on[0] == straight[0]
     for name in ("train_loss", "validation_loss"):
         assert went_on[1][name] == pytest.approx(straight[1][name], rel=0.05), (went_on, straight)

@@ -58,6 +58,9 @@ class QualityConfig(Settings):
     extract_tokens_per_batch: int = setting(4096, "tokens per forward of the hidden-states extraction")
     epochs: int = setting(6, "speculators' training epochs (both arms)")
     lr: float = setting(1e-3, "speculators' learning rate (its default)")
+    checkpoint_every: float = setting(0.1, "a training checkpoint every this fraction of an epoch (speculators' "
+                                           "--checkpoint-freq, at most 1): a stopped training goes on from its last "
+                                           "one, losing at most this much of an epoch")
     draft_vocab_size: int = setting(8192, "the drafter's vocabulary (speculators' d2t/t2d from token_freq.pt)")
     total_seq_len: int = setting(1024, "speculators' packed sequence length per step (at least sample_tokens; "
                                         "on CPU 1,024 trains ~1.5× the tokens/s of 2,048: the dense masks grow "
@@ -125,6 +128,9 @@ class QualityConfig(Settings):
                      "validation_conversations"):
             if getattr(self, name) < 1:
                 raise InputError(f"must be 1 or more, got {getattr(self, name)}", field=name)
+        if not 0 < self.checkpoint_every <= 1:
+            raise InputError(f"must be above 0 and at most 1 (a fraction of an epoch), got {self.checkpoint_every}",
+                             field="checkpoint_every")
         if any(t < 1 for t in self.curve_tokens) or len(set(self.curve_tokens)) != len(self.curve_tokens):
             raise InputError(f"sizes must be 1 or more, each once, got {self.curve_tokens}", field="curve_tokens")
         for name in ("questions", "bound_questions", "vllm_questions", "train_tokens", "ablation_tokens"):

@@ -22,7 +22,7 @@ from .arms import ARMS, supervised
 from .config import BASELINES
 from .measure import measure_command
 from .tau import read_tau
-from .trainer import epoch_losses, last_checkpoint, read_metrics, train_args, whole_epochs
+from .trainer import epoch_losses, last_checkpoint, read_metrics, resume_point, train_args
 from .vllm_tau import CountMismatch, check_kept
 from .workspace import Workspace
 
@@ -84,13 +84,13 @@ class DrafterStages:
             cmd = [ws.config.interop_python, "-m", "eagledata.quality.train", str(out / "metrics.jsonl"),
                    *train_args(ws.config, ws.verifier, export, out, train_samples=train, total_samples=total,
                                token_freq=ws.files.token_freq(arm))]
-            # an earlier try that stopped midway goes on after its last whole epoch, or starts over
-            if resumed := whole_epochs(out, cmd):
-                ws.seams.say(f"[train/{arm}] goes on after epoch {resumed} of {ws.config.epochs}, kept from an "
-                             f"earlier try (reloaded as speculators saved it, in bf16: close to an unstopped run, not "
-                             f"equal; delete {out} to start over)")
+            # an earlier try that stopped midway goes on from its last checkpoint, or starts over
+            if resumed := resume_point(out, cmd):
+                ws.seams.say(f"[train/{arm}] goes on {resumed.describe(ws.config.epochs)}, kept from an earlier try "
+                             f"(reloaded as speculators saved it, in bf16: close to an unstopped run, not equal; "
+                             f"delete {out} to start over)")
                 if (out / "train.log").is_file():
-                    (out / "train.log").replace(out / f"train.to-epoch-{resumed}.log")
+                    (out / "train.log").replace(out / f"train.to-epoch-{resumed.epochs}-step-{resumed.steps}.log")
             else:
                 shutil.rmtree(out, ignore_errors=True)
                 out.mkdir(parents=True)
@@ -104,7 +104,8 @@ class DrafterStages:
             shutil.copytree(last_checkpoint(out / "checkpoints"), checkpoint)
             steps = read_metrics(out / "metrics.jsonl")
             losses = [m["train"]["loss"] for m in steps if "train" in m]
-            return {"train_seconds": round(seconds, 1), "resumed_after_epoch": resumed, "steps": len(losses),
+            return {"train_seconds": round(seconds, 1), "resumed_after_epoch": resumed.epochs,
+                    "resumed_after_step": resumed.steps, "steps": len(losses),
                     "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
                     "train_samples": train, "validation_samples": total - train,
                     "epoch_losses": epoch_losses(steps), "checkpoint": str(checkpoint)}
@@ -158,7 +159,8 @@ class DrafterStages:
             doc = read_tau(files.tau(arm))  # the contract's fields, then the training's (extra, at the end)
             doc.update({"train_samples": trained["train_samples"], "validation_samples": trained["validation_samples"],
                         "epoch_losses": trained["epoch_losses"],
-                        "resumed_after_epoch": trained.get("resumed_after_epoch", 0)})
+                        "resumed_after_epoch": trained.get("resumed_after_epoch", 0),
+                        "resumed_after_step": trained.get("resumed_after_step", 0)})
             atomic_write_text(files.tau(arm), json.dumps(doc, indent=1) + "\n")
             return tau_line(read_tau(files.tau(arm)))
 
