@@ -127,6 +127,7 @@ empty :=
 space := $(empty) $(empty)
 commas = $(subst $(space),$(comma),$(strip $(1)))
 quality-report: $(STAMP)
+	mkdir -p outputs/quality
 	$(PY) -m papermill --log-output notebooks/quality_grid.ipynb outputs/quality/$(QUALITY_NAME)-grid.ipynb \
 		-p grid $(QUALITY_NAME) -p output_dir $(QUALITY_RESULTS) -y "{draws: [$(call commas,$(QUALITY_DRAWS))], seeds: [$(call commas,$(QUALITY_SEEDS))]}"
 
