@@ -102,3 +102,28 @@ def test_the_ablations_comparisons_are_the_fixed_ones_question_by_question(tmp_p
     (tmp_path / "x-abl-whole" / "on_policy" / "tau.json").write_text(json.dumps(doc))
     with pytest.raises(InputError, match="not trained on one count of supervised tokens"):
         ablation.read_ablation(tmp_path, "x")
+
+
+def test_a_sizes_cost_is_its_own_stages_not_those_linked_from_the_largest(tmp_path):
+    """`size_costs`: per experiment, the longer arm's training (side by side), τ, the rest, their total and the
+    largest stage peak, from its stage files; a smaller size's linked data stages (the largest's regeneration,
+    2,000 MiB) are the largest's cost, not its own."""
+    def stage(name, experiment, seconds, peak, linked=None):
+        path = tmp_path / experiment / "stages" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"seconds": seconds, "peak_mib": peak, **({"linked_from": linked} if linked else {})}
+        path.write_text(json.dumps(doc))
+
+    for exp, link in (("big", None), ("big-t100", str(tmp_path / "big"))):
+        stage("records-on_policy", exp, 50.0, 2000.0, link)
+    for name, seconds, peak in (("train-on_policy", 100.0, 900.0), ("train-off_policy", 120.0, 950.0),
+                                ("tau-on_policy", 10.0, 500.0), ("tau-off_policy", 12.0, 510.0)):
+        stage(name, "big", seconds, peak)
+    for name, seconds, peak in (("train-on_policy", 30.0, 800.0), ("train-off_policy", 35.0, 820.0),
+                                ("tau-on_policy", 10.0, None), ("tau-off_policy", 11.0, 505.0)):
+        stage(name, "big-t100", seconds, peak)
+    assert curve.size_costs(tmp_path, ["big", "big-t100"]) == [
+        {"experiment": "big", "train_seconds": 120.0, "tau_seconds": 22.0, "other_seconds": 50.0, "seconds": 192.0,
+         "peak_mib": 2000.0},
+        {"experiment": "big-t100", "train_seconds": 35.0, "tau_seconds": 21.0, "other_seconds": 0.0,
+         "seconds": 56.0, "peak_mib": 820.0}]

@@ -574,7 +574,9 @@ def test_another_seed_trains_on_an_experiments_data_linked_not_made_again(tmp_pa
         freq = "hidden_states/speculators/token_freq.pt"
         assert (again.files.arm(arm) / freq).stat().st_ino == (first.files.arm(arm) / freq).stat().st_ino
         assert again.arm_data.samples(arm) == first.arm_data.samples(arm)
-    assert again.arm_data.assemble_arms() == json.loads(first.files.stage("assemble").read_text())
+    kept = again.arm_data.assemble_arms()  # the first's stage, marked as linked (its cost is the first's)
+    assert kept.pop("linked_from") == str(first.files.root)
+    assert kept == json.loads(first.files.stage("assemble").read_text())
     assert not again.files.stage("train/on_policy").exists()
     said.clear()
     share_data(seeded, said.append)  # a rerun keeps what it has

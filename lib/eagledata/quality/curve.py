@@ -11,6 +11,7 @@ from refitting on the questions resampled (the same questions at every size, res
 seed a size, a seed's spread is not in them."""
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -66,6 +67,25 @@ def curve_rows(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> list[
              "tau_ci95": docs[arm]["tau_ci95"], "first_position_acceptance": docs[arm]["per_position_acceptance"][0],
              "questions": docs[arm]["questions"]}
             for tokens, docs in points for arm in ARMS]
+
+
+def size_costs(root: Path, names: Sequence[str]) -> list[dict[str, Any]]:
+    """Per experiment (a size), what its own stages cost, from their stage files (`stages/*.json`; a stage linked
+    from another experiment, `linked_from`, is that one's cost and left out): the longer arm's training (the two
+    train side by side on CPU), τ and everything else in seconds, their total, and the peak memory of any of its
+    stages (`peaks.stage_peak`; None where none was measured)."""
+    rows = []
+    for name in names:
+        stages = [(path.stem, json.loads(path.read_text())) for path in sorted((root / name / "stages").glob("*.json"))]
+        own = [(stage, doc) for stage, doc in stages if "linked_from" not in doc]
+        train = [doc.get("seconds") or 0.0 for stage, doc in own if stage.startswith("train-")]
+        tau = sum(doc.get("seconds") or 0.0 for stage, doc in own if stage.startswith("tau-"))
+        other = sum(doc.get("seconds") or 0.0 for stage, doc in own if not stage.startswith(("train-", "tau-")))
+        peaks = [doc["peak_mib"] for _, doc in own if doc.get("peak_mib") is not None]
+        rows.append({"experiment": name, "train_seconds": max(train, default=0.0), "tau_seconds": round(tau, 1),
+                     "other_seconds": round(other, 1), "seconds": round(max(train, default=0.0) + tau + other, 1),
+                     "peak_mib": max(peaks, default=None)})
+    return rows
 
 
 def size_differences(points: Sequence[tuple[int, dict[str, dict[str, Any]]]], *,

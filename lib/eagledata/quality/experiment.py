@@ -112,6 +112,7 @@ class Experiment:
                                     if doc["questions"] == docs[ARMS[0]]["questions"]},
                    "vllm": vllm if self.config.vllm_check else None,
                    "stage_seconds": self.workspace.stages.seconds(),
+                   "stage_peak_mib": self.workspace.stages.peaks(),
                    "seconds_this_run": round(time.monotonic() - started, 1)}
         summary["baseline_verdict"] = baseline_verdict(summary)
         atomic_write_text(self.files.summary, json.dumps(summary, indent=1, default=str) + "\n")

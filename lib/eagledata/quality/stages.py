@@ -17,6 +17,7 @@ from ..files import atomic_write_text
 from .arms import ARMS
 from .config import QualityConfig
 from .layout import ExperimentFiles, experiment_files
+from .peaks import stage_peak
 
 # The settings each stage's outputs depend on (beyond the stages before it, which check their own).
 STAGE_SETTINGS = {"target": ("target",), "prompts": ("conversations", "max_turns", "validation_conversations",
@@ -54,6 +55,15 @@ def link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
+def link_stage(there: ExperimentFiles, here: ExperimentFiles, name: str) -> None:
+    """Another experiment's finished stage kept as this one's, marked `linked_from` it: its seconds and peak memory
+    are that experiment's, not spent here (`curve.size_costs` leaves them out)."""
+    doc = json.loads(there.stage(name).read_text())
+    doc["linked_from"] = str(there.root)
+    here.stage(name).parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(here.stage(name), json.dumps(doc, indent=1, default=str) + "\n")
+
+
 def data_stages(f: ExperimentFiles) -> dict[str, list[Path]]:
     """The stages that make the data (no trainer or τ setting reaches them), in order, with the files each leaves
     for the later stages."""
@@ -87,8 +97,7 @@ def share_data(config: QualityConfig, say: Callable[[str], None]) -> None:
                 shutil.copytree(src, dst, copy_function=link_or_copy, dirs_exist_ok=True)
             else:
                 link_or_copy(str(src), str(dst))
-        here.stage(name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(there.stage(name), here.stage(name))  # last: a stage is kept only once its files are here
+        link_stage(there, here, name)  # last: a stage is kept only once its files are here
         say(f"[{name}] linked from {there.root}")
     share_trace(config, here, there, say)
 
@@ -107,8 +116,7 @@ def share_trace(config: QualityConfig, here: ExperimentFiles, there: ExperimentF
         return
     here.root.mkdir(parents=True, exist_ok=True)
     link_or_copy(str(there.trace), str(here.trace))
-    here.stage("trace").parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(stage, here.stage("trace"))
+    link_stage(there, here, "trace")
     say(f"[trace] linked from {there.root}")
 
 
@@ -135,8 +143,10 @@ class Stages:
             return kept
         self.say(f"[{name}] ...")
         started = time.monotonic()
-        result = body()
+        with stage_peak() as peak:
+            result = body()
         result["seconds"] = round(time.monotonic() - started, 1)
+        result["peak_mib"] = peak.mib()
         result["settings"] = settings
         atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
         self.say(f"[{name}] done in {result['seconds']:.0f} s")
@@ -144,6 +154,13 @@ class Stages:
 
     def seconds(self) -> dict[str, float]:
         """Each finished stage's seconds (as it took when it ran)."""
-        return {path.stem: json.loads(path.read_text()).get("seconds")
+        return self.field("seconds")
+
+    def peaks(self) -> dict[str, float | None]:
+        """Each finished stage's peak memory in MiB (`peaks.stage_peak`; None where not measured)."""
+        return self.field("peak_mib")
+
+    def field(self, key: str) -> dict[str, Any]:
+        return {path.stem: json.loads(path.read_text()).get(key)
                 for path in sorted((self.files.root / "stages").glob("*.json"))}
 
