@@ -176,7 +176,9 @@ def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok
     from our `token_freq.pt` keep the most frequent supervised ids, and the loss falls by a stated margin over 37
     steps (8 records repeated 6 times, 2 epochs). Without `--d2t-path`/`--t2d-path` it writes `d2t-N.npy`/
     `t2d-N.npy` into the data folder: a read-only export (not for root, whom mode bits don't stop) makes it fail
-    with PermissionError before training; with the two flags it trains and leaves the export as it was."""
+    with PermissionError before training; with the two flags it trains and leaves the export as it was. A stopped
+    training goes on from its last whole epoch, or from a mid-epoch checkpoint (`--checkpoint-freq`, which itself
+    changes no weight), near the unstopped run."""
     base = [varied_record(tok, i, 6 + (i * 5) % 12) for i in range(8)]
     records = tmp_path / "records.jsonl"
     records.write_text("".join(replace(r, id=f"{r.id}-{rep}").to_json() + "\n" for rep in range(6) for r in base))

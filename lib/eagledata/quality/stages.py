@@ -154,13 +154,14 @@ class Stages:
 
     def seconds(self) -> dict[str, float]:
         """Each finished stage's seconds (as it took when it ran)."""
-        return self.field("seconds")
+        return self.recorded("seconds")
 
     def peaks(self) -> dict[str, float | None]:
         """Each finished stage's peak memory in MiB (`peaks.stage_peak`; None where not measured)."""
-        return self.field("peak_mib")
+        return self.recorded("peak_mib")
 
-    def field(self, key: str) -> dict[str, Any]:
+    def recorded(self, key: str) -> dict[str, Any]:
+        """`key` of each finished stage's file, by stage."""
         return {path.stem: json.loads(path.read_text()).get(key)
                 for path in sorted((self.files.root / "stages").glob("*.json"))}
 
