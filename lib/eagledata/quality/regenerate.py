@@ -21,7 +21,9 @@ from typing import Any
 
 from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, write_jsonl
+from ..generation.policy import StopReason
 from ..records import Record
+from ..summaries import read_summary
 from .arms import ArmChat, ArmRecords, Asks, regenerate_greedy, transformers_generate
 from .config import QualityConfig
 
@@ -72,6 +74,7 @@ def through_generation(asks: list[Asks], config: QualityConfig, verifier: Path, 
             f"({sum(len(a.asks) for a in asks)} asks at most)")
         generate(params, work / "generate.ipynb")
     folder = work / "datasets" / "on_policy"
+    require_completed(folder / "summary.json")
     made = ArmRecords([Record.from_dict(r) for _, r in iter_jsonl(folder / "records.jsonl")])
     failed = sum(1 for _ in iter_jsonl(folder / "failures.jsonl")) if (folder / "failures.jsonl").is_file() else 0
     if failed:
@@ -79,6 +82,19 @@ def through_generation(asks: list[Asks], config: QualityConfig, verifier: Path, 
     made.dropped["not asked: a later turn after a cut or failed one"] = (
         sum(len(a.asks) for a in asks) - len(made.records) - failed)
     return made
+
+
+def require_completed(summary: Path) -> None:
+    """Refuse a regeneration that stopped before every ask was answered or failed for good (a Ctrl-C or SIGTERM to
+    its kernel ends generate.ipynb normally, its summary saying why): its unasked turns are not "later turns after a
+    cut", and an arm built from them would be silently short. Run again: generation resumes from its checkpoint."""
+    if not summary.is_file():
+        raise RuntimeError(f"the on_policy regeneration left no {summary}: it did not finish")
+    done = read_summary(summary)
+    if done.get("stop_reason") != StopReason.COMPLETED:
+        raise RuntimeError(
+            f"the on_policy regeneration stopped {done.get('stop_reason')!r} with {done.get('remaining')} prompts "
+            f"remaining ({summary}): run the experiment again to go on from its checkpoint")
 
 
 def in_process(asks: list[Asks], config: QualityConfig, model: Any, chat: ArmChat, verifier: Path, *,
