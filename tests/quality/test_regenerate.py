@@ -5,6 +5,7 @@ missing that way)."""
 from __future__ import annotations
 
 import json
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from eagledata.files import write_jsonl
 from eagledata.quality.arms import Asks
 from eagledata.quality.config import QualityConfig
-from eagledata.quality.regenerate import through_generation
+from eagledata.quality.regenerate import RegenerationProgress, through_generation
 from eagledata.records import Record
 
 ASKS = [Asks(f"c{i}", [[{"role": "user", "content": f"q{i}.{j}"}] for j in (1, 2)], ["a", "b"]) for i in range(3)]
@@ -31,7 +32,7 @@ def generation(stop_reason: str | None, answered: int):
         folder.mkdir(parents=True)
         write_jsonl(folder / "records.jsonl", (
             Record(id=f"c{i}", dataset="on_policy", messages=ASKS[i].asks[0], reasoning="", content="x",
-                   finish_reason="length").to_dict() for i in range(answered)))
+                   finish_reason="length", output_ids=[5]).to_dict() for i in range(answered)))
         if stop_reason is not None:
             (folder / "summary.json").write_text(json.dumps({"stop_reason": stop_reason, "records": answered,
                                                              "remaining": 3 - answered}))
@@ -58,3 +59,42 @@ def test_a_regeneration_stopped_early_is_refused(tmp_path, stop_reason):
 def test_a_regeneration_without_a_summary_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match="left no .*summary.json"):
         regenerate(tmp_path, None, 3)
+
+
+def append_records(path: Path, ids: range, tokens: int, *, torn: bool = False) -> None:
+    with open(path, "a") as f:
+        for i in ids:
+            f.write(json.dumps({"id": f"r{i}", "output_ids": [7] * tokens}) + "\n")
+        if torn:
+            f.write('{"id": "half')  # a line still being written
+
+
+def test_regeneration_progress_counts_whole_lines_and_rates_only_this_run(tmp_path):
+    """Resumed with 4 records there: 6 more in 10 s is 0.6 asks/s and 60 tok/s, the ETA over the 30 asks left of
+    the 40 at most; a torn last line waits for the next poll."""
+    records = tmp_path / "records.jsonl"
+    append_records(records, range(4), 100)
+    now = [1000.0]
+    progress = RegenerationProgress(records, 40, clock=lambda: now[0])
+    append_records(records, range(4, 10), 100, torn=True)
+    now[0] += 10
+    assert progress.line() == ("  on_policy regeneration 10s: 10/40 asks at most, 1,000 output tokens, 60 tok/s, "
+                               "ETA ≤ 50s")
+    with open(records, "a") as f:
+        f.write('", "output_ids": [1, 2]}\n')
+    now[0] += 10
+    assert progress.line().startswith("  on_policy regeneration 20s: 11/40 asks at most, 1,002 output tokens, 30 tok/s")
+
+
+def test_the_regeneration_says_its_progress_while_it_runs_and_at_its_end(tmp_path):
+    said: list[str] = []
+
+    def slow(params: dict, notebook: Path) -> None:
+        generation("completed", 3)(params, notebook)
+        time.sleep(0.5)
+
+    through_generation(ASKS, QualityConfig(), tmp_path, tmp_path / "work", serve=serve, generate=slow,
+                       say=said.append, progress_s=0.1)
+    progress = [line for line in said if line.startswith("  on_policy regeneration ")]
+    assert len(progress) >= 3  # every 0.1 s over 0.5 s, and the last
+    assert progress[-1].split(": ", 1)[1].startswith("3/6 asks at most, 3 output tokens")

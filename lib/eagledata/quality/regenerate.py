@@ -13,9 +13,11 @@ never imported here (notebooks.py reads `quality.config`).
 from __future__ import annotations
 
 import json
+import threading
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from ..errors import InputError
 from ..files import atomic_write_text, iter_jsonl, write_jsonl
 from ..generation.policy import StopReason
 from ..records import Record
+from ..status import duration, eta_s
 from ..summaries import read_summary
 from .arms import ArmChat, ArmRecords, Asks, regenerate_greedy, transformers_generate
 from .config import QualityConfig
@@ -51,8 +54,69 @@ def serve_verifier(config: QualityConfig, verifier: Path, log_file: Path) -> Abs
                       max_model_len=config.sample_tokens + config.answer_tokens, threads=config.threads)
 
 
+@dataclass
+class RegenerationProgress:
+    """What generate.ipynb has recorded so far, read from its records file as it grows (its own status lines stay in
+    the executed generate.ipynb, which a quality run's log does not show): a line of asks answered of the most there
+    can be (a cut answer's later turns are never asked, so the ETA is a bound), output tokens, tokens/s and ETA at
+    this run's rate (records already there when it started, a resumed run's, left out of the rate)."""
+
+    records: Path
+    total: int
+    clock: Callable[[], float] = time.monotonic
+    answered: int = 0
+    tokens: int = 0
+    _offset: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        self.poll()
+        self.started, self.at_start, self.tokens_at_start = self.clock(), self.answered, self.tokens
+
+    def poll(self) -> None:
+        """Count the whole lines appended since the last poll (a line still being written waits for the next)."""
+        if not self.records.is_file():
+            return
+        with open(self.records, "rb") as f:
+            f.seek(self._offset)
+            chunk = f.read()
+        whole = chunk[:chunk.rfind(b"\n") + 1]
+        self._offset += len(whole)
+        for line in whole.splitlines():
+            if line.strip():
+                self.answered += 1
+                self.tokens += len(json.loads(line).get("output_ids") or ())
+
+    def line(self) -> str:
+        self.poll()
+        elapsed = self.clock() - self.started
+        rate = (self.tokens - self.tokens_at_start) / elapsed if elapsed > 0 else 0.0
+        left = eta_s(self.answered, self.total, elapsed, self.at_start)
+        return (f"  on_policy regeneration {duration(elapsed)}: {self.answered:,}/{self.total:,} asks at most, "
+                f"{self.tokens:,} output tokens, {rate:,.0f} tok/s, ETA ≤ {duration(left)}")
+
+
+@contextmanager
+def saying_progress(progress: RegenerationProgress, say: Callable[[str], None], interval_s: float) -> Iterator[None]:
+    """`progress.line()` said every `interval_s` from a thread while the body runs, and once at its end."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(interval_s):
+            say(progress.line())
+
+    thread = threading.Thread(target=watch, name="regeneration-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        say(progress.line())
+
+
 def through_generation(asks: list[Asks], config: QualityConfig, verifier: Path, work: Path, *, serve: Serve,
-                       generate: RunNotebook | None, say: Callable[[str], None]) -> ArmRecords:
+                       generate: RunNotebook | None, say: Callable[[str], None],
+                       progress_s: float = 60.0) -> ArmRecords:
     """generate.ipynb against a vLLM serving the verifier, in `work/`: records as any dataset's, each conversation
     cut to its first `max_turns` asks; what was not answered is counted by why."""
     if generate is None:
@@ -70,17 +134,17 @@ def through_generation(asks: list[Asks], config: QualityConfig, verifier: Path, 
                   "temperature": 0.0, "max_tokens": config.answer_tokens, "concurrency": config.vllm_concurrency,
                   "output_dir": str(work.resolve()), "params_dir": str((work / "params").resolve()),
                   "progress": False}
-        say(f"  on_policy regeneration: generate.ipynb against {base_url} "
-            f"({sum(len(a.asks) for a in asks)} asks at most)")
-        generate(params, work / "generate.ipynb")
-    folder = work / "datasets" / "on_policy"
+        total = sum(len(a.asks) for a in asks)
+        say(f"  on_policy regeneration: generate.ipynb against {base_url} ({total} asks at most)")
+        folder = work / "datasets" / "on_policy"
+        with saying_progress(RegenerationProgress(folder / "records.jsonl", total), say, progress_s):
+            generate(params, work / "generate.ipynb")
     require_completed(folder / "summary.json")
     made = ArmRecords([Record.from_dict(r) for _, r in iter_jsonl(folder / "records.jsonl")])
     failed = sum(1 for _ in iter_jsonl(folder / "failures.jsonl")) if (folder / "failures.jsonl").is_file() else 0
     if failed:
         made.dropped["failed (failures.jsonl: e.g. a prompt over the server's context)"] = failed
-    made.dropped["not asked: a later turn after a cut or failed one"] = (
-        sum(len(a.asks) for a in asks) - len(made.records) - failed)
+    made.dropped["not asked: a later turn after a cut or failed one"] = total - len(made.records) - failed
     return made
 
 
