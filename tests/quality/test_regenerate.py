@@ -71,7 +71,7 @@ def append_records(path: Path, ids: range, tokens: int, *, torn: bool = False) -
 
 def test_regeneration_progress_counts_whole_lines_and_rates_only_this_run(tmp_path):
     """Resumed with 4 records there: 6 more in 10 s is 0.6 asks/s and 60 tok/s, the ETA over the 30 asks left of
-    the 40 at most; a torn last line waits for the next poll."""
+    the 40 at most; a torn last line waits for the next poll; a line that is no record counts, without tokens."""
     records = tmp_path / "records.jsonl"
     append_records(records, range(4), 100)
     now = [1000.0]
@@ -81,9 +81,9 @@ def test_regeneration_progress_counts_whole_lines_and_rates_only_this_run(tmp_pa
     assert progress.line() == ("  on_policy regeneration 10s: 10/40 asks at most, 1,000 output tokens, 60 tok/s, "
                                "ETA ≤ 50s")
     with open(records, "a") as f:
-        f.write('", "output_ids": [1, 2]}\n')
+        f.write('", "output_ids": [1, 2]}\nnot a record\n[]\n')
     now[0] += 10
-    assert progress.line().startswith("  on_policy regeneration 20s: 11/40 asks at most, 1,002 output tokens, 30 tok/s")
+    assert progress.line().startswith("  on_policy regeneration 20s: 13/40 asks at most, 1,002 output tokens, 30 tok/s")
 
 
 def test_the_regeneration_says_its_progress_while_it_runs_and_at_its_end(tmp_path):

@@ -16,7 +16,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,8 @@ class RegenerationProgress:
         self.started, self.at_start, self.tokens_at_start = self.clock(), self.answered, self.tokens
 
     def poll(self) -> None:
-        """Count the whole lines appended since the last poll (a line still being written waits for the next)."""
+        """Count the whole lines appended since the last poll (a line still being written waits for the next; one
+        that is not a record counts without tokens: reading the records after the run is what refuses it)."""
         if not self.records.is_file():
             return
         with open(self.records, "rb") as f:
@@ -84,7 +85,8 @@ class RegenerationProgress:
         for line in whole.splitlines():
             if line.strip():
                 self.answered += 1
-                self.tokens += len(json.loads(line).get("output_ids") or ())
+                with suppress(ValueError, AttributeError):
+                    self.tokens += len(json.loads(line).get("output_ids") or ())
 
     def line(self) -> str:
         self.poll()
