@@ -112,6 +112,25 @@ def test_a_line_during_validation_says_so_and_a_fast_loop_says_its_rate_in_it_pe
     assert PROGRESS.search(progress.line())
 
 
+def test_a_run_resumed_mid_epoch_says_the_epochs_steps_and_an_eta_over_all_that_is_left(caplog):
+    """speculators resumed at step 60 of 100 hands the loop a loader of the 40 left (`_resume_local_step`, read by
+    `train.plain_console` as `skipped`): the line says step 70/100, not 10/40, and the ETA is every epoch's steps
+    left at this run's pace (230 at 2 s: 7m40s; counting 3 epochs of 40, as the learning curve's run said after
+    its resume, gives 3m40s)."""
+    clock = FakeClock()
+    progress = TrainProgress(20.0, clock=clock)
+    with caplog.at_level(logging.INFO, logger="eagledata.quality.train"):
+        first = {"phase": "train", "epoch": 0, "epochs": 3, "max_steps": None, "skipped": 60}
+        for _ in Steps(range(40), progress, lambda: first):
+            clock.t += 2.0
+        for _ in Steps(range(100), progress, lambda: {**first, "epoch": 1, "skipped": 0}):
+            clock.t += 2.0
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == "epoch 1/3 step 70/100 loss ? 2.00 s/it ETA 7m40s"
+    assert lines[3] == "epoch 1/3 step 100/100 loss ? 2.00 s/it ETA 6m40s | epoch 1 done, 1m20s of training"
+    assert lines[-1] == "epoch 2/3 step 100/100 loss ? 2.00 s/it ETA 3m20s | epoch 2 done, 4m40s of training"
+
+
 def test_the_relay_says_the_latest_progress_line_not_the_latest_log_line():
     clock, logged, said = FakeClock(), [], []
     relay = Relay("train off_policy", logged.append, said.append, interval_s=30.0, clock=clock)

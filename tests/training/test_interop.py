@@ -9,6 +9,7 @@ installed: its reader is reproduced in tests/helpers/specforge_reader.py and cov
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -125,6 +126,9 @@ def varied_record(tok, i, n):
     return Record(id=f"v{i}", dataset="B1", messages=messages, reasoning=reasoning, content=content,
                   finish_reason="stop", prompt_ids=prompt_ids(tok, messages),
                   output_ids=output_ids(tok, reasoning, content, "stop"))
+
+
+EPOCH_END = re.compile(r"epoch (\d+)/\d+ step (\d+/\d+) .*\| epoch \d+ done")  # the trainer's line at an epoch's end
 
 
 def train_command(interop_python, out, data_path, verifier, *flags):
@@ -288,6 +292,7 @@ def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok
     assert done.returncode == 0, done.stderr[-3000:]
     every = load_file(tmp_path / "quarter" / "checkpoints" / "1" / "model.safetensors")
     assert all(torch.equal(every[k], saved[k]) for k in saved) and epoch_losses(quartered) == straight
+    whole_epoch = EPOCH_END.findall(done.stdout)
 
     # 6. killed inside epoch 1 right after such a checkpoint, a try goes on from it (`resume_point`): no step trained
     # twice or left out, every step record once, and ends near the uninterrupted run (bf16, as in 4)
@@ -300,6 +305,9 @@ def test_speculators_trains_a_drafter_from_our_export_on_cpu(interop_python, tok
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Resuming mid-epoch from epoch=1 local_step={resumed_at.steps}" in done.stdout + done.stderr
     assert [m["global_step"] for m in went if "train" in m] == [m["global_step"] for m in quartered if "train" in m]
+    # the progress line counts the steps the checkpoint held (the resumed loader holds only the rest): epoch 2 ends
+    # at the whole epoch's step count, as the uninterrupted run's did (it said the rest's count, 1 step in 2, before)
+    assert len(whole_epoch) == 2 and EPOCH_END.findall(done.stdout) == whole_epoch[1:], (whole_epoch, done.stdout)
     again = load_file(cut / "checkpoints" / "1" / "model.safetensors")
     assert max((again[k].float() - saved[k].float()).abs().max().item() for k in saved) < 0.05
     went_on = epoch_losses(went)

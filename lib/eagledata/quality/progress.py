@@ -97,15 +97,18 @@ class TrainProgress:
 
     # -- the loop ------------------------------------------------------------------------------------------------
     def begin(self, phase: str, epoch: int, steps: int, *, epochs: int | None = None,
-              max_steps: int | None = None) -> None:
-        self.phase, self.epoch, self.steps, self.step = phase, epoch, steps, 0
+              max_steps: int | None = None, skipped: int = 0) -> None:
+        """A phase of `steps` to run; `skipped` steps of this epoch were trained before this process (a run resumed
+        mid-epoch: the trainer's loader then holds only the rest), counted as done, not as this run's pace."""
+        self.phase, self.epoch, self.steps, self.step = phase, epoch, steps + skipped, skipped
         if epochs is not None:
             self.epochs = epochs
         if max_steps is not None:
             self.max_steps = max_steps
         self._started = self.clock()
         if phase == "train" and self._first is None:
-            self._first, self.epoch_steps, self.done_before = self._started, steps, epoch * steps
+            self._first, self.epoch_steps = self._started, self.steps
+            self.done_before = epoch * self.steps + skipped
 
     def advance(self) -> None:
         self.step += 1

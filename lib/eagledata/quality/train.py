@@ -73,7 +73,12 @@ def plain_console(progress: TrainProgress) -> None:
 
     def telling(method: Callable[..., Any], phase: str) -> Callable[..., Any]:
         def run(self: Any, epoch: int, *args: Any, **kwargs: Any) -> Any:
-            asking.update(phase=phase, epoch=epoch, epochs=self.config.num_epochs, max_steps=self.config.max_steps)
+            # resumed mid-epoch, `train_epoch` skips the steps its checkpoint holds (`_prepare_resume_skip` reads
+            # them here, then clears them) and its loader holds only the rest: the line counts them as done
+            skipped = (getattr(self, "_resume_local_step", 0) or 0
+                       if phase == "train" and epoch == getattr(self, "current_epoch", epoch) else 0)
+            asking.update(phase=phase, epoch=epoch, epochs=self.config.num_epochs, max_steps=self.config.max_steps,
+                          skipped=skipped)
             return method(self, epoch, *args, **kwargs)
         return run
 
