@@ -77,6 +77,9 @@ def test_tau_per_turn_beside_what_each_arm_trained_on():
     assert [(r["drafter"], r["turn"], r["tau_pooled"], r["trained_share"]) for r in rows] == [
         ("on_policy", 1, 2.0, 0.6), ("on_policy", 2, 1.75, 0.4), ("off_policy", 1, 1.5, 0.7),
         ("off_policy", 2, 1.5, 0.3)]
+    # a curve's size trains on some samples: the shares are of those (13 of 177 turn 2, not the data's 0.4)
+    doc["arms"][0]["trained_turn_samples"] = {"1": 164, "2": 13}
+    assert [r["trained_share"] for r in turn_table(doc)] == [0.9266, 0.0734, 0.7, 0.3]
     del doc["rows"][1]["per_turn"]  # a summary made before rows carried per_turn: that drafter has no row
     assert [r["drafter"] for r in turn_table(doc)] == ["on_policy", "on_policy"]
 

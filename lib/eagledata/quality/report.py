@@ -119,17 +119,28 @@ def baseline_verdict(summary: dict[str, Any], baseline: str = "ngram") -> str:
     return "; ".join(said) + "."
 
 
+def _trained_shares(arm: dict[str, Any]) -> dict[str, float]:
+    """Each turn's share of the samples the arm trained on (all its samples unless it trained on some)."""
+    counts = arm.get("trained_turn_samples")
+    if not counts:
+        return arm.get("turn_shares", {})
+    total = sum(counts.values())
+    return {turn: round(n / total, 4) for turn, n in counts.items()}
+
+
 def turn_table(summary: dict[str, Any]) -> list[dict[str, Any]]:
     """τ pooled per turn number for every drafter measured on the arms' questions, beside each arm's share of turn-1
-    and turn-2 training samples (`turn_shares`): what a drafter was trained on against what it is measured on. An
+    and turn-2 training samples (`turn_shares`; of the samples it trained on, `trained_turn_samples`, where a curve's
+    size or an ablation trained on some): what a drafter was trained on against what it is measured on. An
     experiment summarized before `per_turn` reached its rows has no row here."""
     arms = {a["arm"]: a for a in summary.get("arms", [])}
+    shares_of = {arm: _trained_shares(a) for arm, a in arms.items()}
     questions = next((r["questions"] for r in summary["rows"] if r["drafter"] in ARMS), None)
     out = []
     for r in summary["rows"]:
         if r.get("per_turn") is None or r["questions"] != questions:
             continue
-        shares = arms.get(r["drafter"], {}).get("turn_shares", {})
+        shares = shares_of.get(r["drafter"], {})
         for turn, t in sorted(r["per_turn"].items(), key=lambda kv: int(kv[0])):
             out.append({"drafter": r["drafter"], "turn": int(turn), "verify_forwards": t["verify_forwards"],
                         "tau_pooled": None if t["tau_pooled"] is None else round(t["tau_pooled"], 3),
