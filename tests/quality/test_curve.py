@@ -39,6 +39,20 @@ def test_the_fit_recovers_a_known_trend_and_the_difference_of_the_arms():
     said = curve.curve_statement(fit)
     assert said.startswith("Fit (not a measurement) over 4 sizes (4,000, 8,000, 16,000, 32,000 supervised tokens")
     assert "+0.030 [+0.030, +0.030] per doubling: the lead of on-policy grows with data" in said
+    assert "Measured minus fitted, on-policy minus off-policy: +0.000 at 4,000, +0.000 at 8,000," in said
+    assert max(abs(r) for name in fit if name in (*ARMS, curve.DIFFERENCE) for r in fit[name]["residuals"]) < 1e-9
+
+    # level until 16,000, then a jump of 0.4 in on-policy: a line through it misses, and the residuals say how much
+    # (least squares over x = 2, 3, 4, 5: slope 0.12, intercept -0.32; residuals +0.08, -0.04, -0.16, +0.12)
+    bent = [point(t, slope) for t in (4000, 8000, 16000, 32000)]
+    for arm in ARMS:
+        for tokens, docs in bent:
+            base = 1.2 + 0.01 * 9.5 + (0.4 if arm == ARMS[0] and tokens == 32000 else 0.0)
+            docs[arm] = {**docs[arm], "per_question": [{"id": 81 + q, "tau": base + 0.01 * (q - 9.5)}
+                                                       for q in range(20)]}
+    bent_fit = curve.fit_curve(bent, resamples=100)
+    assert bent_fit[curve.DIFFERENCE]["residuals"] == pytest.approx([0.08, -0.04, -0.16, 0.12], abs=1e-9)
+    assert "+0.080 at 4,000, -0.040 at 8,000, -0.160 at 16,000, +0.120 at 32,000" in curve.curve_statement(bent_fit)
 
     flat = [point(t, {"on_policy": 0.05, "off_policy": 0.05}, noise=0.2) for t in (4000, 8000, 16000, 32000)]
     assert "no change of the difference with data is resolved" in curve.curve_statement(

@@ -107,8 +107,10 @@ def _question_taus(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> t
 def fit_curve(points: Sequence[tuple[int, dict[str, dict[str, Any]]]], *, resamples: int = 2000,
               seed: int = 0) -> dict[str, Any]:
     """τ = a + b · log2(tokens / 1,000) for each arm and for their difference, least squares over the sizes; `b`
-    (τ per doubling of the supervised tokens) and `a` with 95 % intervals from refitting on resampled questions.
-    A fit over few sizes: it describes the points, it does not measure a size it was not given."""
+    (τ per doubling of the supervised tokens) and `a` with 95 % intervals from refitting on resampled questions, and
+    each size's residual (measured minus fitted): the intervals hold the questions' spread, not how far a straight
+    line in log tokens is from the points' shape, which the residuals show. A fit over few sizes: it describes the
+    points, it does not measure a size it was not given."""
     if len(points) < 2:
         raise InputError(f"a fit needs two sizes or more, got {len(points)}", field="curve_tokens")
     questions, taus = _question_taus(points)
@@ -123,7 +125,8 @@ def fit_curve(points: Sequence[tuple[int, dict[str, dict[str, Any]]]], *, resamp
         boot = np.array([np.polyfit(x, y[:, p].mean(axis=1), 1) for p in picks])  # [resamples, (b, a)]
         (b_lo, a_lo), (b_hi, a_hi) = np.quantile(boot, [0.025, 0.975], axis=0)
         out[name] = {"per_doubling": float(b), "per_doubling_ci95": [float(b_lo), float(b_hi)],
-                     "at_1000": float(a), "at_1000_ci95": [float(a_lo), float(a_hi)]}
+                     "at_1000": float(a), "at_1000_ci95": [float(a_lo), float(a_hi)],
+                     "residuals": [float(r) for r in y.mean(axis=1) - (a + b * x)]}
     return out
 
 
@@ -138,10 +141,13 @@ def curve_statement(fit: dict[str, Any]) -> str:
     lead = ("the lead of on-policy grows with data" if d[0] > 0 else "the lead of on-policy shrinks with data"
             if d[1] < 0 else "no change of the difference with data is resolved")
     sizes = ", ".join(f"{t:,}" for t in fit["sizes"])
+    misses = ", ".join(f"{round(r, 3) + 0.0:+.3f} at {t:,}"  # + 0.0: no "-0.000"
+                       for t, r in zip(fit["sizes"], fit[DIFFERENCE]["residuals"], strict=True))
     return (f"Fit (not a measurement) over {len(fit['sizes'])} sizes ({sizes} supervised tokens an arm), "
             f"τ = a + b·log2(tokens / 1,000), 95 % intervals from {fit['resamples']:,} resamplings of the "
             f"{fit['questions']} questions: τ per doubling of the data {said('on_policy')} on-policy, "
-            f"{said('off_policy')} off-policy; on-policy minus off-policy {said(DIFFERENCE)} per doubling: {lead}.")
+            f"{said('off_policy')} off-policy; on-policy minus off-policy {said(DIFFERENCE)} per doubling: {lead}. "
+            f"Measured minus fitted, on-policy minus off-policy: {misses}.")
 
 
 def plot_curve(points: Sequence[tuple[int, dict[str, dict[str, Any]]]], fit: dict[str, Any] | None = None,
