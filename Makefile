@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
 .PHONY: setup lint smollm2 test test-interop test-vllm test-lab demo lab bench clean quality quality-setup quality-grid \
-	quality-report quality-curve
+	quality-report quality-curve quality-curve-report
 setup: $(STAMP)
 
 # torch==2.13.0 is pinned in requirements.txt and installed in the same pip call as transformers,
@@ -99,6 +99,10 @@ quality-setup: $(STAMP) $(INTEROP_STAMP) $(VLLM_STAMP) smollm2
 # (`keep_dir`); then the report card over the kept cells, notebooks/quality_grid.ipynb (the primary analysis as
 # quality/README.md fixed it: draws, seeds and questions resampled) into outputs/quality/$(QUALITY_NAME)-grid.ipynb.
 # Each finished experiment stays under outputs/ too: a rerun resumes.
+comma := ,
+empty :=
+space := $(empty) $(empty)
+commas = $(subst $(space),$(comma),$(strip $(1)))
 QUALITY_DRAWS ?= 0 1 2
 QUALITY_SEEDS ?= 0 1
 QUALITY_RESULTS ?= bench/results
@@ -115,17 +119,24 @@ quality-grid:
 # on that data (`curve_tokens`); quality.ipynb plots and fits them; then the field's ablation on the same data
 # (`ablation_tokens`: three experiments). Resumable as `make quality` is; each finished experiment's small files kept
 # in git's bench/results/quality/ (`keep_dir`), so finished sizes outlive the machine.
-QUALITY_CURVE_ARGS ?= -p conversations 1600 -p epochs 3 -p train_tokens 300000 -y "curve_tokens: [37500, 75000, 150000]" \
-	-p ablation_tokens 37500 -p keep_dir $(QUALITY_RESULTS)/quality
+QUALITY_CURVE_SIZES ?= 37500 75000 150000
+QUALITY_CURVE_ARGS ?= -p conversations 1600 -p epochs 3 -p train_tokens 300000 \
+	-y "curve_tokens: [$(call commas,$(QUALITY_CURVE_SIZES))]" -p ablation_tokens 37500 -p keep_dir $(QUALITY_RESULTS)/quality
 quality-curve:
 	$(MAKE) quality QUALITY_NAME=$(QUALITY_NAME)-curve QUALITY_ARGS='$(QUALITY_CURVE_ARGS) $(QUALITY_ARGS)'
 
+# The curve and the ablation read back from their kept experiments ($(QUALITY_RESULTS)/quality/: git's copies), in
+# seconds, nothing run again: notebooks/quality_curve.ipynb into outputs/quality/$(QUALITY_NAME)-curve-report.ipynb
+# (its plot, the fit and its residuals, the costs, the ablation's comparisons). QUALITY_CURVE_REPORT_ARGS='-p ablation
+# False' reads the curve alone.
+quality-curve-report: $(STAMP)
+	mkdir -p outputs/quality
+	$(PY) -m papermill --log-output notebooks/quality_curve.ipynb outputs/quality/$(QUALITY_NAME)-curve-report.ipynb \
+		-p experiment $(QUALITY_NAME)-curve -p output_dir $(QUALITY_RESULTS) \
+		-y "curve_tokens: [$(call commas,$(QUALITY_CURVE_SIZES))]" $(QUALITY_CURVE_REPORT_ARGS)
+
 # The report card alone, over the grid's kept experiments ($(QUALITY_RESULTS)/quality/; one not finished is named, and
 # nothing is reported).
-comma := ,
-empty :=
-space := $(empty) $(empty)
-commas = $(subst $(space),$(comma),$(strip $(1)))
 quality-report: $(STAMP)
 	mkdir -p outputs/quality
 	$(PY) -m papermill --log-output notebooks/quality_grid.ipynb outputs/quality/$(QUALITY_NAME)-grid.ipynb \

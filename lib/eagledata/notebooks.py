@@ -223,13 +223,13 @@ def parameter_settings() -> dict[str, type[Settings]]:
     """Every notebook's settings class: its parameters cell is made from it (the defaults live only there)."""
     from .generation import BudgetConfig, GenerateConfig
     from .openrouter import ProvidersConfig
-    from .quality.config import GridConfig, QualityConfig
+    from .quality.config import CurveReportConfig, GridConfig, QualityConfig
     from .text import TokenizerReportConfig
     from .training import HiddenStatesConfig
 
     return {"providers": ProvidersConfig, "budget": BudgetConfig, "tokenizer": TokenizerReportConfig,
             "generate": GenerateConfig, "hidden_states": HiddenStatesConfig,
-            "quality": QualityConfig, "quality_grid": GridConfig}
+            "quality": QualityConfig, "quality_grid": GridConfig, "quality_curve": CurveReportConfig}
 
 
 def _parameters_cell(nb: dict) -> dict:

@@ -141,3 +141,42 @@ def test_a_sizes_cost_is_its_own_stages_not_those_linked_from_the_largest(tmp_pa
          "peak_mib": 2000.0},
         {"experiment": "big-t100", "train_seconds": 35.0, "tau_seconds": 21.0, "other_seconds": 0.0,
          "seconds": 56.0, "peak_mib": 820.0}]
+
+
+def test_the_curve_notebook_reads_finished_experiments_back_without_running_them(tmp_path, execute_notebook):
+    """quality_curve.ipynb (make quality-curve-report) over a curve's finished experiments under
+    <output_dir>/quality/: what it publishes is the library's report of them (points by tokens, the fit with its
+    residuals, the ablation's comparisons); a size not finished fails it naming the experiment's tau.json."""
+    from eagledata.notebooks import read_results
+    from eagledata.quality import ablation
+    from eagledata.quality.tau import QuestionRun, summarize, write_tau
+
+    root = tmp_path / "outputs" / "quality"
+
+    def finished(experiment: str, arm: str, tokens: int, accept: int) -> None:
+        runs = [QuestionRun(81 + q, [[accept] * 3 + [q % 3]], output_tokens=9) for q in range(12)]
+        write_tau(root / experiment / arm / "tau.json",
+                  summarize(runs, k=3, verifier="t", eval_set="mt_bench", supervised_tokens=tokens, resamples=200))
+
+    for tokens, name in ((40, "c-t40"), (75, "c-t75"), (300, "c")):
+        for arm, accept in (("on_policy", 1 + (tokens > 100)), ("off_policy", 1)):
+            finished(name, arm, tokens, accept)
+    out = execute_notebook("quality_curve", experiment="c", curve_tokens=[75, 40], ablation=False)
+    published = read_results(out)["quality_curve"]
+    expected = curve.curve_report(root, ["c", "c-t40", "c-t75"])
+    assert [(r["supervised_tokens"], r["arm"]) for r in published["rows"]] == [
+        (t, a) for t in (40, 75, 300) for a in ARMS]
+    assert published["fit"]["sizes"] == [40, 75, 300] and "ablation" not in published
+    assert published["fit"][curve.DIFFERENCE]["residuals"] == pytest.approx(
+        expected["fit"][curve.DIFFERENCE]["residuals"])
+    assert [d["mean"] for d in published["differences"]] == pytest.approx([0.0, 0.0, 0.75])
+    assert published["statement"] == expected["statement"]
+
+    for name, (variant, arm) in ablation.DRAFTERS.items():
+        finished(f"c-abl-{variant}", arm, 37, 2 if name.startswith("on-policy multi-turn") else 1)
+    published = read_results(execute_notebook("quality_curve", experiment="c", curve_tokens=[40, 75]))["quality_curve"]
+    assert published["ablation"]["comparisons"] == ablation.ablation_report(root, "c")["comparisons"]
+    assert [c["verdict"] for c in published["ablation"]["comparisons"]] == [
+        "a higher", "unresolved", "a higher", "unresolved", "unresolved"]
+    with pytest.raises(Exception, match=r"c-t150.on_policy.tau\.json"):
+        execute_notebook("quality_curve", experiment="c", curve_tokens=[40, 75, 150])

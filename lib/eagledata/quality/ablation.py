@@ -82,3 +82,11 @@ def ablation_statement(docs: dict[str, dict[str, Any]], rows: list[dict[str, Any
     said = "; ".join(f"{r['a']} minus {r['b']} {r['mean']:+.3f} [{r['ci95'][0]:+.3f}, {r['ci95'][1]:+.3f}] "
                      f"({r['verdict']})" for r in rows)
     return f"At {tokens:,} supervised tokens each, one draft vocabulary and validation set: τ {taus}. {said}."
+
+
+def ablation_report(root: Path, experiment: str, *, seed: int = 0) -> dict[str, Any]:
+    """What the ablation's report shows and publishes, from its three finished experiments under `root`: each
+    drafter's row, the fixed comparisons and the statement."""
+    docs = read_ablation(root, experiment)
+    compared = comparisons(docs, seed=seed)
+    return {"rows": ablation_rows(docs), "comparisons": compared, "statement": ablation_statement(docs, compared)}

@@ -163,3 +163,25 @@ class GridConfig(Settings):
                 raise InputError(f"must name at least one, each once, got {getattr(self, name)}", field=name)
         if self.resamples < 100:
             raise InputError(f"must be 100 or more, got {self.resamples}", field="resamples")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CurveReportConfig(Settings):
+    """The learning curve and the ablation read back (quality_curve.ipynb): which finished experiments, from a run's
+    outputs or the copies kept in git (`make quality-curve-report`), without running any of them again."""
+
+    experiment: str = setting("smollm2-sharegpt-curve", "the curve's experiment (its largest point) under "
+                                                        "<output_dir>/quality/, as make quality-curve names it")
+    curve_tokens: list[int] = setting([37_500, 75_000, 150_000], "the curve's smaller sizes, each an experiment "
+                                                                 "<experiment>-t<tokens>: every one must be finished")
+    ablation: bool = setting(True, "read the ablation's three experiments <experiment>-abl-all, -abl-first and "
+                                   "-abl-whole too (every one must be finished); False -> the curve alone")
+    output_dir: str = shared("output_dir")
+    seed: int = setting(0, "the bootstrap's seed (the fit's and the paired differences' intervals)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.curve_tokens or any(t < 1 for t in self.curve_tokens) or \
+                len(set(self.curve_tokens)) != len(self.curve_tokens):
+            raise InputError(f"must name at least one size, each 1 or more and once, got {self.curve_tokens}",
+                             field="curve_tokens")

@@ -41,15 +41,19 @@ def curve_configs(config: QualityConfig) -> list[QualityConfig]:
             for t in sorted(config.curve_tokens)]
 
 
+def point_names(experiment: str, sizes: Sequence[int]) -> list[str]:
+    """The experiments of a curve's points: the experiment itself (its largest), then each smaller size's."""
+    return [experiment, *(size_name(experiment, t) for t in sorted(sizes))]
+
+
 def run_sizes(config: QualityConfig, seams: Any = None) -> list[str]:
     """Each smaller size's experiment, smallest first (after `config`'s own run, which made the data): finished ones
     kept, as any experiment's stages are. The names of every point, the experiment's own first."""
     from .experiment import run_experiment
 
-    sizes = curve_configs(config)
-    for size in sizes:
+    for size in curve_configs(config):
         run_experiment(size, seams)
-    return [config.experiment, *(c.experiment for c in sizes)]
+    return point_names(config.experiment, config.curve_tokens)
 
 
 def read_points(root: Path, names: Sequence[str]) -> list[tuple[int, dict[str, dict[str, Any]]]]:
@@ -59,6 +63,15 @@ def read_points(root: Path, names: Sequence[str]) -> list[tuple[int, dict[str, d
         docs = {arm: read_tau(root / name / arm / "tau.json") for arm in ARMS}
         points.append((trained_tokens(docs, root / name), docs))
     return sorted(points, key=lambda p: p[0])
+
+
+def curve_report(root: Path, names: Sequence[str], *, seed: int = 0) -> dict[str, Any]:
+    """What a curve's report shows and publishes, from its finished experiments under `root` (a run's outputs or
+    the kept copies in git): per-size rows, paired differences, the fit with its statement, and each size's cost."""
+    points = read_points(root, names)
+    fit = fit_curve(points, seed=seed)
+    return {"points": points, "rows": curve_rows(points), "differences": size_differences(points, seed=seed),
+            "fit": fit, "statement": curve_statement(fit), "costs": size_costs(root, names)}
 
 
 def curve_rows(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> list[dict[str, Any]]:
