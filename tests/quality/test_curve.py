@@ -180,3 +180,16 @@ def test_the_curve_notebook_reads_finished_experiments_back_without_running_them
         "a higher", "unresolved", "a higher", "unresolved", "unresolved"]
     with pytest.raises(Exception, match=r"c-t150.on_policy.tau\.json"):
         execute_notebook("quality_curve", experiment="c", curve_tokens=[40, 75, 150])
+
+
+def test_the_curves_points_kept_in_git_read_back_at_their_sizes():
+    """bench/results/quality/smollm2-sharegpt-curve* (make quality-curve's finished experiments, kept): each size's
+    drafters were trained on exactly the tokens its name says, the largest on 300,000, and the report reads them."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2] / "bench" / "results" / "quality"
+    sizes = sorted(int(p.name.rsplit("-t", 1)[1]) for p in root.glob("smollm2-sharegpt-curve-t*"))
+    assert sizes[:2] == [37_500, 75_000]
+    report = curve.curve_report(root, curve.point_names("smollm2-sharegpt-curve", sizes))
+    assert report["fit"]["sizes"] == [*sizes, 300_000]
+    assert all(r["questions"] == 80 for r in report["rows"])
