@@ -184,12 +184,18 @@ def test_the_curve_notebook_reads_finished_experiments_back_without_running_them
 
 def test_the_curves_points_kept_in_git_read_back_at_their_sizes():
     """bench/results/quality/smollm2-sharegpt-curve* (make quality-curve's finished experiments, kept): each size's
-    drafters were trained on exactly the tokens its name says, the largest on 300,000, and the report reads them."""
+    drafters were trained on exactly the tokens its name says, the largest on 300,000, and the report reads them; the
+    ablation's five drafters are at one count, 37,500."""
     from pathlib import Path
+
+    from eagledata.quality import ablation
 
     root = Path(__file__).resolve().parents[2] / "bench" / "results" / "quality"
     sizes = sorted(int(p.name.rsplit("-t", 1)[1]) for p in root.glob("smollm2-sharegpt-curve-t*"))
-    assert sizes[:2] == [37_500, 75_000]
+    assert sizes == [37_500, 75_000, 150_000]
     report = curve.curve_report(root, curve.point_names("smollm2-sharegpt-curve", sizes))
     assert report["fit"]["sizes"] == [*sizes, 300_000]
     assert all(r["questions"] == 80 for r in report["rows"])
+    rows = ablation.ablation_report(root, "smollm2-sharegpt-curve")["rows"]
+    assert [r["drafter"] for r in rows] == list(ablation.DRAFTERS)
+    assert {r["supervised_tokens"] for r in rows} == {37_500}
