@@ -132,8 +132,8 @@ quality-curve:
 quality-curve-report: $(STAMP)
 	mkdir -p outputs/quality
 	$(PY) -m papermill --log-output notebooks/quality_curve.ipynb outputs/quality/$(QUALITY_NAME)-curve-report.ipynb \
-		-p experiment $(QUALITY_NAME)-curve -p output_dir $(QUALITY_RESULTS) \
-		-y "curve_tokens: [$(call commas,$(QUALITY_CURVE_SIZES))]" $(QUALITY_CURVE_REPORT_ARGS)
+		-p curve $(QUALITY_NAME)-curve -p output_dir $(QUALITY_RESULTS) \
+		-y "sizes: [$(call commas,$(QUALITY_CURVE_SIZES))]" $(QUALITY_CURVE_REPORT_ARGS)
 
 # The report card alone, over the grid's kept experiments ($(QUALITY_RESULTS)/quality/; one not finished is named, and
 # nothing is reported).

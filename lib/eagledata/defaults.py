@@ -45,6 +45,7 @@ SHARED: dict[str, tuple[Any, str]] = {
     "snapshot": (None, "a saved endpoints snapshot (JSON) -> offline, no server"),
     "limit": (None, "at most this many; None -> all"),
     "batch_window": ("24h", "route batch: each batch's completion window, 12h to 7d"),
+    "bootstrap_seed": (0, "the bootstrap's seed (the reports' intervals)"),
     "emulator_speed": (EMULATOR_SPEED, "base_url emulator: its delays x this (1: real latencies; 0.02: a ~50 s "
                                        "answer in ~1 s)"),
 }

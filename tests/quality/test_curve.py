@@ -161,7 +161,7 @@ def test_the_curve_notebook_reads_finished_experiments_back_without_running_them
     for tokens, name in ((40, "c-t40"), (75, "c-t75"), (300, "c")):
         for arm, accept in (("on_policy", 1 + (tokens > 100)), ("off_policy", 1)):
             finished(name, arm, tokens, accept)
-    out = execute_notebook("quality_curve", experiment="c", curve_tokens=[75, 40], ablation=False)
+    out = execute_notebook("quality_curve", curve="c", sizes=[75, 40], ablation=False)
     published = read_results(out)["quality_curve"]
     expected = curve.curve_report(root, ["c", "c-t40", "c-t75"])
     assert [(r["supervised_tokens"], r["arm"]) for r in published["rows"]] == [
@@ -174,12 +174,12 @@ def test_the_curve_notebook_reads_finished_experiments_back_without_running_them
 
     for name, (variant, arm) in ablation.DRAFTERS.items():
         finished(f"c-abl-{variant}", arm, 37, 2 if name.startswith("on-policy multi-turn") else 1)
-    published = read_results(execute_notebook("quality_curve", experiment="c", curve_tokens=[40, 75]))["quality_curve"]
+    published = read_results(execute_notebook("quality_curve", curve="c", sizes=[40, 75]))["quality_curve"]
     assert published["ablation"]["comparisons"] == ablation.ablation_report(root, "c")["comparisons"]
     assert [c["verdict"] for c in published["ablation"]["comparisons"]] == [
         "a higher", "unresolved", "a higher", "unresolved", "unresolved"]
     with pytest.raises(Exception, match=r"c-t150.on_policy.tau\.json"):
-        execute_notebook("quality_curve", experiment="c", curve_tokens=[40, 75, 150])
+        execute_notebook("quality_curve", curve="c", sizes=[40, 75, 150])
 
 
 def test_the_curves_points_kept_in_git_read_back_at_their_sizes():

@@ -154,7 +154,7 @@ class GridConfig(Settings):
     seeds: list[int] = setting([0, 1], "the trainer seeds of each draw")
     output_dir: str = shared("output_dir")
     resamples: int = setting(10_000, "bootstrap resamples of the primary analysis")
-    bootstrap_seed: int = setting(0, "the primary analysis's bootstrap seed")
+    bootstrap_seed: int = shared("bootstrap_seed", "the primary analysis's bootstrap seed")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -170,18 +170,18 @@ class CurveReportConfig(Settings):
     """The learning curve and the ablation read back (quality_curve.ipynb): which finished experiments, from a run's
     outputs or the copies kept in git (`make quality-curve-report`), without running any of them again."""
 
-    experiment: str = setting("smollm2-sharegpt-curve", "the curve's experiment (its largest point) under "
-                                                        "<output_dir>/quality/, as make quality-curve names it")
-    curve_tokens: list[int] = setting([37_500, 75_000, 150_000], "the curve's smaller sizes, each an experiment "
-                                                                 "<experiment>-t<tokens>: every one must be finished")
-    ablation: bool = setting(True, "read the ablation's three experiments <experiment>-abl-all, -abl-first and "
+    curve: str = setting("smollm2-sharegpt-curve", "the curve's experiment (its largest point) under "
+                                                   "<output_dir>/quality/, as make quality-curve names it")
+    sizes: list[int] = setting([37_500, 75_000, 150_000], "the curve's smaller sizes, each an experiment "
+                                                          "<curve>-t<tokens>: every one must be finished")
+    ablation: bool = setting(True, "read the ablation's three experiments <curve>-abl-all, -abl-first and "
                                    "-abl-whole too (every one must be finished); False -> the curve alone")
     output_dir: str = shared("output_dir")
-    seed: int = setting(0, "the bootstrap's seed (the fit's and the paired differences' intervals)")
+    bootstrap_seed: int = shared("bootstrap_seed", "the bootstrap's seed (the fit's and the paired differences' "
+                                                   "intervals)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not self.curve_tokens or any(t < 1 for t in self.curve_tokens) or \
-                len(set(self.curve_tokens)) != len(self.curve_tokens):
-            raise InputError(f"must name at least one size, each 1 or more and once, got {self.curve_tokens}",
-                             field="curve_tokens")
+        if not self.sizes or any(t < 1 for t in self.sizes) or len(set(self.sizes)) != len(self.sizes):
+            raise InputError(f"must name at least one size, each 1 or more and once, got {self.sizes}",
+                             field="sizes")
