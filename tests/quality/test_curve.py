@@ -138,9 +138,9 @@ def test_a_sizes_cost_is_its_own_stages_not_those_linked_from_the_largest(tmp_pa
         stage(name, "big-t100", seconds, peak)
     assert curve.size_costs(tmp_path, ["big", "big-t100"]) == [
         {"experiment": "big", "train_seconds": 120.0, "tau_seconds": 22.0, "other_seconds": 50.0, "seconds": 192.0,
-         "peak_mib": 2000.0},
+         "cut_seconds": 0.0, "peak_mib": 2000.0},
         {"experiment": "big-t100", "train_seconds": 35.0, "tau_seconds": 21.0, "other_seconds": 0.0,
-         "seconds": 56.0, "peak_mib": 820.0}]
+         "seconds": 56.0, "cut_seconds": 0.0, "peak_mib": 820.0}]
 
 
 def test_the_curve_notebook_reads_finished_experiments_back_without_running_them(tmp_path, execute_notebook):

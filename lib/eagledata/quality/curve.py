@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import InputError
 from .arms import ARMS
 from .config import QualityConfig
+from .stages import stage_cost_seconds
 from .tau import paired_difference, question_taus, read_tau, trained_tokens
 
 DIFFERENCE = "on_policy - off_policy"
@@ -85,18 +86,24 @@ def curve_rows(points: Sequence[tuple[int, dict[str, dict[str, Any]]]]) -> list[
 def size_costs(root: Path, names: Sequence[str]) -> list[dict[str, Any]]:
     """Per experiment (a size), what its own stages cost, from their stage files (`stages/*.json`; a stage linked
     from another experiment, `linked_from`, is that one's cost and left out): the longer arm's training (the two
-    train side by side on CPU), τ and everything else in seconds, their total, and the peak memory of any of its
-    stages (`peaks.stage_peak`; None where none was measured)."""
+    train side by side on CPU), τ and everything else in seconds, each stage's tries cut before it included
+    (`stages.stage_cost_seconds`; `cut_seconds` says how much of the total they were), their total, and the peak
+    memory of any of its stages (`peaks.stage_peak`; None where none was measured)."""
     rows = []
     for name in names:
         stages = [(path.stem, json.loads(path.read_text())) for path in sorted((root / name / "stages").glob("*.json"))]
         own = [(stage, doc) for stage, doc in stages if "linked_from" not in doc]
-        train = [doc.get("seconds") or 0.0 for stage, doc in own if stage.startswith("train-")]
-        tau = sum(doc.get("seconds") or 0.0 for stage, doc in own if stage.startswith("tau-"))
-        other = sum(doc.get("seconds") or 0.0 for stage, doc in own if not stage.startswith(("train-", "tau-")))
+        trains = [doc for stage, doc in own if stage.startswith("train-")]
+        counted = [doc for stage, doc in own if not stage.startswith("train-")]
+        if trains:  # the arms train side by side: the longer one is the wall time
+            counted.append(max(trains, key=stage_cost_seconds))
+        train = stage_cost_seconds(counted[-1]) if trains else 0.0
+        tau = sum(stage_cost_seconds(doc) for stage, doc in own if stage.startswith("tau-"))
+        total = sum(stage_cost_seconds(doc) for doc in counted)
         peaks = [doc["peak_mib"] for _, doc in own if doc.get("peak_mib") is not None]
-        rows.append({"experiment": name, "train_seconds": max(train, default=0.0), "tau_seconds": round(tau, 1),
-                     "other_seconds": round(other, 1), "seconds": round(max(train, default=0.0) + tau + other, 1),
+        rows.append({"experiment": name, "train_seconds": train, "tau_seconds": round(tau, 1),
+                     "other_seconds": round(total - train - tau, 1), "seconds": round(total, 1),
+                     "cut_seconds": round(sum(sum(doc.get("cut_tries_seconds") or ()) for doc in counted), 1),
                      "peak_mib": max(peaks, default=None)})
     return rows
 

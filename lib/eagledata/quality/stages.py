@@ -1,13 +1,16 @@
 """The resume store: each finished stage's result and the settings it was made with (`stages/<stage>.json`), a rerun
-keeps it and other settings are refused (`Stages`); `share_data` links another experiment's data stages in
-(`data_from`), and its greedy trace where it kept one (`share_trace`)."""
+keeps it and other settings are refused (`Stages`); what each try of a stage took, the cut ones included
+(`timed_try`, `stage_cost_seconds`); `share_data` links another experiment's data stages in (`data_from`), and its
+greedy trace where it kept one (`share_trace`)."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +123,51 @@ def share_trace(config: QualityConfig, here: ExperimentFiles, there: ExperimentF
     say(f"[trace] linked from {there.root}")
 
 
+def stage_cost_seconds(doc: dict[str, Any]) -> float:
+    """What a finished stage cost: the try that finished it (`seconds`) and every try cut before it
+    (`cut_tries_seconds`: a training resumed from its checkpoints after a session's end paid for both)."""
+    return round((doc.get("seconds") or 0.0) + sum(doc.get("cut_tries_seconds") or ()), 1)
+
+
+def cut_tries(path: Path) -> list[float]:
+    """The seconds of the tries `timed_try` left in `path` (none: no file)."""
+    if not path.is_file():
+        return []
+    try:
+        return [float(s) for s in json.loads(path.read_text())["cut_tries_seconds"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"not a stage's tries (cut_tries_seconds: a list of seconds): {e}; delete it to count "
+                         "none", path) from None
+
+
+@contextmanager
+def timed_try(path: Path, *, every_s: float, clock: Callable[[], float]) -> Iterator[list[float]]:
+    """This try's seconds so far, beside the tries cut before it, written to `path` every `every_s` and when the
+    try ends in an error or an interrupt: a stage that a kill or a session's end cuts leaves what it took (to
+    `every_s`), and the try that finishes it counts them (yielded). The caller removes `path` once the stage is
+    kept."""
+    earlier, started, done = cut_tries(path), clock(), threading.Event()
+
+    def write() -> None:
+        atomic_write_text(path, json.dumps({"cut_tries_seconds": [*earlier, round(clock() - started, 1)]}) + "\n")
+
+    def ticking() -> None:
+        while not done.wait(every_s):
+            write()
+
+    ticker = threading.Thread(target=ticking, name="stage-try", daemon=True)
+    ticker.start()
+    try:
+        yield earlier
+    except BaseException:
+        done.set()
+        ticker.join()
+        write()
+        raise
+    done.set()
+    ticker.join()
+
+
 @dataclass
 class Stages:
     """The experiment's finished stages: each one's result (JSON) with the settings it depends on, kept in
@@ -128,11 +176,16 @@ class Stages:
     config: QualityConfig
     files: ExperimentFiles
     say: Callable[[str], None]
+    tries_every_s: float = 10.0  # how often a running try's seconds are written (what a kill can lose of its time)
+    clock: Callable[[], float] = time.monotonic
 
     def run(self, name: str, body: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """Run `body` once. A kept stage made with other settings is refused (its outputs would silently stand for
-        the new ones): another experiment name, or delete the stage's file to make it again."""
+        the new ones): another experiment name, or delete the stage's file to make it again. Each try's seconds
+        are kept beside the stage while it runs (`stages/<stage>.tries`); the finished stage's file holds the tries
+        cut before it (`cut_tries_seconds`) beside its own `seconds`."""
         path = self.files.stage(name)
+        tries = path.with_suffix(".tries")
         settings = stage_settings(self.config, name)
         if path.is_file():
             kept = dict(json.loads(path.read_text()))
@@ -142,19 +195,24 @@ class Stages:
             self.say(f"[{name}] done before: kept ({path})")
             return kept
         self.say(f"[{name}] ...")
-        started = time.monotonic()
-        with stage_peak() as peak:
+        started = self.clock()
+        with timed_try(tries, every_s=self.tries_every_s, clock=self.clock) as earlier, stage_peak() as peak:
             result = body()
-        result["seconds"] = round(time.monotonic() - started, 1)
+        result["seconds"] = round(self.clock() - started, 1)
+        if earlier:
+            result["cut_tries_seconds"] = earlier
         result["peak_mib"] = peak.mib()
         result["settings"] = settings
         atomic_write_text(path, json.dumps(result, indent=1, default=str) + "\n")
-        self.say(f"[{name}] done in {result['seconds']:.0f} s")
+        tries.unlink(missing_ok=True)
+        cut = f" (and {sum(earlier):.0f} s in {len(earlier)} tries cut before)" if earlier else ""
+        self.say(f"[{name}] done in {result['seconds']:.0f} s{cut}")
         return result
 
     def seconds(self) -> dict[str, float]:
-        """Each finished stage's seconds (as it took when it ran)."""
-        return self.recorded("seconds")
+        """What each finished stage cost in seconds, its cut tries included (`stage_cost_seconds`)."""
+        return {path.stem: stage_cost_seconds(json.loads(path.read_text()))
+                for path in sorted((self.files.root / "stages").glob("*.json"))}
 
     def peaks(self) -> dict[str, float | None]:
         """Each finished stage's peak memory in MiB (`peaks.stage_peak`; None where not measured)."""
