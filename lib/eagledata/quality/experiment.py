@@ -12,7 +12,8 @@ Everything lands under `<output_dir>/quality/<name>/` (DESIGN.md's canonical exp
 the questions, recorded once: every drafter's τ is measured against it, `greedy_trace.py`), `<arm>/tau.json`,
 `<arm>/vllm_tau.json`, `bounds/<drafter>/tau.json`,
 `stages/<stage>.json` (each finished stage's result: a rerun skips it) and `summary.json`. A stage that stopped
-midway runs again (extraction resumes by sample, training after its last whole epoch; τ starts over).
+midway runs again (extraction resumes by sample, training from its last checkpoint, `checkpoint_every`; τ starts
+over), and the stopped try's seconds count in the stage's cost (`stages/<stage>.tries`, `stages.timed_try`).
 
 The stages live in rooms of their own, composed here by `Experiment.run`: the data stages (`arm_data.ArmData`), the
 trainer's and τ's (`drafter_stages.DrafterStages`), and what both read (`workspace.Workspace`: settings, files, resume
