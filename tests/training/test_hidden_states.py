@@ -670,6 +670,40 @@ def test_extraction_cost_counts_history_against_supervised_tokens(tok, conversat
     assert asm.provenance()["extraction_cost"] == cost
 
 
+def test_reread_history_is_counted_where_a_turn_repeats_its_previous_sample(tok, conversations):
+    """Kimi's template drops an earlier answer's reasoning from the history: a later turn shares its previous
+    turn's prompt (and no more than the start of its answer) and never holds that sample whole, so each turn must be
+    extracted; a template that keeps the answers verbatim makes the previous sample a whole prefix (counted exactly:
+    a causal verifier's states for it are a slice of the later turn's)."""
+    from eagledata.training.assembly import Sample, extraction_cost
+
+    path, records = conversations
+    asm = assemble([path], tok=tok)
+    by_id = {s.id: s for s in asm.samples}
+    reread = {"B1": 0, "B2": 0}
+    for prev, cur in [("c2", "c2#2"), ("c3", "c3#2"), ("c3#2", "c3#3")]:
+        a = next(r for r in records if r.id == prev)
+        shared = max(i for i in range(len(by_id[prev]) + 1) if by_id[cur].input_ids[:i] == by_id[prev].input_ids[:i])
+        assert len(a.prompt_ids) <= shared < len(by_id[prev])  # the prompt again, the reasoning not
+        reread[a.dataset] += shared
+    cost = asm.extraction_cost()
+    assert cost["whole_prefix_turns"] == 0 and cost["reread_tokens"] == sum(reread.values())
+    assert {d: cost["by_dataset"][d]["reread_tokens"] for d in reread} == reread
+    assert (asm.stats()["reread_tokens"], asm.stats()["whole_prefix_turns"]) == (sum(reread.values()), 0)
+
+    def sample(sid, ids, turn, conversation="c", dataset="B1"):
+        return Sample(sid, dataset, ids, [0] * len(ids), False, conversation_id=conversation, turn=turn)
+
+    made = [sample("a", [1, 2, 3, 4], 1), sample("a#2", [1, 2, 3, 4, 5, 6], 2),  # whole: 4
+            sample("a#3", [1, 2, 3, 4, 5, 9, 9], 3),  # shares 5 of a#2's 6
+            sample("b#2", [1, 2, 3], 2, "b"),  # its first turn not in the set (dropped): nothing re-read
+            sample("x", [1, 2, 3, 4], 2, ""),  # no conversation known: nothing
+            sample("a", [1, 2], 1, dataset="B2"), sample("a#2", [1, 2, 7], 2, dataset="B2")]  # another dataset's
+    cost = extraction_cost(made)
+    assert (cost["reread_tokens"], cost["whole_prefix_turns"], cost["later_turns"]) == (4 + 5 + 2, 2, 5)
+    assert [(r["reread_tokens"], r["whole_prefix_turns"]) for r in cost["by_dataset"].values()] == [(9, 1), (2, 1)]
+
+
 def test_dedupe_never_merges_turns_of_one_conversation(tok, tmp_path):
     """Turns of one conversation are never dropped as duplicates of each other, even when they ask the same thing;
     identical prompts in other conversations still dedupe: `b` opens as `a` did (its first turn goes, its second,

@@ -153,24 +153,47 @@ def per_loss_token(tokens: int, loss_tokens: int) -> float | None:
     return tokens / loss_tokens if loss_tokens else None
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many ids `a` and `b` share from their start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def extraction_cost(samples: Iterable[Sample]) -> dict[str, Any]:
     """What extracting a set costs against what it trains (pure): `tokens` the verifier reads (every sample's whole
     sequence), `loss_tokens` the drafter is trained on (loss mask 1), their ratio, overall and per dataset. A later
-    turn re-reads its history, so the ratio grows with the turns per conversation and the length of the answers."""
+    turn re-reads its history, so the ratio grows with the turns per conversation and the length of the answers.
+    How much of that is a repeat: `reread_tokens`, the ids a later turn shares from its start with its previous
+    turn's sample (a causal verifier's states over them are that sample's again: what a prefix cache or one
+    extraction per conversation would not compute twice), and `whole_prefix_turns`, the later turns that hold
+    their previous turn's sample whole (its states a slice of theirs; never where the chat template drops an
+    earlier answer's reasoning from the history, as Kimi's does)."""
+    samples = list(samples)
+    by_turn = {(s.dataset, s.conversation_id, s.turn): s for s in samples if s.conversation_id}
     rows: dict[str, dict[str, Any]] = {}
     conversations: dict[str, set[str]] = {}
     for s in samples:
-        row = rows.setdefault(s.dataset, {"samples": 0, "later_turns": 0, "tokens": 0, "loss_tokens": 0})
+        row = rows.setdefault(s.dataset, {"samples": 0, "later_turns": 0, "tokens": 0, "loss_tokens": 0,
+                                          "reread_tokens": 0, "whole_prefix_turns": 0})
         row["samples"] += 1
         row["later_turns"] += s.turn > 1
         row["tokens"] += len(s)
         row["loss_tokens"] += sum(s.loss_mask)
+        previous = by_turn.get((s.dataset, s.conversation_id, s.turn - 1)) if s.conversation_id else None
+        if previous is not None:
+            shared = common_prefix(previous.input_ids, s.input_ids)
+            row["reread_tokens"] += shared
+            row["whole_prefix_turns"] += shared == len(previous)
         conversations.setdefault(s.dataset, set()).add(s.conversation_id or s.id)
     for name, row in rows.items():
         row["conversations"] = len(conversations[name])
         row["tokens_per_loss_token"] = per_loss_token(row["tokens"], row["loss_tokens"])
     total = {k: sum(r[k] for r in rows.values()) for k in ("samples", "conversations", "later_turns", "tokens",
-                                                           "loss_tokens")}
+                                                           "loss_tokens", "reread_tokens", "whole_prefix_turns")}
     return {**total, "tokens_per_loss_token": per_loss_token(total["tokens"], total["loss_tokens"]),
             "by_dataset": {name: rows[name] for name in sorted(rows)}}
 
@@ -250,7 +273,8 @@ class Assembly:
                 "truncated_kept": sum(s.truncated for s in self.samples),
                 "cut_to_max_length": sum(s.shortened for s in self.samples),  # the stat's name is published: kept
                 "tokens": cost["tokens"], "loss_tokens": cost["loss_tokens"],
-                "tokens_per_loss_token": cost["tokens_per_loss_token"],
+                "tokens_per_loss_token": cost["tokens_per_loss_token"], "reread_tokens": cost["reread_tokens"],
+                "whole_prefix_turns": cost["whole_prefix_turns"],
                 "length_p50": pct(0.5), "length_p90": pct(0.9), "length_p99": pct(0.99),
                 "length_max": lengths[-1] if lengths else 0}
 
