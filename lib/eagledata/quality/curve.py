@@ -93,11 +93,10 @@ def size_costs(root: Path, names: Sequence[str]) -> list[dict[str, Any]]:
     for name in names:
         stages = [(path.stem, json.loads(path.read_text())) for path in sorted((root / name / "stages").glob("*.json"))]
         own = [(stage, doc) for stage, doc in stages if "linked_from" not in doc]
-        trains = [doc for stage, doc in own if stage.startswith("train-")]
-        counted = [doc for stage, doc in own if not stage.startswith("train-")]
-        if trains:  # the arms train side by side: the longer one is the wall time
-            counted.append(max(trains, key=stage_cost_seconds))
-        train = stage_cost_seconds(counted[-1]) if trains else 0.0
+        # the arms train side by side: the longer one is the wall time
+        longest = max((doc for stage, doc in own if stage.startswith("train-")), key=stage_cost_seconds, default=None)
+        counted = [doc for stage, doc in own if not stage.startswith("train-")] + ([longest] if longest else [])
+        train = stage_cost_seconds(longest) if longest else 0.0
         tau = sum(stage_cost_seconds(doc) for stage, doc in own if stage.startswith("tau-"))
         total = sum(stage_cost_seconds(doc) for doc in counted)
         peaks = [doc["peak_mib"] for _, doc in own if doc.get("peak_mib") is not None]
