@@ -100,6 +100,16 @@ class Answer:
         return cls(*split_inline_reasoning(reasoning, content), finish_reason, tuple(tool_calls))
 
 
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many ids `a` and `b` share from their start (a turn's history against an earlier turn's ids)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def output_tokens(completion_tokens: int | None, output_ids: list | None) -> int:
     """What a record counts against a token target: the server's count, else the ids we stored."""
     return completion_tokens or len(output_ids or ())

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..records import common_prefix
 from .batch_verifier import BatchVerifier, Verification
 from .speculative import Decoded, Drafter, turn_ends
 
@@ -261,15 +262,6 @@ class TurnFeed(Protocol):
         """The turn `key` decoded."""
 
 
-def _shared(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 @dataclass
 class _Row:
     key: Hashable
@@ -313,7 +305,7 @@ def speculative_decode_batch(verifier: BatchVerifier | GreedyVerifier, drafter: 
                 raise ValueError(f"turn {key!r}: needs a prompt")
             # the free row whose last ids share the longest prefix with the prompt (a question's next turn: its
             # earlier turns): its positions before the last shared token are kept, the rest prefilled
-            shared = {r: _shared(held.get(r, ()), prompt) for r in free}
+            shared = {r: common_prefix(held.get(r, ()), prompt) for r in free}
             r = max(free, key=lambda r: (shared[r], -r))
             free.remove(r)
             keep = drafter.start(r, max(shared[r] - 1, 0))

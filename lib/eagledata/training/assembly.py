@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from ..errors import InputError
 from ..paths import OUTPUT_DIR, DatasetFiles, records_file
-from ..records import CUT, CUT_FINISHES, Record, iter_records
+from ..records import CUT, CUT_FINISHES, Record, common_prefix, iter_records
 from ..settings import Settings, setting
 from ..summaries import fidelity_suspects, read_summary
 from ..text import Tokenizer, prompt_ids
@@ -151,16 +151,6 @@ def read_generation_suspects(records: Path) -> dict[str, str]:
 def per_loss_token(tokens: int, loss_tokens: int) -> float | None:
     """Tokens read per supervised token; None when nothing is supervised."""
     return tokens / loss_tokens if loss_tokens else None
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many ids `a` and `b` share from their start."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def extraction_cost(samples: Iterable[Sample]) -> dict[str, Any]:
